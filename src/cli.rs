@@ -1,0 +1,78 @@
+//! The command line: `serve` (default), `migrate`, `account create`,
+//! `api-key create`. Every configuration variable has a `--flag` twin.
+
+use clap::{Parser, Subcommand};
+
+use crate::config::Config;
+use crate::domain::api_keys::Scope;
+
+#[derive(Debug, Parser)]
+#[command(name = "token-billing", version, about = "Prepaid token billing for AI photo kiosks")]
+pub struct Cli {
+    #[command(flatten)]
+    pub config: Config,
+
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create the database if missing, migrate, and serve the HTTP API (default).
+    Serve,
+    /// Create the database if missing and apply pending migrations.
+    Migrate,
+    /// Manage accounts.
+    Account {
+        #[command(subcommand)]
+        action: AccountCommand,
+    },
+    /// Manage API keys.
+    ApiKey {
+        #[command(subcommand)]
+        action: ApiKeyCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AccountCommand {
+    /// Create an account; prints it as JSON.
+    Create {
+        #[arg(long)]
+        name: String,
+        /// 0 means unlimited.
+        #[arg(long)]
+        max_active_reservations: Option<i64>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ApiKeyCommand {
+    /// Create a key; prints it as JSON. The key is shown this once only.
+    Create {
+        #[arg(long, value_enum)]
+        scope: CliScope,
+        /// The account a kiosk key is bound to.
+        #[arg(long)]
+        account: Option<uuid::Uuid>,
+        #[arg(long, default_value = "created from the command line")]
+        label: String,
+    },
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum CliScope {
+    Admin,
+    Finance,
+    Kiosk,
+}
+
+impl From<CliScope> for Scope {
+    fn from(scope: CliScope) -> Scope {
+        match scope {
+            CliScope::Admin => Scope::Admin,
+            CliScope::Finance => Scope::Finance,
+            CliScope::Kiosk => Scope::Kiosk,
+        }
+    }
+}

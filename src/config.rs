@@ -1,0 +1,257 @@
+//! Every setting of the service, its default and its limits, in one place.
+//!
+//! Each environment variable of DESIGN §9 has a `--flag` twin (clap reads
+//! both; the flag wins). `Config::validate` refuses a configuration that
+//! would lose or freeze tokens at run time, with a message that names the
+//! variable to fix.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+/// Bounds on `ttl_seconds` of a reservation, in seconds.
+pub const TTL_SECONDS_MIN: i32 = 1;
+pub const TTL_SECONDS_MAX: i32 = 86_400;
+/// Bounds on the amount of a reservation, credit or adjustment, in tokens.
+pub const AMOUNT_MAX: i64 = 1_000_000;
+/// Largest request body accepted, in bytes.
+pub const BODY_LIMIT_BYTES: usize = 64 * 1024;
+/// Ledger page sizes.
+pub const LEDGER_PAGE_DEFAULT: i64 = 100;
+pub const LEDGER_PAGE_MAX: i64 = 1_000;
+/// Longest accepted name, label or external reference, in characters.
+pub const NAME_LENGTH_MAX: usize = 200;
+pub const REASON_LENGTH_MAX: usize = 1_000;
+/// How long a request waits for a pooled connection before answering 503.
+pub const DB_CHECKOUT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Every statement is cancelled after this long (set on each connection).
+pub const DB_STATEMENT_TIMEOUT_MS: u64 = 10_000;
+/// How long a process waits for running jobs on shutdown.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ProviderKind {
+    Simulated,
+    Http,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct Config {
+    /// PostgreSQL connection URL; `serve` creates the database when missing.
+    #[arg(long, env = "DATABASE_URL", global = true,
+          default_value = "postgres://postgres@localhost:5432/token_billing")]
+    pub database_url: String,
+
+    /// Address the HTTP server listens on (port 0 picks a free port).
+    #[arg(long, env = "BIND_ADDR", global = true, default_value = "127.0.0.1:8080")]
+    pub bind_addr: String,
+
+    /// Connections in the pool; bounds the service's database concurrency.
+    #[arg(long, env = "DB_POOL_SIZE", global = true, default_value_t = 16)]
+    pub db_pool_size: u32,
+
+    /// When set, this key has `admin` scope (bootstrap).
+    #[arg(long, env = "ADMIN_API_KEY", global = true, hide_env_values = true)]
+    pub admin_api_key: Option<String>,
+
+    /// Job prices per kind, e.g. `standard=1,hd=2`.
+    #[arg(long, env = "PRICE_LIST", global = true, default_value = "standard=1")]
+    pub price_list: String,
+
+    /// Default lifetime of a reservation, in seconds.
+    #[arg(long, env = "RESERVATION_TTL_SECONDS", global = true, default_value_t = 300)]
+    pub reservation_ttl_seconds: i32,
+
+    /// Lease of a worker on a job, in seconds (heartbeat at half).
+    #[arg(long, env = "JOB_LEASE_SECONDS", global = true, default_value_t = 30)]
+    pub job_lease_seconds: i32,
+
+    /// Attempts per job before it fails and its tokens are released.
+    #[arg(long, env = "JOB_MAX_ATTEMPTS", global = true, default_value_t = 3)]
+    pub job_max_attempts: i32,
+
+    /// Job workers in this replica.
+    #[arg(long, env = "WORKER_CONCURRENCY", global = true, default_value_t = 8)]
+    pub worker_concurrency: u32,
+
+    /// Reaper schedule: cron with a seconds field.
+    #[arg(long, env = "REAPER_SCHEDULE", global = true, default_value = "*/30 * * * * *")]
+    pub reaper_schedule: String,
+
+    /// Image generation provider.
+    #[arg(long, env = "PROVIDER", global = true, value_enum, default_value_t = ProviderKind::Simulated)]
+    pub provider: ProviderKind,
+
+    /// Base URL of the `http` provider.
+    #[arg(long, env = "PROVIDER_URL", global = true)]
+    pub provider_url: Option<String>,
+
+    /// Timeout of one provider request, in seconds.
+    #[arg(long, env = "PROVIDER_TIMEOUT_SECONDS", global = true, default_value_t = 60)]
+    pub provider_timeout_seconds: i32,
+
+    /// Log format.
+    #[arg(long, env = "LOG_FORMAT", global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// A parsed `PRICE_LIST`: job kind → cost in tokens.
+pub type PriceList = BTreeMap<String, i64>;
+
+impl Config {
+    /// Checks every cross-field rule; the error names the variable to fix.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.db_pool_size < 1 {
+            return Err("DB_POOL_SIZE must be at least 1".into());
+        }
+        if !(TTL_SECONDS_MIN..=TTL_SECONDS_MAX).contains(&self.reservation_ttl_seconds) {
+            return Err(format!(
+                "RESERVATION_TTL_SECONDS must be between {TTL_SECONDS_MIN} and {TTL_SECONDS_MAX}"
+            ));
+        }
+        if self.provider_timeout_seconds < 1 {
+            return Err("PROVIDER_TIMEOUT_SECONDS must be at least 1".into());
+        }
+        // The seed's outage: a 15 s client timeout on an 18 s operation.
+        // A reservation must outlive several provider calls.
+        if i64::from(self.reservation_ttl_seconds) < 3 * i64::from(self.provider_timeout_seconds) {
+            return Err(format!(
+                "RESERVATION_TTL_SECONDS ({}) must be at least 3 × PROVIDER_TIMEOUT_SECONDS ({})",
+                self.reservation_ttl_seconds, self.provider_timeout_seconds
+            ));
+        }
+        if self.job_lease_seconds < 2 {
+            return Err("JOB_LEASE_SECONDS must be at least 2".into());
+        }
+        if self.job_lease_seconds >= self.reservation_ttl_seconds {
+            return Err(format!(
+                "JOB_LEASE_SECONDS ({}) must be shorter than RESERVATION_TTL_SECONDS ({})",
+                self.job_lease_seconds, self.reservation_ttl_seconds
+            ));
+        }
+        if !(1..=100).contains(&self.job_max_attempts) {
+            return Err("JOB_MAX_ATTEMPTS must be between 1 and 100".into());
+        }
+        if !(1..=1024).contains(&self.worker_concurrency) {
+            return Err("WORKER_CONCURRENCY must be between 1 and 1024".into());
+        }
+        if self.provider == ProviderKind::Http && self.provider_url.is_none() {
+            return Err("PROVIDER=http needs PROVIDER_URL".into());
+        }
+        if self.reaper_schedule.split_whitespace().count() != 6 {
+            return Err(format!(
+                "REAPER_SCHEDULE ({:?}) must be a cron expression with 6 fields, seconds first, \
+                 e.g. \"*/30 * * * * *\"",
+                self.reaper_schedule
+            ));
+        }
+        if let Some(key) = &self.admin_api_key {
+            if key.len() < 16 {
+                return Err("ADMIN_API_KEY must be at least 16 characters".into());
+            }
+        }
+        self.prices().map(|_| ())
+    }
+
+    /// Parses `PRICE_LIST` (`kind=cost,kind=cost`).
+    pub fn prices(&self) -> Result<PriceList, String> {
+        parse_price_list(&self.price_list)
+    }
+}
+
+pub fn parse_price_list(text: &str) -> Result<PriceList, String> {
+    let mut prices = PriceList::new();
+    for item in text.split(',').map(str::trim).filter(|item| !item.is_empty()) {
+        let (kind, cost) = item
+            .split_once('=')
+            .ok_or_else(|| format!("PRICE_LIST item {item:?} is not kind=cost"))?;
+        let kind = kind.trim();
+        let valid_kind = !kind.is_empty()
+            && kind.len() <= 64
+            && kind.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if !valid_kind {
+            return Err(format!("PRICE_LIST kind {kind:?} must be 1-64 of [A-Za-z0-9_-]"));
+        }
+        let cost: i64 = cost
+            .trim()
+            .parse()
+            .map_err(|_| format!("PRICE_LIST cost of {kind:?} is not an integer"))?;
+        if !(1..=AMOUNT_MAX).contains(&cost) {
+            return Err(format!("PRICE_LIST cost of {kind:?} must be between 1 and {AMOUNT_MAX}"));
+        }
+        if prices.insert(kind.to_owned(), cost).is_some() {
+            return Err(format!("PRICE_LIST names {kind:?} twice"));
+        }
+    }
+    if prices.is_empty() {
+        return Err("PRICE_LIST must name at least one kind".into());
+    }
+    Ok(prices)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        config: Config,
+    }
+
+    fn config(args: &[&str]) -> Config {
+        let mut argv = vec!["token-billing"];
+        argv.extend_from_slice(args);
+        Wrapper::try_parse_from(argv).expect("arguments parse").config
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let defaults = config(&[]);
+        assert_eq!(defaults.validate(), Ok(()));
+        assert_eq!(defaults.prices().expect("valid").get("standard"), Some(&1));
+    }
+
+    #[test]
+    fn ttl_must_cover_three_provider_timeouts() {
+        let error = config(&["--reservation-ttl-seconds", "45", "--provider-timeout-seconds", "18"])
+            .validate()
+            .expect_err("45 < 54");
+        assert!(error.contains("3 × PROVIDER_TIMEOUT_SECONDS"), "{error}");
+    }
+
+    #[test]
+    fn lease_must_be_shorter_than_ttl() {
+        let error = config(&[
+            "--reservation-ttl-seconds", "200", "--provider-timeout-seconds", "10",
+            "--job-lease-seconds", "200",
+        ])
+        .validate()
+        .expect_err("lease == ttl");
+        assert!(error.contains("JOB_LEASE_SECONDS"), "{error}");
+    }
+
+    #[test]
+    fn http_provider_needs_url_and_pool_needs_a_connection() {
+        assert!(config(&["--provider", "http"]).validate().is_err());
+        assert!(config(&["--db-pool-size", "0"]).validate().is_err());
+        assert!(config(&["--reaper-schedule", "*/30 * * * *"]).validate().is_err());
+    }
+
+    #[test]
+    fn price_list_syntax() {
+        let prices = parse_price_list("standard=1, hd=2").expect("valid");
+        assert_eq!(prices.get("hd"), Some(&2));
+        for bad in ["", "standard", "standard=0", "standard=x", "a=1,a=2", "b c=1", "x=1000001"] {
+            assert!(parse_price_list(bad).is_err(), "{bad:?} should be refused");
+        }
+    }
+}

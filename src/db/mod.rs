@@ -1,0 +1,150 @@
+//! Connection pool, embedded migrations and `run_blocking`, the one way the
+//! async handlers reach the (blocking) database.
+
+pub mod models;
+pub mod schema;
+
+use diesel::connection::SimpleConnection;
+use diesel::pg::PgConnection;
+use diesel::prelude::*;
+use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool};
+use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
+
+use crate::config::{DB_CHECKOUT_TIMEOUT, DB_STATEMENT_TIMEOUT_MS};
+use crate::error::ApiError;
+
+pub type DbPool = Pool<ConnectionManager<PgConnection>>;
+
+pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations");
+
+/// Sets per-session limits on every new pooled connection, so no statement
+/// or lock wait can hold a connection (and the rows it locked) forever.
+#[derive(Debug)]
+struct SessionLimits;
+
+impl CustomizeConnection<PgConnection, diesel::r2d2::Error> for SessionLimits {
+    fn on_acquire(&self, conn: &mut PgConnection) -> Result<(), diesel::r2d2::Error> {
+        conn.batch_execute(&format!(
+            "SET statement_timeout = {DB_STATEMENT_TIMEOUT_MS}; \
+             SET idle_in_transaction_session_timeout = {DB_STATEMENT_TIMEOUT_MS}; \
+             SET TIME ZONE 'UTC'"
+        ))
+        .map_err(diesel::r2d2::Error::QueryError)
+    }
+}
+
+/// Builds the pool without connecting: a bad `DATABASE_URL` must not block
+/// start-up for 30 s; it shows up at the first checkout as a 503.
+pub fn build_pool(database_url: &str, size: u32) -> DbPool {
+    let manager = ConnectionManager::<PgConnection>::new(database_url);
+    Pool::builder()
+        .max_size(size)
+        .min_idle(Some(size.min(2)))
+        .connection_timeout(DB_CHECKOUT_TIMEOUT)
+        // r2d2 would otherwise run `SELECT 1` on every checkout; a broken
+        // connection fails its first statement and is then discarded.
+        .test_on_check_out(false)
+        .connection_customizer(Box::new(SessionLimits))
+        .build_unchecked(manager)
+}
+
+/// Runs the embedded migrations that are not applied yet.
+pub fn run_migrations(conn: &mut PgConnection) -> anyhow::Result<Vec<String>> {
+    let applied = conn
+        .run_pending_migrations(MIGRATIONS)
+        .map_err(|error| anyhow::anyhow!("running migrations: {error}"))?;
+    Ok(applied.iter().map(ToString::to_string).collect())
+}
+
+/// True when every embedded migration is applied (used by `/readyz`).
+pub fn migrations_applied(conn: &mut PgConnection) -> Result<bool, ApiError> {
+    conn.has_pending_migration(MIGRATIONS)
+        .map(|pending| !pending)
+        .map_err(|error| ApiError::Unavailable(error.to_string()))
+}
+
+/// Splits `postgres://…/name?params` into the database name and the URL of
+/// the server's `postgres` maintenance database.
+pub fn split_database_url(database_url: &str) -> anyhow::Result<(String, String)> {
+    let (base, query) = match database_url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (database_url, None),
+    };
+    let (server, name) = base
+        .rsplit_once('/')
+        .filter(|(server, name)| server.contains("://") && !server.ends_with('/') && !name.is_empty())
+        .ok_or_else(|| anyhow::anyhow!("DATABASE_URL must name a database: {base}"))?;
+    let maintenance = match query {
+        Some(query) => format!("{server}/postgres?{query}"),
+        None => format!("{server}/postgres"),
+    };
+    Ok((name.to_owned(), maintenance))
+}
+
+/// Creates the database named in `database_url` when it does not exist.
+pub fn create_database_if_missing(database_url: &str) -> anyhow::Result<bool> {
+    let (name, maintenance_url) = split_database_url(database_url)?;
+    let mut conn = PgConnection::establish(&maintenance_url)
+        .map_err(|error| anyhow::anyhow!("connecting to {maintenance_url}: {error}"))?;
+    let exists: bool = diesel::select(diesel::dsl::exists(
+        pg_database::table.filter(pg_database::datname.eq(&name)),
+    ))
+    .get_result(&mut conn)?;
+    if exists {
+        return Ok(false);
+    }
+    let quoted = format!("\"{}\"", name.replace('"', "\"\""));
+    match conn.batch_execute(&format!("CREATE DATABASE {quoted}")) {
+        Ok(()) => Ok(true),
+        // Another replica created it between our check and our CREATE.
+        Err(diesel::result::Error::DatabaseError(
+            diesel::result::DatabaseErrorKind::UniqueViolation,
+            _,
+        )) => Ok(false),
+        Err(error) if error.to_string().contains("already exists") => Ok(false),
+        Err(error) => Err(anyhow::anyhow!("creating database {name}: {error}")),
+    }
+}
+
+diesel::table! {
+    pg_database (datname) {
+        datname -> Text,
+    }
+}
+
+/// Runs `work` with a pooled connection on the blocking thread pool.
+///
+/// The closure runs to completion even when the HTTP client disconnects and
+/// the handler future is dropped, so anything that must happen after a
+/// commit belongs inside it, not after the `.await`.
+pub async fn run_blocking<T, F>(pool: &DbPool, work: F) -> Result<T, ApiError>
+where
+    F: FnOnce(&mut PgConnection) -> Result<T, ApiError> + Send + 'static,
+    T: Send + 'static,
+{
+    let pool = pool.clone();
+    actix_web::web::block(move || {
+        let mut conn = pool.get()?;
+        work(&mut conn)
+    })
+    .await
+    .map_err(|error| ApiError::Internal(format!("blocking task failed: {error}")))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_database_url;
+
+    #[test]
+    fn splits_database_urls() {
+        let (name, maintenance) =
+            split_database_url("postgres://postgres@localhost:5432/token_billing").expect("valid");
+        assert_eq!(name, "token_billing");
+        assert_eq!(maintenance, "postgres://postgres@localhost:5432/postgres");
+        let (name, maintenance) =
+            split_database_url("postgres://u:p@h/db?sslmode=disable").expect("valid");
+        assert_eq!((name.as_str(), maintenance.as_str()), ("db", "postgres://u:p@h/postgres?sslmode=disable"));
+        assert!(split_database_url("postgres://localhost").is_err());
+        assert!(split_database_url("postgres://localhost/").is_err());
+    }
+}

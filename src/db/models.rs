@@ -1,0 +1,130 @@
+//! Row structs: what the tables hold, one struct per table (plus `New*`
+//! structs for inserts). The JSON representations live in `domain`.
+
+use chrono::{DateTime, Utc};
+use diesel::prelude::*;
+use uuid::Uuid;
+
+use super::schema::{accounts, adjustments, api_keys, credits, ledger_entries, reservations};
+
+#[derive(Clone, Debug, Queryable, Selectable, QueryableByName)]
+#[diesel(table_name = accounts, check_for_backend(diesel::pg::Pg))]
+pub struct AccountRow {
+    pub id: Uuid,
+    pub name: String,
+    pub status: String,
+    pub available: i64,
+    pub reserved: i64,
+    pub used: i64,
+    pub credited: i64,
+    pub adjusted: i64,
+    pub active_reservations: i32,
+    pub max_active_reservations: i32,
+    pub version: i64,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+#[derive(Insertable)]
+#[diesel(table_name = accounts)]
+pub struct NewAccount<'a> {
+    pub id: Uuid,
+    pub name: &'a str,
+    pub max_active_reservations: i32,
+}
+
+#[derive(Clone, Debug, Queryable, Selectable)]
+#[diesel(table_name = api_keys, check_for_backend(diesel::pg::Pg))]
+pub struct ApiKeyRow {
+    pub id: Uuid,
+    pub secret_hash: Vec<u8>,
+    pub scope: String,
+    pub account_id: Option<Uuid>,
+    pub label: String,
+    pub created_at: DateTime<Utc>,
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Insertable)]
+#[diesel(table_name = api_keys)]
+pub struct NewApiKey<'a> {
+    pub id: Uuid,
+    pub secret_hash: &'a [u8],
+    pub scope: &'a str,
+    pub account_id: Option<Uuid>,
+    pub label: &'a str,
+}
+
+#[derive(Clone, Debug, Queryable, Selectable, Insertable)]
+#[diesel(table_name = credits, check_for_backend(diesel::pg::Pg))]
+pub struct CreditRow {
+    pub id: Uuid,
+    pub account_id: Uuid,
+    pub amount: i64,
+    pub external_ref: String,
+    pub note: Option<String>,
+    pub actor: String,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Clone, Debug, Queryable, Selectable, Insertable)]
+#[diesel(table_name = adjustments, check_for_backend(diesel::pg::Pg))]
+pub struct AdjustmentRow {
+    pub id: Uuid,
+    pub account_id: Uuid,
+    pub amount: i64,
+    pub reason: String,
+    pub external_ref: String,
+    pub actor: String,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Clone, Debug, Queryable, Selectable, QueryableByName)]
+#[diesel(table_name = reservations, check_for_backend(diesel::pg::Pg))]
+pub struct ReservationRow {
+    pub id: Uuid,
+    pub account_id: Uuid,
+    pub request_id: Uuid,
+    pub amount: i64,
+    pub requested_ttl_seconds: Option<i32>,
+    pub state: String,
+    pub committed_amount: i64,
+    pub expires_at: DateTime<Utc>,
+    pub job_id: Option<Uuid>,
+    pub created_at: DateTime<Utc>,
+    pub resolved_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Clone, Debug, Queryable, Selectable)]
+#[diesel(table_name = ledger_entries, check_for_backend(diesel::pg::Pg))]
+pub struct LedgerEntryRow {
+    pub id: i64,
+    pub account_id: Uuid,
+    pub kind: String,
+    pub amount: i64,
+    pub available_after: i64,
+    pub reserved_after: i64,
+    pub used_after: i64,
+    pub reservation_id: Option<Uuid>,
+    pub job_id: Option<Uuid>,
+    pub external_ref: Option<String>,
+    pub reason: Option<String>,
+    pub actor: String,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Insertable)]
+#[diesel(table_name = ledger_entries)]
+pub struct NewLedgerEntry<'a> {
+    pub account_id: Uuid,
+    pub kind: &'a str,
+    pub amount: i64,
+    pub available_after: i64,
+    pub reserved_after: i64,
+    pub used_after: i64,
+    pub reservation_id: Option<Uuid>,
+    pub job_id: Option<Uuid>,
+    pub external_ref: Option<&'a str>,
+    pub reason: Option<&'a str>,
+    pub actor: &'a str,
+}

@@ -1,0 +1,105 @@
+// @generated automatically by Diesel CLI.
+
+diesel::table! {
+    accounts (id) {
+        id -> Uuid,
+        name -> Text,
+        status -> Text,
+        available -> Int8,
+        reserved -> Int8,
+        used -> Int8,
+        credited -> Int8,
+        adjusted -> Int8,
+        active_reservations -> Int4,
+        max_active_reservations -> Int4,
+        version -> Int8,
+        created_at -> Timestamptz,
+        updated_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
+    adjustments (id) {
+        id -> Uuid,
+        account_id -> Uuid,
+        amount -> Int8,
+        reason -> Text,
+        external_ref -> Text,
+        actor -> Text,
+        created_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
+    api_keys (id) {
+        id -> Uuid,
+        secret_hash -> Bytea,
+        scope -> Text,
+        account_id -> Nullable<Uuid>,
+        label -> Text,
+        created_at -> Timestamptz,
+        revoked_at -> Nullable<Timestamptz>,
+    }
+}
+
+diesel::table! {
+    credits (id) {
+        id -> Uuid,
+        account_id -> Uuid,
+        amount -> Int8,
+        external_ref -> Text,
+        note -> Nullable<Text>,
+        actor -> Text,
+        created_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
+    ledger_entries (id) {
+        id -> Int8,
+        account_id -> Uuid,
+        kind -> Text,
+        amount -> Int8,
+        available_after -> Int8,
+        reserved_after -> Int8,
+        used_after -> Int8,
+        reservation_id -> Nullable<Uuid>,
+        job_id -> Nullable<Uuid>,
+        external_ref -> Nullable<Text>,
+        reason -> Nullable<Text>,
+        actor -> Text,
+        created_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
+    reservations (id) {
+        id -> Uuid,
+        account_id -> Uuid,
+        request_id -> Uuid,
+        amount -> Int8,
+        requested_ttl_seconds -> Nullable<Int4>,
+        state -> Text,
+        committed_amount -> Int8,
+        expires_at -> Timestamptz,
+        job_id -> Nullable<Uuid>,
+        created_at -> Timestamptz,
+        resolved_at -> Nullable<Timestamptz>,
+    }
+}
+
+diesel::joinable!(adjustments -> accounts (account_id));
+diesel::joinable!(api_keys -> accounts (account_id));
+diesel::joinable!(credits -> accounts (account_id));
+diesel::joinable!(ledger_entries -> accounts (account_id));
+diesel::joinable!(ledger_entries -> reservations (reservation_id));
+diesel::joinable!(reservations -> accounts (account_id));
+
+diesel::allow_tables_to_appear_in_same_query!(
+    accounts,
+    adjustments,
+    api_keys,
+    credits,
+    ledger_entries,
+    reservations,
+);

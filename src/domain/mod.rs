@@ -1,0 +1,8 @@
+//! The rules of the service: synchronous functions that take a connection.
+
+pub mod accounts;
+pub mod api_keys;
+pub mod credits;
+pub mod ledger;
+pub mod reservations;
+pub mod types;

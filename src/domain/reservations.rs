@@ -1,0 +1,427 @@
+//! The three-phase token lifecycle: reserve (available → reserved), then
+//! exactly one of commit (reserved → used, the rest back to available),
+//! release (reserved → available) or expire (the reaper's release).
+//!
+//! Rules:
+//! - every move is one conditional `UPDATE`; the state transition of a
+//!   reservation is `WHERE state = 'held'`, so exactly one resolution wins;
+//! - the balance change and its ledger entries commit in one transaction;
+//! - locks are taken reservation first, account second, and never held
+//!   beyond the transaction;
+//! - expiry uses the database clock (`now()`), never the replica's.
+
+use chrono::{DateTime, Utc};
+use diesel::prelude::*;
+use diesel::result::{DatabaseErrorKind, Error as DieselError};
+use diesel::sql_types::{BigInt, Integer, Nullable, Text, Uuid as SqlUuid};
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::db::models::{AccountRow, ReservationRow};
+use crate::db::schema::{accounts, reservations};
+use crate::domain::ledger::{self, Balances, EntryKind, Movement};
+use crate::domain::types::{AccountId, RequestId, ReservationId, Tokens, TtlSeconds};
+use crate::error::ApiError;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ReservationView {
+    pub reservation_id: ReservationId,
+    pub account_id: AccountId,
+    pub request_id: RequestId,
+    pub amount: i64,
+    pub state: String,
+    pub committed_amount: i64,
+    pub expires_at: DateTime<Utc>,
+    pub job_id: Option<Uuid>,
+    pub created_at: DateTime<Utc>,
+    pub resolved_at: Option<DateTime<Utc>>,
+}
+
+impl From<ReservationRow> for ReservationView {
+    fn from(row: ReservationRow) -> Self {
+        ReservationView {
+            reservation_id: ReservationId(row.id),
+            account_id: AccountId(row.account_id),
+            request_id: RequestId(row.request_id),
+            amount: row.amount,
+            state: row.state,
+            committed_amount: row.committed_amount,
+            expires_at: row.expires_at,
+            job_id: row.job_id,
+            created_at: row.created_at,
+            resolved_at: row.resolved_at,
+        }
+    }
+}
+
+/// Whether an answer comes from this request or an identical earlier one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Created,
+    Replayed,
+}
+
+pub struct ReserveRequest {
+    pub request_id: RequestId,
+    pub amount: Tokens,
+    pub ttl_seconds: Option<TtlSeconds>,
+}
+
+/// Moves `amount` tokens from available to reserved, atomically against the
+/// availability check, the account status and the active-reservation limit.
+/// Returns the account's balances after the move, or `None` when refused.
+pub fn reserve_tokens(
+    conn: &mut PgConnection,
+    account: AccountId,
+    amount: i64,
+) -> Result<Option<Balances>, ApiError> {
+    Ok(diesel::sql_query(
+        "UPDATE accounts \
+         SET available = available - $2, reserved = reserved + $2, \
+             active_reservations = active_reservations + 1, \
+             version = version + 1, updated_at = now() \
+         WHERE id = $1 AND status = 'active' AND available >= $2 \
+           AND (max_active_reservations = 0 OR active_reservations < max_active_reservations) \
+         RETURNING available, reserved, used",
+    )
+    .bind::<SqlUuid, _>(account.0)
+    .bind::<BigInt, _>(amount)
+    .get_result::<Balances>(conn)
+    .optional()?)
+}
+
+/// Why `reserve_tokens` refused: read after the fact, inside the same
+/// (to be rolled back) transaction.
+pub fn refusal_reason(conn: &mut PgConnection, account: AccountId, amount: i64) -> ApiError {
+    let row: Result<Option<AccountRow>, _> = accounts::table
+        .find(account.0)
+        .select(AccountRow::as_select())
+        .first(conn)
+        .optional();
+    match row {
+        Err(error) => error.into(),
+        Ok(None) => ApiError::NotFound("account"),
+        Ok(Some(row)) if row.status != "active" => ApiError::AccountSuspended,
+        Ok(Some(row)) if row.available < amount => {
+            ApiError::InsufficientTokens { available: row.available, reserved: row.reserved }
+        }
+        Ok(Some(row)) => ApiError::TooManyActiveReservations { limit: row.max_active_reservations },
+    }
+}
+
+/// Creates a reservation, idempotent on `(account, request_id)`.
+pub fn reserve(
+    conn: &mut PgConnection,
+    account: AccountId,
+    request: &ReserveRequest,
+    default_ttl_seconds: i32,
+    actor: &str,
+) -> Result<(ReservationRow, Outcome), ApiError> {
+    let ttl = request.ttl_seconds.map_or(default_ttl_seconds, TtlSeconds::get);
+    conn.transaction(|conn| {
+        // Claim the request_id first: a concurrent duplicate blocks here on
+        // the unique index until this transaction ends, then sees our row.
+        let inserted: Option<ReservationRow> = diesel::sql_query(
+            "INSERT INTO reservations \
+                 (id, account_id, request_id, amount, requested_ttl_seconds, state, expires_at) \
+             VALUES ($1, $2, $3, $4, $5, 'held', now() + make_interval(secs => $6)) \
+             ON CONFLICT (account_id, request_id) WHERE job_id IS NULL DO NOTHING \
+             RETURNING *",
+        )
+        .bind::<SqlUuid, _>(Uuid::now_v7())
+        .bind::<SqlUuid, _>(account.0)
+        .bind::<SqlUuid, _>(request.request_id.0)
+        .bind::<BigInt, _>(request.amount.get())
+        .bind::<Nullable<Integer>, _>(request.ttl_seconds.map(TtlSeconds::get))
+        .bind::<Integer, _>(ttl)
+        .get_result(conn)
+        .optional()
+        .map_err(|error| match error {
+            DieselError::DatabaseError(DatabaseErrorKind::ForeignKeyViolation, _) => {
+                ApiError::NotFound("account")
+            }
+            other => other.into(),
+        })?;
+        let Some(reservation) = inserted else {
+            let existing: ReservationRow = reservations::table
+                .filter(reservations::account_id.eq(account.0))
+                .filter(reservations::request_id.eq(request.request_id.0))
+                .filter(reservations::job_id.is_null())
+                .select(ReservationRow::as_select())
+                .first(conn)?;
+            let same = existing.amount == request.amount.get()
+                && existing.requested_ttl_seconds == request.ttl_seconds.map(TtlSeconds::get);
+            if !same {
+                return Err(ApiError::IdempotencyKeyReused(format!(
+                    "request_id {} was already used for a different reservation",
+                    request.request_id
+                )));
+            }
+            return Ok((existing, Outcome::Replayed));
+        };
+        let Some(after) = reserve_tokens(conn, account, request.amount.get())? else {
+            return Err(refusal_reason(conn, account, request.amount.get()));
+        };
+        ledger::append(conn, Movement {
+            account,
+            kind: EntryKind::Reserve,
+            amount: request.amount.get(),
+            after,
+            reservation_id: Some(reservation.id),
+            job_id: None,
+            external_ref: None,
+            reason: None,
+            actor,
+        })?;
+        Ok((reservation, Outcome::Created))
+    })
+}
+
+pub fn get_reservation(
+    conn: &mut PgConnection,
+    account: AccountId,
+    reservation: ReservationId,
+) -> Result<ReservationRow, ApiError> {
+    reservations::table
+        .filter(reservations::id.eq(reservation.0))
+        .filter(reservations::account_id.eq(account.0))
+        .select(ReservationRow::as_select())
+        .first(conn)
+        .optional()?
+        .ok_or(ApiError::NotFound("reservation"))
+}
+
+/// How a held reservation ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resolution {
+    /// Spend this many tokens (≤ held); the rest goes back to available.
+    Commit(i64),
+    Release,
+    /// The reaper's release of a reservation past `expires_at`.
+    Expire,
+}
+
+impl Resolution {
+    fn state(self) -> &'static str {
+        match self {
+            Resolution::Commit(_) => "committed",
+            Resolution::Release => "released",
+            Resolution::Expire => "expired",
+        }
+    }
+}
+
+/// Applies a resolution to the account and the ledger after the reservation
+/// row has been moved out of `held` by this transaction. Returns the
+/// balances after. `reason` and `job_id` go to the ledger.
+pub fn settle(
+    conn: &mut PgConnection,
+    reservation: &ReservationRow,
+    resolution: Resolution,
+    reason: Option<&str>,
+    actor: &str,
+) -> Result<Balances, ApiError> {
+    let committed = match resolution {
+        Resolution::Commit(amount) => amount,
+        Resolution::Release | Resolution::Expire => 0,
+    };
+    let returned = reservation.amount - committed;
+    debug_assert!(committed >= 0 && returned >= 0, "resolution within the held amount");
+    let after: Balances = diesel::sql_query(
+        "UPDATE accounts \
+         SET reserved = reserved - $2, used = used + $3, available = available + $4, \
+             active_reservations = active_reservations - 1, \
+             version = version + 1, updated_at = now() \
+         WHERE id = $1 \
+         RETURNING available, reserved, used",
+    )
+    .bind::<SqlUuid, _>(reservation.account_id)
+    .bind::<BigInt, _>(reservation.amount)
+    .bind::<BigInt, _>(committed)
+    .bind::<BigInt, _>(returned)
+    .get_result(conn)?;
+    let account = AccountId(reservation.account_id);
+    let movement = |kind, amount, after| Movement {
+        account,
+        kind,
+        amount,
+        after,
+        reservation_id: Some(reservation.id),
+        job_id: reservation.job_id,
+        external_ref: None,
+        reason,
+        actor,
+    };
+    if committed > 0 {
+        // The commit entry's balances-after are those before the release of
+        // the remainder, so a replay of the entries passes through them.
+        let after_commit = Balances {
+            available: after.available - returned,
+            reserved: after.reserved + returned,
+            used: after.used,
+        };
+        ledger::append(conn, movement(EntryKind::Commit, committed, after_commit))?;
+    }
+    if returned > 0 {
+        let kind = if resolution == Resolution::Expire { EntryKind::Expire } else { EntryKind::Release };
+        ledger::append(conn, movement(kind, returned, after))?;
+    }
+    Ok(after)
+}
+
+/// Moves a held, unexpired reservation to its final state. `None` when the
+/// reservation is not (or no longer) held, or the commit exceeds it.
+fn transition_held(
+    conn: &mut PgConnection,
+    account: AccountId,
+    reservation: ReservationId,
+    resolution: Resolution,
+) -> Result<Option<ReservationRow>, ApiError> {
+    let committed: Option<i64> = match resolution {
+        Resolution::Commit(amount) => Some(amount),
+        Resolution::Release | Resolution::Expire => None,
+    };
+    let expiry_condition = if resolution == Resolution::Expire {
+        "expires_at <= now()"
+    } else {
+        "expires_at > now()"
+    };
+    Ok(diesel::sql_query(format!(
+        "UPDATE reservations \
+         SET state = $3, committed_amount = COALESCE($4, 0), resolved_at = now() \
+         WHERE id = $1 AND account_id = $2 AND state = 'held' AND {expiry_condition} \
+           AND amount >= COALESCE($4, 0) \
+         RETURNING *"
+    ))
+    .bind::<SqlUuid, _>(reservation.0)
+    .bind::<SqlUuid, _>(account.0)
+    .bind::<Text, _>(resolution.state())
+    .bind::<Nullable<BigInt>, _>(committed)
+    .get_result(conn)
+    .optional()?)
+}
+
+/// Why a reservation could not be resolved or extended as asked: replay,
+/// not found, wrong state, or past expiry (`ExpiredUnreaped`).
+enum Refusal {
+    Replay(ReservationRow),
+    Error(ApiError),
+    ExpiredUnreaped,
+}
+
+fn classify_refusal(
+    conn: &mut PgConnection,
+    account: AccountId,
+    reservation: ReservationId,
+    wanted: Option<Resolution>,
+) -> Result<Refusal, ApiError> {
+    let row = get_reservation(conn, account, reservation)?;
+    if row.job_id.is_some() {
+        return Ok(Refusal::Error(ApiError::ReservationOwnedByJob));
+    }
+    let same_resolution = match (wanted, row.state.as_str()) {
+        (Some(Resolution::Commit(amount)), "committed") => row.committed_amount == amount,
+        (Some(Resolution::Release), "released") => true,
+        _ => false,
+    };
+    if same_resolution {
+        return Ok(Refusal::Replay(row));
+    }
+    if row.state == "held" {
+        if let Some(Resolution::Commit(amount)) = wanted {
+            if amount > row.amount {
+                return Ok(Refusal::Error(ApiError::InvalidRequest(format!(
+                    "amount {amount} exceeds the {} tokens held by this reservation",
+                    row.amount
+                ))));
+            }
+        }
+        return Ok(Refusal::ExpiredUnreaped);
+    }
+    Ok(Refusal::Error(ApiError::ReservationNotHeld { state: row.state }))
+}
+
+/// Commits (`amount`: default all) or releases a reservation the API owns.
+pub fn resolve(
+    conn: &mut PgConnection,
+    account: AccountId,
+    reservation: ReservationId,
+    commit_amount: Option<Tokens>,
+    release: bool,
+    actor: &str,
+) -> Result<(ReservationRow, Outcome), ApiError> {
+    let outcome = conn.transaction(|conn| {
+        let resolution = if release {
+            Resolution::Release
+        } else {
+            let held = match commit_amount {
+                Some(amount) => amount.get(),
+                None => get_reservation(conn, account, reservation)?.amount,
+            };
+            Resolution::Commit(held)
+        };
+        // Jobs own their reservations: only their worker resolves them.
+        if let Some(row) = transition_held(conn, account, reservation, resolution)? {
+            if row.job_id.is_some() {
+                return Err(ApiError::ReservationOwnedByJob);
+            }
+            settle(conn, &row, resolution, None, actor)?;
+            return Ok(Ok((row, Outcome::Created)));
+        }
+        match classify_refusal(conn, account, reservation, Some(resolution))? {
+            Refusal::Replay(row) => Ok(Ok((row, Outcome::Replayed))),
+            Refusal::Error(error) => Err(error),
+            Refusal::ExpiredUnreaped => Ok(Err(())),
+        }
+    })?;
+    outcome.or_else(|()| Err(expire_on_access(conn, account, reservation, actor)))
+}
+
+/// Extends a held, unexpired reservation to `now() + ttl` (a heartbeat).
+pub fn extend(
+    conn: &mut PgConnection,
+    account: AccountId,
+    reservation: ReservationId,
+    ttl: TtlSeconds,
+    actor: &str,
+) -> Result<ReservationRow, ApiError> {
+    let extended: Option<ReservationRow> = diesel::sql_query(
+        "UPDATE reservations SET expires_at = now() + make_interval(secs => $3) \
+         WHERE id = $1 AND account_id = $2 AND state = 'held' AND expires_at > now() \
+           AND job_id IS NULL \
+         RETURNING *",
+    )
+    .bind::<SqlUuid, _>(reservation.0)
+    .bind::<SqlUuid, _>(account.0)
+    .bind::<Integer, _>(ttl.get())
+    .get_result(conn)
+    .optional()?;
+    if let Some(row) = extended {
+        return Ok(row);
+    }
+    match classify_refusal(conn, account, reservation, None)? {
+        Refusal::Replay(row) => Ok(row),
+        Refusal::Error(error) => Err(error),
+        Refusal::ExpiredUnreaped => Err(expire_on_access(conn, account, reservation, actor)),
+    }
+}
+
+/// A reservation past its expiry that the reaper has not reached yet is
+/// expired right away (its tokens go back now), and the caller is told so.
+fn expire_on_access(
+    conn: &mut PgConnection,
+    account: AccountId,
+    reservation: ReservationId,
+    actor: &str,
+) -> ApiError {
+    let result = conn.transaction(|conn| {
+        if let Some(row) = transition_held(conn, account, reservation, Resolution::Expire)? {
+            settle(conn, &row, Resolution::Expire, Some("expired_on_access"), actor)?;
+        }
+        get_reservation(conn, account, reservation)
+    });
+    match result {
+        Ok(row) => ApiError::ReservationNotHeld { state: row.state },
+        Err(error) => error,
+    }
+}

@@ -1,0 +1,192 @@
+//! Parse, don't validate: newtypes whose constructors enforce the limits of
+//! `config.rs`, so an out-of-range value cannot reach the domain.
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::config::{AMOUNT_MAX, NAME_LENGTH_MAX, REASON_LENGTH_MAX, TTL_SECONDS_MAX, TTL_SECONDS_MIN};
+
+macro_rules! id_newtype {
+    ($name:ident, $what:literal) => {
+        #[doc = concat!("The id of ", $what, ".")]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(pub Uuid);
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                self.0.fmt(f)
+            }
+        }
+    };
+}
+
+id_newtype!(AccountId, "an account");
+id_newtype!(ReservationId, "a reservation");
+id_newtype!(RequestId, "a client request (the kiosk's idempotency key)");
+id_newtype!(ApiKeyId, "an API key");
+
+/// A positive number of tokens, 1 … 1,000,000.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "i64", into = "i64")]
+pub struct Tokens(i64);
+
+impl Tokens {
+    pub fn parse(value: i64) -> Result<Self, String> {
+        if (1..=AMOUNT_MAX).contains(&value) {
+            Ok(Tokens(value))
+        } else {
+            Err(format!("amount must be between 1 and {AMOUNT_MAX}, got {value}"))
+        }
+    }
+
+    pub fn get(self) -> i64 {
+        self.0
+    }
+}
+
+impl TryFrom<i64> for Tokens {
+    type Error = String;
+    fn try_from(value: i64) -> Result<Self, String> {
+        Tokens::parse(value)
+    }
+}
+
+impl From<Tokens> for i64 {
+    fn from(tokens: Tokens) -> i64 {
+        tokens.0
+    }
+}
+
+/// A signed, non-zero adjustment of at most 1,000,000 tokens either way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "i64", into = "i64")]
+pub struct SignedTokens(i64);
+
+impl SignedTokens {
+    pub fn get(self) -> i64 {
+        self.0
+    }
+}
+
+impl TryFrom<i64> for SignedTokens {
+    type Error = String;
+    fn try_from(value: i64) -> Result<Self, String> {
+        if value != 0 && (-AMOUNT_MAX..=AMOUNT_MAX).contains(&value) {
+            Ok(SignedTokens(value))
+        } else {
+            Err(format!(
+                "amount must be non-zero and between -{AMOUNT_MAX} and {AMOUNT_MAX}, got {value}"
+            ))
+        }
+    }
+}
+
+impl From<SignedTokens> for i64 {
+    fn from(tokens: SignedTokens) -> i64 {
+        tokens.0
+    }
+}
+
+/// A reservation lifetime, 1 … 86,400 seconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "i64", into = "i64")]
+pub struct TtlSeconds(i32);
+
+impl TtlSeconds {
+    pub fn get(self) -> i32 {
+        self.0
+    }
+}
+
+impl TryFrom<i64> for TtlSeconds {
+    type Error = String;
+    fn try_from(value: i64) -> Result<Self, String> {
+        if (i64::from(TTL_SECONDS_MIN)..=i64::from(TTL_SECONDS_MAX)).contains(&value) {
+            // The range check above guarantees the value fits.
+            Ok(TtlSeconds(i32::try_from(value).map_err(|e| e.to_string())?))
+        } else {
+            Err(format!(
+                "ttl_seconds must be between {TTL_SECONDS_MIN} and {TTL_SECONDS_MAX}, got {value}"
+            ))
+        }
+    }
+}
+
+impl From<TtlSeconds> for i64 {
+    fn from(ttl: TtlSeconds) -> i64 {
+        i64::from(ttl.0)
+    }
+}
+
+/// Text a person typed (names, labels, references): trimmed of nothing,
+/// 1 … N characters, no control characters.
+fn bounded_text(field: &str, value: String, max: usize) -> Result<String, String> {
+    let length = value.chars().count();
+    if length == 0 || length > max {
+        return Err(format!("{field} must be 1 to {max} characters, got {length}"));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(format!("{field} must not contain control characters"));
+    }
+    Ok(value)
+}
+
+macro_rules! text_newtype {
+    ($name:ident, $field:literal, $max:expr) => {
+        #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+        #[serde(try_from = "String", into = "String")]
+        pub struct $name(String);
+
+        impl $name {
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl TryFrom<String> for $name {
+            type Error = String;
+            fn try_from(value: String) -> Result<Self, String> {
+                bounded_text($field, value, $max).map($name)
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(value: $name) -> String {
+                value.0
+            }
+        }
+    };
+}
+
+text_newtype!(Name, "name", NAME_LENGTH_MAX);
+text_newtype!(Label, "label", NAME_LENGTH_MAX);
+text_newtype!(ExternalRef, "external_ref", NAME_LENGTH_MAX);
+text_newtype!(Reason, "reason", REASON_LENGTH_MAX);
+text_newtype!(Note, "note", REASON_LENGTH_MAX);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_bounds() {
+        assert!(Tokens::parse(0).is_err());
+        assert!(Tokens::parse(-1).is_err());
+        assert!(Tokens::parse(1_000_001).is_err());
+        assert_eq!(Tokens::parse(1_000_000).map(Tokens::get), Ok(1_000_000));
+        assert!(SignedTokens::try_from(0).is_err());
+        assert_eq!(SignedTokens::try_from(-5).map(SignedTokens::get), Ok(-5));
+        assert!(TtlSeconds::try_from(0).is_err());
+        assert!(TtlSeconds::try_from(86_401).is_err());
+        assert!(TtlSeconds::try_from(i64::MAX).is_err());
+    }
+
+    #[test]
+    fn text_bounds() {
+        assert!(Name::try_from(String::new()).is_err());
+        assert!(Name::try_from("a\u{0}b".to_owned()).is_err());
+        assert!(Name::try_from("x".repeat(201)).is_err());
+        assert_eq!(Name::try_from("Wedding kiosk".to_owned()).map(String::from), Ok("Wedding kiosk".to_owned()));
+    }
+}

@@ -1,0 +1,92 @@
+//! `token-billing`: parse the command line, validate the configuration,
+//! set up logging and the database, then serve or run a subcommand.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use diesel::prelude::*;
+
+use token_billing::cli::{AccountCommand, ApiKeyCommand, Cli, Command};
+use token_billing::config::Config;
+use token_billing::db;
+use token_billing::domain::{accounts, api_keys, types};
+use token_billing::startup::{build_server, AppState};
+use token_billing::telemetry;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Err(message) = cli.config.validate() {
+        eprintln!("token-billing: invalid configuration: {message}");
+        return ExitCode::from(2);
+    }
+    telemetry::init(cli.config.log_format);
+    let result = match cli.command.unwrap_or(Command::Serve) {
+        Command::Serve => serve(cli.config).await,
+        Command::Migrate => prepare_database(&cli.config).map(|_| ()),
+        Command::Account { action } => account_command(&cli.config, action),
+        Command::ApiKey { action } => api_key_command(&cli.config, action),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("token-billing: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Creates the database when missing and applies pending migrations, under
+/// an advisory lock so replicas starting together migrate once.
+fn prepare_database(config: &Config) -> anyhow::Result<PgConnection> {
+    if db::create_database_if_missing(&config.database_url)? {
+        tracing::info!("created the database");
+    }
+    let mut conn = PgConnection::establish(&config.database_url)
+        .map_err(|error| anyhow::anyhow!("connecting to DATABASE_URL: {error}"))?;
+    diesel::sql_query("SELECT pg_advisory_lock(7243001)").execute(&mut conn)?;
+    let applied = db::run_migrations(&mut conn);
+    diesel::sql_query("SELECT pg_advisory_unlock(7243001)").execute(&mut conn)?;
+    for migration in applied? {
+        tracing::info!(%migration, "applied migration");
+    }
+    Ok(conn)
+}
+
+async fn serve(config: Config) -> anyhow::Result<()> {
+    let database_config = config.clone();
+    tokio::task::spawn_blocking(move || prepare_database(&database_config)).await??;
+    let pool = db::build_pool(&config.database_url, config.db_pool_size);
+    let state = AppState::new(config, pool).map_err(anyhow::Error::msg)?;
+    let workers = std::thread::available_parallelism().map_or(2, usize::from);
+    let (server, address) = build_server(state, workers)?;
+    tracing::info!(%address, "serving");
+    server.await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn account_command(config: &Config, action: AccountCommand) -> anyhow::Result<()> {
+    let mut conn = prepare_database(config)?;
+    match action {
+        AccountCommand::Create { name, max_active_reservations } => {
+            let name = types::Name::try_from(name).map_err(anyhow::Error::msg)?;
+            let limit = accounts::parse_max_active_reservations(max_active_reservations)?;
+            let row = accounts::create_account(&mut conn, &name, limit)?;
+            println!("{}", serde_json::to_string_pretty(&accounts::AccountView::from(row))?);
+        }
+    }
+    Ok(())
+}
+
+fn api_key_command(config: &Config, action: ApiKeyCommand) -> anyhow::Result<()> {
+    let mut conn = prepare_database(config)?;
+    match action {
+        ApiKeyCommand::Create { scope, account, label } => {
+            let label = types::Label::try_from(label).map_err(anyhow::Error::msg)?;
+            let key = api_keys::create_api_key(&mut conn, scope.into(), account.map(types::AccountId), &label)?;
+            println!("{}", serde_json::to_string_pretty(&key)?);
+        }
+    }
+    Ok(())
+}

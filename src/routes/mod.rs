@@ -1,0 +1,83 @@
+//! Thin HTTP handlers: extract and validate input, call one domain function
+//! inside `run_blocking`, map the result to JSON. No SQL here.
+
+mod accounts;
+mod api_keys;
+mod credits;
+mod health;
+mod reservations;
+
+use std::future::Future;
+use std::pin::Pin;
+
+use actix_web::http::header;
+use actix_web::{web, FromRequest, HttpRequest, HttpResponse};
+use serde::Serialize;
+use subtle::ConstantTimeEq;
+
+use crate::db::run_blocking;
+use crate::domain::api_keys::{authenticate, sha256, Caller};
+use crate::error::ApiError;
+use crate::startup::AppState;
+
+pub type State = web::Data<AppState>;
+
+pub fn configure(config: &mut web::ServiceConfig) {
+    health::configure(config);
+    accounts::configure(config);
+    api_keys::configure(config);
+    credits::configure(config);
+    reservations::configure(config);
+}
+
+pub async fn not_found() -> Result<HttpResponse, ApiError> {
+    Err(ApiError::NotFound("route"))
+}
+
+/// Header telling the client this answer replays an earlier identical request.
+pub const IDEMPOTENT_REPLAYED: &str = "Idempotent-Replayed";
+
+pub fn created(location: String, body: &impl Serialize) -> HttpResponse {
+    HttpResponse::Created().insert_header((header::LOCATION, location)).json(body)
+}
+
+pub fn replayed(body: &impl Serialize) -> HttpResponse {
+    HttpResponse::Ok().insert_header((IDEMPOTENT_REPLAYED, "true")).json(body)
+}
+
+/// A body that may be absent (empty means all defaults) but, when present,
+/// must be valid JSON for `T`: a malformed body never falls back to defaults.
+pub fn optional_json_body<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body).map_err(|error| ApiError::InvalidRequest(format!("invalid JSON body: {error}")))
+}
+
+/// `Authorization: Bearer <key>` → the caller, or 401.
+impl FromRequest for Caller {
+    type Error = ApiError;
+    type Future = Pin<Box<dyn Future<Output = Result<Caller, ApiError>>>>;
+
+    fn from_request(request: &HttpRequest, _payload: &mut actix_web::dev::Payload) -> Self::Future {
+        let state = request.app_data::<State>().cloned();
+        let presented = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| {
+                let (scheme, key) = value.split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then(|| key.trim().to_owned())
+            });
+        Box::pin(async move {
+            let state = state.ok_or_else(|| ApiError::Internal("application state missing".into()))?;
+            let presented = presented.filter(|key| !key.is_empty()).ok_or(ApiError::Unauthorized)?;
+            if let Some(admin_hash) = state.admin_key_hash {
+                if bool::from(sha256(presented.as_bytes()).ct_eq(&admin_hash)) {
+                    return Ok(Caller::bootstrap_admin());
+                }
+            }
+            run_blocking(&state.pool, move |conn| authenticate(conn, &presented)).await
+        })
+    }
+}

@@ -1,0 +1,151 @@
+//! Reservations: reserve, read, commit, release, extend.
+
+use actix_web::{get, post, web, HttpResponse};
+use serde::Deserialize;
+use uuid::Uuid;
+
+use super::{created, optional_json_body, replayed, State};
+use crate::db::run_blocking;
+use crate::domain::api_keys::Caller;
+use crate::domain::reservations::{self, Outcome, ReservationView, ReserveRequest};
+use crate::domain::types::{AccountId, RequestId, ReservationId, Tokens, TtlSeconds};
+use crate::error::ApiError;
+
+pub fn configure(config: &mut web::ServiceConfig) {
+    config
+        .service(create_reservation)
+        .service(get_reservation)
+        .service(commit_reservation)
+        .service(release_reservation)
+        .service(extend_reservation);
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateReservation {
+    request_id: Uuid,
+    amount: Tokens,
+    ttl_seconds: Option<TtlSeconds>,
+}
+
+fn respond(row: crate::db::models::ReservationRow, outcome: Outcome) -> HttpResponse {
+    let view = ReservationView::from(row);
+    match outcome {
+        Outcome::Created => HttpResponse::Ok().json(view),
+        Outcome::Replayed => replayed(&view),
+    }
+}
+
+/// Reserves tokens: 201 new, 200 + `Idempotent-Replayed` for a replay.
+#[post("/v1/accounts/{account_id}/reservations")]
+async fn create_reservation(
+    caller: Caller,
+    state: State,
+    path: web::Path<Uuid>,
+    body: web::Json<CreateReservation>,
+) -> Result<HttpResponse, ApiError> {
+    let account = AccountId(path.into_inner());
+    caller.authorize_spend(account)?;
+    let CreateReservation { request_id, amount, ttl_seconds } = body.into_inner();
+    let request = ReserveRequest { request_id: RequestId(request_id), amount, ttl_seconds };
+    let default_ttl = state.config.reservation_ttl_seconds;
+    let actor = caller.actor();
+    let (row, outcome) = run_blocking(&state.pool, move |conn| {
+        reservations::reserve(conn, account, &request, default_ttl, &actor)
+    })
+    .await?;
+    let view = ReservationView::from(row);
+    Ok(match outcome {
+        Outcome::Created => created(
+            format!("/v1/accounts/{account}/reservations/{}", view.reservation_id),
+            &view,
+        ),
+        Outcome::Replayed => replayed(&view),
+    })
+}
+
+#[get("/v1/accounts/{account_id}/reservations/{reservation_id}")]
+async fn get_reservation(
+    caller: Caller,
+    state: State,
+    path: web::Path<(Uuid, Uuid)>,
+) -> Result<HttpResponse, ApiError> {
+    let (account, reservation) = path.into_inner();
+    let (account, reservation) = (AccountId(account), ReservationId(reservation));
+    caller.authorize_read(account)?;
+    let row = run_blocking(&state.pool, move |conn| {
+        reservations::get_reservation(conn, account, reservation)
+    })
+    .await?;
+    Ok(HttpResponse::Ok().json(ReservationView::from(row)))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct CommitBody {
+    amount: Option<Tokens>,
+}
+
+/// Spends `amount` (default: all held); the rest goes back to available.
+#[post("/v1/accounts/{account_id}/reservations/{reservation_id}/commit")]
+async fn commit_reservation(
+    caller: Caller,
+    state: State,
+    path: web::Path<(Uuid, Uuid)>,
+    body: web::Bytes,
+) -> Result<HttpResponse, ApiError> {
+    let (account, reservation) = path.into_inner();
+    let (account, reservation) = (AccountId(account), ReservationId(reservation));
+    caller.authorize_spend(account)?;
+    let amount = optional_json_body::<CommitBody>(&body)?.amount;
+    let actor = caller.actor();
+    let (row, outcome) = run_blocking(&state.pool, move |conn| {
+        reservations::resolve(conn, account, reservation, amount, false, &actor)
+    })
+    .await?;
+    Ok(respond(row, outcome))
+}
+
+/// Returns all held tokens to available.
+#[post("/v1/accounts/{account_id}/reservations/{reservation_id}/release")]
+async fn release_reservation(
+    caller: Caller,
+    state: State,
+    path: web::Path<(Uuid, Uuid)>,
+) -> Result<HttpResponse, ApiError> {
+    let (account, reservation) = path.into_inner();
+    let (account, reservation) = (AccountId(account), ReservationId(reservation));
+    caller.authorize_spend(account)?;
+    let actor = caller.actor();
+    let (row, outcome) = run_blocking(&state.pool, move |conn| {
+        reservations::resolve(conn, account, reservation, None, true, &actor)
+    })
+    .await?;
+    Ok(respond(row, outcome))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExtendBody {
+    ttl_seconds: TtlSeconds,
+}
+
+/// Heartbeat: the reservation now expires `ttl_seconds` from now.
+#[post("/v1/accounts/{account_id}/reservations/{reservation_id}/extend")]
+async fn extend_reservation(
+    caller: Caller,
+    state: State,
+    path: web::Path<(Uuid, Uuid)>,
+    body: web::Json<ExtendBody>,
+) -> Result<HttpResponse, ApiError> {
+    let (account, reservation) = path.into_inner();
+    let (account, reservation) = (AccountId(account), ReservationId(reservation));
+    caller.authorize_spend(account)?;
+    let ttl = body.into_inner().ttl_seconds;
+    let actor = caller.actor();
+    let row = run_blocking(&state.pool, move |conn| {
+        reservations::extend(conn, account, reservation, ttl, &actor)
+    })
+    .await?;
+    Ok(HttpResponse::Ok().json(ReservationView::from(row)))
+}

@@ -1,0 +1,87 @@
+//! Builds the actix application: shared state, input limits, the route
+//! table, and the bound server (port 0 picks a free port, for tests).
+
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use actix_web::dev::Server;
+use actix_web::error::{JsonPayloadError, PathError, QueryPayloadError};
+use actix_web::{web, App, HttpRequest, HttpServer};
+
+use crate::config::{Config, PriceList, BODY_LIMIT_BYTES, SHUTDOWN_GRACE};
+use crate::db::DbPool;
+use crate::domain::api_keys::sha256;
+use crate::error::ApiError;
+use crate::routes;
+
+/// What every handler can reach.
+pub struct AppState {
+    pub pool: DbPool,
+    pub config: Config,
+    pub prices: PriceList,
+    /// SHA-256 of `ADMIN_API_KEY`, compared in constant time.
+    pub admin_key_hash: Option<[u8; 32]>,
+    /// False while starting up and once shutdown began: `/readyz` answers 503.
+    pub accepting: AtomicBool,
+}
+
+impl AppState {
+    pub fn new(config: Config, pool: DbPool) -> Result<Arc<AppState>, String> {
+        let prices = config.prices()?;
+        let admin_key_hash = config.admin_api_key.as_deref().map(|key| sha256(key.as_bytes()));
+        Ok(Arc::new(AppState { pool, config, prices, admin_key_hash, accepting: AtomicBool::new(true) }))
+    }
+
+    pub fn is_accepting(&self) -> bool {
+        self.accepting.load(Ordering::SeqCst)
+    }
+}
+
+fn json_error(error: JsonPayloadError, _request: &HttpRequest) -> actix_web::Error {
+    let api_error = match error {
+        JsonPayloadError::Overflow { limit } | JsonPayloadError::OverflowKnownLength { limit, .. } => {
+            ApiError::PayloadTooLarge { limit_bytes: limit }
+        }
+        JsonPayloadError::ContentType => {
+            ApiError::InvalidRequest("Content-Type must be application/json".into())
+        }
+        JsonPayloadError::Deserialize(error) => {
+            ApiError::InvalidRequest(format!("invalid JSON body: {error}"))
+        }
+        other => ApiError::InvalidRequest(format!("invalid JSON body: {other}")),
+    };
+    api_error.into()
+}
+
+fn path_error(error: PathError, _request: &HttpRequest) -> actix_web::Error {
+    ApiError::InvalidRequest(format!("invalid path parameter: {error}")).into()
+}
+
+fn query_error(error: QueryPayloadError, _request: &HttpRequest) -> actix_web::Error {
+    ApiError::InvalidRequest(format!("invalid query string: {error}")).into()
+}
+
+/// Binds the listener and returns the server (not yet running) and its
+/// address.
+pub fn build_server(state: Arc<AppState>, workers: usize) -> anyhow::Result<(Server, SocketAddr)> {
+    let listener = TcpListener::bind(&state.config.bind_addr)
+        .map_err(|error| anyhow::anyhow!("binding {}: {error}", state.config.bind_addr))?;
+    let address = listener.local_addr()?;
+    let data = web::Data::from(state);
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(data.clone())
+            .app_data(web::JsonConfig::default().limit(BODY_LIMIT_BYTES).error_handler(json_error))
+            .app_data(web::PayloadConfig::default().limit(BODY_LIMIT_BYTES))
+            .app_data(web::PathConfig::default().error_handler(path_error))
+            .app_data(web::QueryConfig::default().error_handler(query_error))
+            .configure(routes::configure)
+            .default_service(web::to(routes::not_found))
+    })
+    .workers(workers)
+    .shutdown_timeout(SHUTDOWN_GRACE.as_secs())
+    .listen(listener)?
+    .run();
+    Ok((server, address))
+}
