@@ -7,7 +7,11 @@ use crate::config::Config;
 use crate::domain::api_keys::Scope;
 
 #[derive(Debug, Parser)]
-#[command(name = "token-billing", version, about = "Prepaid token billing for AI photo kiosks")]
+#[command(
+    name = "token-billing",
+    version,
+    about = "Prepaid token billing for AI photo kiosks"
+)]
 pub struct Cli {
     #[command(flatten)]
     pub config: Config,

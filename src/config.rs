@@ -45,12 +45,21 @@ pub enum LogFormat {
 #[derive(Clone, Debug, Args)]
 pub struct Config {
     /// PostgreSQL connection URL; `serve` creates the database when missing.
-    #[arg(long, env = "DATABASE_URL", global = true,
-          default_value = "postgres://postgres@localhost:5432/token_billing")]
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        global = true,
+        default_value = "postgres://postgres@localhost:5432/token_billing"
+    )]
     pub database_url: String,
 
     /// Address the HTTP server listens on (port 0 picks a free port).
-    #[arg(long, env = "BIND_ADDR", global = true, default_value = "127.0.0.1:8080")]
+    #[arg(
+        long,
+        env = "BIND_ADDR",
+        global = true,
+        default_value = "127.0.0.1:8080"
+    )]
     pub bind_addr: String,
 
     /// Connections in the pool; bounds the service's database concurrency.
@@ -66,7 +75,12 @@ pub struct Config {
     pub price_list: String,
 
     /// Default lifetime of a reservation, in seconds.
-    #[arg(long, env = "RESERVATION_TTL_SECONDS", global = true, default_value_t = 300)]
+    #[arg(
+        long,
+        env = "RESERVATION_TTL_SECONDS",
+        global = true,
+        default_value_t = 300
+    )]
     pub reservation_ttl_seconds: i32,
 
     /// Lease of a worker on a job, in seconds (heartbeat at half).
@@ -82,7 +96,12 @@ pub struct Config {
     pub worker_concurrency: u32,
 
     /// Reaper schedule: cron with a seconds field.
-    #[arg(long, env = "REAPER_SCHEDULE", global = true, default_value = "*/30 * * * * *")]
+    #[arg(
+        long,
+        env = "REAPER_SCHEDULE",
+        global = true,
+        default_value = "*/30 * * * * *"
+    )]
     pub reaper_schedule: String,
 
     /// Image generation provider.
@@ -94,7 +113,12 @@ pub struct Config {
     pub provider_url: Option<String>,
 
     /// Timeout of one provider request, in seconds.
-    #[arg(long, env = "PROVIDER_TIMEOUT_SECONDS", global = true, default_value_t = 60)]
+    #[arg(
+        long,
+        env = "PROVIDER_TIMEOUT_SECONDS",
+        global = true,
+        default_value_t = 60
+    )]
     pub provider_timeout_seconds: i32,
 
     /// Log format.
@@ -168,23 +192,33 @@ impl Config {
 
 pub fn parse_price_list(text: &str) -> Result<PriceList, String> {
     let mut prices = PriceList::new();
-    for item in text.split(',').map(str::trim).filter(|item| !item.is_empty()) {
+    for item in text
+        .split(',')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+    {
         let (kind, cost) = item
             .split_once('=')
             .ok_or_else(|| format!("PRICE_LIST item {item:?} is not kind=cost"))?;
         let kind = kind.trim();
         let valid_kind = !kind.is_empty()
             && kind.len() <= 64
-            && kind.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+            && kind
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
         if !valid_kind {
-            return Err(format!("PRICE_LIST kind {kind:?} must be 1-64 of [A-Za-z0-9_-]"));
+            return Err(format!(
+                "PRICE_LIST kind {kind:?} must be 1-64 of [A-Za-z0-9_-]"
+            ));
         }
         let cost: i64 = cost
             .trim()
             .parse()
             .map_err(|_| format!("PRICE_LIST cost of {kind:?} is not an integer"))?;
         if !(1..=AMOUNT_MAX).contains(&cost) {
-            return Err(format!("PRICE_LIST cost of {kind:?} must be between 1 and {AMOUNT_MAX}"));
+            return Err(format!(
+                "PRICE_LIST cost of {kind:?} must be between 1 and {AMOUNT_MAX}"
+            ));
         }
         if prices.insert(kind.to_owned(), cost).is_some() {
             return Err(format!("PRICE_LIST names {kind:?} twice"));
@@ -210,7 +244,9 @@ mod tests {
     fn config(args: &[&str]) -> Config {
         let mut argv = vec!["token-billing"];
         argv.extend_from_slice(args);
-        Wrapper::try_parse_from(argv).expect("arguments parse").config
+        Wrapper::try_parse_from(argv)
+            .expect("arguments parse")
+            .config
     }
 
     #[test]
@@ -222,17 +258,26 @@ mod tests {
 
     #[test]
     fn ttl_must_cover_three_provider_timeouts() {
-        let error = config(&["--reservation-ttl-seconds", "45", "--provider-timeout-seconds", "18"])
-            .validate()
-            .expect_err("45 < 54");
+        let error = config(&[
+            "--reservation-ttl-seconds",
+            "45",
+            "--provider-timeout-seconds",
+            "18",
+        ])
+        .validate()
+        .expect_err("45 < 54");
         assert!(error.contains("3 × PROVIDER_TIMEOUT_SECONDS"), "{error}");
     }
 
     #[test]
     fn lease_must_be_shorter_than_ttl() {
         let error = config(&[
-            "--reservation-ttl-seconds", "200", "--provider-timeout-seconds", "10",
-            "--job-lease-seconds", "200",
+            "--reservation-ttl-seconds",
+            "200",
+            "--provider-timeout-seconds",
+            "10",
+            "--job-lease-seconds",
+            "200",
         ])
         .validate()
         .expect_err("lease == ttl");
@@ -243,14 +288,24 @@ mod tests {
     fn http_provider_needs_url_and_pool_needs_a_connection() {
         assert!(config(&["--provider", "http"]).validate().is_err());
         assert!(config(&["--db-pool-size", "0"]).validate().is_err());
-        assert!(config(&["--reaper-schedule", "*/30 * * * *"]).validate().is_err());
+        assert!(config(&["--reaper-schedule", "*/30 * * * *"])
+            .validate()
+            .is_err());
     }
 
     #[test]
     fn price_list_syntax() {
         let prices = parse_price_list("standard=1, hd=2").expect("valid");
         assert_eq!(prices.get("hd"), Some(&2));
-        for bad in ["", "standard", "standard=0", "standard=x", "a=1,a=2", "b c=1", "x=1000001"] {
+        for bad in [
+            "",
+            "standard",
+            "standard=0",
+            "standard=x",
+            "a=1,a=2",
+            "b c=1",
+            "x=1000001",
+        ] {
             assert!(parse_price_list(bad).is_err(), "{bad:?} should be refused");
         }
     }

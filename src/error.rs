@@ -79,7 +79,10 @@ impl ApiError {
     /// What the client reads. Internal causes stay in the logs.
     fn detail(&self) -> String {
         match self {
-            ApiError::InsufficientTokens { available, reserved } if *reserved > 0 => format!(
+            ApiError::InsufficientTokens {
+                available,
+                reserved,
+            } if *reserved > 0 => format!(
                 "not enough available tokens ({available} available); {reserved} tokens are \
                  reserved, so another kiosk of this account may be using tokens right now"
             ),
@@ -97,7 +100,10 @@ impl ApiError {
     fn extensions(&self) -> Map<String, Value> {
         let mut extra = Map::new();
         match self {
-            ApiError::InsufficientTokens { available, reserved } => {
+            ApiError::InsufficientTokens {
+                available,
+                reserved,
+            } => {
                 extra.insert("available".into(), json!(available));
                 extra.insert("reserved".into(), json!(reserved));
             }
@@ -138,7 +144,10 @@ impl ResponseError for ApiError {
             tracing::error!(error = ?self, "request failed");
         }
         let mut body = Map::new();
-        body.insert("type".into(), json!(format!("urn:token-billing:problem:{}", self.code())));
+        body.insert(
+            "type".into(),
+            json!(format!("urn:token-billing:problem:{}", self.code())),
+        );
         body.insert("title".into(), json!(self.title()));
         body.insert("status".into(), json!(status.as_u16()));
         body.insert("detail".into(), json!(self.detail()));

@@ -69,11 +69,17 @@ async fn serve(config: Config) -> anyhow::Result<()> {
 fn account_command(config: &Config, action: AccountCommand) -> anyhow::Result<()> {
     let mut conn = prepare_database(config)?;
     match action {
-        AccountCommand::Create { name, max_active_reservations } => {
+        AccountCommand::Create {
+            name,
+            max_active_reservations,
+        } => {
             let name = types::Name::try_from(name).map_err(anyhow::Error::msg)?;
             let limit = accounts::parse_max_active_reservations(max_active_reservations)?;
             let row = accounts::create_account(&mut conn, &name, limit)?;
-            println!("{}", serde_json::to_string_pretty(&accounts::AccountView::from(row))?);
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&accounts::AccountView::from(row))?
+            );
         }
     }
     Ok(())
@@ -82,9 +88,18 @@ fn account_command(config: &Config, action: AccountCommand) -> anyhow::Result<()
 fn api_key_command(config: &Config, action: ApiKeyCommand) -> anyhow::Result<()> {
     let mut conn = prepare_database(config)?;
     match action {
-        ApiKeyCommand::Create { scope, account, label } => {
+        ApiKeyCommand::Create {
+            scope,
+            account,
+            label,
+        } => {
             let label = types::Label::try_from(label).map_err(anyhow::Error::msg)?;
-            let key = api_keys::create_api_key(&mut conn, scope.into(), account.map(types::AccountId), &label)?;
+            let key = api_keys::create_api_key(
+                &mut conn,
+                scope.into(),
+                account.map(types::AccountId),
+                &label,
+            )?;
             println!("{}", serde_json::to_string_pretty(&key)?);
         }
     }

@@ -6,8 +6,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use actix_web::dev::Server;
+use actix_web::dev::ServiceResponse;
 use actix_web::error::{JsonPayloadError, PathError, QueryPayloadError};
-use actix_web::{web, App, HttpRequest, HttpServer};
+use actix_web::http::{header, StatusCode};
+use actix_web::middleware::{ErrorHandlerResponse, ErrorHandlers};
+use actix_web::{web, App, HttpRequest, HttpServer, ResponseError};
 
 use crate::config::{Config, PriceList, BODY_LIMIT_BYTES, SHUTDOWN_GRACE};
 use crate::db::DbPool;
@@ -29,8 +32,17 @@ pub struct AppState {
 impl AppState {
     pub fn new(config: Config, pool: DbPool) -> Result<Arc<AppState>, String> {
         let prices = config.prices()?;
-        let admin_key_hash = config.admin_api_key.as_deref().map(|key| sha256(key.as_bytes()));
-        Ok(Arc::new(AppState { pool, config, prices, admin_key_hash, accepting: AtomicBool::new(true) }))
+        let admin_key_hash = config
+            .admin_api_key
+            .as_deref()
+            .map(|key| sha256(key.as_bytes()));
+        Ok(Arc::new(AppState {
+            pool,
+            config,
+            prices,
+            admin_key_hash,
+            accepting: AtomicBool::new(true),
+        }))
     }
 
     pub fn is_accepting(&self) -> bool {
@@ -40,7 +52,8 @@ impl AppState {
 
 fn json_error(error: JsonPayloadError, _request: &HttpRequest) -> actix_web::Error {
     let api_error = match error {
-        JsonPayloadError::Overflow { limit } | JsonPayloadError::OverflowKnownLength { limit, .. } => {
+        JsonPayloadError::Overflow { limit }
+        | JsonPayloadError::OverflowKnownLength { limit, .. } => {
             ApiError::PayloadTooLarge { limit_bytes: limit }
         }
         JsonPayloadError::ContentType => {
@@ -52,6 +65,38 @@ fn json_error(error: JsonPayloadError, _request: &HttpRequest) -> actix_web::Err
         other => ApiError::InvalidRequest(format!("invalid JSON body: {other}")),
     };
     api_error.into()
+}
+
+/// Safety net: an error answered by actix itself (an oversized raw body, a
+/// malformed request) becomes problem+json like every other error.
+fn problem_json_for_framework_errors<B>(
+    response: ServiceResponse<B>,
+) -> actix_web::Result<ErrorHandlerResponse<B>> {
+    let is_problem = response
+        .response()
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|value| value.as_bytes().starts_with(b"application/problem+json"));
+    if is_problem {
+        return Ok(ErrorHandlerResponse::Response(
+            response.map_into_left_body(),
+        ));
+    }
+    let status = response.status();
+    let error = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::PayloadTooLarge {
+            limit_bytes: BODY_LIMIT_BYTES,
+        },
+        StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED => ApiError::NotFound("route"),
+        StatusCode::SERVICE_UNAVAILABLE => ApiError::Unavailable(status.to_string()),
+        status if status.is_server_error() => ApiError::Internal(status.to_string()),
+        status => ApiError::InvalidRequest(format!("the request was refused ({status})")),
+    };
+    let (request, _) = response.into_parts();
+    let response = ServiceResponse::new(request, error.error_response());
+    Ok(ErrorHandlerResponse::Response(
+        response.map_into_right_body(),
+    ))
 }
 
 fn path_error(error: PathError, _request: &HttpRequest) -> actix_web::Error {
@@ -71,8 +116,13 @@ pub fn build_server(state: Arc<AppState>, workers: usize) -> anyhow::Result<(Ser
     let data = web::Data::from(state);
     let server = HttpServer::new(move || {
         App::new()
+            .wrap(ErrorHandlers::new().default_handler(problem_json_for_framework_errors))
             .app_data(data.clone())
-            .app_data(web::JsonConfig::default().limit(BODY_LIMIT_BYTES).error_handler(json_error))
+            .app_data(
+                web::JsonConfig::default()
+                    .limit(BODY_LIMIT_BYTES)
+                    .error_handler(json_error),
+            )
             .app_data(web::PayloadConfig::default().limit(BODY_LIMIT_BYTES))
             .app_data(web::PathConfig::default().error_handler(path_error))
             .app_data(web::QueryConfig::default().error_handler(query_error))

@@ -7,7 +7,9 @@ use crate::config::LogFormat;
 
 pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(true);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(true);
     // A second init (tests, embedding) keeps the first subscriber.
     let _ = match format {
         LogFormat::Text => builder.try_init(),

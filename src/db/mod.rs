@@ -72,7 +72,9 @@ pub fn split_database_url(database_url: &str) -> anyhow::Result<(String, String)
     };
     let (server, name) = base
         .rsplit_once('/')
-        .filter(|(server, name)| server.contains("://") && !server.ends_with('/') && !name.is_empty())
+        .filter(|(server, name)| {
+            server.contains("://") && !server.ends_with('/') && !name.is_empty()
+        })
         .ok_or_else(|| anyhow::anyhow!("DATABASE_URL must name a database: {base}"))?;
     let maintenance = match query {
         Some(query) => format!("{server}/postgres?{query}"),
@@ -143,7 +145,10 @@ mod tests {
         assert_eq!(maintenance, "postgres://postgres@localhost:5432/postgres");
         let (name, maintenance) =
             split_database_url("postgres://u:p@h/db?sslmode=disable").expect("valid");
-        assert_eq!((name.as_str(), maintenance.as_str()), ("db", "postgres://u:p@h/postgres?sslmode=disable"));
+        assert_eq!(
+            (name.as_str(), maintenance.as_str()),
+            ("db", "postgres://u:p@h/postgres?sslmode=disable")
+        );
         assert!(split_database_url("postgres://localhost").is_err());
         assert!(split_database_url("postgres://localhost/").is_err());
     }

@@ -71,7 +71,11 @@ pub fn create_account(
     max_active_reservations: i32,
 ) -> Result<AccountRow, ApiError> {
     Ok(diesel::insert_into(accounts::table)
-        .values(NewAccount { id: Uuid::now_v7(), name: name.as_str(), max_active_reservations })
+        .values(NewAccount {
+            id: Uuid::now_v7(),
+            name: name.as_str(),
+            max_active_reservations,
+        })
         .returning(AccountRow::as_returning())
         .get_result(conn)?)
 }

@@ -59,12 +59,17 @@ pub struct Caller {
 
 impl Caller {
     pub fn bootstrap_admin() -> Caller {
-        Caller { key_id: None, scope: Scope::Admin, account_id: None }
+        Caller {
+            key_id: None,
+            scope: Scope::Admin,
+            account_id: None,
+        }
     }
 
     /// The ledger's `actor`: the key id, or the bootstrap marker.
     pub fn actor(&self) -> String {
-        self.key_id.map_or_else(|| BOOTSTRAP_ACTOR.to_owned(), |id| id.to_string())
+        self.key_id
+            .map_or_else(|| BOOTSTRAP_ACTOR.to_owned(), |id| id.to_string())
     }
 
     /// A kiosk sees only its own account: any other account id is 404, so a
@@ -139,13 +144,19 @@ pub fn authenticate(conn: &mut PgConnection, presented: &str) -> Result<Caller, 
         .first(conn)
         .optional()?;
     let row = row.ok_or(ApiError::Unauthorized)?;
-    let matches: bool = sha256(secret.as_bytes()).ct_eq(row.secret_hash.as_slice()).into();
+    let matches: bool = sha256(secret.as_bytes())
+        .ct_eq(row.secret_hash.as_slice())
+        .into();
     if !matches || row.revoked_at.is_some() {
         return Err(ApiError::Unauthorized);
     }
     let scope = Scope::parse(&row.scope)
         .ok_or_else(|| ApiError::Internal(format!("api key {key_id} has scope {:?}", row.scope)))?;
-    Ok(Caller { key_id: Some(ApiKeyId(row.id)), scope, account_id: row.account_id.map(AccountId) })
+    Ok(Caller {
+        key_id: Some(ApiKeyId(row.id)),
+        scope,
+        account_id: row.account_id.map(AccountId),
+    })
 }
 
 /// A freshly created key: the only time the secret is ever visible.
@@ -206,13 +217,18 @@ pub fn create_api_key(
 /// Revokes a key; revoking a revoked key again is a no-op (idempotent).
 pub fn revoke_api_key(conn: &mut PgConnection, key: ApiKeyId) -> Result<(), ApiError> {
     let found = diesel::update(api_keys::table.find(key.0))
-        .set(api_keys::revoked_at.eq(diesel::dsl::now.into_sql::<diesel::sql_types::Timestamptz>().nullable()))
+        .set(
+            api_keys::revoked_at.eq(diesel::dsl::now
+                .into_sql::<diesel::sql_types::Timestamptz>()
+                .nullable()),
+        )
         .filter(api_keys::revoked_at.is_null())
         .execute(conn)?;
     if found == 1 {
         return Ok(());
     }
-    let exists: bool = diesel::select(diesel::dsl::exists(api_keys::table.find(key.0))).get_result(conn)?;
+    let exists: bool =
+        diesel::select(diesel::dsl::exists(api_keys::table.find(key.0))).get_result(conn)?;
     if exists {
         Ok(())
     } else {
@@ -231,7 +247,10 @@ mod tests {
         let key = format!("tbk_{}_{secret}", id.simple());
         assert_eq!(parse_key(&key), Some((id, secret.as_str())));
         assert_eq!(parse_key(&key[1..]), None);
-        assert_eq!(parse_key(&format!("tbk_{}_{}", id.simple(), "a".repeat(63))), None);
+        assert_eq!(
+            parse_key(&format!("tbk_{}_{}", id.simple(), "a".repeat(63))),
+            None
+        );
         assert_eq!(parse_key("tbk_"), None);
     }
 
@@ -239,13 +258,33 @@ mod tests {
     fn kiosk_sees_only_its_account() {
         let own = AccountId(Uuid::new_v4());
         let other = AccountId(Uuid::new_v4());
-        let kiosk = Caller { key_id: None, scope: Scope::Kiosk, account_id: Some(own) };
+        let kiosk = Caller {
+            key_id: None,
+            scope: Scope::Kiosk,
+            account_id: Some(own),
+        };
         assert!(kiosk.authorize_spend(own).is_ok());
-        assert!(matches!(kiosk.authorize_read(other), Err(ApiError::NotFound(_))));
-        assert!(matches!(kiosk.authorize_admin_on(own), Err(ApiError::Forbidden)));
-        assert!(matches!(kiosk.authorize_admin_on(other), Err(ApiError::NotFound(_))));
-        let finance = Caller { key_id: None, scope: Scope::Finance, account_id: None };
+        assert!(matches!(
+            kiosk.authorize_read(other),
+            Err(ApiError::NotFound(_))
+        ));
+        assert!(matches!(
+            kiosk.authorize_admin_on(own),
+            Err(ApiError::Forbidden)
+        ));
+        assert!(matches!(
+            kiosk.authorize_admin_on(other),
+            Err(ApiError::NotFound(_))
+        ));
+        let finance = Caller {
+            key_id: None,
+            scope: Scope::Finance,
+            account_id: None,
+        };
         assert!(finance.authorize_read(other).is_ok());
-        assert!(matches!(finance.authorize_spend(other), Err(ApiError::Forbidden)));
+        assert!(matches!(
+            finance.authorize_spend(other),
+            Err(ApiError::Forbidden)
+        ));
     }
 }

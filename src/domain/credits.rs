@@ -64,7 +64,11 @@ fn account_must_exist(error: DieselError) -> ApiError {
 }
 
 /// The ledger entry written for a credit or adjustment.
-fn entry_for(conn: &mut PgConnection, kind: EntryKind, external_ref: &str) -> Result<LedgerEntryRow, ApiError> {
+fn entry_for(
+    conn: &mut PgConnection,
+    kind: EntryKind,
+    external_ref: &str,
+) -> Result<LedgerEntryRow, ApiError> {
     Ok(ledger_entries::table
         .filter(ledger_entries::external_ref.eq(external_ref))
         .filter(ledger_entries::kind.eq(kind.as_str()))
@@ -108,17 +112,20 @@ pub fn credit(
                     ))
                     .returning((accounts::available, accounts::reserved, accounts::used))
                     .get_result(conn)?;
-                ledger::append(conn, Movement {
-                    account,
-                    kind: EntryKind::Credit,
-                    amount: amount.get(),
-                    after,
-                    reservation_id: None,
-                    job_id: None,
-                    external_ref: Some(external_ref.as_str()),
-                    reason: None,
-                    actor,
-                })?;
+                ledger::append(
+                    conn,
+                    Movement {
+                        account,
+                        kind: EntryKind::Credit,
+                        amount: amount.get(),
+                        after,
+                        reservation_id: None,
+                        job_id: None,
+                        external_ref: Some(external_ref.as_str()),
+                        reason: None,
+                        actor,
+                    },
+                )?;
                 (row, Outcome::Created)
             }
             None => {
@@ -210,17 +217,20 @@ pub fn adjust(
                         reserved: balances.reserved,
                     });
                 };
-                ledger::append(conn, Movement {
-                    account,
-                    kind: EntryKind::Adjustment,
-                    amount: amount.get(),
-                    after,
-                    reservation_id: None,
-                    job_id: None,
-                    external_ref: Some(external_ref.as_str()),
-                    reason: Some(reason.as_str()),
-                    actor,
-                })?;
+                ledger::append(
+                    conn,
+                    Movement {
+                        account,
+                        kind: EntryKind::Adjustment,
+                        amount: amount.get(),
+                        after,
+                        reservation_id: None,
+                        job_id: None,
+                        external_ref: Some(external_ref.as_str()),
+                        reason: Some(reason.as_str()),
+                        actor,
+                    },
+                )?;
                 (row, Outcome::Created)
             }
             None => {

@@ -66,20 +66,32 @@ impl EntryKind {
 
     /// How this kind of entry moves tokens between the three places.
     pub fn apply(self, before: Balances, amount: i64) -> Balances {
-        let Balances { available, reserved, used } = before;
+        let Balances {
+            available,
+            reserved,
+            used,
+        } = before;
         match self {
-            EntryKind::Credit | EntryKind::Adjustment => {
-                Balances { available: available + amount, reserved, used }
-            }
-            EntryKind::Reserve => {
-                Balances { available: available - amount, reserved: reserved + amount, used }
-            }
-            EntryKind::Commit => {
-                Balances { available, reserved: reserved - amount, used: used + amount }
-            }
-            EntryKind::Release | EntryKind::Expire => {
-                Balances { available: available + amount, reserved: reserved - amount, used }
-            }
+            EntryKind::Credit | EntryKind::Adjustment => Balances {
+                available: available + amount,
+                reserved,
+                used,
+            },
+            EntryKind::Reserve => Balances {
+                available: available - amount,
+                reserved: reserved + amount,
+                used,
+            },
+            EntryKind::Commit => Balances {
+                available,
+                reserved: reserved - amount,
+                used: used + amount,
+            },
+            EntryKind::Release | EntryKind::Expire => Balances {
+                available: available + amount,
+                reserved: reserved - amount,
+                used,
+            },
         }
     }
 }
@@ -179,16 +191,21 @@ pub fn list_entries(
     } else {
         None
     };
-    Ok(LedgerPage { entries: rows.into_iter().map(LedgerEntryView::from).collect(), next_after })
+    Ok(LedgerPage {
+        entries: rows.into_iter().map(LedgerEntryView::from).collect(),
+        next_after,
+    })
 }
 
 /// Replays entries (oldest first) from zero balances.
 pub fn replay<'a>(entries: impl IntoIterator<Item = (&'a str, i64)>) -> Result<Balances, String> {
-    entries.into_iter().try_fold(Balances::default(), |balances, (kind, amount)| {
-        EntryKind::parse(kind)
-            .map(|kind| kind.apply(balances, amount))
-            .ok_or_else(|| format!("unknown ledger kind {kind:?}"))
-    })
+    entries
+        .into_iter()
+        .try_fold(Balances::default(), |balances, (kind, amount)| {
+            EntryKind::parse(kind)
+                .map(|kind| kind.apply(balances, amount))
+                .ok_or_else(|| format!("unknown ledger kind {kind:?}"))
+        })
 }
 
 #[cfg(test)]
@@ -207,7 +224,14 @@ mod tests {
             ("adjustment", -1),
         ])
         .expect("known kinds");
-        assert_eq!(balances, Balances { available: 6, reserved: 0, used: 3 });
+        assert_eq!(
+            balances,
+            Balances {
+                available: 6,
+                reserved: 0,
+                used: 3
+            }
+        );
         assert!(replay([("bogus", 1)]).is_err());
     }
 }

@@ -102,10 +102,13 @@ pub fn refusal_reason(conn: &mut PgConnection, account: AccountId, amount: i64) 
         Err(error) => error.into(),
         Ok(None) => ApiError::NotFound("account"),
         Ok(Some(row)) if row.status != "active" => ApiError::AccountSuspended,
-        Ok(Some(row)) if row.available < amount => {
-            ApiError::InsufficientTokens { available: row.available, reserved: row.reserved }
-        }
-        Ok(Some(row)) => ApiError::TooManyActiveReservations { limit: row.max_active_reservations },
+        Ok(Some(row)) if row.available < amount => ApiError::InsufficientTokens {
+            available: row.available,
+            reserved: row.reserved,
+        },
+        Ok(Some(row)) => ApiError::TooManyActiveReservations {
+            limit: row.max_active_reservations,
+        },
     }
 }
 
@@ -117,7 +120,9 @@ pub fn reserve(
     default_ttl_seconds: i32,
     actor: &str,
 ) -> Result<(ReservationRow, Outcome), ApiError> {
-    let ttl = request.ttl_seconds.map_or(default_ttl_seconds, TtlSeconds::get);
+    let ttl = request
+        .ttl_seconds
+        .map_or(default_ttl_seconds, TtlSeconds::get);
     conn.transaction(|conn| {
         // Claim the request_id first: a concurrent duplicate blocks here on
         // the unique index until this transaction ends, then sees our row.
@@ -162,17 +167,20 @@ pub fn reserve(
         let Some(after) = reserve_tokens(conn, account, request.amount.get())? else {
             return Err(refusal_reason(conn, account, request.amount.get()));
         };
-        ledger::append(conn, Movement {
-            account,
-            kind: EntryKind::Reserve,
-            amount: request.amount.get(),
-            after,
-            reservation_id: Some(reservation.id),
-            job_id: None,
-            external_ref: None,
-            reason: None,
-            actor,
-        })?;
+        ledger::append(
+            conn,
+            Movement {
+                account,
+                kind: EntryKind::Reserve,
+                amount: request.amount.get(),
+                after,
+                reservation_id: Some(reservation.id),
+                job_id: None,
+                external_ref: None,
+                reason: None,
+                actor,
+            },
+        )?;
         Ok((reservation, Outcome::Created))
     })
 }
@@ -226,7 +234,10 @@ pub fn settle(
         Resolution::Release | Resolution::Expire => 0,
     };
     let returned = reservation.amount - committed;
-    debug_assert!(committed >= 0 && returned >= 0, "resolution within the held amount");
+    debug_assert!(
+        committed >= 0 && returned >= 0,
+        "resolution within the held amount"
+    );
     let after: Balances = diesel::sql_query(
         "UPDATE accounts \
          SET reserved = reserved - $2, used = used + $3, available = available + $4, \
@@ -263,7 +274,11 @@ pub fn settle(
         ledger::append(conn, movement(EntryKind::Commit, committed, after_commit))?;
     }
     if returned > 0 {
-        let kind = if resolution == Resolution::Expire { EntryKind::Expire } else { EntryKind::Release };
+        let kind = if resolution == Resolution::Expire {
+            EntryKind::Expire
+        } else {
+            EntryKind::Release
+        };
         ledger::append(conn, movement(kind, returned, after))?;
     }
     Ok(after)
@@ -338,7 +353,9 @@ fn classify_refusal(
         }
         return Ok(Refusal::ExpiredUnreaped);
     }
-    Ok(Refusal::Error(ApiError::ReservationNotHeld { state: row.state }))
+    Ok(Refusal::Error(ApiError::ReservationNotHeld {
+        state: row.state,
+    }))
 }
 
 /// Commits (`amount`: default all) or releases a reservation the API owns.
@@ -374,7 +391,7 @@ pub fn resolve(
             Refusal::ExpiredUnreaped => Ok(Err(())),
         }
     })?;
-    outcome.or_else(|()| Err(expire_on_access(conn, account, reservation, actor)))
+    outcome.map_err(|()| expire_on_access(conn, account, reservation, actor))
 }
 
 /// Extends a held, unexpired reservation to `now() + ttl` (a heartbeat).
@@ -416,7 +433,13 @@ fn expire_on_access(
 ) -> ApiError {
     let result = conn.transaction(|conn| {
         if let Some(row) = transition_held(conn, account, reservation, Resolution::Expire)? {
-            settle(conn, &row, Resolution::Expire, Some("expired_on_access"), actor)?;
+            settle(
+                conn,
+                &row,
+                Resolution::Expire,
+                Some("expired_on_access"),
+                actor,
+            )?;
         }
         get_reservation(conn, account, reservation)
     });

@@ -4,7 +4,9 @@
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::config::{AMOUNT_MAX, NAME_LENGTH_MAX, REASON_LENGTH_MAX, TTL_SECONDS_MAX, TTL_SECONDS_MIN};
+use crate::config::{
+    AMOUNT_MAX, NAME_LENGTH_MAX, REASON_LENGTH_MAX, TTL_SECONDS_MAX, TTL_SECONDS_MIN,
+};
 
 macro_rules! id_newtype {
     ($name:ident, $what:literal) => {
@@ -36,7 +38,9 @@ impl Tokens {
         if (1..=AMOUNT_MAX).contains(&value) {
             Ok(Tokens(value))
         } else {
-            Err(format!("amount must be between 1 and {AMOUNT_MAX}, got {value}"))
+            Err(format!(
+                "amount must be between 1 and {AMOUNT_MAX}, got {value}"
+            ))
         }
     }
 
@@ -124,7 +128,9 @@ impl From<TtlSeconds> for i64 {
 fn bounded_text(field: &str, value: String, max: usize) -> Result<String, String> {
     let length = value.chars().count();
     if length == 0 || length > max {
-        return Err(format!("{field} must be 1 to {max} characters, got {length}"));
+        return Err(format!(
+            "{field} must be 1 to {max} characters, got {length}"
+        ));
     }
     if value.chars().any(char::is_control) {
         return Err(format!("{field} must not contain control characters"));
@@ -187,6 +193,9 @@ mod tests {
         assert!(Name::try_from(String::new()).is_err());
         assert!(Name::try_from("a\u{0}b".to_owned()).is_err());
         assert!(Name::try_from("x".repeat(201)).is_err());
-        assert_eq!(Name::try_from("Wedding kiosk".to_owned()).map(String::from), Ok("Wedding kiosk".to_owned()));
+        assert_eq!(
+            Name::try_from("Wedding kiosk".to_owned()).map(String::from),
+            Ok("Wedding kiosk".to_owned())
+        );
     }
 }

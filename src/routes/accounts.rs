@@ -37,9 +37,15 @@ async fn create_account(
     body: web::Json<CreateAccount>,
 ) -> Result<HttpResponse, ApiError> {
     caller.authorize_admin()?;
-    let CreateAccount { name, max_active_reservations } = body.into_inner();
+    let CreateAccount {
+        name,
+        max_active_reservations,
+    } = body.into_inner();
     let limit = parse_max_active_reservations(max_active_reservations)?;
-    let row = run_blocking(&state.pool, move |conn| accounts::create_account(conn, &name, limit)).await?;
+    let row = run_blocking(&state.pool, move |conn| {
+        accounts::create_account(conn, &name, limit)
+    })
+    .await?;
     let view = AccountView::from(row);
     Ok(created(format!("/v1/accounts/{}", view.account_id), &view))
 }
@@ -54,17 +60,30 @@ async fn get_account(
 ) -> Result<HttpResponse, ApiError> {
     let account = AccountId(path.into_inner());
     caller.authorize_read(account)?;
-    let view = AccountView::from(run_blocking(&state.pool, move |conn| accounts::get_account(conn, account)).await?);
+    let view = AccountView::from(
+        run_blocking(&state.pool, move |conn| {
+            accounts::get_account(conn, account)
+        })
+        .await?,
+    );
     let etag = format!("\"{}\"", view.version);
     let unchanged = request
         .headers()
         .get(header::IF_NONE_MATCH)
         .and_then(|value| value.to_str().ok())
-        .is_some_and(|value| value.split(',').any(|tag| tag.trim() == etag || tag.trim() == "*"));
+        .is_some_and(|value| {
+            value
+                .split(',')
+                .any(|tag| tag.trim() == etag || tag.trim() == "*")
+        });
     if unchanged {
-        return Ok(HttpResponse::NotModified().insert_header((header::ETAG, etag)).finish());
+        return Ok(HttpResponse::NotModified()
+            .insert_header((header::ETAG, etag))
+            .finish());
     }
-    Ok(HttpResponse::Ok().insert_header((header::ETAG, etag)).json(view))
+    Ok(HttpResponse::Ok()
+        .insert_header((header::ETAG, etag))
+        .json(view))
 }
 
 #[derive(Deserialize)]
@@ -84,8 +103,13 @@ async fn update_account(
 ) -> Result<HttpResponse, ApiError> {
     let account = AccountId(path.into_inner());
     caller.authorize_admin_on(account)?;
-    let UpdateAccount { status, max_active_reservations } = body.into_inner();
-    let limit = max_active_reservations.map(|limit| parse_max_active_reservations(Some(limit))).transpose()?;
+    let UpdateAccount {
+        status,
+        max_active_reservations,
+    } = body.into_inner();
+    let limit = max_active_reservations
+        .map(|limit| parse_max_active_reservations(Some(limit)))
+        .transpose()?;
     let row = run_blocking(&state.pool, move |conn| {
         accounts::update_account(conn, account, status.as_deref(), limit)
     })
@@ -116,7 +140,10 @@ async fn create_kiosk_key(
             "keys created on an account have scope \"kiosk\"; use POST /v1/api-keys for admin and finance keys".into(),
         ));
     }
-    let key = run_blocking(&state.pool, move |conn| create_api_key(conn, scope, Some(account), &label)).await?;
+    let key = run_blocking(&state.pool, move |conn| {
+        create_api_key(conn, scope, Some(account), &label)
+    })
+    .await?;
     Ok(HttpResponse::Created().json(key))
 }
 
@@ -139,11 +166,15 @@ async fn list_ledger(
     caller.authorize_read(account)?;
     let limit = query.limit.unwrap_or(LEDGER_PAGE_DEFAULT);
     if !(1..=LEDGER_PAGE_MAX).contains(&limit) {
-        return Err(ApiError::InvalidRequest(format!("limit must be between 1 and {LEDGER_PAGE_MAX}")));
+        return Err(ApiError::InvalidRequest(format!(
+            "limit must be between 1 and {LEDGER_PAGE_MAX}"
+        )));
     }
     let after = query.after;
     if after.is_some_and(|after| after < 0) {
-        return Err(ApiError::InvalidRequest("after must be a non-negative entry id".into()));
+        return Err(ApiError::InvalidRequest(
+            "after must be a non-negative entry id".into(),
+        ));
     }
     let page = run_blocking(&state.pool, move |conn| {
         accounts::get_account(conn, account)?;

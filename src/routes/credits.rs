@@ -33,7 +33,11 @@ async fn create_credit(
 ) -> Result<HttpResponse, ApiError> {
     let account = AccountId(path.into_inner());
     caller.authorize_admin_on(account)?;
-    let CreateCredit { amount, external_ref, note } = body.into_inner();
+    let CreateCredit {
+        amount,
+        external_ref,
+        note,
+    } = body.into_inner();
     let actor = caller.actor();
     let (view, outcome) = run_blocking(&state.pool, move |conn| {
         credits::credit(conn, account, amount, &external_ref, note.as_ref(), &actor)
@@ -63,7 +67,11 @@ async fn create_adjustment(
 ) -> Result<HttpResponse, ApiError> {
     let account = AccountId(path.into_inner());
     caller.authorize_admin_on(account)?;
-    let CreateAdjustment { amount, reason, external_ref } = body.into_inner();
+    let CreateAdjustment {
+        amount,
+        reason,
+        external_ref,
+    } = body.into_inner();
     let actor = caller.actor();
     let (view, outcome) = run_blocking(&state.pool, move |conn| {
         credits::adjust(conn, account, amount, &reason, &external_ref, &actor)

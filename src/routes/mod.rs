@@ -38,20 +38,27 @@ pub async fn not_found() -> Result<HttpResponse, ApiError> {
 pub const IDEMPOTENT_REPLAYED: &str = "Idempotent-Replayed";
 
 pub fn created(location: String, body: &impl Serialize) -> HttpResponse {
-    HttpResponse::Created().insert_header((header::LOCATION, location)).json(body)
+    HttpResponse::Created()
+        .insert_header((header::LOCATION, location))
+        .json(body)
 }
 
 pub fn replayed(body: &impl Serialize) -> HttpResponse {
-    HttpResponse::Ok().insert_header((IDEMPOTENT_REPLAYED, "true")).json(body)
+    HttpResponse::Ok()
+        .insert_header((IDEMPOTENT_REPLAYED, "true"))
+        .json(body)
 }
 
 /// A body that may be absent (empty means all defaults) but, when present,
 /// must be valid JSON for `T`: a malformed body never falls back to defaults.
-pub fn optional_json_body<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, ApiError> {
+pub fn optional_json_body<T: serde::de::DeserializeOwned + Default>(
+    body: &[u8],
+) -> Result<T, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
-    serde_json::from_slice(body).map_err(|error| ApiError::InvalidRequest(format!("invalid JSON body: {error}")))
+    serde_json::from_slice(body)
+        .map_err(|error| ApiError::InvalidRequest(format!("invalid JSON body: {error}")))
 }
 
 /// `Authorization: Bearer <key>` → the caller, or 401.
@@ -67,11 +74,16 @@ impl FromRequest for Caller {
             .and_then(|value| value.to_str().ok())
             .and_then(|value| {
                 let (scheme, key) = value.split_once(' ')?;
-                scheme.eq_ignore_ascii_case("bearer").then(|| key.trim().to_owned())
+                scheme
+                    .eq_ignore_ascii_case("bearer")
+                    .then(|| key.trim().to_owned())
             });
         Box::pin(async move {
-            let state = state.ok_or_else(|| ApiError::Internal("application state missing".into()))?;
-            let presented = presented.filter(|key| !key.is_empty()).ok_or(ApiError::Unauthorized)?;
+            let state =
+                state.ok_or_else(|| ApiError::Internal("application state missing".into()))?;
+            let presented = presented
+                .filter(|key| !key.is_empty())
+                .ok_or(ApiError::Unauthorized)?;
             if let Some(admin_hash) = state.admin_key_hash {
                 if bool::from(sha256(presented.as_bytes()).ct_eq(&admin_hash)) {
                     return Ok(Caller::bootstrap_admin());

@@ -46,8 +46,16 @@ async fn create_reservation(
 ) -> Result<HttpResponse, ApiError> {
     let account = AccountId(path.into_inner());
     caller.authorize_spend(account)?;
-    let CreateReservation { request_id, amount, ttl_seconds } = body.into_inner();
-    let request = ReserveRequest { request_id: RequestId(request_id), amount, ttl_seconds };
+    let CreateReservation {
+        request_id,
+        amount,
+        ttl_seconds,
+    } = body.into_inner();
+    let request = ReserveRequest {
+        request_id: RequestId(request_id),
+        amount,
+        ttl_seconds,
+    };
     let default_ttl = state.config.reservation_ttl_seconds;
     let actor = caller.actor();
     let (row, outcome) = run_blocking(&state.pool, move |conn| {
@@ -57,7 +65,10 @@ async fn create_reservation(
     let view = ReservationView::from(row);
     Ok(match outcome {
         Outcome::Created => created(
-            format!("/v1/accounts/{account}/reservations/{}", view.reservation_id),
+            format!(
+                "/v1/accounts/{account}/reservations/{}",
+                view.reservation_id
+            ),
             &view,
         ),
         Outcome::Replayed => replayed(&view),

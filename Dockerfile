@@ -1,0 +1,22 @@
+# Multi-stage build: compile with the full toolchain, run on a slim image
+# with only libpq and CA certificates.
+FROM rust:1.95-bookworm AS build
+RUN apt-get update && apt-get install -y --no-install-recommends libpq-dev pkg-config \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY Cargo.toml Cargo.lock build.rs diesel.toml ./
+COPY migrations ./migrations
+COPY src ./src
+RUN cargo build --release --locked --bin token-billing
+
+FROM debian:bookworm-slim
+RUN apt-get update && apt-get install -y --no-install-recommends libpq5 ca-certificates curl \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --system --uid 10001 token-billing
+COPY --from=build /src/target/release/token-billing /usr/local/bin/token-billing
+USER token-billing
+ENV BIND_ADDR=0.0.0.0:8080
+EXPOSE 8080
+HEALTHCHECK --interval=10s --timeout=3s --retries=3 CMD curl -fsS http://127.0.0.1:8080/readyz || exit 1
+ENTRYPOINT ["token-billing"]
+CMD ["serve"]

@@ -1,0 +1,449 @@
+//! `TestApp`: a fresh database per test, cloned from a migrated template,
+//! and the real application on a free port, with typed request helpers.
+
+use std::sync::Arc;
+
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use reqwest::{Response, StatusCode};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use token_billing::cli::Cli;
+use token_billing::config::Config;
+use token_billing::db;
+use token_billing::domain::ledger::{replay, Balances};
+use token_billing::startup::{build_server, AppState};
+
+pub const ADMIN_KEY: &str = "test-admin-key-0123456789";
+
+pub fn server_url() -> String {
+    std::env::var("TEST_DATABASE_SERVER")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
+}
+
+/// Name of the template database for the current migrations: a change to
+/// any migration makes a new template.
+fn template_name() -> String {
+    let mut hasher = Sha256::new();
+    let mut paths: Vec<_> = walk(std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/migrations"
+    )));
+    paths.sort();
+    for path in paths {
+        hasher.update(path.to_string_lossy().as_bytes());
+        hasher.update(std::fs::read(&path).expect("migration readable"));
+    }
+    format!("tb_template_{}", &hex::encode(hasher.finalize())[..16])
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(dir)
+        .expect("migrations dir")
+        .flat_map(|entry| {
+            let path = entry.expect("dir entry").path();
+            if path.is_dir() {
+                walk(&path)
+            } else {
+                vec![path]
+            }
+        })
+        .collect()
+}
+
+/// Creates the template once per machine (guarded by an advisory lock, as
+/// test binaries and nextest processes run concurrently).
+fn ensure_template() -> String {
+    static TEMPLATE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TEMPLATE
+        .get_or_init(|| {
+            let name = template_name();
+            let mut admin = PgConnection::establish(&format!("{}/postgres", server_url()))
+                .expect("PostgreSQL reachable (is it running on 127.0.0.1:5432?)");
+            admin
+                .batch_execute("SELECT pg_advisory_lock(7243002)")
+                .expect("lock");
+            let exists: bool = diesel::sql_query(format!(
+                "SELECT 1 AS one FROM pg_database WHERE datname = '{name}' AND datistemplate"
+            ))
+            .execute(&mut admin)
+            .expect("query")
+                == 1;
+            if !exists {
+                admin
+                    .batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
+                    .expect("drop stale template");
+                admin
+                    .batch_execute(&format!("CREATE DATABASE {name}"))
+                    .expect("create template");
+                let mut conn = PgConnection::establish(&format!("{}/{name}", server_url()))
+                    .expect("connect template");
+                db::run_migrations(&mut conn).expect("migrate template");
+                drop(conn);
+                admin
+                    .batch_execute(&format!("ALTER DATABASE {name} WITH is_template = true"))
+                    .expect("mark template");
+            }
+            admin
+                .batch_execute("SELECT pg_advisory_unlock(7243002)")
+                .expect("unlock");
+            name
+        })
+        .clone()
+}
+
+/// A database of its own for one test, dropped when the test ends.
+pub struct TestDatabase {
+    pub name: String,
+    pub url: String,
+}
+
+impl TestDatabase {
+    pub fn create() -> TestDatabase {
+        let template = ensure_template();
+        let name = format!("tb_test_{}", Uuid::new_v4().simple());
+        let mut admin =
+            PgConnection::establish(&format!("{}/postgres", server_url())).expect("connect");
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name} TEMPLATE {template}"))
+            .expect("clone template");
+        let url = format!("{}/{name}", server_url());
+        TestDatabase { name, url }
+    }
+
+    pub fn connect(&self) -> PgConnection {
+        PgConnection::establish(&self.url).expect("connect test database")
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        if let Ok(mut admin) = PgConnection::establish(&format!("{}/postgres", server_url())) {
+            let _ = admin.batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ));
+        }
+    }
+}
+
+pub fn test_config(database_url: &str) -> Config {
+    use clap::Parser;
+    let cli = Cli::try_parse_from([
+        "token-billing",
+        "--database-url",
+        database_url,
+        "--bind-addr",
+        "127.0.0.1:0",
+        "--db-pool-size",
+        "24",
+        "--admin-api-key",
+        ADMIN_KEY,
+    ])
+    .expect("test arguments parse");
+    cli.config
+}
+
+pub struct TestApp {
+    pub address: String,
+    pub client: reqwest::Client,
+    server: actix_web::dev::ServerHandle,
+    // Dropped last: the database outlives the server that uses it.
+    pub database: TestDatabase,
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        // `stop` sends its command at once; the future only waits for it.
+        drop(self.server.stop(false));
+    }
+}
+
+impl TestApp {
+    pub async fn spawn() -> TestApp {
+        Self::spawn_with(|_| {}).await
+    }
+
+    pub async fn spawn_with(adjust: impl FnOnce(&mut Config)) -> TestApp {
+        let database = TestDatabase::create();
+        let mut config = test_config(&database.url);
+        adjust(&mut config);
+        config.validate().expect("valid test config");
+        let pool = db::build_pool(&config.database_url, config.db_pool_size);
+        let state = AppState::new(config, pool).expect("state");
+        let (server, address) = build_server(state, 2).expect("server binds");
+        let handle = server.handle();
+        tokio::spawn(server);
+        TestApp {
+            address: format!("http://{address}"),
+            client: reqwest::Client::new(),
+            server: handle,
+            database,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.address)
+    }
+
+    pub async fn get(&self, path: &str, key: &str) -> Response {
+        self.client
+            .get(self.url(path))
+            .bearer_auth(key)
+            .send()
+            .await
+            .expect("request sent")
+    }
+
+    pub async fn post(&self, path: &str, key: &str, body: &Value) -> Response {
+        self.client
+            .post(self.url(path))
+            .bearer_auth(key)
+            .json(body)
+            .send()
+            .await
+            .expect("request sent")
+    }
+
+    pub async fn post_raw(
+        &self,
+        path: &str,
+        key: &str,
+        body: impl Into<reqwest::Body>,
+    ) -> Response {
+        self.client
+            .post(self.url(path))
+            .bearer_auth(key)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .expect("request sent")
+    }
+
+    pub async fn create_account(&self, max_active_reservations: i64) -> Uuid {
+        let response = self
+            .post(
+                "/v1/accounts",
+                ADMIN_KEY,
+                &json!({"name": "kiosk fleet", "max_active_reservations": max_active_reservations}),
+            )
+            .await;
+        assert_eq!(response.status(), StatusCode::CREATED);
+        let body: Value = response.json().await.expect("json");
+        body["account_id"]
+            .as_str()
+            .expect("id")
+            .parse()
+            .expect("uuid")
+    }
+
+    /// An account with `tokens` credited and no reservation limit.
+    pub async fn funded_account(&self, tokens: i64) -> Uuid {
+        let account = self.create_account(0).await;
+        if tokens > 0 {
+            self.credit(account, tokens).await;
+        }
+        account
+    }
+
+    pub async fn credit(&self, account: Uuid, amount: i64) -> Value {
+        let response = self
+            .post(
+                &format!("/v1/accounts/{account}/credits"),
+                ADMIN_KEY,
+                &json!({"amount": amount, "external_ref": Uuid::new_v4().to_string()}),
+            )
+            .await;
+        assert_eq!(response.status(), StatusCode::CREATED);
+        response.json().await.expect("json")
+    }
+
+    pub async fn kiosk_key(&self, account: Uuid) -> String {
+        let response = self
+            .post(
+                &format!("/v1/accounts/{account}/api-keys"),
+                ADMIN_KEY,
+                &json!({"scope": "kiosk", "label": "kiosk 1"}),
+            )
+            .await;
+        assert_eq!(response.status(), StatusCode::CREATED);
+        let body: Value = response.json().await.expect("json");
+        body["key"].as_str().expect("key").to_owned()
+    }
+
+    pub async fn reserve(
+        &self,
+        account: Uuid,
+        key: &str,
+        request_id: Uuid,
+        amount: i64,
+    ) -> Response {
+        self.post(
+            &format!("/v1/accounts/{account}/reservations"),
+            key,
+            &json!({"request_id": request_id, "amount": amount}),
+        )
+        .await
+    }
+
+    pub async fn account(&self, account: Uuid) -> Value {
+        let response = self
+            .get(&format!("/v1/accounts/{account}"), ADMIN_KEY)
+            .await;
+        assert_eq!(response.status(), StatusCode::OK);
+        response.json().await.expect("json")
+    }
+
+    pub fn conn(&self) -> PgConnection {
+        self.database.connect()
+    }
+
+    /// Balances and a fingerprint of everything the account has (ledger
+    /// length, version), to assert that a refused request changed nothing.
+    pub fn snapshot(&self, account: Uuid) -> (i64, i64, i64, i64) {
+        let mut conn = self.conn();
+        #[derive(QueryableByName)]
+        struct Row {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            version: i64,
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            entries: i64,
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            reservations: i64,
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            credits: i64,
+        }
+        let row: Row = diesel::sql_query(
+            "SELECT a.version, \
+                    (SELECT count(*) FROM ledger_entries l WHERE l.account_id = a.id) AS entries, \
+                    (SELECT count(*) FROM reservations r WHERE r.account_id = a.id) AS reservations, \
+                    (SELECT count(*) FROM credits c WHERE c.account_id = a.id) \
+                  + (SELECT count(*) FROM adjustments d WHERE d.account_id = a.id) AS credits \
+             FROM accounts a WHERE a.id = $1",
+        )
+        .bind::<diesel::sql_types::Uuid, _>(account)
+        .get_result(&mut conn)
+        .expect("snapshot");
+        (row.version, row.entries, row.reservations, row.credits)
+    }
+
+    /// Checks every invariant of one account; returns its balances.
+    pub fn assert_invariants(&self, account: Uuid) -> Balances {
+        assert_account_invariants(&mut self.conn(), account)
+    }
+}
+
+/// `credited + adjusted = available + reserved + used`, `reserved` = sum
+/// of held reservations, `active_reservations` = their count, and the
+/// ledger replays to the balance columns with each entry's balances-after.
+pub fn assert_account_invariants(conn: &mut PgConnection, account: Uuid) -> Balances {
+    use token_billing::db::schema::{accounts, ledger_entries, reservations};
+    let (available, reserved, used, credited, adjusted, active): (i64, i64, i64, i64, i64, i32) =
+        accounts::table
+            .find(account)
+            .select((
+                accounts::available,
+                accounts::reserved,
+                accounts::used,
+                accounts::credited,
+                accounts::adjusted,
+                accounts::active_reservations,
+            ))
+            .first(conn)
+            .expect("account");
+    let balances = Balances {
+        available,
+        reserved,
+        used,
+    };
+    assert_eq!(
+        credited + adjusted,
+        balances.total(),
+        "conservation of tokens for {account}"
+    );
+    let held: Vec<i64> = reservations::table
+        .filter(reservations::account_id.eq(account))
+        .filter(reservations::state.eq("held"))
+        .select(reservations::amount)
+        .load(conn)
+        .expect("held");
+    assert_eq!(
+        held.iter().sum::<i64>(),
+        reserved,
+        "reserved = sum of held reservations"
+    );
+    assert_eq!(
+        i32::try_from(held.len()).expect("fits"),
+        active,
+        "active_reservations = held count"
+    );
+    let entries: Vec<(String, i64, i64, i64, i64)> = ledger_entries::table
+        .filter(ledger_entries::account_id.eq(account))
+        .order(ledger_entries::id.asc())
+        .select((
+            ledger_entries::kind,
+            ledger_entries::amount,
+            ledger_entries::available_after,
+            ledger_entries::reserved_after,
+            ledger_entries::used_after,
+        ))
+        .load(conn)
+        .expect("ledger");
+    let mut running = Balances::default();
+    for (kind, amount, available_after, reserved_after, used_after) in &entries {
+        running = replay_step(running, kind, *amount);
+        assert_eq!(
+            running,
+            Balances {
+                available: *available_after,
+                reserved: *reserved_after,
+                used: *used_after
+            },
+            "ledger entry balances-after match the replay"
+        );
+    }
+    let replayed = replay(
+        entries
+            .iter()
+            .map(|(kind, amount, ..)| (kind.as_str(), *amount)),
+    )
+    .expect("replay");
+    assert_eq!(replayed, balances, "ledger replay = balance columns");
+    balances
+}
+
+fn replay_step(before: Balances, kind: &str, amount: i64) -> Balances {
+    token_billing::domain::ledger::EntryKind::parse(kind)
+        .expect("known kind")
+        .apply(before, amount)
+}
+
+pub async fn problem(response: Response) -> (StatusCode, Value) {
+    let status = response.status();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let body: Value = response.json().await.expect("problem body is JSON");
+    assert_eq!(
+        content_type, "application/problem+json",
+        "errors are problem+json: {body}"
+    );
+    assert_eq!(
+        body["status"].as_u64(),
+        Some(u64::from(status.as_u16())),
+        "{body}"
+    );
+    for field in ["type", "title", "detail", "code"] {
+        assert!(body[field].is_string(), "problem has {field}: {body}");
+    }
+    (status, body)
+}
+
+/// Shared handle for tasks firing requests in parallel.
+pub type SharedApp = Arc<TestApp>;

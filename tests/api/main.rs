@@ -1,0 +1,12 @@
+//! One integration-test binary: real PostgreSQL (a database per test), the
+//! real application on a free port, real HTTP.
+
+mod helpers;
+
+mod accounts;
+mod auth;
+mod bad_input;
+mod concurrency;
+mod credits;
+mod ledger_property;
+mod reservations;
