@@ -36,6 +36,11 @@ pub enum Command {
         #[command(subcommand)]
         action: ApiKeyCommand,
     },
+    /// Serve the fake provider (the `http` protocol with fault injection).
+    FakeProvider {
+        #[arg(long, default_value = "127.0.0.1:9090")]
+        bind: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -27,8 +27,24 @@ pub const REASON_LENGTH_MAX: usize = 1_000;
 pub const DB_CHECKOUT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Every statement is cancelled after this long (set on each connection).
 pub const DB_STATEMENT_TIMEOUT_MS: u64 = 10_000;
-/// How long a process waits for running jobs on shutdown.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+/// Largest `params` object of a job, serialized, in bytes.
+pub const JOB_PARAMS_MAX_BYTES: usize = 16 * 1024;
+/// Longest `wait_seconds` of `GET …/jobs/{request_id}`.
+pub const JOB_WAIT_SECONDS_MAX: u64 = 30;
+/// Job list page sizes.
+pub const JOB_PAGE_DEFAULT: i64 = 50;
+pub const JOB_PAGE_MAX: i64 = 500;
+/// An idle worker looks for jobs queued by other replicas this often; jobs
+/// queued by its own replica wake it at once.
+pub const WORKER_IDLE_POLL: Duration = Duration::from_millis(500);
+/// Waiting clients of this replica are checked against the database (one
+/// query for all of them) this often, to see jobs other replicas finished.
+pub const JOB_WATCH_POLL: Duration = Duration::from_millis(250);
+/// Provider status polling starts at this interval and grows to the max.
+pub const PROVIDER_POLL_INITIAL: Duration = Duration::from_millis(20);
+pub const PROVIDER_POLL_MAX: Duration = Duration::from_millis(1_000);
+/// Retry backoff never grows beyond this.
+pub const JOB_RETRY_BACKOFF_MAX_MS: u64 = 60_000;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ProviderKind {
@@ -121,6 +137,43 @@ pub struct Config {
     )]
     pub provider_timeout_seconds: i32,
 
+    /// First retry delay of a job after a retryable provider error, in
+    /// milliseconds; doubles with every attempt.
+    #[arg(
+        long,
+        env = "JOB_RETRY_BACKOFF_MS",
+        global = true,
+        default_value_t = 1_000
+    )]
+    pub job_retry_backoff_ms: u64,
+
+    /// Mean latency of the simulated provider, in milliseconds (±50 %).
+    #[arg(
+        long,
+        env = "SIMULATED_LATENCY_MS",
+        global = true,
+        default_value_t = 500
+    )]
+    pub simulated_latency_ms: u64,
+
+    /// Share of simulated generations that fail (0.0 … 1.0).
+    #[arg(
+        long,
+        env = "SIMULATED_FAILURE_RATE",
+        global = true,
+        default_value_t = 0.0
+    )]
+    pub simulated_failure_rate: f64,
+
+    /// On SIGTERM, how long running jobs may take to finish, in seconds.
+    #[arg(
+        long,
+        env = "SHUTDOWN_GRACE_SECONDS",
+        global = true,
+        default_value_t = 30
+    )]
+    pub shutdown_grace_seconds: u64,
+
     /// Log format.
     #[arg(long, env = "LOG_FORMAT", global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -166,6 +219,17 @@ impl Config {
         if !(1..=1024).contains(&self.worker_concurrency) {
             return Err("WORKER_CONCURRENCY must be between 1 and 1024".into());
         }
+        if !(0.0..=1.0).contains(&self.simulated_failure_rate) {
+            return Err("SIMULATED_FAILURE_RATE must be between 0.0 and 1.0".into());
+        }
+        if self.job_retry_backoff_ms > JOB_RETRY_BACKOFF_MAX_MS {
+            return Err(format!(
+                "JOB_RETRY_BACKOFF_MS must be at most {JOB_RETRY_BACKOFF_MAX_MS}"
+            ));
+        }
+        if self.shutdown_grace_seconds > 3_600 {
+            return Err("SHUTDOWN_GRACE_SECONDS must be at most 3600".into());
+        }
         if self.provider == ProviderKind::Http && self.provider_url.is_none() {
             return Err("PROVIDER=http needs PROVIDER_URL".into());
         }
@@ -182,6 +246,14 @@ impl Config {
             }
         }
         self.prices().map(|_| ())
+    }
+
+    pub fn lease(&self) -> Duration {
+        Duration::from_secs(u64::try_from(self.job_lease_seconds).unwrap_or(30))
+    }
+
+    pub fn provider_timeout(&self) -> Duration {
+        Duration::from_secs(u64::try_from(self.provider_timeout_seconds).unwrap_or(60))
     }
 
     /// Parses `PRICE_LIST` (`kind=cost,kind=cost`).

@@ -2,6 +2,8 @@
 //! set up logging and the database, then serve or run a subcommand.
 
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
 
 use clap::Parser;
 use diesel::prelude::*;
@@ -10,7 +12,10 @@ use token_billing::cli::{AccountCommand, ApiKeyCommand, Cli, Command};
 use token_billing::config::Config;
 use token_billing::db;
 use token_billing::domain::{accounts, api_keys, types};
-use token_billing::startup::{build_server, AppState};
+use token_billing::provider::fake::FakeBackend;
+use token_billing::provider::fake_server::build_fake_provider;
+use token_billing::provider::AnyProvider;
+use token_billing::startup::{start_replica, AppState};
 use token_billing::telemetry;
 
 #[tokio::main]
@@ -26,6 +31,7 @@ async fn main() -> ExitCode {
         Command::Migrate => prepare_database(&cli.config).map(|_| ()),
         Command::Account { action } => account_command(&cli.config, action),
         Command::ApiKey { action } => api_key_command(&cli.config, action),
+        Command::FakeProvider { bind } => fake_provider(&cli.config, &bind).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -56,13 +62,63 @@ fn prepare_database(config: &Config) -> anyhow::Result<PgConnection> {
 async fn serve(config: Config) -> anyhow::Result<()> {
     let database_config = config.clone();
     tokio::task::spawn_blocking(move || prepare_database(&database_config)).await??;
+    let provider = AnyProvider::from_config(&config)?;
+    let grace = Duration::from_secs(config.shutdown_grace_seconds);
     let pool = db::build_pool(&config.database_url, config.db_pool_size);
     let state = AppState::new(config, pool).map_err(anyhow::Error::msg)?;
-    let workers = std::thread::available_parallelism().map_or(2, usize::from);
-    let (server, address) = build_server(state, workers)?;
-    tracing::info!(%address, "serving");
-    server.await?;
+    let http_workers = std::thread::available_parallelism().map_or(2, usize::from);
+    let replica = start_replica(state, provider, http_workers)?;
+    tracing::info!(address = %replica.address, "serving");
+    let server_handle = replica.server.handle();
+    let mut server = tokio::spawn(replica.server);
+    tokio::select! {
+        result = &mut server => {
+            result??;
+            return Ok(());
+        }
+        signal = shutdown_signal() => tracing::info!(signal, "shutting down: draining jobs"),
+    }
+    // Stop claiming, let running jobs finish within the grace period (what
+    // does not finish is reclaimed by another replica after its lease),
+    // keep answering HTTP meanwhile with /readyz at 503, then stop.
+    replica.state.stop_accepting();
+    let drained = replica.background.stop(grace).await;
+    if !drained {
+        tracing::warn!("some jobs did not finish in time; their leases will expire and another replica takes them");
+    }
+    server_handle.stop(true).await;
+    server.await??;
     tracing::info!("stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut terminate), Ok(mut interrupt)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = terminate.recv() => "SIGTERM",
+        _ = interrupt.recv() => "SIGINT",
+    }
+}
+
+async fn fake_provider(config: &Config, bind: &str) -> anyhow::Result<()> {
+    let backend = Arc::new(FakeBackend::new(
+        config.simulated_latency_ms,
+        config.simulated_failure_rate,
+    ));
+    let (server, address) = build_fake_provider(bind, backend)?;
+    tracing::info!(%address, "fake provider serving");
+    let handle = server.handle();
+    let server = tokio::spawn(server);
+    let signal = shutdown_signal().await;
+    tracing::info!(signal, "fake provider stopping");
+    handle.stop(true).await;
+    server.await??;
     Ok(())
 }
 

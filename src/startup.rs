@@ -12,11 +12,14 @@ use actix_web::http::{header, StatusCode};
 use actix_web::middleware::{ErrorHandlerResponse, ErrorHandlers};
 use actix_web::{web, App, HttpRequest, HttpServer, ResponseError};
 
-use crate::config::{Config, PriceList, BODY_LIMIT_BYTES, SHUTDOWN_GRACE};
+use crate::config::{Config, PriceList, BODY_LIMIT_BYTES};
 use crate::db::DbPool;
 use crate::domain::api_keys::sha256;
 use crate::error::ApiError;
+use crate::job_watch::JobSignals;
+use crate::provider::AnyProvider;
 use crate::routes;
+use crate::worker::{self, Background, WorkerContext};
 
 /// What every handler can reach.
 pub struct AppState {
@@ -25,8 +28,10 @@ pub struct AppState {
     pub prices: PriceList,
     /// SHA-256 of `ADMIN_API_KEY`, compared in constant time.
     pub admin_key_hash: Option<[u8; 32]>,
-    /// False while starting up and once shutdown began: `/readyz` answers 503.
+    /// False once shutdown began: `/readyz` answers 503.
     pub accepting: AtomicBool,
+    /// Wake-ups for workers and for clients waiting on jobs.
+    pub signals: Arc<JobSignals>,
 }
 
 impl AppState {
@@ -42,11 +47,17 @@ impl AppState {
             prices,
             admin_key_hash,
             accepting: AtomicBool::new(true),
+            signals: Arc::new(JobSignals::default()),
         }))
     }
 
     pub fn is_accepting(&self) -> bool {
         self.accepting.load(Ordering::SeqCst)
+    }
+
+    /// Shutdown began: answer `/readyz` with 503 so load balancers drain us.
+    pub fn stop_accepting(&self) {
+        self.accepting.store(false, Ordering::SeqCst);
     }
 }
 
@@ -108,11 +119,13 @@ fn query_error(error: QueryPayloadError, _request: &HttpRequest) -> actix_web::E
 }
 
 /// Binds the listener and returns the server (not yet running) and its
-/// address.
+/// address. Signals are handled by the caller, which drains the workers
+/// before stopping the server.
 pub fn build_server(state: Arc<AppState>, workers: usize) -> anyhow::Result<(Server, SocketAddr)> {
     let listener = TcpListener::bind(&state.config.bind_addr)
         .map_err(|error| anyhow::anyhow!("binding {}: {error}", state.config.bind_addr))?;
     let address = listener.local_addr()?;
+    let grace = state.config.shutdown_grace_seconds;
     let data = web::Data::from(state);
     let server = HttpServer::new(move || {
         App::new()
@@ -130,8 +143,43 @@ pub fn build_server(state: Arc<AppState>, workers: usize) -> anyhow::Result<(Ser
             .default_service(web::to(routes::not_found))
     })
     .workers(workers)
-    .shutdown_timeout(SHUTDOWN_GRACE.as_secs())
+    .disable_signals()
+    .shutdown_timeout(grace)
     .listen(listener)?
     .run();
     Ok((server, address))
+}
+
+/// One running replica: the HTTP server and the background workers.
+pub struct Replica {
+    pub state: Arc<AppState>,
+    pub server: Server,
+    pub address: SocketAddr,
+    pub background: Background,
+}
+
+/// Starts the workers and binds the server (call inside a tokio runtime).
+pub fn start_replica(
+    state: Arc<AppState>,
+    provider: AnyProvider,
+    http_workers: usize,
+) -> anyhow::Result<Replica> {
+    let context = Arc::new(WorkerContext {
+        pool: state.pool.clone(),
+        config: state.config.clone(),
+        provider: Arc::new(provider),
+        signals: Arc::clone(&state.signals),
+        replica: format!(
+            "replica-{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        ),
+    });
+    let (server, address) = build_server(Arc::clone(&state), http_workers)?;
+    let background = worker::start(context);
+    Ok(Replica {
+        state,
+        server,
+        address,
+        background,
+    })
 }

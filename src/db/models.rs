@@ -5,7 +5,9 @@ use chrono::{DateTime, Utc};
 use diesel::prelude::*;
 use uuid::Uuid;
 
-use super::schema::{accounts, adjustments, api_keys, credits, ledger_entries, reservations};
+use super::schema::{
+    accounts, adjustments, api_keys, credits, generation_jobs, ledger_entries, reservations,
+};
 
 #[derive(Clone, Debug, Queryable, Selectable, QueryableByName)]
 #[diesel(table_name = accounts, check_for_backend(diesel::pg::Pg))]
@@ -127,4 +129,42 @@ pub struct NewLedgerEntry<'a> {
     pub external_ref: Option<&'a str>,
     pub reason: Option<&'a str>,
     pub actor: &'a str,
+}
+
+#[derive(Clone, Debug, Queryable, Selectable, QueryableByName)]
+#[diesel(table_name = generation_jobs, check_for_backend(diesel::pg::Pg))]
+pub struct JobRow {
+    pub id: Uuid,
+    pub account_id: Uuid,
+    pub request_id: Uuid,
+    pub request_hash: Vec<u8>,
+    pub kind: String,
+    pub params: serde_json::Value,
+    pub cost: i64,
+    pub status: String,
+    pub reservation_id: Uuid,
+    pub lease_owner: Option<String>,
+    pub lease_token: i64,
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    pub attempts: i32,
+    pub next_attempt_at: DateTime<Utc>,
+    pub provider_job_id: Option<String>,
+    pub result: Option<serde_json::Value>,
+    pub error: Option<serde_json::Value>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Insertable)]
+#[diesel(table_name = generation_jobs)]
+pub struct NewJob<'a> {
+    pub id: Uuid,
+    pub account_id: Uuid,
+    pub request_id: Uuid,
+    pub request_hash: &'a [u8],
+    pub kind: &'a str,
+    pub params: &'a serde_json::Value,
+    pub cost: i64,
+    pub reservation_id: Uuid,
 }

@@ -55,6 +55,31 @@ diesel::table! {
 }
 
 diesel::table! {
+    generation_jobs (id) {
+        id -> Uuid,
+        account_id -> Uuid,
+        request_id -> Uuid,
+        request_hash -> Bytea,
+        kind -> Text,
+        params -> Jsonb,
+        cost -> Int8,
+        status -> Text,
+        reservation_id -> Uuid,
+        lease_owner -> Nullable<Text>,
+        lease_token -> Int8,
+        lease_expires_at -> Nullable<Timestamptz>,
+        attempts -> Int4,
+        next_attempt_at -> Timestamptz,
+        provider_job_id -> Nullable<Text>,
+        result -> Nullable<Jsonb>,
+        error -> Nullable<Jsonb>,
+        created_at -> Timestamptz,
+        updated_at -> Timestamptz,
+        finished_at -> Nullable<Timestamptz>,
+    }
+}
+
+diesel::table! {
     ledger_entries (id) {
         id -> Int8,
         account_id -> Uuid,
@@ -91,6 +116,8 @@ diesel::table! {
 diesel::joinable!(adjustments -> accounts (account_id));
 diesel::joinable!(api_keys -> accounts (account_id));
 diesel::joinable!(credits -> accounts (account_id));
+diesel::joinable!(generation_jobs -> accounts (account_id));
+diesel::joinable!(generation_jobs -> reservations (reservation_id));
 diesel::joinable!(ledger_entries -> accounts (account_id));
 diesel::joinable!(ledger_entries -> reservations (reservation_id));
 diesel::joinable!(reservations -> accounts (account_id));
@@ -100,6 +127,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     adjustments,
     api_keys,
     credits,
+    generation_jobs,
     ledger_entries,
     reservations,
 );

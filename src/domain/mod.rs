@@ -3,6 +3,8 @@
 pub mod accounts;
 pub mod api_keys;
 pub mod credits;
+pub mod job_leases;
+pub mod jobs;
 pub mod ledger;
 pub mod reservations;
 pub mod types;

@@ -5,6 +5,7 @@ mod accounts;
 mod api_keys;
 mod credits;
 mod health;
+mod jobs;
 mod reservations;
 
 use std::future::Future;
@@ -27,6 +28,7 @@ pub fn configure(config: &mut web::ServiceConfig) {
     accounts::configure(config);
     api_keys::configure(config);
     credits::configure(config);
+    jobs::configure(config);
     reservations::configure(config);
 }
 

@@ -1,0 +1,320 @@
+//! The worker's side of a job: claim with a lease, heartbeat, and finish —
+//! every write fenced on the `lease_token` the claim returned, so a worker
+//! that lost its lease (paused, partitioned, reclaimed) changes nothing.
+//!
+//! Lock order, as everywhere: reservation row, then job row, then account
+//! row (through `reservations::settle`).
+
+use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Integer, Jsonb, Text, Uuid as SqlUuid};
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use crate::db::models::{JobRow, ReservationRow};
+use crate::domain::reservations::{settle, Resolution};
+use crate::error::ApiError;
+
+/// The ledger `actor` of movements made by workers and the reaper.
+pub const SYSTEM_ACTOR: &str = "system";
+
+/// A job's failure, as the kiosk sees it: a stable code and a message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobError {
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl JobError {
+    pub fn new(code: &'static str, message: impl Into<String>) -> JobError {
+        JobError {
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn to_json(&self) -> Value {
+        json!({"code": self.code, "message": self.message})
+    }
+}
+
+/// How a fenced write ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fenced {
+    Done,
+    /// The lease moved on (another claim bumped the token, or the job is no
+    /// longer running): nothing was written.
+    LeaseLost,
+    /// The job's reservation is no longer held (expired): the job cannot
+    /// succeed without a charge.
+    ReservationLost,
+}
+
+/// Claims the next due job: a queued job whose backoff has passed, or a
+/// running job whose lease expired (its worker died). Bumps the fencing
+/// token and the attempt count.
+pub fn claim_next(
+    conn: &mut PgConnection,
+    owner: &str,
+    lease_seconds: i32,
+) -> Result<Option<JobRow>, ApiError> {
+    Ok(diesel::sql_query(
+        "UPDATE generation_jobs \
+         SET status = 'running', lease_owner = $1, lease_token = lease_token + 1, \
+             lease_expires_at = now() + make_interval(secs => $2), attempts = attempts + 1, \
+             updated_at = now() \
+         WHERE id = COALESCE( \
+             (SELECT id FROM generation_jobs WHERE status = 'queued' AND next_attempt_at <= now() \
+              ORDER BY next_attempt_at LIMIT 1 FOR UPDATE SKIP LOCKED), \
+             (SELECT id FROM generation_jobs WHERE status = 'running' AND lease_expires_at < now() \
+              ORDER BY lease_expires_at LIMIT 1 FOR UPDATE SKIP LOCKED)) \
+           AND (status = 'queued' OR (status = 'running' AND lease_expires_at < now())) \
+         RETURNING *",
+    )
+    .bind::<Text, _>(owner)
+    .bind::<Integer, _>(lease_seconds)
+    .get_result(conn)
+    .optional()?)
+}
+
+#[derive(QueryableByName)]
+struct HeartbeatCounts {
+    #[diesel(sql_type = BigInt)]
+    jobs: i64,
+    #[diesel(sql_type = BigInt)]
+    reservations: i64,
+}
+
+/// Extends the lease and the reservation (a heartbeat, at half the lease).
+pub fn heartbeat(
+    conn: &mut PgConnection,
+    job_id: Uuid,
+    lease_token: i64,
+    lease_seconds: i32,
+    ttl_seconds: i32,
+) -> Result<Fenced, ApiError> {
+    let counts: HeartbeatCounts = diesel::sql_query(
+        "WITH job AS ( \
+             UPDATE generation_jobs SET lease_expires_at = now() + make_interval(secs => $3), updated_at = now() \
+             WHERE id = $1 AND lease_token = $2 AND status = 'running' RETURNING reservation_id), \
+         reservation AS ( \
+             UPDATE reservations SET expires_at = GREATEST(expires_at, now() + make_interval(secs => $4)) \
+             WHERE id IN (SELECT reservation_id FROM job) AND state = 'held' AND expires_at > now() \
+             RETURNING id) \
+         SELECT (SELECT count(*) FROM job) AS jobs, (SELECT count(*) FROM reservation) AS reservations",
+    )
+    .bind::<SqlUuid, _>(job_id)
+    .bind::<BigInt, _>(lease_token)
+    .bind::<Integer, _>(lease_seconds)
+    .bind::<Integer, _>(ttl_seconds)
+    .get_result(conn)?;
+    Ok(match (counts.jobs, counts.reservations) {
+        (0, _) => Fenced::LeaseLost,
+        (_, 0) => Fenced::ReservationLost,
+        _ => Fenced::Done,
+    })
+}
+
+/// Remembers the provider's id for this job, so a reclaim asks the provider
+/// about it instead of paying for a second generation.
+pub fn record_provider_job_id(
+    conn: &mut PgConnection,
+    job_id: Uuid,
+    lease_token: i64,
+    provider_job_id: &str,
+) -> Result<Fenced, ApiError> {
+    let updated = diesel::sql_query(
+        "UPDATE generation_jobs SET provider_job_id = $3, updated_at = now() \
+         WHERE id = $1 AND lease_token = $2 AND status = 'running'",
+    )
+    .bind::<SqlUuid, _>(job_id)
+    .bind::<BigInt, _>(lease_token)
+    .bind::<Text, _>(provider_job_id)
+    .execute(conn)?;
+    Ok(if updated == 1 {
+        Fenced::Done
+    } else {
+        Fenced::LeaseLost
+    })
+}
+
+/// Rolls a transaction back with a reason.
+enum Abort {
+    Fenced(Fenced),
+    Error(ApiError),
+}
+
+impl From<diesel::result::Error> for Abort {
+    fn from(error: diesel::result::Error) -> Self {
+        Abort::Error(error.into())
+    }
+}
+
+impl From<ApiError> for Abort {
+    fn from(error: ApiError) -> Self {
+        Abort::Error(error)
+    }
+}
+
+fn finish(result: Result<(), Abort>) -> Result<Fenced, ApiError> {
+    match result {
+        Ok(()) => Ok(Fenced::Done),
+        Err(Abort::Fenced(fenced)) => Ok(fenced),
+        Err(Abort::Error(error)) => Err(error),
+    }
+}
+
+/// Resolves the job's reservation (held → `state`) if this worker still
+/// holds the lease. Locks the reservation row first.
+fn resolve_reservation_fenced(
+    conn: &mut PgConnection,
+    job: &JobRow,
+    lease_token: i64,
+    state: &str,
+    committed: i64,
+) -> Result<Option<ReservationRow>, diesel::result::Error> {
+    diesel::sql_query(
+        "UPDATE reservations SET state = $3, committed_amount = $4, resolved_at = now() \
+         WHERE id = $1 AND state = 'held' \
+           AND EXISTS (SELECT 1 FROM generation_jobs \
+                       WHERE id = $2 AND lease_token = $5 AND status = 'running') \
+         RETURNING *",
+    )
+    .bind::<SqlUuid, _>(job.reservation_id)
+    .bind::<SqlUuid, _>(job.id)
+    .bind::<Text, _>(state)
+    .bind::<BigInt, _>(committed)
+    .bind::<BigInt, _>(lease_token)
+    .get_result(conn)
+    .optional()
+}
+
+/// Moves the job to a terminal status if this worker still holds the lease.
+fn finish_job_fenced(
+    conn: &mut PgConnection,
+    job: &JobRow,
+    lease_token: i64,
+    status: &str,
+    result: Option<&Value>,
+    error: Option<&Value>,
+) -> Result<bool, diesel::result::Error> {
+    let updated = diesel::sql_query(
+        "UPDATE generation_jobs \
+         SET status = $3, result = $4, error = $5, finished_at = now(), updated_at = now(), \
+             lease_expires_at = NULL \
+         WHERE id = $1 AND lease_token = $2 AND status = 'running'",
+    )
+    .bind::<SqlUuid, _>(job.id)
+    .bind::<BigInt, _>(lease_token)
+    .bind::<Text, _>(status)
+    .bind::<diesel::sql_types::Nullable<Jsonb>, _>(result)
+    .bind::<diesel::sql_types::Nullable<Jsonb>, _>(error)
+    .execute(conn)?;
+    Ok(updated == 1)
+}
+
+/// Success: job `succeeded` and its reservation committed, in one
+/// transaction. If the reservation expired meanwhile, the job fails with
+/// `reservation_expired` instead (its tokens are already back).
+pub fn finish_success(
+    conn: &mut PgConnection,
+    job: &JobRow,
+    lease_token: i64,
+    result: &Value,
+) -> Result<Fenced, ApiError> {
+    let outcome = finish(conn.transaction(|conn| {
+        let reservation =
+            resolve_reservation_fenced(conn, job, lease_token, "committed", job.cost)?;
+        if !finish_job_fenced(conn, job, lease_token, "succeeded", Some(result), None)? {
+            return Err(Abort::Fenced(Fenced::LeaseLost));
+        }
+        let Some(reservation) = reservation else {
+            return Err(Abort::Fenced(Fenced::ReservationLost));
+        };
+        settle(
+            conn,
+            &reservation,
+            Resolution::Commit(job.cost),
+            None,
+            SYSTEM_ACTOR,
+        )?;
+        Ok(())
+    }))?;
+    if outcome == Fenced::ReservationLost {
+        let error = JobError::new(
+            "reservation_expired",
+            "the job's reservation expired before it finished",
+        );
+        finish_failure(conn, job, lease_token, &error)?;
+    }
+    Ok(outcome)
+}
+
+/// Final failure: job `failed` and its reservation released, in one
+/// transaction.
+pub fn finish_failure(
+    conn: &mut PgConnection,
+    job: &JobRow,
+    lease_token: i64,
+    error: &JobError,
+) -> Result<Fenced, ApiError> {
+    finish(conn.transaction(|conn| {
+        let reservation = resolve_reservation_fenced(conn, job, lease_token, "released", 0)?;
+        if !finish_job_fenced(
+            conn,
+            job,
+            lease_token,
+            "failed",
+            None,
+            Some(&error.to_json()),
+        )? {
+            return Err(Abort::Fenced(Fenced::LeaseLost));
+        }
+        if let Some(reservation) = reservation {
+            settle(
+                conn,
+                &reservation,
+                Resolution::Release,
+                Some("job_failed"),
+                SYSTEM_ACTOR,
+            )?;
+        }
+        Ok(())
+    }))
+}
+
+/// A retryable failure: back to `queued` after `delay_ms`, tokens still
+/// reserved (the reservation is extended to outlive the backoff).
+pub fn retry_later(
+    conn: &mut PgConnection,
+    job: &JobRow,
+    lease_token: i64,
+    error: &JobError,
+    delay_ms: u64,
+    ttl_seconds: i32,
+) -> Result<Fenced, ApiError> {
+    let delay_seconds = delay_ms as f64 / 1000.0;
+    let counts: HeartbeatCounts = diesel::sql_query(
+        "WITH job AS ( \
+             UPDATE generation_jobs \
+             SET status = 'queued', lease_expires_at = NULL, error = $3, updated_at = now(), \
+                 next_attempt_at = now() + make_interval(secs => $4) \
+             WHERE id = $1 AND lease_token = $2 AND status = 'running' RETURNING reservation_id), \
+         reservation AS ( \
+             UPDATE reservations \
+             SET expires_at = GREATEST(expires_at, now() + make_interval(secs => $4 + $5)) \
+             WHERE id IN (SELECT reservation_id FROM job) AND state = 'held' AND expires_at > now() \
+             RETURNING id) \
+         SELECT (SELECT count(*) FROM job) AS jobs, (SELECT count(*) FROM reservation) AS reservations",
+    )
+    .bind::<SqlUuid, _>(job.id)
+    .bind::<BigInt, _>(lease_token)
+    .bind::<Jsonb, _>(error.to_json())
+    .bind::<diesel::sql_types::Double, _>(delay_seconds)
+    .bind::<diesel::sql_types::Double, _>(f64::from(ttl_seconds))
+    .get_result(conn)?;
+    Ok(match (counts.jobs, counts.reservations) {
+        (0, _) => Fenced::LeaseLost,
+        (_, 0) => Fenced::ReservationLost,
+        _ => Fenced::Done,
+    })
+}

@@ -1,0 +1,353 @@
+//! Generation jobs: creation (idempotent on the kiosk's request_id, with
+//! its reservation and ledger entry in one transaction) and the reads.
+//! The worker's fenced transitions live in `domain::job_leases`.
+
+use chrono::{DateTime, Utc};
+use diesel::prelude::*;
+use diesel::result::{DatabaseErrorKind, Error as DieselError};
+use diesel::sql_types::{BigInt, Integer, Uuid as SqlUuid};
+use serde::Serialize;
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::config::JOB_PARAMS_MAX_BYTES;
+use crate::db::models::{JobRow, NewJob};
+use crate::db::schema::{generation_jobs, reservations};
+use crate::domain::api_keys::sha256;
+use crate::domain::ledger::{self, EntryKind, Movement};
+use crate::domain::reservations::{refusal_reason, reserve_tokens, Outcome};
+use crate::domain::types::{AccountId, RequestId};
+use crate::error::ApiError;
+
+pub const TERMINAL_STATUSES: [&str; 2] = ["succeeded", "failed"];
+
+/// A validated job request: a known kind and an object of bounded size.
+pub struct JobRequest {
+    pub request_id: RequestId,
+    pub kind: String,
+    pub cost: i64,
+    pub params: Value,
+}
+
+impl JobRequest {
+    pub fn parse(
+        request_id: RequestId,
+        kind: String,
+        params: Value,
+        prices: &crate::config::PriceList,
+    ) -> Result<JobRequest, ApiError> {
+        let cost = *prices.get(&kind).ok_or_else(|| {
+            let known: Vec<&str> = prices.keys().map(String::as_str).collect();
+            ApiError::InvalidRequest(format!(
+                "unknown job kind {kind:?}; known kinds: {}",
+                known.join(", ")
+            ))
+        })?;
+        if !params.is_object() {
+            return Err(ApiError::InvalidRequest(
+                "params must be a JSON object".into(),
+            ));
+        }
+        let size = serde_json::to_vec(&params).map_or(usize::MAX, |bytes| bytes.len());
+        if size > JOB_PARAMS_MAX_BYTES {
+            return Err(ApiError::InvalidRequest(format!(
+                "params is {size} bytes; at most {JOB_PARAMS_MAX_BYTES} are accepted"
+            )));
+        }
+        Ok(JobRequest {
+            request_id,
+            kind,
+            cost,
+            params,
+        })
+    }
+
+    /// SHA-256 of the canonical request: keys sorted at every depth, no
+    /// whitespace, so the same request hashes the same however it was sent.
+    pub fn hash(&self) -> [u8; 32] {
+        let mut canonical = String::new();
+        write_canonical(
+            &serde_json::json!({"kind": self.kind, "params": self.params}),
+            &mut canonical,
+        );
+        sha256(canonical.as_bytes())
+    }
+}
+
+fn write_canonical(value: &Value, out: &mut String) {
+    match value {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (index, key) in keys.into_iter().enumerate() {
+                if index > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(key.clone()).to_string());
+                out.push(':');
+                write_canonical(&map[key], out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (index, item) in items.iter().enumerate() {
+                if index > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(']');
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
+}
+
+/// Creates a job: the job row (claiming the request_id), the reservation of
+/// its cost and the ledger entry, in one transaction. A concurrent duplicate
+/// waits on the unique index and then gets the existing job.
+pub fn create_job(
+    conn: &mut PgConnection,
+    account: AccountId,
+    request: &JobRequest,
+    ttl_seconds: i32,
+    actor: &str,
+) -> Result<(JobRow, Outcome), ApiError> {
+    let hash = request.hash();
+    conn.transaction(|conn| {
+        let (job_id, reservation_id) = (Uuid::now_v7(), Uuid::now_v7());
+        let inserted: Option<JobRow> = diesel::insert_into(generation_jobs::table)
+            .values(NewJob {
+                id: job_id,
+                account_id: account.0,
+                request_id: request.request_id.0,
+                request_hash: &hash,
+                kind: &request.kind,
+                params: &request.params,
+                cost: request.cost,
+                reservation_id,
+            })
+            .on_conflict((generation_jobs::account_id, generation_jobs::request_id))
+            .do_nothing()
+            .returning(JobRow::as_returning())
+            .get_result(conn)
+            .optional()
+            .map_err(|error| match error {
+                DieselError::DatabaseError(DatabaseErrorKind::ForeignKeyViolation, _) => {
+                    ApiError::NotFound("account")
+                }
+                other => other.into(),
+            })?;
+        let Some(job) = inserted else {
+            let existing = find_job(conn, account, request.request_id)?;
+            if existing.request_hash != hash {
+                return Err(ApiError::IdempotencyKeyReused(format!(
+                    "request_id {} was already used for a different job",
+                    request.request_id
+                )));
+            }
+            return Ok((existing, Outcome::Replayed));
+        };
+        let Some(after) = reserve_tokens(conn, account, request.cost)? else {
+            return Err(refusal_reason(conn, account, request.cost));
+        };
+        diesel::sql_query(
+            "INSERT INTO reservations (id, account_id, request_id, amount, state, expires_at, job_id) \
+             VALUES ($1, $2, $3, $4, 'held', now() + make_interval(secs => $5), $6)",
+        )
+        .bind::<SqlUuid, _>(reservation_id)
+        .bind::<SqlUuid, _>(account.0)
+        .bind::<SqlUuid, _>(request.request_id.0)
+        .bind::<BigInt, _>(request.cost)
+        .bind::<Integer, _>(ttl_seconds)
+        .bind::<SqlUuid, _>(job.id)
+        .execute(conn)?;
+        ledger::append(conn, Movement {
+            account,
+            kind: EntryKind::Reserve,
+            amount: request.cost,
+            after,
+            reservation_id: Some(reservation_id),
+            job_id: Some(job.id),
+            external_ref: None,
+            reason: None,
+            actor,
+        })?;
+        Ok((job, Outcome::Created))
+    })
+}
+
+pub fn find_job(
+    conn: &mut PgConnection,
+    account: AccountId,
+    request_id: RequestId,
+) -> Result<JobRow, ApiError> {
+    generation_jobs::table
+        .filter(generation_jobs::account_id.eq(account.0))
+        .filter(generation_jobs::request_id.eq(request_id.0))
+        .select(JobRow::as_select())
+        .first(conn)
+        .optional()?
+        .ok_or(ApiError::NotFound("job"))
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct JobReservation {
+    pub reservation_id: Uuid,
+    pub state: String,
+    pub expires_at: DateTime<Utc>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct JobView {
+    pub job_id: Uuid,
+    pub request_id: RequestId,
+    pub account_id: AccountId,
+    pub kind: String,
+    pub status: String,
+    pub cost: i64,
+    pub attempts: i32,
+    pub reservation: JobReservation,
+    pub result: Option<Value>,
+    pub error: Option<Value>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+impl JobView {
+    pub fn is_terminal(&self) -> bool {
+        TERMINAL_STATUSES.contains(&self.status.as_str())
+    }
+
+    fn new(job: JobRow, reservation: (String, DateTime<Utc>)) -> JobView {
+        JobView {
+            job_id: job.id,
+            request_id: RequestId(job.request_id),
+            account_id: AccountId(job.account_id),
+            kind: job.kind,
+            status: job.status,
+            cost: job.cost,
+            attempts: job.attempts,
+            reservation: JobReservation {
+                reservation_id: job.reservation_id,
+                state: reservation.0,
+                expires_at: reservation.1,
+            },
+            result: job.result,
+            error: job.error,
+            created_at: job.created_at,
+            updated_at: job.updated_at,
+            finished_at: job.finished_at,
+        }
+    }
+}
+
+fn with_reservations(conn: &mut PgConnection, jobs: Vec<JobRow>) -> Result<Vec<JobView>, ApiError> {
+    let ids: Vec<Uuid> = jobs.iter().map(|job| job.reservation_id).collect();
+    let states: std::collections::HashMap<Uuid, (String, DateTime<Utc>)> = reservations::table
+        .filter(reservations::id.eq_any(&ids))
+        .select((
+            reservations::id,
+            reservations::state,
+            reservations::expires_at,
+        ))
+        .load::<(Uuid, String, DateTime<Utc>)>(conn)?
+        .into_iter()
+        .map(|(id, state, expires_at)| (id, (state, expires_at)))
+        .collect();
+    jobs.into_iter()
+        .map(|job| {
+            let reservation = states
+                .get(&job.reservation_id)
+                .cloned()
+                .ok_or_else(|| ApiError::Internal(format!("job {} has no reservation", job.id)))?;
+            Ok(JobView::new(job, reservation))
+        })
+        .collect()
+}
+
+pub fn job_view(conn: &mut PgConnection, job: JobRow) -> Result<JobView, ApiError> {
+    with_reservations(conn, vec![job])?
+        .pop()
+        .ok_or_else(|| ApiError::Internal("job view missing".into()))
+}
+
+pub fn get_job(
+    conn: &mut PgConnection,
+    account: AccountId,
+    request_id: RequestId,
+) -> Result<JobView, ApiError> {
+    let job = find_job(conn, account, request_id)?;
+    job_view(conn, job)
+}
+
+#[derive(Debug, Serialize)]
+pub struct JobPage {
+    pub jobs: Vec<JobView>,
+    pub next_after: Option<Uuid>,
+}
+
+/// An account's jobs, newest first; `after` is the last job_id of the
+/// previous page.
+pub fn list_jobs(
+    conn: &mut PgConnection,
+    account: AccountId,
+    status: Option<&str>,
+    after: Option<Uuid>,
+    limit: i64,
+) -> Result<JobPage, ApiError> {
+    let mut query = generation_jobs::table
+        .filter(generation_jobs::account_id.eq(account.0))
+        .select(JobRow::as_select())
+        .order(generation_jobs::id.desc())
+        .limit(limit)
+        .into_boxed();
+    if let Some(status) = status {
+        query = query.filter(generation_jobs::status.eq(status.to_owned()));
+    }
+    if let Some(after) = after {
+        query = query.filter(generation_jobs::id.lt(after));
+    }
+    let rows = query.load(conn)?;
+    let full = i64::try_from(rows.len()).ok() == Some(limit);
+    let next_after = if full {
+        rows.last().map(|job| job.id)
+    } else {
+        None
+    };
+    Ok(JobPage {
+        jobs: with_reservations(conn, rows)?,
+        next_after,
+    })
+}
+
+/// Of the given jobs, those that are terminal now (for waiting clients).
+pub fn terminal_among(conn: &mut PgConnection, ids: &[Uuid]) -> Result<Vec<Uuid>, ApiError> {
+    Ok(generation_jobs::table
+        .filter(generation_jobs::id.eq_any(ids))
+        .filter(generation_jobs::status.eq_any(TERMINAL_STATUSES))
+        .select(generation_jobs::id)
+        .load(conn)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hash_ignores_key_order_and_whitespace_but_not_values() {
+        let make = |params: &str| JobRequest {
+            request_id: RequestId(Uuid::nil()),
+            kind: "standard".into(),
+            cost: 1,
+            params: serde_json::from_str(params).expect("json"),
+        };
+        let a = make(r#"{"prompt": "bride", "style": {"a": 1, "b": [1, 2]}}"#).hash();
+        let b = make(r#"{"style":{"b":[1,2],"a":1},"prompt":"bride"}"#).hash();
+        let c = make(r#"{"prompt": "groom", "style": {"a": 1, "b": [1, 2]}}"#).hash();
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+    }
+}

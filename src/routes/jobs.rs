@@ -1,0 +1,154 @@
+//! Generation jobs: create (idempotent on the kiosk's request_id), read
+//! (optionally waiting for a terminal status), list.
+
+use std::time::Duration;
+
+use actix_web::{get, post, web, HttpResponse};
+use serde::Deserialize;
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::{created, replayed, State};
+use crate::config::{JOB_PAGE_DEFAULT, JOB_PAGE_MAX, JOB_WAIT_SECONDS_MAX};
+use crate::db::run_blocking;
+use crate::domain::api_keys::Caller;
+use crate::domain::jobs::{self, JobRequest};
+use crate::domain::reservations::Outcome;
+use crate::domain::types::{AccountId, RequestId};
+use crate::error::ApiError;
+
+pub fn configure(config: &mut web::ServiceConfig) {
+    config
+        .service(create_job)
+        .service(get_job)
+        .service(list_jobs);
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateJob {
+    request_id: Uuid,
+    kind: String,
+    params: Value,
+}
+
+/// 201 + `Location` for a new job; 200 + `Idempotent-Replayed` for a
+/// replay, also while the first request is still in flight.
+#[post("/v1/accounts/{account_id}/jobs")]
+async fn create_job(
+    caller: Caller,
+    state: State,
+    path: web::Path<Uuid>,
+    body: web::Json<CreateJob>,
+) -> Result<HttpResponse, ApiError> {
+    let account = AccountId(path.into_inner());
+    caller.authorize_spend(account)?;
+    let CreateJob {
+        request_id,
+        kind,
+        params,
+    } = body.into_inner();
+    let request = JobRequest::parse(RequestId(request_id), kind, params, &state.prices)?;
+    let ttl = state.config.reservation_ttl_seconds;
+    let actor = caller.actor();
+    let (view, outcome) = run_blocking(&state.pool, move |conn| {
+        let (job, outcome) = jobs::create_job(conn, account, &request, ttl, &actor)?;
+        Ok((jobs::job_view(conn, job)?, outcome))
+    })
+    .await?;
+    Ok(match outcome {
+        Outcome::Created => {
+            // Best effort: an idle worker polls anyway within WORKER_IDLE_POLL.
+            state.signals.queued.notify_one();
+            created(format!("/v1/accounts/{account}/jobs/{request_id}"), &view)
+        }
+        Outcome::Replayed => replayed(&view),
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WaitQuery {
+    wait_seconds: Option<u64>,
+}
+
+/// The job; with `wait_seconds`, answers as soon as it is terminal (or when
+/// the wait ends). The wait holds no database connection.
+#[get("/v1/accounts/{account_id}/jobs/{request_id}")]
+async fn get_job(
+    caller: Caller,
+    state: State,
+    path: web::Path<(Uuid, Uuid)>,
+    query: web::Query<WaitQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let (account, request_id) = path.into_inner();
+    let (account, request_id) = (AccountId(account), RequestId(request_id));
+    caller.authorize_read(account)?;
+    let wait = query.wait_seconds.unwrap_or(0);
+    if wait > JOB_WAIT_SECONDS_MAX {
+        return Err(ApiError::InvalidRequest(format!(
+            "wait_seconds must be at most {JOB_WAIT_SECONDS_MAX}"
+        )));
+    }
+    let fetch = || {
+        run_blocking(&state.pool, move |conn| {
+            jobs::get_job(conn, account, request_id)
+        })
+    };
+    let view = fetch().await?;
+    if wait == 0 || view.is_terminal() {
+        return Ok(HttpResponse::Ok().json(view));
+    }
+    // Subscribe before looking again, so a finish in between is not missed.
+    let finished = state.signals.subscribe(view.job_id);
+    let view = fetch().await?;
+    if view.is_terminal() {
+        return Ok(HttpResponse::Ok().json(view));
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(wait), finished).await;
+    Ok(HttpResponse::Ok().json(fetch().await?))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    status: Option<String>,
+    limit: Option<i64>,
+    after: Option<Uuid>,
+}
+
+/// The account's jobs, newest first; `next_after` continues the list.
+#[get("/v1/accounts/{account_id}/jobs")]
+async fn list_jobs(
+    caller: Caller,
+    state: State,
+    path: web::Path<Uuid>,
+    query: web::Query<ListQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let account = AccountId(path.into_inner());
+    caller.authorize_read(account)?;
+    let ListQuery {
+        status,
+        limit,
+        after,
+    } = query.into_inner();
+    if let Some(status) = &status {
+        if !["queued", "running", "succeeded", "failed"].contains(&status.as_str()) {
+            return Err(ApiError::InvalidRequest(format!(
+                "status must be queued, running, succeeded or failed, got {status:?}"
+            )));
+        }
+    }
+    let limit = limit.unwrap_or(JOB_PAGE_DEFAULT);
+    if !(1..=JOB_PAGE_MAX).contains(&limit) {
+        return Err(ApiError::InvalidRequest(format!(
+            "limit must be between 1 and {JOB_PAGE_MAX}"
+        )));
+    }
+    let page = run_blocking(&state.pool, move |conn| {
+        crate::domain::accounts::get_account(conn, account)?;
+        jobs::list_jobs(conn, account, status.as_deref(), after, limit)
+    })
+    .await?;
+    Ok(HttpResponse::Ok().json(page))
+}

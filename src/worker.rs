@@ -1,0 +1,405 @@
+//! Job workers: `WORKER_CONCURRENCY` tokio tasks per replica. Each claims a
+//! due job (`FOR UPDATE SKIP LOCKED`, fenced lease), heartbeats at half the
+//! lease (extending the lease and the reservation), runs one provider
+//! attempt, and finishes with a fenced write: success commits the tokens,
+//! a retryable error requeues with backoff (tokens stay reserved), a final
+//! failure releases them. A worker that lost its lease writes nothing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::{sleep, timeout, Instant};
+
+use crate::config::{
+    Config, JOB_RETRY_BACKOFF_MAX_MS, JOB_WATCH_POLL, PROVIDER_POLL_INITIAL, PROVIDER_POLL_MAX,
+    WORKER_IDLE_POLL,
+};
+use crate::db::models::JobRow;
+use crate::db::DbPool;
+use crate::domain::job_leases::{self, Fenced, JobError};
+use crate::domain::jobs::terminal_among;
+use crate::error::ApiError;
+use crate::job_watch::JobSignals;
+use crate::provider::{AnyProvider, Prediction, PredictionStatus, Provider, ProviderError};
+
+/// Everything a worker needs.
+pub struct WorkerContext {
+    pub pool: DbPool,
+    pub config: Config,
+    pub provider: Arc<AnyProvider>,
+    pub signals: Arc<JobSignals>,
+    /// Identifies this replica in `lease_owner`.
+    pub replica: String,
+}
+
+/// Background tasks of one replica: workers and the job-watch poller.
+pub struct Background {
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Background {
+    /// Stops claiming and waits up to `grace` for running jobs. Returns
+    /// whether every task finished; unfinished jobs are reclaimed by another
+    /// replica once their lease expires.
+    pub async fn stop(self, grace: Duration) -> bool {
+        let _ = self.shutdown.send(true);
+        let deadline = Instant::now() + grace;
+        let mut all_finished = true;
+        for task in self.tasks {
+            let abort = task.abort_handle();
+            if timeout(deadline.saturating_duration_since(Instant::now()), task)
+                .await
+                .is_err()
+            {
+                abort.abort();
+                all_finished = false;
+            }
+        }
+        all_finished
+    }
+}
+
+/// Starts the workers and the job-watch poller.
+pub fn start(context: Arc<WorkerContext>) -> Background {
+    let (shutdown, receiver) = watch::channel(false);
+    let mut tasks: Vec<JoinHandle<()>> = (0..context.config.worker_concurrency)
+        .map(|index| {
+            let worker = Worker {
+                context: Arc::clone(&context),
+                owner: format!("{}/w{index}", context.replica),
+                shutdown: receiver.clone(),
+            };
+            tokio::spawn(worker.run())
+        })
+        .collect();
+    tasks.push(tokio::spawn(watch_waiters(Arc::clone(&context), receiver)));
+    Background { shutdown, tasks }
+}
+
+/// Runs `work` with a pooled connection on the blocking pool.
+async fn blocking<T, F>(pool: &DbPool, work: F) -> Result<T, ApiError>
+where
+    F: FnOnce(&mut diesel::PgConnection) -> Result<T, ApiError> + Send + 'static,
+    T: Send + 'static,
+{
+    let pool = pool.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut conn = pool.get()?;
+        work(&mut conn)
+    })
+    .await
+    .map_err(|error| ApiError::Internal(format!("blocking task failed: {error}")))?
+}
+
+/// Wakes parked `wait_seconds` clients whose job another replica finished.
+async fn watch_waiters(context: Arc<WorkerContext>, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            () = sleep(JOB_WATCH_POLL) => {}
+        }
+        let watched = context.signals.watched();
+        if watched.is_empty() {
+            continue;
+        }
+        match blocking(&context.pool, move |conn| terminal_among(conn, &watched)).await {
+            Ok(done) => done
+                .into_iter()
+                .for_each(|job| context.signals.finished(job)),
+            Err(error) => tracing::warn!(?error, "checking waited-for jobs failed"),
+        }
+    }
+}
+
+/// How one provider attempt ended.
+enum Attempt {
+    Succeeded(Prediction, serde_json::Value),
+    Failed(JobError),
+    Retryable(JobError),
+    /// The lease or the reservation was lost while working.
+    Lost(Fenced),
+}
+
+struct Worker {
+    context: Arc<WorkerContext>,
+    owner: String,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl Worker {
+    async fn run(mut self) {
+        let config = &self.context.config;
+        let lease_seconds = config.job_lease_seconds;
+        loop {
+            if *self.shutdown.borrow() {
+                return;
+            }
+            let owner = self.owner.clone();
+            let claimed = blocking(&self.context.pool, move |conn| {
+                job_leases::claim_next(conn, &owner, lease_seconds)
+            })
+            .await;
+            match claimed {
+                Ok(Some(job)) => self.process(job).await,
+                Ok(None) => {
+                    tokio::select! {
+                        _ = self.shutdown.changed() => {}
+                        () = self.context.signals.queued.notified() => {}
+                        () = sleep(WORKER_IDLE_POLL) => {}
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(?error, "claiming a job failed; retrying");
+                    tokio::select! {
+                        _ = self.shutdown.changed() => {}
+                        () = sleep(WORKER_IDLE_POLL) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    async fn process(&self, job: JobRow) {
+        let started = Instant::now();
+        let token = job.lease_token;
+        // First make sure the reservation is still held, and extend it.
+        match self.heartbeat(&job).await {
+            Ok(Fenced::Done) => {}
+            Ok(Fenced::LeaseLost) => return,
+            Ok(Fenced::ReservationLost) => {
+                let error = JobError::new(
+                    "reservation_expired",
+                    "the job's reservation expired before it ran",
+                );
+                self.finish_failure(&job, error).await;
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(job_id = %job.id, ?error, "first heartbeat failed; the lease will expire");
+                return;
+            }
+        }
+        let attempt = if job.attempts > self.context.config.job_max_attempts {
+            self.exhausted(&job).await
+        } else {
+            tokio::select! {
+                attempt = self.attempt(&job) => attempt,
+                lost = self.heartbeat_until_lost(&job) => Attempt::Lost(lost),
+            }
+        };
+        let outcome = match attempt {
+            Attempt::Succeeded(prediction, output) => {
+                let result = json!({"output": output, "provider_job_id": prediction.id});
+                let job_ref = job.clone();
+                blocking(&self.context.pool, move |conn| {
+                    job_leases::finish_success(conn, &job_ref, token, &result)
+                })
+                .await
+            }
+            Attempt::Failed(error) => Ok(self.finish_failure(&job, error).await),
+            Attempt::Retryable(error) if job.attempts < self.context.config.job_max_attempts => {
+                let delay_ms = backoff_ms(self.context.config.job_retry_backoff_ms, job.attempts);
+                let ttl = self.context.config.reservation_ttl_seconds;
+                let job_ref = job.clone();
+                let result = blocking(&self.context.pool, move |conn| {
+                    job_leases::retry_later(conn, &job_ref, token, &error, delay_ms, ttl)
+                })
+                .await;
+                tracing::info!(job_id = %job.id, attempts = job.attempts, delay_ms, "provider attempt failed; retrying later");
+                return log_fenced(&job, result);
+            }
+            Attempt::Retryable(error) => Ok(self.finish_failure(&job, error).await),
+            Attempt::Lost(Fenced::ReservationLost) => {
+                let error = JobError::new(
+                    "reservation_expired",
+                    "the job's reservation expired while it ran",
+                );
+                Ok(self.finish_failure(&job, error).await)
+            }
+            Attempt::Lost(fenced) => Ok(fenced),
+        };
+        log_fenced(&job, outcome);
+        self.context.signals.finished(job.id);
+        tracing::debug!(job_id = %job.id, elapsed_ms = started.elapsed().as_millis() as u64, "job processed");
+    }
+
+    async fn finish_failure(&self, job: &JobRow, error: JobError) -> Fenced {
+        let (job_ref, token) = (job.clone(), job.lease_token);
+        let result = blocking(&self.context.pool, move |conn| {
+            job_leases::finish_failure(conn, &job_ref, token, &error)
+        })
+        .await;
+        result.unwrap_or_else(|error| {
+            tracing::error!(job_id = %job.id, ?error, "recording a job failure failed; the lease will expire");
+            Fenced::LeaseLost
+        })
+    }
+
+    async fn heartbeat(&self, job: &JobRow) -> Result<Fenced, ApiError> {
+        let (id, token) = (job.id, job.lease_token);
+        let (lease, ttl) = (
+            self.context.config.job_lease_seconds,
+            self.context.config.reservation_ttl_seconds,
+        );
+        blocking(&self.context.pool, move |conn| {
+            job_leases::heartbeat(conn, id, token, lease, ttl)
+        })
+        .await
+    }
+
+    /// Heartbeats at half the lease; returns only when the lease or the
+    /// reservation is lost.
+    async fn heartbeat_until_lost(&self, job: &JobRow) -> Fenced {
+        let interval = self.context.config.lease() / 2;
+        loop {
+            sleep(interval).await;
+            match self.heartbeat(job).await {
+                Ok(Fenced::Done) => {}
+                Ok(lost) => return lost,
+                Err(error) => {
+                    tracing::warn!(job_id = %job.id, ?error, "heartbeat failed; retrying")
+                }
+            }
+        }
+    }
+
+    /// A job reclaimed more often than `JOB_MAX_ATTEMPTS` (its workers kept
+    /// dying): take the provider's result if it has one, else fail.
+    async fn exhausted(&self, job: &JobRow) -> Attempt {
+        if let Some(prediction_id) = &job.provider_job_id {
+            if let Ok(prediction) = self.context.provider.fetch(prediction_id).await {
+                if let PredictionStatus::Succeeded(output) = prediction.status.clone() {
+                    return Attempt::Succeeded(prediction, output);
+                }
+            }
+        }
+        Attempt::Failed(JobError::new(
+            "attempts_exhausted",
+            "the job was attempted too many times",
+        ))
+    }
+
+    /// One provider attempt, bounded by `PROVIDER_TIMEOUT_SECONDS`. A job
+    /// that already has a provider id asks the provider about it first.
+    async fn attempt(&self, job: &JobRow) -> Attempt {
+        let deadline = self.context.config.provider_timeout();
+        match timeout(deadline, self.generate(job)).await {
+            Ok(attempt) => attempt,
+            Err(_) => Attempt::Retryable(JobError::new(
+                "provider_timeout",
+                format!(
+                    "the provider did not finish within {} s",
+                    deadline.as_secs()
+                ),
+            )),
+        }
+    }
+
+    async fn generate(&self, job: &JobRow) -> Attempt {
+        let provider = &self.context.provider;
+        let known = match &job.provider_job_id {
+            Some(prediction_id) => match provider.fetch(prediction_id).await {
+                Ok(prediction) => Some(prediction),
+                Err(ProviderError::NotFound) => None,
+                Err(error) => return provider_error(error),
+            },
+            None => None,
+        };
+        let mut prediction = match known {
+            Some(prediction) => prediction,
+            None => match provider.submit(job.id, &job.params).await {
+                Ok(prediction) => {
+                    let (id, token, prediction_id) =
+                        (job.id, job.lease_token, prediction.id.clone());
+                    let recorded = blocking(&self.context.pool, move |conn| {
+                        job_leases::record_provider_job_id(conn, id, token, &prediction_id)
+                    })
+                    .await;
+                    match recorded {
+                        Ok(Fenced::Done) => {}
+                        Ok(lost) => return Attempt::Lost(lost),
+                        Err(error) => {
+                            tracing::warn!(job_id = %job.id, ?error, "recording the provider id failed")
+                        }
+                    }
+                    prediction
+                }
+                Err(error) => return provider_error(error),
+            },
+        };
+        let mut poll = PROVIDER_POLL_INITIAL;
+        loop {
+            match prediction.status.clone() {
+                PredictionStatus::Succeeded(output) => {
+                    return Attempt::Succeeded(prediction, output)
+                }
+                PredictionStatus::Failed(message) => {
+                    return Attempt::Failed(JobError::new("provider_failed", message))
+                }
+                PredictionStatus::Pending => {}
+            }
+            sleep(poll).await;
+            poll = (poll * 3 / 2).min(PROVIDER_POLL_MAX);
+            prediction = match provider.fetch(&prediction.id).await {
+                Ok(prediction) => prediction,
+                Err(error) => return provider_error(error),
+            };
+        }
+    }
+}
+
+fn provider_error(error: ProviderError) -> Attempt {
+    match error {
+        ProviderError::Retryable { code, message } => {
+            Attempt::Retryable(JobError::new(code, message))
+        }
+        ProviderError::Rejected(message) => {
+            Attempt::Failed(JobError::new("provider_rejected", message))
+        }
+        ProviderError::NotFound => Attempt::Retryable(JobError::new(
+            "provider_unavailable",
+            "the provider lost the prediction",
+        )),
+    }
+}
+
+/// Exponential backoff: `base × 2^(attempt-1)`, capped.
+pub fn backoff_ms(base_ms: u64, attempt: i32) -> u64 {
+    let exponent = u32::try_from(attempt.saturating_sub(1))
+        .unwrap_or(0)
+        .min(20);
+    base_ms
+        .saturating_mul(1 << exponent)
+        .min(JOB_RETRY_BACKOFF_MAX_MS)
+}
+
+fn log_fenced(job: &JobRow, outcome: Result<Fenced, ApiError>) {
+    match outcome {
+        Ok(Fenced::Done) => {}
+        Ok(Fenced::LeaseLost) => {
+            tracing::warn!(job_id = %job.id, "lease lost: another worker owns this job now")
+        }
+        Ok(Fenced::ReservationLost) => {
+            tracing::warn!(job_id = %job.id, "reservation expired under the job")
+        }
+        Err(error) => {
+            tracing::error!(job_id = %job.id, ?error, "finishing a job failed; the lease will expire")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::backoff_ms;
+
+    #[test]
+    fn backoff_doubles_and_is_capped() {
+        assert_eq!(backoff_ms(1_000, 1), 1_000);
+        assert_eq!(backoff_ms(1_000, 3), 4_000);
+        assert_eq!(backoff_ms(1_000, 40), 60_000);
+    }
+}
