@@ -107,7 +107,7 @@ pub struct Config {
     #[arg(long, env = "JOB_MAX_ATTEMPTS", global = true, default_value_t = 3)]
     pub job_max_attempts: i32,
 
-    /// Job workers in this replica.
+    /// Job workers in this replica (0: an API-only replica).
     #[arg(long, env = "WORKER_CONCURRENCY", global = true, default_value_t = 8)]
     pub worker_concurrency: u32,
 
@@ -216,8 +216,10 @@ impl Config {
         if !(1..=100).contains(&self.job_max_attempts) {
             return Err("JOB_MAX_ATTEMPTS must be between 1 and 100".into());
         }
-        if !(1..=1024).contains(&self.worker_concurrency) {
-            return Err("WORKER_CONCURRENCY must be between 1 and 1024".into());
+        if self.worker_concurrency > 1024 {
+            return Err(
+                "WORKER_CONCURRENCY must be between 0 (an API-only replica) and 1024".into(),
+            );
         }
         if !(0.0..=1.0).contains(&self.simulated_failure_rate) {
             return Err("SIMULATED_FAILURE_RATE must be between 0.0 and 1.0".into());

@@ -42,6 +42,12 @@ pub struct Background {
 }
 
 impl Background {
+    /// Asks every task to stop without waiting (for contexts that cannot
+    /// await, such as `Drop`).
+    pub fn signal_stop(&self) {
+        let _ = self.shutdown.send(true);
+    }
+
     /// Stops claiming and waits up to `grace` for running jobs. Returns
     /// whether every task finished; unfinished jobs are reclaimed by another
     /// replica once their lease expires.

@@ -11,10 +11,15 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use token_billing::cli::Cli;
-use token_billing::config::Config;
+use token_billing::config::{Config, ProviderKind};
 use token_billing::db;
 use token_billing::domain::ledger::{replay, Balances};
-use token_billing::startup::{build_server, AppState};
+use token_billing::provider::fake::FakeBackend;
+use token_billing::provider::fake_server::build_fake_provider;
+use token_billing::provider::simulated::SimulatedProvider;
+use token_billing::provider::AnyProvider;
+use token_billing::startup::{start_replica, AppState};
+use token_billing::worker::Background;
 
 pub const ADMIN_KEY: &str = "test-admin-key-0123456789";
 
@@ -141,6 +146,12 @@ pub fn test_config(database_url: &str) -> Config {
         "24",
         "--admin-api-key",
         ADMIN_KEY,
+        "--simulated-latency-ms",
+        "20",
+        "--job-retry-backoff-ms",
+        "50",
+        "--worker-concurrency",
+        "4",
     ])
     .expect("test arguments parse");
     cli.config
@@ -149,14 +160,18 @@ pub fn test_config(database_url: &str) -> Config {
 pub struct TestApp {
     pub address: String,
     pub client: reqwest::Client,
+    /// The simulated provider's backend (when `PROVIDER=simulated`).
+    pub simulated: Option<Arc<FakeBackend>>,
     server: actix_web::dev::ServerHandle,
-    // Dropped last: the database outlives the server that uses it.
-    pub database: TestDatabase,
+    background: Background,
+    // Dropped last: the database outlives the servers that use it.
+    pub database: Arc<TestDatabase>,
 }
 
 impl Drop for TestApp {
     fn drop(&mut self) {
-        // `stop` sends its command at once; the future only waits for it.
+        // Both only send their stop command; nothing here can await.
+        self.background.signal_stop();
         drop(self.server.stop(false));
     }
 }
@@ -167,19 +182,45 @@ impl TestApp {
     }
 
     pub async fn spawn_with(adjust: impl FnOnce(&mut Config)) -> TestApp {
-        let database = TestDatabase::create();
+        Self::spawn_on(Arc::new(TestDatabase::create()), adjust).await
+    }
+
+    /// Another replica on the same database as `self`.
+    pub async fn spawn_replica(&self, adjust: impl FnOnce(&mut Config)) -> TestApp {
+        Self::spawn_on(Arc::clone(&self.database), adjust).await
+    }
+
+    async fn spawn_on(database: Arc<TestDatabase>, adjust: impl FnOnce(&mut Config)) -> TestApp {
         let mut config = test_config(&database.url);
         adjust(&mut config);
         config.validate().expect("valid test config");
+        let (provider, simulated) = match config.provider {
+            ProviderKind::Simulated => {
+                let backend = Arc::new(FakeBackend::new(
+                    config.simulated_latency_ms,
+                    config.simulated_failure_rate,
+                ));
+                (
+                    AnyProvider::Simulated(SimulatedProvider::new(Arc::clone(&backend))),
+                    Some(backend),
+                )
+            }
+            ProviderKind::Http => (
+                AnyProvider::from_config(&config).expect("http provider"),
+                None,
+            ),
+        };
         let pool = db::build_pool(&config.database_url, config.db_pool_size);
         let state = AppState::new(config, pool).expect("state");
-        let (server, address) = build_server(state, 2).expect("server binds");
-        let handle = server.handle();
-        tokio::spawn(server);
+        let replica = start_replica(state, provider, 2).expect("server binds");
+        let handle = replica.server.handle();
+        tokio::spawn(replica.server);
         TestApp {
-            address: format!("http://{address}"),
+            address: format!("http://{}", replica.address),
             client: reqwest::Client::new(),
+            simulated,
             server: handle,
+            background: replica.background,
             database,
         }
     }
@@ -287,6 +328,48 @@ impl TestApp {
             &json!({"request_id": request_id, "amount": amount}),
         )
         .await
+    }
+
+    pub async fn create_job(
+        &self,
+        account: Uuid,
+        key: &str,
+        request_id: Uuid,
+        params: &Value,
+    ) -> Response {
+        self.post(
+            &format!("/v1/accounts/{account}/jobs"),
+            key,
+            &json!({"request_id": request_id, "kind": "standard", "params": params}),
+        )
+        .await
+    }
+
+    /// The job after waiting (long-poll) up to `seconds` for a terminal status.
+    pub async fn wait_job(&self, account: Uuid, request_id: Uuid, seconds: u64) -> Value {
+        let response = self
+            .get(
+                &format!("/v1/accounts/{account}/jobs/{request_id}?wait_seconds={seconds}"),
+                ADMIN_KEY,
+            )
+            .await;
+        assert_eq!(response.status(), StatusCode::OK);
+        response.json().await.expect("json")
+    }
+
+    /// Polls the database until every job is terminal.
+    pub async fn all_jobs_terminal(&self, limit: std::time::Duration) {
+        let mut conn = self.conn();
+        eventually("every job terminal", limit, || {
+            use token_billing::db::schema::generation_jobs::dsl::*;
+            let open: i64 = generation_jobs
+                .filter(status.eq_any(["queued", "running"]))
+                .count()
+                .get_result(&mut conn)
+                .expect("count");
+            (open == 0).then_some(())
+        })
+        .await;
     }
 
     pub async fn account(&self, account: Uuid) -> Value {
@@ -443,6 +526,54 @@ pub async fn problem(response: Response) -> (StatusCode, Value) {
         assert!(body[field].is_string(), "problem has {field}: {body}");
     }
     (status, body)
+}
+
+/// The fake provider over real HTTP on a free loopback port.
+pub struct FakeProvider {
+    pub url: String,
+    pub backend: Arc<FakeBackend>,
+    server: actix_web::dev::ServerHandle,
+}
+
+impl FakeProvider {
+    pub async fn start(latency_ms: u64) -> FakeProvider {
+        let backend = Arc::new(FakeBackend::new(latency_ms, 0.0));
+        let (server, address) =
+            build_fake_provider("127.0.0.1:0", Arc::clone(&backend)).expect("fake provider binds");
+        let handle = server.handle();
+        tokio::spawn(server);
+        FakeProvider {
+            url: format!("http://{address}"),
+            backend,
+            server: handle,
+        }
+    }
+}
+
+impl Drop for FakeProvider {
+    fn drop(&mut self) {
+        drop(self.server.stop(false));
+    }
+}
+
+/// Polls `check` every 20 ms until it returns `Some`, or panics after
+/// `limit` with `what` (a condition, not a sleep, decides).
+pub async fn eventually<T>(
+    what: &str,
+    limit: std::time::Duration,
+    mut check: impl FnMut() -> Option<T>,
+) -> T {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 /// Shared handle for tasks firing requests in parallel.

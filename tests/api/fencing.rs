@@ -1,0 +1,214 @@
+//! Fencing: a worker whose lease was taken over (it paused past its lease
+//! and another worker reclaimed the job) can neither commit nor fail the
+//! job, nor extend it; the new owner can.
+
+use diesel::prelude::*;
+use serde_json::json;
+use uuid::Uuid;
+
+use token_billing::db::schema::{generation_jobs, reservations};
+use token_billing::domain::accounts::create_account;
+use token_billing::domain::credits::credit;
+use token_billing::domain::job_leases::{self, Fenced, JobError};
+use token_billing::domain::jobs::{create_job, JobRequest};
+use token_billing::domain::types::{AccountId, ExternalRef, Name, RequestId, Tokens};
+
+use crate::helpers::{assert_account_invariants, TestDatabase};
+
+#[test]
+fn a_worker_that_lost_its_lease_changes_nothing() {
+    let database = TestDatabase::create();
+    let mut conn = database.connect();
+    let account = AccountId(
+        create_account(
+            &mut conn,
+            &Name::try_from("fence".to_owned()).expect("name"),
+            0,
+        )
+        .expect("account")
+        .id,
+    );
+    let reference = ExternalRef::try_from("fence-credit".to_owned()).expect("ref");
+    credit(
+        &mut conn,
+        account,
+        Tokens::parse(2).expect("tokens"),
+        &reference,
+        None,
+        "test",
+    )
+    .expect("credit");
+    let prices = [("standard".to_owned(), 1)].into_iter().collect();
+    let request = JobRequest::parse(
+        RequestId(Uuid::new_v4()),
+        "standard".into(),
+        json!({}),
+        &prices,
+    )
+    .expect("request");
+    create_job(&mut conn, account, &request, 300, "test").expect("job");
+
+    let paused = job_leases::claim_next(&mut conn, "worker-a", 30)
+        .expect("claim")
+        .expect("a job");
+    assert_eq!((paused.status.as_str(), paused.attempts), ("running", 1));
+    assert!(
+        job_leases::claim_next(&mut conn, "worker-b", 30)
+            .expect("claim")
+            .is_none(),
+        "leased jobs are not claimable"
+    );
+
+    // Worker A pauses past its lease; worker B reclaims the job.
+    diesel::update(generation_jobs::table.find(paused.id))
+        .set(generation_jobs::lease_expires_at.eq(diesel::dsl::sql::<
+            diesel::sql_types::Nullable<diesel::sql_types::Timestamptz>,
+        >("now() - interval '1 second'")))
+        .execute(&mut conn)
+        .expect("expire lease");
+    let current = job_leases::claim_next(&mut conn, "worker-b", 30)
+        .expect("claim")
+        .expect("reclaimed");
+    assert_eq!(current.id, paused.id);
+    assert_eq!(current.lease_token, paused.lease_token + 1);
+
+    // Worker A wakes up: every write it tries is fenced off.
+    let stale = paused.lease_token;
+    assert_eq!(
+        job_leases::finish_success(&mut conn, &paused, stale, &json!({"output": "x"})).expect("db"),
+        Fenced::LeaseLost
+    );
+    let error = JobError::new("provider_failed", "late failure");
+    assert_eq!(
+        job_leases::finish_failure(&mut conn, &paused, stale, &error).expect("db"),
+        Fenced::LeaseLost
+    );
+    assert_eq!(
+        job_leases::retry_later(&mut conn, &paused, stale, &error, 10, 300).expect("db"),
+        Fenced::LeaseLost
+    );
+    assert_eq!(
+        job_leases::heartbeat(&mut conn, paused.id, stale, 30, 300).expect("db"),
+        Fenced::LeaseLost
+    );
+    assert_eq!(
+        job_leases::record_provider_job_id(&mut conn, paused.id, stale, "pred_a").expect("db"),
+        Fenced::LeaseLost
+    );
+
+    let (status, owner, provider_id): (String, Option<String>, Option<String>) =
+        generation_jobs::table
+            .find(paused.id)
+            .select((
+                generation_jobs::status,
+                generation_jobs::lease_owner,
+                generation_jobs::provider_job_id,
+            ))
+            .first(&mut conn)
+            .expect("job");
+    assert_eq!(
+        (status.as_str(), owner.as_deref(), provider_id),
+        ("running", Some("worker-b"), None)
+    );
+    let state: String = reservations::table
+        .find(paused.reservation_id)
+        .select(reservations::state)
+        .first(&mut conn)
+        .expect("reservation");
+    assert_eq!(state, "held");
+    let balances = assert_account_invariants(&mut conn, account.0);
+    assert_eq!(
+        (balances.available, balances.reserved, balances.used),
+        (1, 1, 0)
+    );
+
+    // The current owner finishes normally.
+    assert_eq!(
+        job_leases::heartbeat(&mut conn, current.id, current.lease_token, 30, 300).expect("db"),
+        Fenced::Done
+    );
+    assert_eq!(
+        job_leases::finish_success(
+            &mut conn,
+            &current,
+            current.lease_token,
+            &json!({"output": "y"})
+        )
+        .expect("db"),
+        Fenced::Done
+    );
+    // And a second finish of the same lease is fenced too (exactly once).
+    assert_eq!(
+        job_leases::finish_failure(&mut conn, &current, current.lease_token, &error).expect("db"),
+        Fenced::LeaseLost
+    );
+    let balances = assert_account_invariants(&mut conn, account.0);
+    assert_eq!(
+        (balances.available, balances.reserved, balances.used),
+        (1, 0, 1)
+    );
+}
+
+#[test]
+fn a_job_whose_reservation_expired_fails_instead_of_succeeding_for_free() {
+    let database = TestDatabase::create();
+    let mut conn = database.connect();
+    let account = AccountId(
+        create_account(
+            &mut conn,
+            &Name::try_from("expiry".to_owned()).expect("name"),
+            0,
+        )
+        .expect("account")
+        .id,
+    );
+    credit(
+        &mut conn,
+        account,
+        Tokens::parse(1).expect("tokens"),
+        &ExternalRef::try_from("c".to_owned()).expect("ref"),
+        None,
+        "t",
+    )
+    .expect("credit");
+    let prices = [("standard".to_owned(), 1)].into_iter().collect();
+    let request = JobRequest::parse(
+        RequestId(Uuid::new_v4()),
+        "standard".into(),
+        json!({}),
+        &prices,
+    )
+    .expect("request");
+    create_job(&mut conn, account, &request, 300, "test").expect("job");
+    let job = job_leases::claim_next(&mut conn, "worker", 30)
+        .expect("claim")
+        .expect("job");
+    // The reservation expires (the reaper's transition, done by hand here).
+    diesel::sql_query(
+        "WITH r AS (UPDATE reservations SET state = 'expired', resolved_at = now() WHERE id = $1 RETURNING amount, account_id) \
+         UPDATE accounts a SET reserved = a.reserved - r.amount, available = a.available + r.amount, \
+                active_reservations = active_reservations - 1 FROM r WHERE a.id = r.account_id",
+    )
+    .bind::<diesel::sql_types::Uuid, _>(job.reservation_id)
+    .execute(&mut conn)
+    .expect("expire");
+    assert_eq!(
+        job_leases::heartbeat(&mut conn, job.id, job.lease_token, 30, 300).expect("db"),
+        Fenced::ReservationLost
+    );
+    let outcome = job_leases::finish_success(
+        &mut conn,
+        &job,
+        job.lease_token,
+        &json!({"output": "free?"}),
+    )
+    .expect("db");
+    assert_eq!(outcome, Fenced::ReservationLost);
+    let (status, error): (String, Option<serde_json::Value>) = generation_jobs::table
+        .find(job.id)
+        .select((generation_jobs::status, generation_jobs::error))
+        .first(&mut conn)
+        .expect("job");
+    assert_eq!(status, "failed");
+    assert_eq!(error.expect("error")["code"], "reservation_expired");
+}
