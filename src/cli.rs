@@ -36,11 +36,22 @@ pub enum Command {
         #[command(subcommand)]
         action: ApiKeyCommand,
     },
+    /// Load generators against a running service.
+    Bench {
+        #[command(subcommand)]
+        target: BenchCommand,
+    },
     /// Serve the fake provider (the `http` protocol with fault injection).
     FakeProvider {
         #[arg(long, default_value = "127.0.0.1:9090")]
         bind: String,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Job pipeline overhead beyond provider time.
+    Jobs(crate::bench::JobBenchArgs),
 }
 
 #[derive(Debug, Subcommand)]

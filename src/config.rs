@@ -42,7 +42,7 @@ pub const WORKER_IDLE_POLL: Duration = Duration::from_millis(500);
 pub const JOB_WATCH_POLL: Duration = Duration::from_millis(250);
 /// Provider status polling starts at this interval and grows to the max.
 pub const PROVIDER_POLL_INITIAL: Duration = Duration::from_millis(20);
-pub const PROVIDER_POLL_MAX: Duration = Duration::from_millis(1_000);
+pub const PROVIDER_POLL_MAX: Duration = Duration::from_millis(500);
 /// Retry backoff never grows beyond this.
 pub const JOB_RETRY_BACKOFF_MAX_MS: u64 = 60_000;
 

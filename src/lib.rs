@@ -1,5 +1,6 @@
 //! token-billing: prepaid token billing for AI photo kiosks.
 
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod db;

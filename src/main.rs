@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::Parser;
 use diesel::prelude::*;
 
-use token_billing::cli::{AccountCommand, ApiKeyCommand, Cli, Command};
+use token_billing::cli::{AccountCommand, ApiKeyCommand, BenchCommand, Cli, Command};
 use token_billing::config::Config;
 use token_billing::db;
 use token_billing::domain::{accounts, api_keys, types};
@@ -31,6 +31,9 @@ async fn main() -> ExitCode {
         Command::Migrate => prepare_database(&cli.config).map(|_| ()),
         Command::Account { action } => account_command(&cli.config, action),
         Command::ApiKey { action } => api_key_command(&cli.config, action),
+        Command::Bench {
+            target: BenchCommand::Jobs(args),
+        } => token_billing::bench::run_job_bench(args).await,
         Command::FakeProvider { bind } => fake_provider(&cli.config, &bind).await,
     };
     match result {

@@ -349,7 +349,7 @@ impl Worker {
                 PredictionStatus::Pending => {}
             }
             sleep(poll).await;
-            poll = (poll * 3 / 2).min(PROVIDER_POLL_MAX);
+            poll = (poll * 5 / 4).min(PROVIDER_POLL_MAX);
             prediction = match provider.fetch(&prediction.id).await {
                 Ok(prediction) => prediction,
                 Err(error) => return provider_error(error),

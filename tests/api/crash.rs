@@ -37,9 +37,18 @@ fn free_port() -> u16 {
 }
 
 async fn start_service(database_url: &str, provider_url: &str) -> Service {
+    start_service_with(database_url, provider_url, &[]).await
+}
+
+async fn start_service_with(
+    database_url: &str,
+    provider_url: &str,
+    extra_env: &[(&str, &str)],
+) -> Service {
     let port = free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_token-billing"))
         .arg("serve")
+        .envs(extra_env.iter().copied())
         .env("DATABASE_URL", database_url)
         .env("BIND_ADDR", format!("127.0.0.1:{port}"))
         .env("ADMIN_API_KEY", ADMIN_KEY)
@@ -192,4 +201,86 @@ async fn sigkill_mid_job_then_restart_loses_nothing_and_charges_once() {
         (balances.available, balances.reserved, balances.used),
         (10 - jobs_count, 0, jobs_count)
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_running_jobs_then_exits() {
+    let provider = FakeProvider::start(1_500).await;
+    let database = TestDatabase::create();
+    let client = reqwest::Client::new();
+    let mut service = start_service_with(
+        &database.url,
+        &provider.url,
+        &[("SHUTDOWN_GRACE_SECONDS", "20")],
+    )
+    .await;
+    let account = post(
+        &client,
+        format!("{}/v1/accounts", service.base),
+        json!({"name": "drain"}),
+    )
+    .await;
+    let account: Uuid = account["account_id"]
+        .as_str()
+        .expect("id")
+        .parse()
+        .expect("uuid");
+    post(
+        &client,
+        format!("{}/v1/accounts/{account}/credits", service.base),
+        json!({"amount": 1, "external_ref": "d"}),
+    )
+    .await;
+    let body = json!({"request_id": Uuid::new_v4(), "kind": "standard", "params": {}});
+    post(
+        &client,
+        format!("{}/v1/accounts/{account}/jobs", service.base),
+        body,
+    )
+    .await;
+    let mut conn = database.connect();
+    eventually("the job at the provider", Duration::from_secs(20), || {
+        let running: i64 = generation_jobs::table
+            .filter(generation_jobs::provider_job_id.is_not_null())
+            .count()
+            .get_result(&mut conn)
+            .expect("count");
+        (running == 1).then_some(())
+    })
+    .await;
+
+    let status = Command::new("kill")
+        .args(["-TERM", &service.child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+    // While draining, the replica tells load balancers it is not ready.
+    let ready = format!("{}/readyz", service.base);
+    let mut saw_unready = false;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let exit = loop {
+        if let Some(exit) = service.child.try_wait().expect("try_wait") {
+            break exit;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the service did not exit after SIGTERM"
+        );
+        if let Ok(response) = client.get(&ready).send().await {
+            saw_unready |= response.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(exit.success(), "clean exit: {exit:?}");
+    assert!(saw_unready, "/readyz answered 503 while draining");
+    let status: String = generation_jobs::table
+        .select(generation_jobs::status)
+        .first(&mut conn)
+        .expect("job");
+    assert_eq!(
+        status, "succeeded",
+        "the running job finished before the process exited"
+    );
+    let balances = assert_account_invariants(&mut conn, account);
+    assert_eq!((balances.reserved, balances.used), (0, 1));
 }
