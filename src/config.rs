@@ -43,6 +43,9 @@ pub const JOB_WATCH_POLL: Duration = Duration::from_millis(250);
 /// Provider status polling starts at this interval and grows to the max.
 pub const PROVIDER_POLL_INITIAL: Duration = Duration::from_millis(20);
 pub const PROVIDER_POLL_MAX: Duration = Duration::from_millis(500);
+/// Database-derived gauges (reserved tokens, jobs in flight…) are
+/// refreshed this often by each replica.
+pub const GAUGE_REFRESH: Duration = Duration::from_secs(15);
 /// Retry backoff never grows beyond this.
 pub const JOB_RETRY_BACKOFF_MAX_MS: u64 = 60_000;
 

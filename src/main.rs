@@ -70,7 +70,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let pool = db::build_pool(&config.database_url, config.db_pool_size);
     let state = AppState::new(config, pool).map_err(anyhow::Error::msg)?;
     let http_workers = std::thread::available_parallelism().map_or(2, usize::from);
-    let replica = start_replica(state, provider, http_workers)?;
+    let mut replica = start_replica(state, provider, http_workers).await?;
     tracing::info!(address = %replica.address, "serving");
     let server_handle = replica.server.handle();
     let mut server = tokio::spawn(replica.server);
@@ -85,6 +85,9 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     // does not finish is reclaimed by another replica after its lease),
     // keep answering HTTP meanwhile with /readyz at 503, then stop.
     replica.state.stop_accepting();
+    if let Err(error) = replica.scheduler.shutdown().await {
+        tracing::warn!(?error, "stopping the reaper schedule failed");
+    }
     let drained = replica.background.stop(grace).await;
     if !drained {
         tracing::warn!("some jobs did not finish in time; their leases will expire and another replica takes them");

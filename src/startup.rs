@@ -17,9 +17,12 @@ use crate::db::DbPool;
 use crate::domain::api_keys::sha256;
 use crate::error::ApiError;
 use crate::job_watch::JobSignals;
+use crate::metrics::Metrics;
 use crate::provider::AnyProvider;
 use crate::routes;
+use crate::scheduler;
 use crate::worker::{self, Background, WorkerContext};
+use tokio_cron_scheduler::JobScheduler;
 
 /// What every handler can reach.
 pub struct AppState {
@@ -32,6 +35,7 @@ pub struct AppState {
     pub accepting: AtomicBool,
     /// Wake-ups for workers and for clients waiting on jobs.
     pub signals: Arc<JobSignals>,
+    pub metrics: Arc<Metrics>,
 }
 
 impl AppState {
@@ -48,6 +52,7 @@ impl AppState {
             admin_key_hash,
             accepting: AtomicBool::new(true),
             signals: Arc::new(JobSignals::default()),
+            metrics: Arc::new(Metrics::new().map_err(|error| error.to_string())?),
         }))
     }
 
@@ -130,6 +135,33 @@ pub fn build_server(state: Arc<AppState>, workers: usize) -> anyhow::Result<(Ser
     let server = HttpServer::new(move || {
         App::new()
             .wrap(ErrorHandlers::new().default_handler(problem_json_for_framework_errors))
+            .wrap_fn(|request, service| {
+                // Labelled by route pattern, never the raw path.
+                let started = std::time::Instant::now();
+                let route = request
+                    .match_pattern()
+                    .unwrap_or_else(|| "unmatched".to_owned());
+                let method = request.method().to_string();
+                let metrics = request
+                    .app_data::<web::Data<AppState>>()
+                    .map(|state| Arc::clone(&state.metrics));
+                let response = actix_web::dev::Service::call(service, request);
+                async move {
+                    let response = response.await?;
+                    if let Some(metrics) = metrics {
+                        let status = response.status().as_u16().to_string();
+                        metrics
+                            .http_requests_total
+                            .with_label_values(&[&method, &route, &status])
+                            .inc();
+                        metrics
+                            .http_request_duration_seconds
+                            .with_label_values(&[&route])
+                            .observe(started.elapsed().as_secs_f64());
+                    }
+                    Ok(response)
+                }
+            })
             .app_data(data.clone())
             .app_data(
                 web::JsonConfig::default()
@@ -150,25 +182,34 @@ pub fn build_server(state: Arc<AppState>, workers: usize) -> anyhow::Result<(Ser
     Ok((server, address))
 }
 
-/// One running replica: the HTTP server and the background workers.
+/// One running replica: the HTTP server, the background workers and the
+/// scheduled reaper.
 pub struct Replica {
     pub state: Arc<AppState>,
     pub server: Server,
     pub address: SocketAddr,
     pub background: Background,
+    pub scheduler: JobScheduler,
 }
 
-/// Starts the workers and binds the server (call inside a tokio runtime).
-pub fn start_replica(
+/// Runs the start-up reaper pass, then binds the server and starts the
+/// workers and the scheduled reaper: the first request is served on a
+/// database that the pass has made consistent.
+pub async fn start_replica(
     state: Arc<AppState>,
     provider: AnyProvider,
     http_workers: usize,
 ) -> anyhow::Result<Replica> {
+    let settings = scheduler::settings(&state.config);
+    // A failed pass is logged and counted inside; the schedule retries it.
+    // (`serve` only gets here after migrating, so the database was up.)
+    let _ = scheduler::reaper_pass(state.pool.clone(), settings, Arc::clone(&state.metrics)).await;
     let context = Arc::new(WorkerContext {
         pool: state.pool.clone(),
         config: state.config.clone(),
         provider: Arc::new(provider),
         signals: Arc::clone(&state.signals),
+        metrics: Arc::clone(&state.metrics),
         replica: format!(
             "replica-{}",
             &uuid::Uuid::new_v4().simple().to_string()[..8]
@@ -176,10 +217,17 @@ pub fn start_replica(
     });
     let (server, address) = build_server(Arc::clone(&state), http_workers)?;
     let background = worker::start(context);
+    let scheduler = scheduler::start(
+        state.pool.clone(),
+        &state.config,
+        Arc::clone(&state.metrics),
+    )
+    .await?;
     Ok(Replica {
         state,
         server,
         address,
         background,
+        scheduler,
     })
 }

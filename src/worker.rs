@@ -14,8 +14,8 @@ use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout, Instant};
 
 use crate::config::{
-    Config, JOB_RETRY_BACKOFF_MAX_MS, JOB_WATCH_POLL, PROVIDER_POLL_INITIAL, PROVIDER_POLL_MAX,
-    WORKER_IDLE_POLL,
+    Config, GAUGE_REFRESH, JOB_RETRY_BACKOFF_MAX_MS, JOB_WATCH_POLL, PROVIDER_POLL_INITIAL,
+    PROVIDER_POLL_MAX, WORKER_IDLE_POLL,
 };
 use crate::db::models::JobRow;
 use crate::db::DbPool;
@@ -23,7 +23,10 @@ use crate::domain::job_leases::{self, Fenced, JobError};
 use crate::domain::jobs::terminal_among;
 use crate::error::ApiError;
 use crate::job_watch::JobSignals;
-use crate::provider::{AnyProvider, Prediction, PredictionStatus, Provider, ProviderError};
+use crate::metrics::Metrics;
+use crate::provider::{
+    AnyProvider, Prediction, PredictionStatus, Provider, ProviderError, ProviderResult,
+};
 
 /// Everything a worker needs.
 pub struct WorkerContext {
@@ -31,6 +34,7 @@ pub struct WorkerContext {
     pub config: Config,
     pub provider: Arc<AnyProvider>,
     pub signals: Arc<JobSignals>,
+    pub metrics: Arc<Metrics>,
     /// Identifies this replica in `lease_owner`.
     pub replica: String,
 }
@@ -82,7 +86,11 @@ pub fn start(context: Arc<WorkerContext>) -> Background {
             tokio::spawn(worker.run())
         })
         .collect();
-    tasks.push(tokio::spawn(watch_waiters(Arc::clone(&context), receiver)));
+    tasks.push(tokio::spawn(watch_waiters(
+        Arc::clone(&context),
+        receiver.clone(),
+    )));
+    tasks.push(tokio::spawn(refresh_gauges(Arc::clone(&context), receiver)));
     Background { shutdown, tasks }
 }
 
@@ -99,6 +107,24 @@ where
     })
     .await
     .map_err(|error| ApiError::Internal(format!("blocking task failed: {error}")))?
+}
+
+/// Refreshes the database-derived gauges every `GAUGE_REFRESH` (one query).
+async fn refresh_gauges(context: Arc<WorkerContext>, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        let metrics = Arc::clone(&context.metrics);
+        if let Err(error) = blocking(&context.pool, move |conn| {
+            metrics.refresh_database_gauges(conn)
+        })
+        .await
+        {
+            tracing::warn!(?error, "refreshing gauges failed");
+        }
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            () = sleep(GAUGE_REFRESH) => {}
+        }
+    }
 }
 
 /// Wakes parked `wait_seconds` clients whose job another replica finished.
@@ -200,9 +226,14 @@ impl Worker {
         let outcome = match attempt {
             Attempt::Succeeded(prediction, output) => {
                 let result = json!({"output": output, "provider_job_id": prediction.id});
-                let job_ref = job.clone();
+                let (job_ref, metrics) = (job.clone(), Arc::clone(&self.context.metrics));
                 blocking(&self.context.pool, move |conn| {
-                    job_leases::finish_success(conn, &job_ref, token, &result)
+                    let fenced = job_leases::finish_success(conn, &job_ref, token, &result)?;
+                    if fenced == Fenced::Done {
+                        record_finished(&metrics, &job_ref, "succeeded");
+                        metrics.resolution("committed", job_ref.cost, 0);
+                    }
+                    Ok(fenced)
                 })
                 .await
             }
@@ -235,8 +266,16 @@ impl Worker {
 
     async fn finish_failure(&self, job: &JobRow, error: JobError) -> Fenced {
         let (job_ref, token) = (job.clone(), job.lease_token);
+        let metrics = Arc::clone(&self.context.metrics);
         let result = blocking(&self.context.pool, move |conn| {
-            job_leases::finish_failure(conn, &job_ref, token, &error)
+            let (fenced, released) = job_leases::finish_failure(conn, &job_ref, token, &error)?;
+            if fenced == Fenced::Done {
+                record_finished(&metrics, &job_ref, "failed");
+                if released > 0 {
+                    metrics.resolution("released", 0, released);
+                }
+            }
+            Ok(fenced)
         })
         .await;
         result.unwrap_or_else(|error| {
@@ -277,7 +316,10 @@ impl Worker {
     /// dying): take the provider's result if it has one, else fail.
     async fn exhausted(&self, job: &JobRow) -> Attempt {
         if let Some(prediction_id) = &job.provider_job_id {
-            if let Ok(prediction) = self.context.provider.fetch(prediction_id).await {
+            if let Ok(prediction) = self
+                .observed(self.context.provider.fetch(prediction_id))
+                .await
+            {
                 if let PredictionStatus::Succeeded(output) = prediction.status.clone() {
                     return Attempt::Succeeded(prediction, output);
                 }
@@ -305,10 +347,31 @@ impl Worker {
         }
     }
 
+    /// Times one provider request and counts its outcome.
+    async fn observed(
+        &self,
+        request: impl std::future::Future<Output = ProviderResult>,
+    ) -> ProviderResult {
+        let started = Instant::now();
+        let result = request.await;
+        let metrics = &self.context.metrics;
+        metrics
+            .provider_request_duration_seconds
+            .observe(started.elapsed().as_secs_f64());
+        let outcome = result
+            .as_ref()
+            .map_or_else(ProviderError::outcome, |_| "ok");
+        metrics
+            .provider_requests_total
+            .with_label_values(&[outcome])
+            .inc();
+        result
+    }
+
     async fn generate(&self, job: &JobRow) -> Attempt {
         let provider = &self.context.provider;
         let known = match &job.provider_job_id {
-            Some(prediction_id) => match provider.fetch(prediction_id).await {
+            Some(prediction_id) => match self.observed(provider.fetch(prediction_id)).await {
                 Ok(prediction) => Some(prediction),
                 Err(ProviderError::NotFound) => None,
                 Err(error) => return provider_error(error),
@@ -317,7 +380,7 @@ impl Worker {
         };
         let mut prediction = match known {
             Some(prediction) => prediction,
-            None => match provider.submit(job.id, &job.params).await {
+            None => match self.observed(provider.submit(job.id, &job.params)).await {
                 Ok(prediction) => {
                     let (id, token, prediction_id) =
                         (job.id, job.lease_token, prediction.id.clone());
@@ -350,12 +413,21 @@ impl Worker {
             }
             sleep(poll).await;
             poll = (poll * 5 / 4).min(PROVIDER_POLL_MAX);
-            prediction = match provider.fetch(&prediction.id).await {
+            prediction = match self.observed(provider.fetch(&prediction.id)).await {
                 Ok(prediction) => prediction,
                 Err(error) => return provider_error(error),
             };
         }
     }
+}
+
+/// Counts a job that reached a terminal status (inside the committing closure).
+fn record_finished(metrics: &Metrics, job: &JobRow, status: &str) {
+    metrics.jobs_total.with_label_values(&[status]).inc();
+    let elapsed = chrono::Utc::now().signed_duration_since(job.created_at);
+    metrics
+        .job_duration_seconds
+        .observe(elapsed.num_milliseconds().max(0) as f64 / 1000.0);
 }
 
 fn provider_error(error: ProviderError) -> Attempt {

@@ -76,12 +76,44 @@ pub fn claim_next(
     .optional()?)
 }
 
-#[derive(QueryableByName)]
-struct HeartbeatCounts {
-    #[diesel(sql_type = BigInt)]
-    jobs: i64,
-    #[diesel(sql_type = BigInt)]
-    reservations: i64,
+/// Extends the job's reservation (reservation row locked first, like
+/// everywhere), then the job's lease, if this worker still holds it.
+/// Returns (jobs updated, reservations updated).
+fn extend_fenced(
+    conn: &mut PgConnection,
+    job_id: Uuid,
+    lease_token: i64,
+    reservation_seconds: f64,
+    job_update: &str,
+) -> Result<(usize, usize), diesel::result::Error> {
+    conn.transaction(|conn| {
+        let reservations = diesel::sql_query(
+            "UPDATE reservations SET expires_at = GREATEST(expires_at, now() + make_interval(secs => $3)) \
+             WHERE id = (SELECT reservation_id FROM generation_jobs \
+                         WHERE id = $1 AND lease_token = $2 AND status = 'running') \
+               AND state = 'held' AND expires_at > now()",
+        )
+        .bind::<SqlUuid, _>(job_id)
+        .bind::<BigInt, _>(lease_token)
+        .bind::<diesel::sql_types::Double, _>(reservation_seconds)
+        .execute(conn)?;
+        let jobs = diesel::sql_query(format!(
+            "UPDATE generation_jobs SET {job_update}, updated_at = now() \
+             WHERE id = $1 AND lease_token = $2 AND status = 'running'"
+        ))
+        .bind::<SqlUuid, _>(job_id)
+        .bind::<BigInt, _>(lease_token)
+        .execute(conn)?;
+        Ok((jobs, reservations))
+    })
+}
+
+fn fenced_outcome((jobs, reservations): (usize, usize)) -> Fenced {
+    match (jobs, reservations) {
+        (0, _) => Fenced::LeaseLost,
+        (_, 0) => Fenced::ReservationLost,
+        _ => Fenced::Done,
+    }
 }
 
 /// Extends the lease and the reservation (a heartbeat, at half the lease).
@@ -92,26 +124,14 @@ pub fn heartbeat(
     lease_seconds: i32,
     ttl_seconds: i32,
 ) -> Result<Fenced, ApiError> {
-    let counts: HeartbeatCounts = diesel::sql_query(
-        "WITH job AS ( \
-             UPDATE generation_jobs SET lease_expires_at = now() + make_interval(secs => $3), updated_at = now() \
-             WHERE id = $1 AND lease_token = $2 AND status = 'running' RETURNING reservation_id), \
-         reservation AS ( \
-             UPDATE reservations SET expires_at = GREATEST(expires_at, now() + make_interval(secs => $4)) \
-             WHERE id IN (SELECT reservation_id FROM job) AND state = 'held' AND expires_at > now() \
-             RETURNING id) \
-         SELECT (SELECT count(*) FROM job) AS jobs, (SELECT count(*) FROM reservation) AS reservations",
-    )
-    .bind::<SqlUuid, _>(job_id)
-    .bind::<BigInt, _>(lease_token)
-    .bind::<Integer, _>(lease_seconds)
-    .bind::<Integer, _>(ttl_seconds)
-    .get_result(conn)?;
-    Ok(match (counts.jobs, counts.reservations) {
-        (0, _) => Fenced::LeaseLost,
-        (_, 0) => Fenced::ReservationLost,
-        _ => Fenced::Done,
-    })
+    let job_update = format!("lease_expires_at = now() + make_interval(secs => {lease_seconds})");
+    Ok(fenced_outcome(extend_fenced(
+        conn,
+        job_id,
+        lease_token,
+        f64::from(ttl_seconds),
+        &job_update,
+    )?))
 }
 
 /// Remembers the provider's id for this job, so a reclaim asks the provider
@@ -250,14 +270,16 @@ pub fn finish_success(
 }
 
 /// Final failure: job `failed` and its reservation released, in one
-/// transaction.
+/// transaction. Also returns how many tokens this released (none when the
+/// reservation had already expired).
 pub fn finish_failure(
     conn: &mut PgConnection,
     job: &JobRow,
     lease_token: i64,
     error: &JobError,
-) -> Result<Fenced, ApiError> {
-    finish(conn.transaction(|conn| {
+) -> Result<(Fenced, i64), ApiError> {
+    let mut released = 0;
+    let fenced = finish(conn.transaction(|conn| {
         let reservation = resolve_reservation_fenced(conn, job, lease_token, "released", 0)?;
         if !finish_job_fenced(
             conn,
@@ -277,9 +299,11 @@ pub fn finish_failure(
                 Some("job_failed"),
                 SYSTEM_ACTOR,
             )?;
+            released = reservation.amount;
         }
         Ok(())
-    }))
+    }))?;
+    Ok((fenced, if fenced == Fenced::Done { released } else { 0 }))
 }
 
 /// A retryable failure: back to `queued` after `delay_ms`, tokens still
@@ -293,28 +317,26 @@ pub fn retry_later(
     ttl_seconds: i32,
 ) -> Result<Fenced, ApiError> {
     let delay_seconds = delay_ms as f64 / 1000.0;
-    let counts: HeartbeatCounts = diesel::sql_query(
-        "WITH job AS ( \
-             UPDATE generation_jobs \
-             SET status = 'queued', lease_expires_at = NULL, error = $3, updated_at = now(), \
-                 next_attempt_at = now() + make_interval(secs => $4) \
-             WHERE id = $1 AND lease_token = $2 AND status = 'running' RETURNING reservation_id), \
-         reservation AS ( \
-             UPDATE reservations \
-             SET expires_at = GREATEST(expires_at, now() + make_interval(secs => $4 + $5)) \
-             WHERE id IN (SELECT reservation_id FROM job) AND state = 'held' AND expires_at > now() \
-             RETURNING id) \
-         SELECT (SELECT count(*) FROM job) AS jobs, (SELECT count(*) FROM reservation) AS reservations",
-    )
-    .bind::<SqlUuid, _>(job.id)
-    .bind::<BigInt, _>(lease_token)
-    .bind::<Jsonb, _>(error.to_json())
-    .bind::<diesel::sql_types::Double, _>(delay_seconds)
-    .bind::<diesel::sql_types::Double, _>(f64::from(ttl_seconds))
-    .get_result(conn)?;
-    Ok(match (counts.jobs, counts.reservations) {
-        (0, _) => Fenced::LeaseLost,
-        (_, 0) => Fenced::ReservationLost,
-        _ => Fenced::Done,
-    })
+    // The error is JSON built by us from a code and a message; it is bound
+    // as a parameter inside the same transaction below.
+    let counts = conn.transaction(|conn| {
+        let counts = extend_fenced(
+            conn,
+            job.id,
+            lease_token,
+            delay_seconds + f64::from(ttl_seconds),
+            &format!(
+                "status = 'queued', lease_expires_at = NULL, \
+                 next_attempt_at = now() + make_interval(secs => {delay_seconds})"
+            ),
+        )?;
+        if counts.0 == 1 {
+            diesel::sql_query("UPDATE generation_jobs SET error = $2 WHERE id = $1")
+                .bind::<SqlUuid, _>(job.id)
+                .bind::<Jsonb, _>(error.to_json())
+                .execute(conn)?;
+        }
+        Ok::<_, diesel::result::Error>(counts)
+    })?;
+    Ok(fenced_outcome(counts))
 }

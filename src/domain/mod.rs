@@ -2,9 +2,11 @@
 
 pub mod accounts;
 pub mod api_keys;
+pub mod checks;
 pub mod credits;
 pub mod job_leases;
 pub mod jobs;
 pub mod ledger;
+pub mod reaper;
 pub mod reservations;
 pub mod types;

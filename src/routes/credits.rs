@@ -39,8 +39,13 @@ async fn create_credit(
         note,
     } = body.into_inner();
     let actor = caller.actor();
+    let metrics = std::sync::Arc::clone(&state.metrics);
     let (view, outcome) = run_blocking(&state.pool, move |conn| {
-        credits::credit(conn, account, amount, &external_ref, note.as_ref(), &actor)
+        let result = credits::credit(conn, account, amount, &external_ref, note.as_ref(), &actor)?;
+        if result.1 == Outcome::Created {
+            metrics.tokens("credited", amount.get());
+        }
+        Ok(result)
     })
     .await?;
     Ok(match outcome {
@@ -73,8 +78,14 @@ async fn create_adjustment(
         external_ref,
     } = body.into_inner();
     let actor = caller.actor();
+    let metrics = std::sync::Arc::clone(&state.metrics);
     let (view, outcome) = run_blocking(&state.pool, move |conn| {
-        credits::adjust(conn, account, amount, &reason, &external_ref, &actor)
+        let result = credits::adjust(conn, account, amount, &reason, &external_ref, &actor)?;
+        if result.1 == Outcome::Created {
+            // Counters only grow: adjustments count by absolute amount.
+            metrics.tokens("adjusted", amount.get().abs());
+        }
+        Ok(result)
     })
     .await?;
     Ok(match outcome {

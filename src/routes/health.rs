@@ -8,13 +8,24 @@ use crate::db::{migrations_applied, run_blocking};
 use crate::error::ApiError;
 
 pub fn configure(config: &mut web::ServiceConfig) {
-    config.service(healthz).service(readyz);
+    config
+        .service(healthz)
+        .service(readyz)
+        .service(metrics_endpoint);
 }
 
 /// The process is up.
 #[get("/healthz")]
 async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(json!({"status": "ok"}))
+}
+
+/// Prometheus text exposition.
+#[get("/metrics")]
+async fn metrics_endpoint(state: State) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4; charset=utf-8")
+        .body(state.metrics.render())
 }
 
 /// Ready for traffic: accepting work, database reachable, migrations applied.

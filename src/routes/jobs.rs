@@ -51,8 +51,11 @@ async fn create_job(
     let request = JobRequest::parse(RequestId(request_id), kind, params, &state.prices)?;
     let ttl = state.config.reservation_ttl_seconds;
     let actor = caller.actor();
+    let (metrics, cost) = (std::sync::Arc::clone(&state.metrics), request.cost);
     let (view, outcome) = run_blocking(&state.pool, move |conn| {
-        let (job, outcome) = jobs::create_job(conn, account, &request, ttl, &actor)?;
+        let result = jobs::create_job(conn, account, &request, ttl, &actor);
+        metrics.reserve_result(&result, cost);
+        let (job, outcome) = result?;
         Ok((jobs::job_view(conn, job)?, outcome))
     })
     .await?;

@@ -5,11 +5,15 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::{created, optional_json_body, replayed, State};
+use std::sync::Arc;
+
+use crate::db::models::ReservationRow;
 use crate::db::run_blocking;
 use crate::domain::api_keys::Caller;
 use crate::domain::reservations::{self, Outcome, ReservationView, ReserveRequest};
 use crate::domain::types::{AccountId, RequestId, ReservationId, Tokens, TtlSeconds};
 use crate::error::ApiError;
+use crate::metrics::Metrics;
 
 pub fn configure(config: &mut web::ServiceConfig) {
     config
@@ -28,7 +32,18 @@ struct CreateReservation {
     ttl_seconds: Option<TtlSeconds>,
 }
 
-fn respond(row: crate::db::models::ReservationRow, outcome: Outcome) -> HttpResponse {
+/// Counts a commit or release this request made (not a replay).
+fn count_resolution(metrics: &Metrics, result: &Result<(ReservationRow, Outcome), ApiError>) {
+    if let Ok((row, Outcome::Created)) = result {
+        metrics.resolution(
+            &row.state,
+            row.committed_amount,
+            row.amount - row.committed_amount,
+        );
+    }
+}
+
+fn respond(row: ReservationRow, outcome: Outcome) -> HttpResponse {
     let view = ReservationView::from(row);
     match outcome {
         Outcome::Created => HttpResponse::Ok().json(view),
@@ -58,8 +73,11 @@ async fn create_reservation(
     };
     let default_ttl = state.config.reservation_ttl_seconds;
     let actor = caller.actor();
+    let (metrics, amount) = (Arc::clone(&state.metrics), request.amount.get());
     let (row, outcome) = run_blocking(&state.pool, move |conn| {
-        reservations::reserve(conn, account, &request, default_ttl, &actor)
+        let result = reservations::reserve(conn, account, &request, default_ttl, &actor);
+        metrics.reserve_result(&result, amount);
+        result
     })
     .await?;
     let view = ReservationView::from(row);
@@ -110,8 +128,11 @@ async fn commit_reservation(
     caller.authorize_spend(account)?;
     let amount = optional_json_body::<CommitBody>(&body)?.amount;
     let actor = caller.actor();
+    let metrics = Arc::clone(&state.metrics);
     let (row, outcome) = run_blocking(&state.pool, move |conn| {
-        reservations::resolve(conn, account, reservation, amount, false, &actor)
+        let result = reservations::resolve(conn, account, reservation, amount, false, &actor);
+        count_resolution(&metrics, &result);
+        result
     })
     .await?;
     Ok(respond(row, outcome))
@@ -128,8 +149,11 @@ async fn release_reservation(
     let (account, reservation) = (AccountId(account), ReservationId(reservation));
     caller.authorize_spend(account)?;
     let actor = caller.actor();
+    let metrics = Arc::clone(&state.metrics);
     let (row, outcome) = run_blocking(&state.pool, move |conn| {
-        reservations::resolve(conn, account, reservation, None, true, &actor)
+        let result = reservations::resolve(conn, account, reservation, None, true, &actor);
+        count_resolution(&metrics, &result);
+        result
     })
     .await?;
     Ok(respond(row, outcome))

@@ -17,9 +17,9 @@ use crate::helpers::{
 };
 
 /// The service as a child process; killed when dropped.
-struct Service {
-    child: Child,
-    base: String,
+pub struct Service {
+    pub child: Child,
+    pub base: String,
 }
 
 impl Drop for Service {
@@ -40,7 +40,7 @@ async fn start_service(database_url: &str, provider_url: &str) -> Service {
     start_service_with(database_url, provider_url, &[]).await
 }
 
-async fn start_service_with(
+pub async fn start_service_with(
     database_url: &str,
     provider_url: &str,
     extra_env: &[(&str, &str)],

@@ -80,7 +80,9 @@ fn a_worker_that_lost_its_lease_changes_nothing() {
     );
     let error = JobError::new("provider_failed", "late failure");
     assert_eq!(
-        job_leases::finish_failure(&mut conn, &paused, stale, &error).expect("db"),
+        job_leases::finish_failure(&mut conn, &paused, stale, &error)
+            .expect("db")
+            .0,
         Fenced::LeaseLost
     );
     assert_eq!(
@@ -139,7 +141,9 @@ fn a_worker_that_lost_its_lease_changes_nothing() {
     );
     // And a second finish of the same lease is fenced too (exactly once).
     assert_eq!(
-        job_leases::finish_failure(&mut conn, &current, current.lease_token, &error).expect("db"),
+        job_leases::finish_failure(&mut conn, &current, current.lease_token, &error)
+            .expect("db")
+            .0,
         Fenced::LeaseLost
     );
     let balances = assert_account_invariants(&mut conn, account.0);

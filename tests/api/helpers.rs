@@ -162,8 +162,10 @@ pub struct TestApp {
     pub client: reqwest::Client,
     /// The simulated provider's backend (when `PROVIDER=simulated`).
     pub simulated: Option<Arc<FakeBackend>>,
+    pub state: Arc<AppState>,
     server: actix_web::dev::ServerHandle,
     background: Background,
+    _scheduler: tokio_cron_scheduler::JobScheduler,
     // Dropped last: the database outlives the servers that use it.
     pub database: Arc<TestDatabase>,
 }
@@ -212,15 +214,19 @@ impl TestApp {
         };
         let pool = db::build_pool(&config.database_url, config.db_pool_size);
         let state = AppState::new(config, pool).expect("state");
-        let replica = start_replica(state, provider, 2).expect("server binds");
+        let replica = start_replica(Arc::clone(&state), provider, 2)
+            .await
+            .expect("replica starts");
         let handle = replica.server.handle();
         tokio::spawn(replica.server);
         TestApp {
             address: format!("http://{}", replica.address),
             client: reqwest::Client::new(),
             simulated,
+            state,
             server: handle,
             background: replica.background,
+            _scheduler: replica.scheduler,
             database,
         }
     }

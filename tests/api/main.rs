@@ -12,4 +12,5 @@ mod credits;
 mod fencing;
 mod jobs;
 mod ledger_property;
+mod reaper;
 mod reservations;

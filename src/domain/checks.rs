@@ -1,0 +1,126 @@
+//! The invariants of DESIGN §6.4, checked in one set-based query: never a
+//! silent repair. Used by the reaper (which counts and logs violations)
+//! and by reconciliation (which reports them).
+
+use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Uuid as SqlUuid};
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::error::ApiError;
+
+/// One failed check of one account.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Discrepancy {
+    pub account_id: Uuid,
+    pub check: String,
+    pub expected: i64,
+    pub actual: i64,
+}
+
+#[derive(QueryableByName)]
+struct CheckRow {
+    #[diesel(sql_type = SqlUuid)]
+    id: Uuid,
+    #[diesel(sql_type = BigInt)]
+    available: i64,
+    #[diesel(sql_type = BigInt)]
+    reserved: i64,
+    #[diesel(sql_type = BigInt)]
+    used: i64,
+    #[diesel(sql_type = BigInt)]
+    credited: i64,
+    #[diesel(sql_type = BigInt)]
+    adjusted: i64,
+    #[diesel(sql_type = BigInt)]
+    active_reservations: i64,
+    #[diesel(sql_type = BigInt)]
+    held_amount: i64,
+    #[diesel(sql_type = BigInt)]
+    held_count: i64,
+    #[diesel(sql_type = BigInt)]
+    replay_available: i64,
+    #[diesel(sql_type = BigInt)]
+    replay_reserved: i64,
+    #[diesel(sql_type = BigInt)]
+    replay_used: i64,
+}
+
+/// Accounts breaking an invariant, with every check they fail.
+pub fn find_violations(conn: &mut PgConnection) -> Result<Vec<Discrepancy>, ApiError> {
+    let rows: Vec<CheckRow> = diesel::sql_query(
+        "WITH held AS ( \
+             SELECT account_id, sum(amount)::bigint AS amount, count(*) AS n \
+             FROM reservations WHERE state = 'held' GROUP BY account_id), \
+         replay AS ( \
+             SELECT account_id, \
+                 sum(CASE WHEN kind IN ('credit', 'adjustment', 'release', 'expire') THEN amount \
+                          WHEN kind = 'reserve' THEN -amount ELSE 0 END)::bigint AS available, \
+                 sum(CASE WHEN kind = 'reserve' THEN amount \
+                          WHEN kind IN ('commit', 'release', 'expire') THEN -amount ELSE 0 END)::bigint AS reserved, \
+                 sum(CASE WHEN kind = 'commit' THEN amount ELSE 0 END)::bigint AS used \
+             FROM ledger_entries GROUP BY account_id) \
+         SELECT a.id, a.available, a.reserved, a.used, a.credited, a.adjusted, \
+                a.active_reservations::bigint AS active_reservations, \
+                COALESCE(h.amount, 0) AS held_amount, COALESCE(h.n, 0) AS held_count, \
+                COALESCE(r.available, 0) AS replay_available, COALESCE(r.reserved, 0) AS replay_reserved, \
+                COALESCE(r.used, 0) AS replay_used \
+         FROM accounts a \
+         LEFT JOIN held h ON h.account_id = a.id \
+         LEFT JOIN replay r ON r.account_id = a.id \
+         WHERE a.credited + a.adjusted <> a.available + a.reserved + a.used \
+            OR a.reserved <> COALESCE(h.amount, 0) \
+            OR a.active_reservations <> COALESCE(h.n, 0) \
+            OR a.available <> COALESCE(r.available, 0) \
+            OR a.reserved <> COALESCE(r.reserved, 0) \
+            OR a.used <> COALESCE(r.used, 0) \
+         ORDER BY a.id",
+    )
+    .load(conn)?;
+    Ok(rows.into_iter().flat_map(discrepancies).collect())
+}
+
+fn discrepancies(row: CheckRow) -> Vec<Discrepancy> {
+    let checks = [
+        (
+            "balance_invariant",
+            row.credited + row.adjusted,
+            row.available + row.reserved + row.used,
+        ),
+        (
+            "reserved_equals_held_reservations",
+            row.held_amount,
+            row.reserved,
+        ),
+        (
+            "active_reservations_equals_held_count",
+            row.held_count,
+            row.active_reservations,
+        ),
+        (
+            "ledger_replay_available",
+            row.replay_available,
+            row.available,
+        ),
+        ("ledger_replay_reserved", row.replay_reserved, row.reserved),
+        ("ledger_replay_used", row.replay_used, row.used),
+    ];
+    checks
+        .into_iter()
+        .filter(|(_, expected, actual)| expected != actual)
+        .map(|(check, expected, actual)| Discrepancy {
+            account_id: row.id,
+            check: check.to_owned(),
+            expected,
+            actual,
+        })
+        .collect()
+}
+
+/// How many distinct accounts the discrepancies name.
+pub fn accounts_violating(discrepancies: &[Discrepancy]) -> usize {
+    let mut accounts: Vec<Uuid> = discrepancies.iter().map(|d| d.account_id).collect();
+    accounts.sort();
+    accounts.dedup();
+    accounts.len()
+}

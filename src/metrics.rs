@@ -1,0 +1,275 @@
+//! Prometheus metrics (prefix `token_billing_`), one `Metrics` owning its
+//! registry. No label carries an account, key or request id. Counters are
+//! bumped inside the blocking closures that commit, so a client that
+//! disconnects cannot make a committed change go uncounted. Gauges derived
+//! from the database are refreshed in one place (`refresh_database_gauges`,
+//! on a timer), never per scrape.
+
+use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Double};
+use prometheus::{
+    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
+};
+
+use crate::domain::reservations::Outcome;
+use crate::error::ApiError;
+
+const PREFIX: &str = "token_billing";
+
+pub struct Metrics {
+    registry: Registry,
+    pub reservations_total: IntCounterVec,
+    pub reservation_resolutions_total: IntCounterVec,
+    pub tokens_total: IntCounterVec,
+    pub active_reservations: IntGauge,
+    pub reserved_tokens: IntGauge,
+    pub oldest_reservation_age_seconds: Gauge,
+    pub jobs_total: IntCounterVec,
+    pub jobs_in_flight: IntGaugeVec,
+    pub job_duration_seconds: Histogram,
+    pub provider_requests_total: IntCounterVec,
+    pub provider_request_duration_seconds: Histogram,
+    pub reaper_runs_total: IntCounterVec,
+    pub reaper_last_success_timestamp_seconds: Gauge,
+    pub consistency_repairs_total: IntCounterVec,
+    pub invariant_violations: IntGauge,
+    pub http_requests_total: IntCounterVec,
+    pub http_request_duration_seconds: HistogramVec,
+    pub build_info: IntGaugeVec,
+}
+
+fn opts(name: &str, help: &str) -> Opts {
+    Opts::new(name, help).namespace(PREFIX)
+}
+
+/// Buckets of provider and job durations: around the 15–25 s generations,
+/// up to the 60 s default timeout and beyond.
+const SLOW_BUCKETS: [f64; 14] = [
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 120.0,
+];
+/// Buckets of HTTP durations: 1 ms … 10 s (long-polls end at ≤ 30 s).
+const HTTP_BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+impl Metrics {
+    #[allow(clippy::too_many_lines)]
+    pub fn new() -> Result<Metrics, prometheus::Error> {
+        let registry = Registry::new();
+        let counter =
+            |name: &str, help: &str, labels: &[&str]| -> Result<IntCounterVec, prometheus::Error> {
+                let metric = IntCounterVec::new(opts(name, help), labels)?;
+                registry.register(Box::new(metric.clone()))?;
+                Ok(metric)
+            };
+        let reservations_total = counter(
+            "reservations_total",
+            "Reservation attempts by outcome.",
+            &["outcome"],
+        )?;
+        let reservation_resolutions_total = counter(
+            "reservation_resolutions_total",
+            "Reservations resolved, by outcome.",
+            &["outcome"],
+        )?;
+        let tokens_total = counter("tokens_total", "Tokens moved, by movement.", &["movement"])?;
+        let jobs_total = counter(
+            "jobs_total",
+            "Jobs finished, by terminal status.",
+            &["status"],
+        )?;
+        let provider_requests_total = counter(
+            "provider_requests_total",
+            "Provider requests, by outcome.",
+            &["outcome"],
+        )?;
+        let reaper_runs_total = counter(
+            "reaper_runs_total",
+            "Reaper passes, by result.",
+            &["result"],
+        )?;
+        let consistency_repairs_total = counter(
+            "consistency_repairs_total",
+            "Repairs made by the reaper, by kind.",
+            &["kind"],
+        )?;
+        let http_requests_total = counter(
+            "http_requests_total",
+            "HTTP requests by method, route pattern and status.",
+            &["method", "route", "status"],
+        )?;
+        let int_gauge = |name: &str, help: &str| -> Result<IntGauge, prometheus::Error> {
+            let metric = IntGauge::with_opts(opts(name, help))?;
+            registry.register(Box::new(metric.clone()))?;
+            Ok(metric)
+        };
+        let gauge = |name: &str, help: &str| -> Result<Gauge, prometheus::Error> {
+            let metric = Gauge::with_opts(opts(name, help))?;
+            registry.register(Box::new(metric.clone()))?;
+            Ok(metric)
+        };
+        let active_reservations = int_gauge(
+            "active_reservations",
+            "Reservations currently held (database).",
+        )?;
+        let reserved_tokens =
+            int_gauge("reserved_tokens", "Tokens currently reserved (database).")?;
+        let oldest_reservation_age_seconds = gauge(
+            "oldest_reservation_age_seconds",
+            "Age of the oldest held reservation (database).",
+        )?;
+        let reaper_last_success_timestamp_seconds = gauge(
+            "reaper_last_success_timestamp_seconds",
+            "Unix time of the last successful reaper pass.",
+        )?;
+        let invariant_violations = int_gauge(
+            "invariant_violations",
+            "Accounts currently violating a token invariant.",
+        )?;
+        let jobs_in_flight = IntGaugeVec::new(
+            opts("jobs_in_flight", "Jobs not finished (database), by status."),
+            &["status"],
+        )?;
+        registry.register(Box::new(jobs_in_flight.clone()))?;
+        let histogram = |name: &str, help: &str| -> Result<Histogram, prometheus::Error> {
+            let metric = Histogram::with_opts(
+                HistogramOpts::new(name, help)
+                    .namespace(PREFIX)
+                    .buckets(SLOW_BUCKETS.to_vec()),
+            )?;
+            registry.register(Box::new(metric.clone()))?;
+            Ok(metric)
+        };
+        let job_duration_seconds =
+            histogram("job_duration_seconds", "Job creation to terminal status.")?;
+        let provider_request_duration_seconds = histogram(
+            "provider_request_duration_seconds",
+            "Duration of one provider request.",
+        )?;
+        let http_request_duration_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "http_request_duration_seconds",
+                "HTTP request duration by route pattern.",
+            )
+            .namespace(PREFIX)
+            .buckets(HTTP_BUCKETS.to_vec()),
+            &["route"],
+        )?;
+        registry.register(Box::new(http_request_duration_seconds.clone()))?;
+        let build_info = IntGaugeVec::new(opts("build_info", "Build information."), &["version"])?;
+        registry.register(Box::new(build_info.clone()))?;
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        // Process metrics register only in the default registry on their own.
+        registry.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))?;
+        Ok(Metrics {
+            registry,
+            reservations_total,
+            reservation_resolutions_total,
+            tokens_total,
+            active_reservations,
+            reserved_tokens,
+            oldest_reservation_age_seconds,
+            jobs_total,
+            jobs_in_flight,
+            job_duration_seconds,
+            provider_requests_total,
+            provider_request_duration_seconds,
+            reaper_runs_total,
+            reaper_last_success_timestamp_seconds,
+            consistency_repairs_total,
+            invariant_violations,
+            http_requests_total,
+            http_request_duration_seconds,
+            build_info,
+        })
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut buffer = Vec::new();
+        let encoder = TextEncoder::new();
+        if let Err(error) = encoder.encode(&self.registry.gather(), &mut buffer) {
+            tracing::error!(?error, "encoding metrics failed");
+        }
+        String::from_utf8(buffer).unwrap_or_default()
+    }
+
+    pub fn tokens(&self, movement: &str, amount: i64) {
+        if let Ok(amount) = u64::try_from(amount) {
+            self.tokens_total
+                .with_label_values(&[movement])
+                .inc_by(amount);
+        }
+    }
+
+    /// A reservation resolved: `committed` tokens spent, `returned` back.
+    pub fn resolution(&self, outcome: &str, committed: i64, returned: i64) {
+        self.reservation_resolutions_total
+            .with_label_values(&[outcome])
+            .inc();
+        self.tokens("committed", committed);
+        let movement = if outcome == "expired" {
+            "expired"
+        } else {
+            "released"
+        };
+        self.tokens(movement, returned);
+    }
+
+    /// Counts a reservation attempt (a job creation reserves too).
+    pub fn reserve_result<T>(&self, result: &Result<(T, Outcome), ApiError>, amount: i64) {
+        let outcome = match result {
+            Ok((_, Outcome::Created)) => {
+                self.tokens("reserved", amount);
+                "created"
+            }
+            Ok((_, Outcome::Replayed)) => return,
+            Err(ApiError::InsufficientTokens { .. }) => "insufficient",
+            Err(ApiError::TooManyActiveReservations { .. }) => "limited",
+            Err(_) => return,
+        };
+        self.reservations_total.with_label_values(&[outcome]).inc();
+    }
+
+    /// Refreshes the gauges that come from the database, in one query.
+    pub fn refresh_database_gauges(&self, conn: &mut PgConnection) -> Result<(), ApiError> {
+        #[derive(QueryableByName)]
+        struct Row {
+            #[diesel(sql_type = BigInt)]
+            held: i64,
+            #[diesel(sql_type = BigInt)]
+            reserved: i64,
+            #[diesel(sql_type = Double)]
+            oldest_age: f64,
+            #[diesel(sql_type = BigInt)]
+            queued: i64,
+            #[diesel(sql_type = BigInt)]
+            running: i64,
+        }
+        let row: Row = diesel::sql_query(
+            "SELECT \
+               (SELECT count(*) FROM reservations WHERE state = 'held') AS held, \
+               (SELECT COALESCE(sum(amount), 0)::bigint FROM reservations WHERE state = 'held') AS reserved, \
+               (SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(created_at)), 0)::float8 \
+                  FROM reservations WHERE state = 'held') AS oldest_age, \
+               (SELECT count(*) FROM generation_jobs WHERE status = 'queued') AS queued, \
+               (SELECT count(*) FROM generation_jobs WHERE status = 'running') AS running",
+        )
+        .get_result(conn)?;
+        self.active_reservations.set(row.held);
+        self.reserved_tokens.set(row.reserved);
+        self.oldest_reservation_age_seconds.set(row.oldest_age);
+        self.jobs_in_flight
+            .with_label_values(&["queued"])
+            .set(row.queued);
+        self.jobs_in_flight
+            .with_label_values(&["running"])
+            .set(row.running);
+        Ok(())
+    }
+}

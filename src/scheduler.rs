@@ -1,0 +1,104 @@
+//! The reaper on a schedule (tokio-cron-scheduler, `REAPER_SCHEDULE`) and
+//! once at start-up. A pass runs under a PostgreSQL advisory lock, so one
+//! replica works at a time; every step is conditional anyway. A failing
+//! pass is logged and counted, and never takes the scheduler down.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tokio_cron_scheduler::{Job, JobScheduler};
+
+use crate::config::Config;
+use crate::db::DbPool;
+use crate::domain::checks::accounts_violating;
+use crate::domain::reaper::{run_pass_exclusive, PassReport, ReaperSettings, REAPER_BATCH_MAX};
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+
+pub fn settings(config: &Config) -> ReaperSettings {
+    ReaperSettings {
+        batch: REAPER_BATCH_MAX,
+        job_max_attempts: config.job_max_attempts,
+    }
+}
+
+/// One pass (if no other replica is running one), with its metrics and logs.
+pub async fn reaper_pass(
+    pool: DbPool,
+    settings: ReaperSettings,
+    metrics: Arc<Metrics>,
+) -> Result<Option<PassReport>, ApiError> {
+    let counted = Arc::clone(&metrics);
+    let result = tokio::task::spawn_blocking(move || {
+        let mut conn = pool.get()?;
+        run_pass_exclusive(&mut conn, &settings, Some(&counted))
+    })
+    .await
+    .map_err(|error| ApiError::Internal(format!("reaper task failed: {error}")))?;
+    match &result {
+        Ok(Some(report)) => {
+            metrics.reaper_runs_total.with_label_values(&["ok"]).inc();
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0.0, |since| since.as_secs_f64());
+            metrics.reaper_last_success_timestamp_seconds.set(now);
+            let violating = accounts_violating(&report.violations);
+            metrics
+                .invariant_violations
+                .set(i64::try_from(violating).unwrap_or(i64::MAX));
+            for discrepancy in &report.violations {
+                tracing::error!(
+                    account_id = %discrepancy.account_id,
+                    check = %discrepancy.check,
+                    expected = discrepancy.expected,
+                    actual = discrepancy.actual,
+                    "token invariant violated"
+                );
+            }
+            let changed = report.reservations_expired
+                + report.jobs_requeued
+                + report.jobs_failed_attempts_exhausted
+                + report.jobs_failed_reservation_expired
+                + report.fixup_commits
+                + report.fixup_releases
+                + report.fixup_jobs_failed;
+            if changed > 0 {
+                tracing::info!(?report, "reaper pass repaired");
+            }
+        }
+        Ok(None) => tracing::debug!("reaper pass skipped: another replica holds the lock"),
+        Err(error) => {
+            metrics
+                .reaper_runs_total
+                .with_label_values(&["error"])
+                .inc();
+            tracing::error!(?error, "reaper pass failed");
+        }
+    }
+    result
+}
+
+/// Starts the scheduled reaper; keep the returned scheduler alive.
+pub async fn start(
+    pool: DbPool,
+    config: &Config,
+    metrics: Arc<Metrics>,
+) -> anyhow::Result<JobScheduler> {
+    let scheduler = JobScheduler::new().await?;
+    let job_max_attempts = config.job_max_attempts;
+    let job = Job::new_async(config.reaper_schedule.as_str(), move |_id, _scheduler| {
+        let (pool, metrics) = (pool.clone(), Arc::clone(&metrics));
+        Box::pin(async move {
+            let settings = ReaperSettings {
+                batch: REAPER_BATCH_MAX,
+                job_max_attempts,
+            };
+            // Errors are logged and counted inside; the schedule goes on.
+            let _ = reaper_pass(pool, settings, metrics).await;
+        })
+    })
+    .map_err(|error| anyhow::anyhow!("REAPER_SCHEDULE {:?}: {error}", config.reaper_schedule))?;
+    scheduler.add(job).await?;
+    scheduler.start().await?;
+    Ok(scheduler)
+}
