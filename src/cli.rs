@@ -36,6 +36,21 @@ pub enum Command {
         #[command(subcommand)]
         action: ApiKeyCommand,
     },
+    /// Print the finance reconciliation of a period; exits 3 on mismatch.
+    Reconcile {
+        /// Start of the period (RFC 3339, included); default: 30 days before `--to`.
+        #[arg(long)]
+        from: Option<String>,
+        /// End of the period (RFC 3339, excluded); default: now.
+        #[arg(long)]
+        to: Option<String>,
+        /// Only this account.
+        #[arg(long)]
+        account: Option<uuid::Uuid>,
+        /// CSV instead of JSON.
+        #[arg(long)]
+        csv: bool,
+    },
     /// Load generators against a running service.
     Bench {
         #[command(subcommand)]
@@ -52,6 +67,8 @@ pub enum Command {
 pub enum BenchCommand {
     /// Job pipeline overhead beyond provider time.
     Jobs(crate::bench::JobBenchArgs),
+    /// Seed a scratch database (DATABASE_URL) and time reconciliation reports.
+    Reconciliation(crate::bench::ReconciliationBenchArgs),
 }
 
 #[derive(Debug, Subcommand)]

@@ -27,6 +27,10 @@ pub const REASON_LENGTH_MAX: usize = 1_000;
 pub const DB_CHECKOUT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Every statement is cancelled after this long (set on each connection).
 pub const DB_STATEMENT_TIMEOUT_MS: u64 = 10_000;
+/// Longest period of one reconciliation report, and the default period
+/// when `from` is omitted.
+pub const RECONCILIATION_RANGE_MAX: Duration = Duration::from_secs(366 * 24 * 3600);
+pub const RECONCILIATION_RANGE_DEFAULT: Duration = Duration::from_secs(30 * 24 * 3600);
 /// Largest `params` object of a job, serialized, in bytes.
 pub const JOB_PARAMS_MAX_BYTES: usize = 16 * 1024;
 /// Longest `wait_seconds` of `GET …/jobs/{request_id}`.

@@ -26,11 +26,32 @@ async fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     telemetry::init(cli.config.log_format);
+    if let Some(Command::Reconcile {
+        from,
+        to,
+        account,
+        csv,
+    }) = &cli.command
+    {
+        return reconcile_command(&cli.config, from.as_deref(), to.as_deref(), *account, *csv);
+    }
     let result = match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => serve(cli.config).await,
         Command::Migrate => prepare_database(&cli.config).map(|_| ()),
         Command::Account { action } => account_command(&cli.config, action),
         Command::ApiKey { action } => api_key_command(&cli.config, action),
+        Command::Reconcile { .. } => Ok(()),
+        Command::Bench {
+            target: BenchCommand::Reconciliation(args),
+        } => {
+            let url = cli.config.database_url.clone();
+            tokio::task::spawn_blocking(move || {
+                token_billing::bench::run_reconciliation_bench(&url, &args)
+            })
+            .await
+            .map_err(anyhow::Error::from)
+            .and_then(|result| result)
+        }
         Command::Bench {
             target: BenchCommand::Jobs(args),
         } => token_billing::bench::run_job_bench(args).await,
@@ -126,6 +147,44 @@ async fn fake_provider(config: &Config, bind: &str) -> anyhow::Result<()> {
     handle.stop(true).await;
     server.await??;
     Ok(())
+}
+
+/// Prints the report; exit 0 when `ok`, 3 on `mismatch`, 1 on error.
+fn reconcile_command(
+    config: &Config,
+    from: Option<&str>,
+    to: Option<&str>,
+    account: Option<uuid::Uuid>,
+    csv: bool,
+) -> ExitCode {
+    use token_billing::config::{RECONCILIATION_RANGE_DEFAULT, RECONCILIATION_RANGE_MAX};
+    use token_billing::domain::reconciliation::{parse_period, reconcile, to_csv};
+    let result = (|| -> anyhow::Result<bool> {
+        let (from, to) = parse_period(
+            from,
+            to,
+            chrono::Utc::now(),
+            RECONCILIATION_RANGE_DEFAULT,
+            RECONCILIATION_RANGE_MAX,
+        )?;
+        let mut conn = PgConnection::establish(&config.database_url)
+            .map_err(|error| anyhow::anyhow!("connecting to DATABASE_URL: {error}"))?;
+        let report = reconcile(&mut conn, from, to, account)?;
+        if csv {
+            print!("{}", to_csv(&report));
+        } else {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        }
+        Ok(report.status == "ok")
+    })();
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(3),
+        Err(error) => {
+            eprintln!("token-billing: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn account_command(config: &Config, action: AccountCommand) -> anyhow::Result<()> {

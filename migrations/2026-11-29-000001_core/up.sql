@@ -100,7 +100,10 @@ CREATE TABLE ledger_entries (
     external_ref    text,
     reason          text,
     actor           text        NOT NULL,
-    created_at      timestamptz NOT NULL DEFAULT now(),
+    -- clock_timestamp(), not now(): the entry is written while its account
+    -- row is locked, so within an account created_at follows id (commit
+    -- order), which period reports rely on at their boundaries.
+    created_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
     CONSTRAINT ledger_amount_sign CHECK (
         (kind = 'adjustment' AND amount <> 0) OR (kind <> 'adjustment' AND amount > 0))
 );

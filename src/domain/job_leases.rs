@@ -219,7 +219,7 @@ fn finish_job_fenced(
 ) -> Result<bool, diesel::result::Error> {
     let updated = diesel::sql_query(
         "UPDATE generation_jobs \
-         SET status = $3, result = $4, error = $5, finished_at = now(), updated_at = now(), \
+         SET status = $3, result = $4, error = $5, finished_at = clock_timestamp(), updated_at = now(), \
              lease_expires_at = NULL \
          WHERE id = $1 AND lease_token = $2 AND status = 'running'",
     )

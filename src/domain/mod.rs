@@ -8,5 +8,6 @@ pub mod job_leases;
 pub mod jobs;
 pub mod ledger;
 pub mod reaper;
+pub mod reconciliation;
 pub mod reservations;
 pub mod types;

@@ -6,6 +6,7 @@ mod api_keys;
 mod credits;
 mod health;
 mod jobs;
+mod reconciliation;
 mod reservations;
 
 use std::future::Future;
@@ -29,6 +30,7 @@ pub fn configure(config: &mut web::ServiceConfig) {
     api_keys::configure(config);
     credits::configure(config);
     jobs::configure(config);
+    reconciliation::configure(config);
     reservations::configure(config);
 }
 

@@ -13,4 +13,5 @@ mod fencing;
 mod jobs;
 mod ledger_property;
 mod reaper;
+mod reconciliation;
 mod reservations;
