@@ -3,7 +3,8 @@
 //! bumped inside the blocking closures that commit, so a client that
 //! disconnects cannot make a committed change go uncounted. Gauges derived
 //! from the database are refreshed in one place (`refresh_database_gauges`,
-//! on a timer), never per scrape.
+//! on a timer), never per scrape; they include the last reaper pass's
+//! outcome (`reaper_status`), so every replica exports the same values.
 
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Double};
@@ -250,6 +251,10 @@ impl Metrics {
             queued: i64,
             #[diesel(sql_type = BigInt)]
             running: i64,
+            #[diesel(sql_type = diesel::sql_types::Nullable<Double>)]
+            reaper_last_success: Option<f64>,
+            #[diesel(sql_type = diesel::sql_types::Nullable<BigInt>)]
+            invariant_violations: Option<i64>,
         }
         let row: Row = diesel::sql_query(
             "SELECT \
@@ -258,7 +263,9 @@ impl Metrics {
                (SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(created_at)), 0)::float8 \
                   FROM reservations WHERE state = 'held') AS oldest_age, \
                (SELECT count(*) FROM generation_jobs WHERE status = 'queued') AS queued, \
-               (SELECT count(*) FROM generation_jobs WHERE status = 'running') AS running",
+               (SELECT count(*) FROM generation_jobs WHERE status = 'running') AS running, \
+               (SELECT EXTRACT(EPOCH FROM last_success_at)::float8 FROM reaper_status) AS reaper_last_success, \
+               (SELECT invariant_violations::bigint FROM reaper_status) AS invariant_violations",
         )
         .get_result(conn)?;
         self.active_reservations.set(row.held);
@@ -270,6 +277,13 @@ impl Metrics {
         self.jobs_in_flight
             .with_label_values(&["running"])
             .set(row.running);
+        // The last pass of whichever replica ran it.
+        if let Some(last_success) = row.reaper_last_success {
+            self.reaper_last_success_timestamp_seconds.set(last_success);
+        }
+        if let Some(violations) = row.invariant_violations {
+            self.invariant_violations.set(violations);
+        }
         Ok(())
     }
 }

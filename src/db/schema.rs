@@ -98,6 +98,14 @@ diesel::table! {
 }
 
 diesel::table! {
+    reaper_status (singleton) {
+        singleton -> Bool,
+        last_success_at -> Timestamptz,
+        invariant_violations -> Int4,
+    }
+}
+
+diesel::table! {
     reservations (id) {
         id -> Uuid,
         account_id -> Uuid,
@@ -129,5 +137,6 @@ diesel::allow_tables_to_appear_in_same_query!(
     credits,
     generation_jobs,
     ledger_entries,
+    reaper_status,
     reservations,
 );

@@ -101,7 +101,10 @@ pub fn run_pass_exclusive(
     if !locked {
         return Ok(None);
     }
-    let result = run_pass(conn, settings, metrics);
+    let result = run_pass(conn, settings, metrics).and_then(|report| {
+        record_success(conn, &report)?;
+        Ok(report)
+    });
     // Released even when the pass failed; a broken connection drops it too.
     let unlocked = diesel::sql_query("SELECT pg_advisory_unlock($1)")
         .bind::<BigInt, _>(REAPER_LOCK_KEY)
@@ -109,6 +112,21 @@ pub fn run_pass_exclusive(
     let report = result?;
     unlocked?;
     Ok(Some(report))
+}
+
+/// Records the pass in `reaper_status`, which every replica exports.
+fn record_success(conn: &mut PgConnection, report: &PassReport) -> Result<(), ApiError> {
+    let violating = i32::try_from(crate::domain::checks::accounts_violating(
+        &report.violations,
+    ))
+    .unwrap_or(i32::MAX);
+    diesel::sql_query(
+        "INSERT INTO reaper_status (singleton, last_success_at, invariant_violations) VALUES (true, now(), $1) \
+         ON CONFLICT (singleton) DO UPDATE SET last_success_at = now(), invariant_violations = $1",
+    )
+    .bind::<Integer, _>(violating)
+    .execute(conn)?;
+    Ok(())
 }
 
 fn fail_job(
