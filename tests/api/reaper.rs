@@ -444,6 +444,13 @@ async fn a_corrupted_balance_is_detected_counted_and_not_fixed() {
         15,
         "detected, not repaired"
     );
+    // Any replica exports the last pass's outcome, not only the one that ran it.
+    let other_replica = token_billing::metrics::Metrics::new().expect("metrics");
+    other_replica
+        .refresh_database_gauges(&mut app.conn())
+        .expect("refresh");
+    assert_eq!(other_replica.invariant_violations.get(), 1);
+    assert!(other_replica.reaper_last_success_timestamp_seconds.get() > 1.0e9);
 }
 
 /// Builds `count` held, expired reservations of 1 token on one account,
