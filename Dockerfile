@@ -7,6 +7,7 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs diesel.toml ./
 COPY migrations ./migrations
 COPY src ./src
+COPY static ./static
 RUN cargo build --release --locked --bin token-billing
 
 FROM debian:bookworm-slim

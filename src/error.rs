@@ -4,9 +4,13 @@
 //! Rules: a 4xx tells the client exactly what to fix; a 5xx never leaks
 //! internals (the cause is logged, not sent); a database that cannot be
 //! reached is a 503 `unavailable`, meaning nothing was changed.
+//!
+//! `Problem` and `ProblemCode` describe that body in the OpenAPI document;
+//! the unit tests below keep them equal to what `error_response` writes.
 
 use actix_web::http::{header, StatusCode};
 use actix_web::{HttpResponse, ResponseError};
+use serde::Serialize;
 use serde_json::{json, Map, Value};
 
 #[derive(Debug, thiserror::Error)]
@@ -206,3 +210,157 @@ impl From<r2d2::Error> for ApiError {
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
+
+/// The stable `code` of a problem, one per `ApiError` variant as `code()`
+/// spells it. Clients branch on this, never on `title` or `detail`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ProblemCode {
+    InvalidRequest,
+    Unauthorized,
+    Forbidden,
+    NotFound,
+    InsufficientTokens,
+    ReservationNotHeld,
+    ReservationOwnedByJob,
+    AccountSuspended,
+    PayloadTooLarge,
+    IdempotencyKeyReused,
+    TooManyActiveReservations,
+    Unavailable,
+    InternalError,
+}
+
+/// The body of every error answer (RFC 9457 `application/problem+json`) as
+/// `error_response` writes it. The extension members appear only with the
+/// codes named on them.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct Problem {
+    /// `urn:token-billing:problem:{code}`.
+    #[serde(rename = "type")]
+    #[schema(example = "urn:token-billing:problem:insufficient_tokens")]
+    pub problem_type: String,
+    /// A short summary of the kind of problem.
+    #[schema(example = "Insufficient tokens")]
+    pub title: String,
+    /// The HTTP status code of the answer.
+    #[schema(example = 402)]
+    pub status: u16,
+    /// What went wrong with this request and what to fix.
+    pub detail: String,
+    pub code: ProblemCode,
+    /// With `insufficient_tokens`: the tokens that could be reserved.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub available: Option<i64>,
+    /// With `insufficient_tokens`: the tokens held by open reservations.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub reserved: Option<i64>,
+    /// With `reservation_not_held`: the reservation's state.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub state: Option<String>,
+    /// With `too_many_active_reservations`: the account's limit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub max_active_reservations: Option<i32>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use actix_web::body::MessageBody;
+    use utoipa::PartialSchema;
+
+    /// One error of every variant. The match in `variant_is_listed` stops
+    /// compiling when a variant is added, as a reminder to list it here.
+    fn one_of_each() -> Vec<ApiError> {
+        let all = vec![
+            ApiError::InvalidRequest("x".into()),
+            ApiError::Unauthorized,
+            ApiError::Forbidden,
+            ApiError::NotFound("account"),
+            ApiError::InsufficientTokens {
+                available: 1,
+                reserved: 2,
+            },
+            ApiError::ReservationNotHeld {
+                state: "committed".into(),
+            },
+            ApiError::ReservationOwnedByJob,
+            ApiError::AccountSuspended,
+            ApiError::PayloadTooLarge { limit_bytes: 10 },
+            ApiError::IdempotencyKeyReused("x".into()),
+            ApiError::TooManyActiveReservations { limit: 3 },
+            ApiError::Unavailable("x".into()),
+            ApiError::Internal("x".into()),
+        ];
+        for error in &all {
+            variant_is_listed(error);
+        }
+        all
+    }
+
+    fn variant_is_listed(error: &ApiError) {
+        match error {
+            ApiError::InvalidRequest(_)
+            | ApiError::Unauthorized
+            | ApiError::Forbidden
+            | ApiError::NotFound(_)
+            | ApiError::InsufficientTokens { .. }
+            | ApiError::ReservationNotHeld { .. }
+            | ApiError::ReservationOwnedByJob
+            | ApiError::AccountSuspended
+            | ApiError::PayloadTooLarge { .. }
+            | ApiError::IdempotencyKeyReused(_)
+            | ApiError::TooManyActiveReservations { .. }
+            | ApiError::Unavailable(_)
+            | ApiError::Internal(_) => {}
+        }
+    }
+
+    fn schema_json<T: PartialSchema>() -> Value {
+        serde_json::to_value(T::schema()).expect("schema serializes")
+    }
+
+    #[test]
+    fn problem_code_schema_lists_exactly_the_codes() {
+        let mut documented: Vec<String> = schema_json::<ProblemCode>()["enum"]
+            .as_array()
+            .expect("code is an enum")
+            .iter()
+            .map(|code| code.as_str().expect("code is a string").to_owned())
+            .collect();
+        let mut codes: Vec<String> = one_of_each()
+            .iter()
+            .map(|error| error.code().to_owned())
+            .collect();
+        documented.sort();
+        codes.sort();
+        assert_eq!(documented, codes);
+    }
+
+    #[test]
+    fn every_member_written_is_documented() {
+        let problem = schema_json::<Problem>();
+        let properties = problem["properties"]
+            .as_object()
+            .expect("problem has properties");
+        for error in one_of_each() {
+            let body = error
+                .error_response()
+                .into_body()
+                .try_into_bytes()
+                .expect("a complete body");
+            let body: Value = serde_json::from_slice(&body).expect("JSON body");
+            for member in body.as_object().expect("an object").keys() {
+                assert!(
+                    properties.contains_key(member),
+                    "{member} of {} is not in the Problem schema",
+                    error.code()
+                );
+            }
+        }
+    }
+}

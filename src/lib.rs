@@ -8,6 +8,7 @@ pub mod domain;
 pub mod error;
 pub mod job_watch;
 pub mod metrics;
+pub mod openapi;
 pub mod provider;
 pub mod routes;
 pub mod scheduler;

@@ -15,10 +15,11 @@ pub const DEFAULT_MAX_ACTIVE_RESERVATIONS: i32 = 10;
 /// Upper bound on `max_active_reservations` (0 means unlimited).
 pub const MAX_ACTIVE_RESERVATIONS_LIMIT: i32 = 100_000;
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct AccountView {
     pub account_id: AccountId,
     pub name: String,
+    /// `active` or `suspended`.
     pub status: String,
     pub available: i64,
     pub reserved: i64,

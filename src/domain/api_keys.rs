@@ -22,7 +22,7 @@ const KEY_PREFIX: &str = "tbk_";
 /// Who is acting when the bootstrap `ADMIN_API_KEY` is used.
 pub const BOOTSTRAP_ACTOR: &str = "bootstrap-admin";
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Scope {
     Admin,
@@ -160,7 +160,7 @@ pub fn authenticate(conn: &mut PgConnection, presented: &str) -> Result<Caller, 
 }
 
 /// A freshly created key: the only time the secret is ever visible.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct CreatedApiKey {
     pub key_id: ApiKeyId,
     pub key: String,

@@ -10,7 +10,7 @@ use uuid::Uuid;
 use crate::error::ApiError;
 
 /// One failed check of one account.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Discrepancy {
     pub account_id: Uuid,
     pub check: String,

@@ -18,7 +18,7 @@ use crate::domain::ledger::{self, Balances, EntryKind, Movement};
 use crate::domain::types::{AccountId, ExternalRef, Note, Reason, SignedTokens, Tokens};
 use crate::error::ApiError;
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct CreditView {
     pub credit_id: Uuid,
     pub account_id: AccountId,
@@ -32,7 +32,7 @@ pub struct CreditView {
     pub ledger_entry_id: i64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct AdjustmentView {
     pub adjustment_id: Uuid,
     pub account_id: AccountId,

@@ -192,24 +192,30 @@ pub fn find_job(
         .ok_or(ApiError::NotFound("job"))
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct JobReservation {
     pub reservation_id: Uuid,
+    /// `held`, `committed`, `released` or `expired`.
     pub state: String,
     pub expires_at: DateTime<Utc>,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct JobView {
     pub job_id: Uuid,
     pub request_id: RequestId,
     pub account_id: AccountId,
     pub kind: String,
+    /// `queued`, `running`, `succeeded` or `failed`.
     pub status: String,
     pub cost: i64,
     pub attempts: i32,
     pub reservation: JobReservation,
+    /// The provider's result once `succeeded`.
+    #[schema(value_type = Option<Object>)]
     pub result: Option<Value>,
+    /// Why the job failed, once `failed`.
+    #[schema(value_type = Option<Object>)]
     pub error: Option<Value>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
@@ -283,7 +289,7 @@ pub fn get_job(
     job_view(conn, job)
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct JobPage {
     pub jobs: Vec<JobView>,
     pub next_after: Option<Uuid>,

@@ -129,10 +129,11 @@ pub fn append(conn: &mut PgConnection, movement: Movement<'_>) -> Result<LedgerE
         .get_result(conn)?)
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct LedgerEntryView {
     pub entry_id: i64,
     pub account_id: AccountId,
+    /// `credit`, `adjustment`, `reserve`, `commit`, `release` or `expire`.
     pub kind: String,
     pub amount: i64,
     pub available_after: i64,
@@ -166,7 +167,7 @@ impl From<LedgerEntryRow> for LedgerEntryView {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct LedgerPage {
     pub entries: Vec<LedgerEntryView>,
     pub next_after: Option<i64>,

@@ -91,9 +91,10 @@ impl AccountReconciliation {
 }
 
 /// One account's line of the report.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct AccountLine {
     pub account_id: Uuid,
+    /// `ok` or `mismatch`.
     pub status: &'static str,
     pub opening: i64,
     pub credited: i64,
@@ -113,7 +114,7 @@ pub struct AccountLine {
     pub job_commit_entries: i64,
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, utoipa::ToSchema)]
 pub struct Totals {
     pub accounts: i64,
     pub opening: i64,
@@ -128,13 +129,14 @@ pub struct Totals {
     pub job_commit_entries: i64,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct Report {
     pub from: String,
     pub to: String,
     /// The instant the books were read up to: the end of the period, or
     /// the database's `now()` while the period is still open.
     pub generated_at: String,
+    /// `ok` or `mismatch`.
     pub status: &'static str,
     pub totals: Totals,
     pub accounts: Vec<AccountLine>,

@@ -23,12 +23,13 @@ use crate::domain::ledger::{self, Balances, EntryKind, Movement};
 use crate::domain::types::{AccountId, RequestId, ReservationId, Tokens, TtlSeconds};
 use crate::error::ApiError;
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct ReservationView {
     pub reservation_id: ReservationId,
     pub account_id: AccountId,
     pub request_id: RequestId,
     pub amount: i64,
+    /// `held`, `committed`, `released` or `expired`.
     pub state: String,
     pub committed_amount: i64,
     pub expires_at: DateTime<Utc>,

@@ -1,7 +1,12 @@
 //! Parse, don't validate: newtypes whose constructors enforce the limits of
 //! `config.rs`, so an out-of-range value cannot reach the domain.
+//!
+//! Their OpenAPI schemas are written by hand from the same constants (not
+//! derived), so the documented bounds cannot drift from the enforced ones.
 
 use serde::{Deserialize, Serialize};
+use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, SchemaFormat, Type};
+use utoipa::openapi::{RefOr, Schema};
 use uuid::Uuid;
 
 use crate::config::{
@@ -20,6 +25,19 @@ macro_rules! id_newtype {
                 self.0.fmt(f)
             }
         }
+
+        // On the wire the id is the bare UUID (`serde(transparent)`).
+        impl utoipa::PartialSchema for $name {
+            fn schema() -> RefOr<Schema> {
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .format(Some(SchemaFormat::KnownFormat(KnownFormat::Uuid)))
+                    .description(Some(concat!("The id of ", $what, ".")))
+                    .into()
+            }
+        }
+
+        impl utoipa::ToSchema for $name {}
     };
 }
 
@@ -123,6 +141,51 @@ impl From<TtlSeconds> for i64 {
     }
 }
 
+/// The schema of an integer newtype: its bounds, as enforced by `try_from`.
+fn integer_schema(minimum: i64, maximum: i64, description: &str) -> RefOr<Schema> {
+    ObjectBuilder::new()
+        .schema_type(Type::Integer)
+        .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
+        .minimum(Some(minimum))
+        .maximum(Some(maximum))
+        .description(Some(description))
+        .into()
+}
+
+impl utoipa::PartialSchema for Tokens {
+    fn schema() -> RefOr<Schema> {
+        integer_schema(1, AMOUNT_MAX, "A positive number of tokens.")
+    }
+}
+
+impl utoipa::ToSchema for Tokens {}
+
+impl utoipa::PartialSchema for SignedTokens {
+    fn schema() -> RefOr<Schema> {
+        // JSON Schema's `not: {const: 0}` has no builder here: the
+        // description carries the non-zero rule.
+        integer_schema(
+            -AMOUNT_MAX,
+            AMOUNT_MAX,
+            "A signed number of tokens; must not be 0 (negative removes tokens).",
+        )
+    }
+}
+
+impl utoipa::ToSchema for SignedTokens {}
+
+impl utoipa::PartialSchema for TtlSeconds {
+    fn schema() -> RefOr<Schema> {
+        integer_schema(
+            i64::from(TTL_SECONDS_MIN),
+            i64::from(TTL_SECONDS_MAX),
+            "A reservation lifetime in seconds.",
+        )
+    }
+}
+
+impl utoipa::ToSchema for TtlSeconds {}
+
 /// Text a person typed (names, labels, references): trimmed of nothing,
 /// 1 … N characters, no control characters.
 fn bounded_text(field: &str, value: String, max: usize) -> Result<String, String> {
@@ -162,6 +225,21 @@ macro_rules! text_newtype {
                 value.0
             }
         }
+
+        impl utoipa::PartialSchema for $name {
+            fn schema() -> RefOr<Schema> {
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .min_length(Some(1))
+                    .max_length(Some($max))
+                    .description(Some(
+                        "Text of 1 to `maxLength` characters, no control characters.",
+                    ))
+                    .into()
+            }
+        }
+
+        impl utoipa::ToSchema for $name {}
     };
 }
 

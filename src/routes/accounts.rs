@@ -9,10 +9,10 @@ use super::{created, State};
 use crate::config::{LEDGER_PAGE_DEFAULT, LEDGER_PAGE_MAX};
 use crate::db::run_blocking;
 use crate::domain::accounts::{self, parse_max_active_reservations, AccountView};
-use crate::domain::api_keys::{create_api_key, Caller, Scope};
-use crate::domain::ledger;
+use crate::domain::api_keys::{create_api_key, Caller, CreatedApiKey, Scope};
+use crate::domain::ledger::{self, LedgerPage};
 use crate::domain::types::{AccountId, Label, Name};
-use crate::error::ApiError;
+use crate::error::{ApiError, Problem};
 
 pub fn configure(config: &mut web::ServiceConfig) {
     config
@@ -23,13 +23,38 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .service(list_ledger);
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CreateAccount {
     name: Name,
+    /// Held reservations allowed at once; 0 means unlimited. Default 10.
+    #[schema(minimum = 0, maximum = 100000)]
     max_active_reservations: Option<i64>,
 }
 
+/// Creates an account with no tokens (admin).
+#[utoipa::path(
+    tag = "accounts",
+    request_body = CreateAccount,
+    responses(
+        (status = 201, description = "The new account", body = AccountView,
+         headers(("Location" = String, description = "The account's URL"))),
+        (status = 400, description = "Invalid JSON, field or limit",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing, unknown or revoked API key",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Not an admin key",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body larger than 64 KiB",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Internal error; nothing was changed",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unreachable; nothing was changed, retry",
+         body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = String, description = "Seconds to wait"))),
+    ),
+    security(("bearer" = [])),
+)]
 #[post("/v1/accounts")]
 async fn create_account(
     caller: Caller,
@@ -51,6 +76,32 @@ async fn create_account(
 }
 
 /// Balances, with the version as `ETag` (`If-None-Match` answers 304).
+#[utoipa::path(
+    tag = "accounts",
+    params(
+        ("account_id" = Uuid, Path, description = "The account"),
+        ("If-None-Match" = Option<String>, Header,
+         description = "A previous `ETag`: unchanged balances answer 304"),
+    ),
+    responses(
+        (status = 200, description = "The account and its balances", body = AccountView,
+         headers(("ETag" = String, description = "The account's version, quoted"))),
+        (status = 304, description = "Unchanged since the `If-None-Match` version",
+         headers(("ETag" = String, description = "The account's version, quoted"))),
+        (status = 400, description = "The account id is not a UUID",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing, unknown or revoked API key",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such account, or not this kiosk's",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Internal error",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unreachable, retry",
+         body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = String, description = "Seconds to wait"))),
+    ),
+    security(("bearer" = [])),
+)]
 #[get("/v1/accounts/{account_id}")]
 async fn get_account(
     caller: Caller,
@@ -86,14 +137,42 @@ async fn get_account(
         .json(view))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct UpdateAccount {
+    /// `active` or `suspended`.
+    #[schema(pattern = "^(active|suspended)$")]
     status: Option<String>,
+    /// Held reservations allowed at once; 0 means unlimited.
+    #[schema(minimum = 0, maximum = 100000)]
     max_active_reservations: Option<i64>,
 }
 
 /// Suspends or reactivates an account, or changes its reservation limit.
+#[utoipa::path(
+    tag = "accounts",
+    params(("account_id" = Uuid, Path, description = "The account")),
+    request_body = UpdateAccount,
+    responses(
+        (status = 200, description = "The updated account", body = AccountView),
+        (status = 400, description = "Invalid JSON, path, status or limit",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing, unknown or revoked API key",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Not an admin key",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such account, or not this kiosk's",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body larger than 64 KiB",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Internal error; nothing was changed",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unreachable; nothing was changed, retry",
+         body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = String, description = "Seconds to wait"))),
+    ),
+    security(("bearer" = [])),
+)]
 #[patch("/v1/accounts/{account_id}")]
 async fn update_account(
     caller: Caller,
@@ -117,14 +196,40 @@ async fn update_account(
     Ok(HttpResponse::Ok().json(AccountView::from(row)))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CreateKioskKey {
+    /// Must be `kiosk` here.
     scope: Scope,
     label: Label,
 }
 
 /// A kiosk key bound to this account; the key is in this answer only.
+#[utoipa::path(
+    tag = "api-keys",
+    params(("account_id" = Uuid, Path, description = "The account the key spends from")),
+    request_body = CreateKioskKey,
+    responses(
+        (status = 201, description = "The new key, with its secret (shown only now)",
+         body = CreatedApiKey),
+        (status = 400, description = "Invalid JSON, path or label, or a scope other than kiosk",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing, unknown or revoked API key",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Not an admin key",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such account, or not this kiosk's",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body larger than 64 KiB",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Internal error; nothing was changed",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unreachable; nothing was changed, retry",
+         body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = String, description = "Seconds to wait"))),
+    ),
+    security(("bearer" = [])),
+)]
 #[post("/v1/accounts/{account_id}/api-keys")]
 async fn create_kiosk_key(
     caller: Caller,
@@ -147,14 +252,38 @@ async fn create_kiosk_key(
     Ok(HttpResponse::Created().json(key))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 struct LedgerQuery {
+    /// Entries after this entry id: the previous page's `next_after`.
+    #[param(minimum = 0)]
     after: Option<i64>,
+    /// Entries per page, default 100.
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<i64>,
 }
 
 /// The account's ledger, oldest first; `next_after` is the next cursor.
+#[utoipa::path(
+    tag = "accounts",
+    params(("account_id" = Uuid, Path, description = "The account"), LedgerQuery),
+    responses(
+        (status = 200, description = "One page of entries", body = LedgerPage),
+        (status = 400, description = "Invalid path, `after` or `limit`",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing, unknown or revoked API key",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such account, or not this kiosk's",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Internal error",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unreachable, retry",
+         body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = String, description = "Seconds to wait"))),
+    ),
+    security(("bearer" = [])),
+)]
 #[get("/v1/accounts/{account_id}/ledger")]
 async fn list_ledger(
     caller: Caller,

@@ -6,22 +6,45 @@ use uuid::Uuid;
 
 use super::State;
 use crate::db::run_blocking;
-use crate::domain::api_keys::{create_api_key, revoke_api_key, Caller, Scope};
+use crate::domain::api_keys::{create_api_key, revoke_api_key, Caller, CreatedApiKey, Scope};
 use crate::domain::types::{ApiKeyId, Label};
-use crate::error::ApiError;
+use crate::error::{ApiError, Problem};
 
 pub fn configure(config: &mut web::ServiceConfig) {
     config.service(create_key).service(revoke_key);
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CreateKey {
+    /// `admin` or `finance`; kiosk keys are created on their account.
     scope: Scope,
     label: Label,
 }
 
 /// An admin or finance key, not bound to an account.
+#[utoipa::path(
+    tag = "api-keys",
+    request_body = CreateKey,
+    responses(
+        (status = 201, description = "The new key, with its secret (shown only now)",
+         body = CreatedApiKey),
+        (status = 400, description = "Invalid JSON or label, or scope kiosk",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing, unknown or revoked API key",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Not an admin key",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body larger than 64 KiB",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Internal error; nothing was changed",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unreachable; nothing was changed, retry",
+         body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = String, description = "Seconds to wait"))),
+    ),
+    security(("bearer" = [])),
+)]
 #[post("/v1/api-keys")]
 async fn create_key(
     caller: Caller,
@@ -44,6 +67,29 @@ async fn create_key(
 }
 
 /// Revokes a key; every replica refuses it from the next request on.
+///
+/// Revoking a revoked key again is a 204 too.
+#[utoipa::path(
+    tag = "api-keys",
+    params(("key_id" = Uuid, Path, description = "The key (its `key_id`)")),
+    responses(
+        (status = 204, description = "Revoked"),
+        (status = 400, description = "The key id is not a UUID",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing, unknown or revoked API key",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Not an admin key",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such key",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Internal error; nothing was changed",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unreachable; nothing was changed, retry",
+         body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = String, description = "Seconds to wait"))),
+    ),
+    security(("bearer" = [])),
+)]
 #[delete("/v1/api-keys/{key_id}")]
 async fn revoke_key(
     caller: Caller,

@@ -7,23 +7,54 @@ use uuid::Uuid;
 use super::{created, replayed, State};
 use crate::db::run_blocking;
 use crate::domain::api_keys::Caller;
-use crate::domain::credits::{self, Outcome};
+use crate::domain::credits::{self, AdjustmentView, CreditView, Outcome};
 use crate::domain::types::{AccountId, ExternalRef, Note, Reason, SignedTokens, Tokens};
-use crate::error::ApiError;
+use crate::error::{ApiError, Problem};
 
 pub fn configure(config: &mut web::ServiceConfig) {
     config.service(create_credit).service(create_adjustment);
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CreateCredit {
     amount: Tokens,
+    /// The payment's reference: the idempotency key of this credit.
     external_ref: ExternalRef,
     note: Option<Note>,
 }
 
 /// Adds tokens; idempotent on `external_ref`.
+#[utoipa::path(
+    tag = "credits",
+    params(("account_id" = Uuid, Path, description = "The account")),
+    request_body = CreateCredit,
+    responses(
+        (status = 201, description = "Credited", body = CreditView,
+         headers(("Location" = String, description = "The account's ledger"))),
+        (status = 200, description = "A replay of the same credit: nothing new was credited",
+         body = CreditView,
+         headers(("Idempotent-Replayed" = String, description = "`true`"))),
+        (status = 400, description = "Invalid JSON, path, amount or text",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing, unknown or revoked API key",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Not an admin key",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such account, or not this kiosk's",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body larger than 64 KiB",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`external_ref` already used for a different credit",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Internal error; nothing was changed",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unreachable; nothing was changed, retry",
+         body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = String, description = "Seconds to wait"))),
+    ),
+    security(("bearer" = [])),
+)]
 #[post("/v1/accounts/{account_id}/credits")]
 async fn create_credit(
     caller: Caller,
@@ -54,15 +85,48 @@ async fn create_credit(
     })
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CreateAdjustment {
     amount: SignedTokens,
     reason: Reason,
+    /// The idempotency key of this adjustment.
     external_ref: ExternalRef,
 }
 
 /// Adds or removes tokens with a reason; never drives `available` below 0.
+#[utoipa::path(
+    tag = "credits",
+    params(("account_id" = Uuid, Path, description = "The account")),
+    request_body = CreateAdjustment,
+    responses(
+        (status = 201, description = "Adjusted", body = AdjustmentView,
+         headers(("Location" = String, description = "The account's ledger"))),
+        (status = 200, description = "A replay of the same adjustment: nothing new was adjusted",
+         body = AdjustmentView,
+         headers(("Idempotent-Replayed" = String, description = "`true`"))),
+        (status = 400, description = "Invalid JSON, path, amount or text",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing, unknown or revoked API key",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 402, description = "A removal larger than the available tokens",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Not an admin key",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such account, or not this kiosk's",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body larger than 64 KiB",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`external_ref` already used for a different adjustment",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Internal error; nothing was changed",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unreachable; nothing was changed, retry",
+         body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = String, description = "Seconds to wait"))),
+    ),
+    security(("bearer" = [])),
+)]
 #[post("/v1/accounts/{account_id}/adjustments")]
 async fn create_adjustment(
     caller: Caller,

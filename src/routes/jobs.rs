@@ -12,10 +12,10 @@ use super::{created, replayed, State};
 use crate::config::{JOB_PAGE_DEFAULT, JOB_PAGE_MAX, JOB_WAIT_SECONDS_MAX};
 use crate::db::run_blocking;
 use crate::domain::api_keys::Caller;
-use crate::domain::jobs::{self, JobRequest};
+use crate::domain::jobs::{self, JobPage, JobRequest, JobView};
 use crate::domain::reservations::Outcome;
 use crate::domain::types::{AccountId, RequestId};
-use crate::error::ApiError;
+use crate::error::{ApiError, Problem};
 
 pub fn configure(config: &mut web::ServiceConfig) {
     config
@@ -24,16 +24,57 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .service(list_jobs);
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CreateJob {
+    /// The kiosk's idempotency key: the same id, kind and params replay.
     request_id: Uuid,
+    /// A kind from the service's price list; its price is the job's cost.
     kind: String,
+    /// The provider's parameters, at most 16 KiB of JSON.
+    #[schema(value_type = Object)]
     params: Value,
 }
 
+/// Creates a generation job and reserves its cost.
+///
 /// 201 + `Location` for a new job; 200 + `Idempotent-Replayed` for a
 /// replay, also while the first request is still in flight.
+#[utoipa::path(
+    tag = "jobs",
+    params(("account_id" = Uuid, Path, description = "The account paying for the job")),
+    request_body = CreateJob,
+    responses(
+        (status = 201, description = "Queued, its cost reserved", body = JobView,
+         headers(("Location" = String, description = "The job's URL"))),
+        (status = 200, description = "A replay of the same request: no new job", body = JobView,
+         headers(("Idempotent-Replayed" = String, description = "`true`"))),
+        (status = 400, description = "Invalid JSON or path, unknown kind, params not an object \
+         or too large", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing, unknown or revoked API key",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 402, description = "Not enough available tokens for the cost",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "A finance key cannot spend",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such account, or not this kiosk's",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The account is suspended",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body larger than 64 KiB",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`request_id` already used for a different job",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Too many held reservations (`max_active_reservations`)",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Internal error; nothing was changed",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unreachable; nothing was changed, retry",
+         body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = String, description = "Seconds to wait"))),
+    ),
+    security(("bearer" = [])),
+)]
 #[post("/v1/accounts/{account_id}/jobs")]
 async fn create_job(
     caller: Caller,
@@ -69,14 +110,43 @@ async fn create_job(
     })
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 struct WaitQuery {
+    /// Wait up to this long for a terminal status. Default 0: answer now.
+    #[param(minimum = 0, maximum = 30)]
     wait_seconds: Option<u64>,
 }
 
+/// One job, optionally waiting for it to finish.
+///
 /// The job; with `wait_seconds`, answers as soon as it is terminal (or when
 /// the wait ends). The wait holds no database connection.
+#[utoipa::path(
+    tag = "jobs",
+    params(
+        ("account_id" = Uuid, Path, description = "The account"),
+        ("request_id" = Uuid, Path, description = "The job's `request_id`"),
+        WaitQuery,
+    ),
+    responses(
+        (status = 200, description = "The job, terminal or as it is when the wait ends",
+         body = JobView),
+        (status = 400, description = "Invalid path or `wait_seconds`",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing, unknown or revoked API key",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such account or job, or not this kiosk's",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Internal error",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unreachable, retry",
+         body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = String, description = "Seconds to wait"))),
+    ),
+    security(("bearer" = [])),
+)]
 #[get("/v1/accounts/{account_id}/jobs/{request_id}")]
 async fn get_job(
     caller: Caller,
@@ -112,15 +182,40 @@ async fn get_job(
     Ok(HttpResponse::Ok().json(fetch().await?))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 struct ListQuery {
+    /// Only jobs in this status: `queued`, `running`, `succeeded` or `failed`.
+    #[param(pattern = "^(queued|running|succeeded|failed)$")]
     status: Option<String>,
+    /// Jobs per page, default 50.
+    #[param(minimum = 1, maximum = 500)]
     limit: Option<i64>,
+    /// Jobs older than this `job_id`: the previous page's `next_after`.
     after: Option<Uuid>,
 }
 
 /// The account's jobs, newest first; `next_after` continues the list.
+#[utoipa::path(
+    tag = "jobs",
+    params(("account_id" = Uuid, Path, description = "The account"), ListQuery),
+    responses(
+        (status = 200, description = "One page of jobs", body = JobPage),
+        (status = 400, description = "Invalid path, `status`, `limit` or `after`",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing, unknown or revoked API key",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such account, or not this kiosk's",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Internal error",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unreachable, retry",
+         body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = String, description = "Seconds to wait"))),
+    ),
+    security(("bearer" = [])),
+)]
 #[get("/v1/accounts/{account_id}/jobs")]
 async fn list_jobs(
     caller: Caller,

@@ -1,13 +1,16 @@
 //! Thin HTTP handlers: extract and validate input, call one domain function
 //! inside `run_blocking`, map the result to JSON. No SQL here.
 
-mod accounts;
-mod api_keys;
-mod credits;
-mod health;
-mod jobs;
-mod reconciliation;
-mod reservations;
+// `pub(crate)` so that `crate::openapi` can name each handler's
+// `#[utoipa::path]` in the document.
+pub(crate) mod accounts;
+pub(crate) mod api_keys;
+pub(crate) mod credits;
+pub(crate) mod docs;
+pub(crate) mod health;
+pub(crate) mod jobs;
+pub(crate) mod reconciliation;
+pub(crate) mod reservations;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -26,6 +29,7 @@ pub type State = web::Data<AppState>;
 
 pub fn configure(config: &mut web::ServiceConfig) {
     health::configure(config);
+    docs::configure(config);
     accounts::configure(config);
     api_keys::configure(config);
     credits::configure(config);

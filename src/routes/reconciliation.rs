@@ -9,21 +9,53 @@ use super::State;
 use crate::config::{RECONCILIATION_RANGE_DEFAULT, RECONCILIATION_RANGE_MAX};
 use crate::db::run_blocking;
 use crate::domain::api_keys::Caller;
-use crate::domain::reconciliation::{parse_period, reconcile, to_csv};
-use crate::error::ApiError;
+use crate::domain::reconciliation::{parse_period, reconcile, to_csv, Report};
+use crate::error::{ApiError, Problem};
 
 pub fn configure(config: &mut web::ServiceConfig) {
     config.service(get_reconciliation);
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 struct PeriodQuery {
+    /// Start of the period (RFC 3339, inclusive). Default: 30 days before `to`.
+    #[param(format = DateTime)]
     from: Option<String>,
+    /// End of the period (RFC 3339, exclusive). Default: now. At most 366 days after `from`.
+    #[param(format = DateTime)]
     to: Option<String>,
+    /// Only this account.
     account_id: Option<Uuid>,
 }
 
+/// The finance report of a period (finance or admin).
+///
+/// The books of `[from, to)`, per account and in total. `Accept: text/csv`
+/// answers CSV, one line per account.
+#[utoipa::path(
+    tag = "reconciliation",
+    params(PeriodQuery),
+    responses(
+        (status = 200, description = "The report", content(
+            (Report = "application/json"),
+            (String = "text/csv"),
+        )),
+        (status = 400, description = "Invalid query: timestamps, `from` not before `to`, \
+         period too long", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing, unknown or revoked API key",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "A kiosk key cannot read the books",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Internal error",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unreachable, retry",
+         body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = String, description = "Seconds to wait"))),
+    ),
+    security(("bearer" = [])),
+)]
 #[get("/v1/reconciliation")]
 async fn get_reconciliation(
     caller: Caller,

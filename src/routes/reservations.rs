@@ -12,7 +12,7 @@ use crate::db::run_blocking;
 use crate::domain::api_keys::Caller;
 use crate::domain::reservations::{self, Outcome, ReservationView, ReserveRequest};
 use crate::domain::types::{AccountId, RequestId, ReservationId, Tokens, TtlSeconds};
-use crate::error::ApiError;
+use crate::error::{ApiError, Problem};
 use crate::metrics::Metrics;
 
 pub fn configure(config: &mut web::ServiceConfig) {
@@ -24,11 +24,13 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .service(extend_reservation);
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CreateReservation {
+    /// The kiosk's idempotency key: the same id and amount replay.
     request_id: Uuid,
     amount: Tokens,
+    /// Default: the service's `RESERVATION_TTL_SECONDS`.
     ttl_seconds: Option<TtlSeconds>,
 }
 
@@ -52,6 +54,42 @@ fn respond(row: ReservationRow, outcome: Outcome) -> HttpResponse {
 }
 
 /// Reserves tokens: 201 new, 200 + `Idempotent-Replayed` for a replay.
+#[utoipa::path(
+    tag = "reservations",
+    params(("account_id" = Uuid, Path, description = "The account")),
+    request_body = CreateReservation,
+    responses(
+        (status = 201, description = "Reserved", body = ReservationView,
+         headers(("Location" = String, description = "The reservation's URL"))),
+        (status = 200, description = "A replay of the same request: nothing new was reserved",
+         body = ReservationView,
+         headers(("Idempotent-Replayed" = String, description = "`true`"))),
+        (status = 400, description = "Invalid JSON, path, amount or TTL",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing, unknown or revoked API key",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 402, description = "Not enough available tokens (`available`, `reserved`)",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "A finance key cannot spend",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such account, or not this kiosk's",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The account is suspended",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body larger than 64 KiB",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`request_id` already used for a different reservation",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Too many held reservations (`max_active_reservations`)",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Internal error; nothing was changed",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unreachable; nothing was changed, retry",
+         body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = String, description = "Seconds to wait"))),
+    ),
+    security(("bearer" = [])),
+)]
 #[post("/v1/accounts/{account_id}/reservations")]
 async fn create_reservation(
     caller: Caller,
@@ -93,6 +131,29 @@ async fn create_reservation(
     })
 }
 
+/// One reservation, in whatever state.
+#[utoipa::path(
+    tag = "reservations",
+    params(
+        ("account_id" = Uuid, Path, description = "The account"),
+        ("reservation_id" = Uuid, Path, description = "The reservation"),
+    ),
+    responses(
+        (status = 200, description = "The reservation", body = ReservationView),
+        (status = 400, description = "An id is not a UUID",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing, unknown or revoked API key",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such account or reservation, or not this kiosk's",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Internal error",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unreachable, retry",
+         body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = String, description = "Seconds to wait"))),
+    ),
+    security(("bearer" = [])),
+)]
 #[get("/v1/accounts/{account_id}/reservations/{reservation_id}")]
 async fn get_reservation(
     caller: Caller,
@@ -109,13 +170,47 @@ async fn get_reservation(
     Ok(HttpResponse::Ok().json(ReservationView::from(row)))
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CommitBody {
+    /// Tokens to spend, at most the amount held. Default: all held.
     amount: Option<Tokens>,
 }
 
 /// Spends `amount` (default: all held); the rest goes back to available.
+///
+/// The body may be empty.
+#[utoipa::path(
+    tag = "reservations",
+    params(
+        ("account_id" = Uuid, Path, description = "The account"),
+        ("reservation_id" = Uuid, Path, description = "The reservation"),
+    ),
+    request_body(content = Option<CommitBody>, description = "Optional: empty means commit all"),
+    responses(
+        (status = 200, description = "Committed; with `Idempotent-Replayed: true` a replay of \
+         the same commit", body = ReservationView,
+         headers(("Idempotent-Replayed" = String, description = "`true` on a replay"))),
+        (status = 400, description = "Invalid JSON or path, or more than is held",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing, unknown or revoked API key",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "A finance key cannot spend",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such account or reservation, or not this kiosk's",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Not held any more (`state`), or owned by a job",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body larger than 64 KiB",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Internal error; nothing was changed",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unreachable; nothing was changed, retry",
+         body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = String, description = "Seconds to wait"))),
+    ),
+    security(("bearer" = [])),
+)]
 #[post("/v1/accounts/{account_id}/reservations/{reservation_id}/commit")]
 async fn commit_reservation(
     caller: Caller,
@@ -138,7 +233,35 @@ async fn commit_reservation(
     Ok(respond(row, outcome))
 }
 
-/// Returns all held tokens to available.
+/// Returns all held tokens to available. Any body is ignored.
+#[utoipa::path(
+    tag = "reservations",
+    params(
+        ("account_id" = Uuid, Path, description = "The account"),
+        ("reservation_id" = Uuid, Path, description = "The reservation"),
+    ),
+    responses(
+        (status = 200, description = "Released; with `Idempotent-Replayed: true` a replay of \
+         the same release", body = ReservationView,
+         headers(("Idempotent-Replayed" = String, description = "`true` on a replay"))),
+        (status = 400, description = "An id is not a UUID",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing, unknown or revoked API key",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "A finance key cannot spend",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such account or reservation, or not this kiosk's",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Not held any more (`state`), or owned by a job",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Internal error; nothing was changed",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unreachable; nothing was changed, retry",
+         body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = String, description = "Seconds to wait"))),
+    ),
+    security(("bearer" = [])),
+)]
 #[post("/v1/accounts/{account_id}/reservations/{reservation_id}/release")]
 async fn release_reservation(
     caller: Caller,
@@ -159,13 +282,42 @@ async fn release_reservation(
     Ok(respond(row, outcome))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct ExtendBody {
     ttl_seconds: TtlSeconds,
 }
 
 /// Heartbeat: the reservation now expires `ttl_seconds` from now.
+#[utoipa::path(
+    tag = "reservations",
+    params(
+        ("account_id" = Uuid, Path, description = "The account"),
+        ("reservation_id" = Uuid, Path, description = "The reservation"),
+    ),
+    request_body = ExtendBody,
+    responses(
+        (status = 200, description = "Extended", body = ReservationView),
+        (status = 400, description = "Invalid JSON, path or TTL",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing, unknown or revoked API key",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "A finance key cannot spend",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such account or reservation, or not this kiosk's",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Not held any more (`state`; an expired one is expired \
+         now), or owned by a job", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body larger than 64 KiB",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Internal error; nothing was changed",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unreachable; nothing was changed, retry",
+         body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = String, description = "Seconds to wait"))),
+    ),
+    security(("bearer" = [])),
+)]
 #[post("/v1/accounts/{account_id}/reservations/{reservation_id}/extend")]
 async fn extend_reservation(
     caller: Caller,

@@ -12,6 +12,7 @@ mod credits;
 mod fencing;
 mod jobs;
 mod ledger_property;
+mod openapi;
 mod reaper;
 mod reconciliation;
 mod reservations;

@@ -1,0 +1,216 @@
+//! The OpenAPI 3.1 document of the HTTP API, generated at compile time from
+//! the handlers' `#[utoipa::path]` annotations and the types' `ToSchema`.
+//!
+//! Rules: every route that `routes::configure` registers is listed in
+//! `paths(...)`, and nothing else (tests/api/openapi.rs checks both ways);
+//! every `/v1` operation requires the `bearer` scheme and documents its 401
+//! and each other status it can answer, errors as `Problem`. Request bodies
+//! are private to their route files and reach `components` through the
+//! paths that use them; the public response types are listed here.
+
+use std::sync::LazyLock;
+
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+use crate::domain::{accounts, api_keys, checks, credits, jobs, ledger};
+use crate::domain::{reconciliation, reservations, types};
+use crate::error::{ApiError, Problem, ProblemCode};
+use crate::routes;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "token-billing",
+        version = env!("CARGO_PKG_VERSION"),
+        description = "Prepaid token billing for AI photo kiosks: reserve, commit, release, \
+            with an append-only ledger.\n\n\
+            Every `/v1` endpoint takes `Authorization: Bearer <key>`: the bootstrap \
+            `ADMIN_API_KEY`, or a key from `POST /v1/api-keys` (admin, finance) or \
+            `POST /v1/accounts/{account_id}/api-keys` (kiosk). A kiosk key sees only its \
+            own account: any other account id is 404. Errors are RFC 9457 \
+            `application/problem+json`; branch on `code`.",
+    ),
+    paths(
+        routes::health::healthz,
+        routes::health::readyz,
+        routes::health::metrics_endpoint,
+        routes::docs::openapi_json,
+        routes::docs::swagger_ui,
+        routes::docs::swagger_ui_asset,
+        routes::accounts::create_account,
+        routes::accounts::get_account,
+        routes::accounts::update_account,
+        routes::accounts::create_kiosk_key,
+        routes::accounts::list_ledger,
+        routes::api_keys::create_key,
+        routes::api_keys::revoke_key,
+        routes::credits::create_credit,
+        routes::credits::create_adjustment,
+        routes::reservations::create_reservation,
+        routes::reservations::get_reservation,
+        routes::reservations::commit_reservation,
+        routes::reservations::release_reservation,
+        routes::reservations::extend_reservation,
+        routes::jobs::create_job,
+        routes::jobs::get_job,
+        routes::jobs::list_jobs,
+        routes::reconciliation::get_reconciliation,
+    ),
+    components(schemas(
+        Problem,
+        ProblemCode,
+        accounts::AccountView,
+        api_keys::CreatedApiKey,
+        api_keys::Scope,
+        credits::CreditView,
+        credits::AdjustmentView,
+        ledger::LedgerPage,
+        ledger::LedgerEntryView,
+        reservations::ReservationView,
+        jobs::JobView,
+        jobs::JobReservation,
+        jobs::JobPage,
+        reconciliation::Report,
+        reconciliation::AccountLine,
+        reconciliation::Totals,
+        checks::Discrepancy,
+        types::AccountId,
+        types::ReservationId,
+        types::RequestId,
+        types::ApiKeyId,
+        types::Tokens,
+        types::SignedTokens,
+        types::TtlSeconds,
+        types::Name,
+        types::Label,
+        types::ExternalRef,
+        types::Reason,
+        types::Note,
+    )),
+    modifiers(&BearerScheme),
+    tags(
+        (name = "accounts", description = "Accounts, their balances and their ledger"),
+        (name = "api-keys", description = "Admin, finance and kiosk keys"),
+        (name = "credits", description = "Top-ups and adjustments (admin)"),
+        (name = "reservations", description = "Reserve, commit, release, extend"),
+        (name = "jobs", description = "Generation jobs paid from a reservation"),
+        (name = "reconciliation", description = "Finance reports"),
+        (name = "health", description = "Probes and metrics, no key"),
+        (name = "docs", description = "This document and Swagger UI, no key"),
+    ),
+)]
+pub struct ApiDoc;
+
+/// The `bearer` scheme that every `/v1` operation names in its `security`.
+/// Keys are opaque strings, not JWTs, hence no `bearerFormat`.
+struct BearerScheme;
+
+impl Modify for BearerScheme {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// The document is the same for the life of the process: built and
+/// serialized once, on first request.
+static DOCUMENT: LazyLock<Result<String, String>> = LazyLock::new(|| {
+    ApiDoc::openapi()
+        .to_json()
+        .map_err(|error| error.to_string())
+});
+
+/// The serialized document, for `GET /openapi.json`.
+pub fn document_json() -> Result<&'static str, ApiError> {
+    DOCUMENT
+        .as_deref()
+        .map_err(|error| ApiError::Internal(format!("serializing the OpenAPI document: {error}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+
+    use super::*;
+    use crate::config::{
+        AMOUNT_MAX, JOB_PAGE_MAX, JOB_WAIT_SECONDS_MAX, LEDGER_PAGE_MAX, NAME_LENGTH_MAX,
+        REASON_LENGTH_MAX, TTL_SECONDS_MAX,
+    };
+    use crate::domain::accounts::MAX_ACTIVE_RESERVATIONS_LIMIT;
+
+    fn document() -> Value {
+        serde_json::from_str(document_json().expect("document serializes")).expect("JSON")
+    }
+
+    fn query_parameter<'a>(doc: &'a Value, path: &str, method: &str, name: &str) -> &'a Value {
+        doc["paths"][path][method]["parameters"]
+            .as_array()
+            .expect("parameters")
+            .iter()
+            .find(|parameter| parameter["name"] == name)
+            .unwrap_or_else(|| panic!("{method} {path} has no parameter {name}"))
+    }
+
+    fn as_i64(value: &Value) -> i64 {
+        value
+            .as_i64()
+            .or_else(|| value.as_f64().map(|number| number as i64))
+            .unwrap_or_else(|| panic!("{value} is a number"))
+    }
+
+    /// Bounds that `#[schema]`/`#[param]` can only take as literals must
+    /// still equal the constants the handlers enforce.
+    #[test]
+    fn literal_bounds_match_the_enforced_limits() {
+        let doc = document();
+        let schemas = &doc["components"]["schemas"];
+        for body in ["CreateAccount", "UpdateAccount"] {
+            assert_eq!(
+                as_i64(&schemas[body]["properties"]["max_active_reservations"]["maximum"]),
+                i64::from(MAX_ACTIVE_RESERVATIONS_LIMIT),
+                "{body}"
+            );
+        }
+        let ledger = "/v1/accounts/{account_id}/ledger";
+        let limit = query_parameter(&doc, ledger, "get", "limit");
+        assert_eq!(as_i64(&limit["schema"]["maximum"]), LEDGER_PAGE_MAX);
+        let jobs = "/v1/accounts/{account_id}/jobs";
+        let limit = query_parameter(&doc, jobs, "get", "limit");
+        assert_eq!(as_i64(&limit["schema"]["maximum"]), JOB_PAGE_MAX);
+        let job = "/v1/accounts/{account_id}/jobs/{request_id}";
+        let wait = query_parameter(&doc, job, "get", "wait_seconds");
+        assert_eq!(
+            as_i64(&wait["schema"]["maximum"]),
+            i64::try_from(JOB_WAIT_SECONDS_MAX).expect("small")
+        );
+    }
+
+    #[test]
+    fn newtypes_document_their_bounds() {
+        let doc = document();
+        let schemas = &doc["components"]["schemas"];
+        assert_eq!(as_i64(&schemas["Tokens"]["minimum"]), 1);
+        assert_eq!(as_i64(&schemas["Tokens"]["maximum"]), AMOUNT_MAX);
+        assert_eq!(as_i64(&schemas["SignedTokens"]["minimum"]), -AMOUNT_MAX);
+        assert_eq!(
+            as_i64(&schemas["TtlSeconds"]["maximum"]),
+            i64::from(TTL_SECONDS_MAX)
+        );
+        assert_eq!(schemas["AccountId"]["format"], "uuid");
+        let name_max = i64::try_from(NAME_LENGTH_MAX).expect("small");
+        let reason_max = i64::try_from(REASON_LENGTH_MAX).expect("small");
+        for (text, max) in [
+            ("Name", name_max),
+            ("Label", name_max),
+            ("ExternalRef", name_max),
+            ("Reason", reason_max),
+            ("Note", reason_max),
+        ] {
+            assert_eq!(as_i64(&schemas[text]["maxLength"]), max, "{text}");
+        }
+    }
+}

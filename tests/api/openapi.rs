@@ -1,0 +1,289 @@
+use std::collections::BTreeSet;
+
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::helpers::{problem, TestApp, ADMIN_KEY};
+
+/// Every route the application registers, as actix spells the path. The
+/// document must list exactly these, and the app must answer each.
+const ROUTES: [(&str, &str); 24] = [
+    ("get", "/healthz"),
+    ("get", "/readyz"),
+    ("get", "/metrics"),
+    ("get", "/openapi.json"),
+    ("get", "/docs"),
+    ("get", "/docs/{file}"),
+    ("post", "/v1/accounts"),
+    ("get", "/v1/accounts/{account_id}"),
+    ("patch", "/v1/accounts/{account_id}"),
+    ("post", "/v1/accounts/{account_id}/api-keys"),
+    ("get", "/v1/accounts/{account_id}/ledger"),
+    ("post", "/v1/api-keys"),
+    ("delete", "/v1/api-keys/{key_id}"),
+    ("post", "/v1/accounts/{account_id}/credits"),
+    ("post", "/v1/accounts/{account_id}/adjustments"),
+    ("post", "/v1/accounts/{account_id}/reservations"),
+    (
+        "get",
+        "/v1/accounts/{account_id}/reservations/{reservation_id}",
+    ),
+    (
+        "post",
+        "/v1/accounts/{account_id}/reservations/{reservation_id}/commit",
+    ),
+    (
+        "post",
+        "/v1/accounts/{account_id}/reservations/{reservation_id}/release",
+    ),
+    (
+        "post",
+        "/v1/accounts/{account_id}/reservations/{reservation_id}/extend",
+    ),
+    ("post", "/v1/accounts/{account_id}/jobs"),
+    ("get", "/v1/accounts/{account_id}/jobs/{request_id}"),
+    ("get", "/v1/accounts/{account_id}/jobs"),
+    ("get", "/v1/reconciliation"),
+];
+
+/// The codes of `ApiError::code()`.
+const PROBLEM_CODES: [&str; 13] = [
+    "invalid_request",
+    "unauthorized",
+    "forbidden",
+    "not_found",
+    "insufficient_tokens",
+    "reservation_not_held",
+    "reservation_owned_by_job",
+    "account_suspended",
+    "payload_too_large",
+    "idempotency_key_reused",
+    "too_many_active_reservations",
+    "unavailable",
+    "internal_error",
+];
+
+const HTTP_METHODS: [&str; 8] = [
+    "get", "put", "post", "delete", "options", "head", "patch", "trace",
+];
+
+async fn document(app: &TestApp) -> Value {
+    let response = app
+        .client
+        .get(app.url("/openapi.json"))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), StatusCode::OK);
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        content_type.starts_with("application/json"),
+        "{content_type}"
+    );
+    response.json().await.expect("the document is JSON")
+}
+
+/// Every operation of the document as (method, path, operation).
+fn operations(doc: &Value) -> Vec<(String, String, Value)> {
+    let paths = doc["paths"].as_object().expect("paths is an object");
+    let mut found = Vec::new();
+    for (path, item) in paths {
+        for (method, operation) in item.as_object().expect("a path item") {
+            if HTTP_METHODS.contains(&method.as_str()) {
+                found.push((method.clone(), path.clone(), operation.clone()));
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn document_is_openapi_3() {
+    let app = TestApp::spawn().await;
+    let doc = document(&app).await;
+    let version = doc["openapi"].as_str().expect("openapi is a string");
+    assert!(version.starts_with("3."), "{version}");
+    assert_eq!(doc["info"]["title"], "token-billing");
+    assert_eq!(doc["info"]["version"], env!("CARGO_PKG_VERSION"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn document_lists_exactly_the_routes() {
+    let app = TestApp::spawn().await;
+    let doc = document(&app).await;
+    for (method, path) in ROUTES {
+        assert!(
+            doc["paths"][path][method].is_object(),
+            "{} {path} is not documented",
+            method.to_uppercase()
+        );
+    }
+    let expected: BTreeSet<(String, String)> = ROUTES
+        .iter()
+        .map(|(method, path)| (method.to_string(), path.to_string()))
+        .collect();
+    for (method, path, _) in operations(&doc) {
+        assert!(
+            expected.contains(&(method.clone(), path.clone())),
+            "{} {path} is documented but not a route of the app",
+            method.to_uppercase()
+        );
+    }
+}
+
+/// The list above is the app's: each (method, path) reaches a handler, not
+/// the catch-all "route not found". Random ids and no body make every call
+/// a refusal, so nothing is changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_listed_route_is_served() {
+    let app = TestApp::spawn().await;
+    for (method, path) in ROUTES {
+        let concrete = path
+            .replace("{account_id}", &Uuid::new_v4().to_string())
+            .replace("{reservation_id}", &Uuid::new_v4().to_string())
+            .replace("{request_id}", &Uuid::new_v4().to_string())
+            .replace("{key_id}", &Uuid::new_v4().to_string())
+            .replace("{file}", "swagger-ui.css");
+        let method = Method::from_bytes(method.to_uppercase().as_bytes()).expect("a method");
+        let response = app
+            .client
+            .request(method.clone(), app.url(&concrete))
+            .bearer_auth(ADMIN_KEY)
+            .send()
+            .await
+            .expect("sent");
+        if response.status() == StatusCode::NOT_FOUND {
+            let (_, body) = problem(response).await;
+            assert_ne!(
+                body["detail"], "route not found",
+                "{method} {concrete} is not served"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1_operations_need_a_bearer_key_and_document_401() {
+    let app = TestApp::spawn().await;
+    let doc = document(&app).await;
+    assert_eq!(
+        doc["components"]["securitySchemes"]["bearer"]["scheme"],
+        "bearer"
+    );
+    let mut checked = 0;
+    for (method, path, operation) in operations(&doc) {
+        if !path.starts_with("/v1/") {
+            continue;
+        }
+        checked += 1;
+        assert!(
+            operation["responses"]["401"].is_object(),
+            "{method} {path} does not document 401"
+        );
+        let security = operation["security"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{method} {path} has no security"));
+        assert!(
+            security
+                .iter()
+                .any(|requirement| requirement.get("bearer").is_some()),
+            "{method} {path} does not require the bearer scheme"
+        );
+    }
+    assert_eq!(checked, 18, "every /v1 operation was checked");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_error_response_is_a_problem() {
+    let app = TestApp::spawn().await;
+    let doc = document(&app).await;
+    for (method, path, operation) in operations(&doc) {
+        let responses = operation["responses"].as_object().expect("responses");
+        for (status, response) in responses {
+            let is_error = status.parse::<u16>().map_or(true, |code| code >= 400);
+            if !is_error {
+                continue;
+            }
+            assert_eq!(
+                response["content"]["application/problem+json"]["schema"]["$ref"],
+                "#/components/schemas/Problem",
+                "{method} {path} {status}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn problem_codes_are_the_api_error_codes() {
+    let app = TestApp::spawn().await;
+    let doc = document(&app).await;
+    let schemas = &doc["components"]["schemas"];
+    assert_eq!(
+        schemas["Problem"]["properties"]["code"]["$ref"],
+        "#/components/schemas/ProblemCode"
+    );
+    let documented: BTreeSet<&str> = schemas["ProblemCode"]["enum"]
+        .as_array()
+        .expect("code is an enum")
+        .iter()
+        .map(|code| code.as_str().expect("a string"))
+        .collect();
+    let expected: BTreeSet<&str> = PROBLEM_CODES.into_iter().collect();
+    assert_eq!(documented, expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn swagger_ui_is_served_from_vendored_files() {
+    let app = TestApp::spawn().await;
+    let get = |path: &str| app.client.get(app.url(path)).send();
+    let content_type = |response: &reqwest::Response| {
+        response
+            .headers()
+            .get("content-type")
+            .and_then(|value| value.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    };
+
+    let page = get("/docs").await.expect("sent");
+    assert_eq!(page.status(), StatusCode::OK);
+    assert!(content_type(&page).starts_with("text/html"));
+    let html = page.text().await.expect("text");
+    assert!(html.contains("swagger-ui"), "{html}");
+    assert!(html.contains("/openapi.json"), "{html}");
+
+    let bundle = get("/docs/swagger-ui-bundle.js").await.expect("sent");
+    assert_eq!(bundle.status(), StatusCode::OK);
+    assert!(
+        content_type(&bundle).contains("javascript"),
+        "{}",
+        content_type(&bundle)
+    );
+    let script = bundle.bytes().await.expect("body");
+    assert!(script.len() > 100_000, "{} bytes", script.len());
+    assert!(String::from_utf8_lossy(&script).contains("SwaggerUIBundle"));
+
+    let css = get("/docs/swagger-ui.css").await.expect("sent");
+    assert_eq!(css.status(), StatusCode::OK);
+    assert!(content_type(&css).starts_with("text/css"));
+
+    // Only the vendored files: not the README beside them, nor anything else.
+    for other in [
+        "/docs/README.md",
+        "/docs/swagger-ui.js",
+        "/docs/..%2FCargo.toml",
+    ] {
+        let (status, body) = problem(get(other).await.expect("sent")).await;
+        assert_eq!(
+            (status, body["code"].as_str()),
+            (StatusCode::NOT_FOUND, Some("not_found")),
+            "{other}"
+        );
+    }
+}
