@@ -157,6 +157,9 @@ impl ResponseError for ApiError {
         body.insert("detail".into(), json!(self.detail()));
         body.insert("code".into(), json!(self.code()));
         body.extend(self.extensions());
+        if let Some(request_id) = crate::telemetry::current_request_id() {
+            body.insert("request_id".into(), json!(request_id));
+        }
         let mut response = HttpResponse::build(status);
         response.insert_header((header::CONTENT_TYPE, "application/problem+json"));
         match self {
@@ -265,6 +268,11 @@ pub struct Problem {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub max_active_reservations: Option<i32>,
+    /// The request's id, as in the `X-Request-Id` header: quote it when
+    /// reporting a problem.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub request_id: Option<String>,
 }
 
 #[cfg(test)]

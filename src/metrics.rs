@@ -163,6 +163,57 @@ impl Metrics {
         build_info
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1);
+        // Every fixed label value exists from the start (at 0), so rates and
+        // alerts see a series before the first event.
+        let known: [(&IntCounterVec, &[&str]); 7] = [
+            (&reservations_total, &["created", "insufficient", "limited"]),
+            (
+                &reservation_resolutions_total,
+                &["committed", "released", "expired"],
+            ),
+            (
+                &tokens_total,
+                &[
+                    "credited",
+                    "adjusted",
+                    "reserved",
+                    "committed",
+                    "released",
+                    "expired",
+                ],
+            ),
+            (&jobs_total, &["succeeded", "failed"]),
+            (
+                &provider_requests_total,
+                &[
+                    "ok",
+                    "provider_timeout",
+                    "provider_unavailable",
+                    "rejected",
+                    "not_found",
+                ],
+            ),
+            (&reaper_runs_total, &["ok", "error"]),
+            (
+                &consistency_repairs_total,
+                &[
+                    "job_failed_reservation_expired",
+                    "job_requeued",
+                    "job_failed_attempts_exhausted",
+                    "fixup_commit",
+                    "fixup_release",
+                    "fixup_job_failed",
+                ],
+            ),
+        ];
+        for (counter, values) in known {
+            for value in values {
+                counter.with_label_values(&[value]);
+            }
+        }
+        for status in ["queued", "running"] {
+            jobs_in_flight.with_label_values(&[status]);
+        }
         // Process metrics register only in the default registry on their own.
         registry.register(Box::new(
             prometheus::process_collector::ProcessCollector::for_self(),

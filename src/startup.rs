@@ -21,8 +21,10 @@ use crate::metrics::Metrics;
 use crate::provider::AnyProvider;
 use crate::routes;
 use crate::scheduler;
+use crate::telemetry;
 use crate::worker::{self, Background, WorkerContext};
 use tokio_cron_scheduler::JobScheduler;
+use tracing::Instrument;
 
 /// What every handler can reach.
 pub struct AppState {
@@ -136,20 +138,40 @@ pub fn build_server(state: Arc<AppState>, workers: usize) -> anyhow::Result<(Ser
         App::new()
             .wrap(ErrorHandlers::new().default_handler(problem_json_for_framework_errors))
             .wrap_fn(|request, service| {
-                // Labelled by route pattern, never the raw path.
+                // Request id, log line and metrics; metrics are labelled by
+                // route pattern, never by the raw path.
                 let started = std::time::Instant::now();
                 let route = request
                     .match_pattern()
                     .unwrap_or_else(|| "unmatched".to_owned());
                 let method = request.method().to_string();
+                let request_id = telemetry::request_id_from(
+                    request
+                        .headers()
+                        .get(telemetry::REQUEST_ID_HEADER)
+                        .and_then(|v| v.to_str().ok()),
+                );
                 let metrics = request
                     .app_data::<web::Data<AppState>>()
                     .map(|state| Arc::clone(&state.metrics));
-                let response = actix_web::dev::Service::call(service, request);
+                let header_value = header::HeaderValue::from_str(&request_id).ok();
+                let span = telemetry::request_span(&request_id, &method, &route);
+                let response = telemetry::sync_scope(request_id.clone(), || {
+                    actix_web::dev::Service::call(service, request)
+                });
+                let response = telemetry::scope(request_id, response);
                 async move {
-                    let response = response.await?;
+                    let mut response = response.await?;
+                    if let Some(value) = header_value {
+                        response.headers_mut().insert(
+                            header::HeaderName::from_static(telemetry::REQUEST_ID_HEADER),
+                            value,
+                        );
+                    }
+                    let status = response.status().as_u16();
+                    let elapsed = started.elapsed();
                     if let Some(metrics) = metrics {
-                        let status = response.status().as_u16().to_string();
+                        let status = status.to_string();
                         metrics
                             .http_requests_total
                             .with_label_values(&[&method, &route, &status])
@@ -157,10 +179,16 @@ pub fn build_server(state: Arc<AppState>, workers: usize) -> anyhow::Result<(Ser
                         metrics
                             .http_request_duration_seconds
                             .with_label_values(&[&route])
-                            .observe(started.elapsed().as_secs_f64());
+                            .observe(elapsed.as_secs_f64());
                     }
+                    tracing::info!(
+                        status,
+                        elapsed_ms = elapsed.as_secs_f64() * 1000.0,
+                        "served"
+                    );
                     Ok(response)
                 }
+                .instrument(span)
             })
             .app_data(data.clone())
             .app_data(

@@ -1,9 +1,26 @@
-//! Logging: human-readable text by default, JSON lines with `LOG_FORMAT=json`.
-//! `RUST_LOG` overrides the default filter.
+//! Logging and request ids.
+//!
+//! Logs are human-readable text by default, JSON lines with
+//! `LOG_FORMAT=json`; `RUST_LOG` overrides the filter. Every request gets an
+//! id — the client's `X-Request-Id` when it is a sane token, else a new
+//! UUID — which is echoed in the `X-Request-Id` response header, written
+//! into problem+json bodies, and carried by the request's log span. Logs
+//! never contain headers, so no API key or secret reaches them.
+
+use std::future::Future;
 
 use tracing_subscriber::EnvFilter;
+use uuid::Uuid;
 
 use crate::config::LogFormat;
+
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+/// Longest client-supplied request id kept.
+const REQUEST_ID_LENGTH_MAX: usize = 64;
+
+tokio::task_local! {
+    static REQUEST_ID: String;
+}
 
 pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
@@ -15,4 +32,66 @@ pub fn init(format: LogFormat) {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
+}
+
+/// The id of the request being served on this task, if any.
+pub fn current_request_id() -> Option<String> {
+    REQUEST_ID.try_with(Clone::clone).ok()
+}
+
+/// The client's id when it is 1–64 characters of `[A-Za-z0-9._-]`, else a
+/// new one: a client cannot inject anything into logs or headers.
+pub fn request_id_from(header: Option<&str>) -> String {
+    header
+        .filter(|id| {
+            !id.is_empty()
+                && id.len() <= REQUEST_ID_LENGTH_MAX
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        })
+        .map_or_else(|| Uuid::new_v4().to_string(), str::to_owned)
+}
+
+/// The span of one request: every log line of the request carries its id.
+pub fn request_span(request_id: &str, method: &str, route: &str) -> tracing::Span {
+    tracing::info_span!("request", request_id = %request_id, method = %method, route = %route)
+}
+
+/// Runs `start` (which builds the request's future) with the request id in
+/// scope: an error rendered while building can name the request.
+pub fn sync_scope<R>(request_id: String, start: impl FnOnce() -> R) -> R {
+    REQUEST_ID.sync_scope(request_id, start)
+}
+
+/// Runs `future` with the request id in scope: an error rendered anywhere
+/// inside can name the request.
+pub fn scope<F: Future>(request_id: String, future: F) -> impl Future<Output = F::Output> {
+    REQUEST_ID.scope(request_id, future)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tracing::Instrument;
+
+    #[test]
+    fn keeps_sane_client_ids_only() {
+        assert_eq!(request_id_from(Some("kiosk-7.retry_2")), "kiosk-7.retry_2");
+        for bad in ["", "has space", "new\nline", &"x".repeat(65)] {
+            let id = request_id_from(Some(bad));
+            assert_ne!(id, bad);
+            assert!(Uuid::parse_str(&id).is_ok());
+        }
+        assert!(Uuid::parse_str(&request_id_from(None)).is_ok());
+    }
+
+    #[tokio::test]
+    async fn the_id_is_visible_inside_the_scope_only() {
+        assert_eq!(current_request_id(), None);
+        let seen = scope("abc".into(), async { current_request_id() })
+            .instrument(request_span("abc", "GET", "/x"))
+            .await;
+        assert_eq!(seen.as_deref(), Some("abc"));
+    }
 }

@@ -13,6 +13,7 @@ mod fencing;
 mod jobs;
 mod ledger_property;
 mod openapi;
+mod operate;
 mod reaper;
 mod reconciliation;
 mod reservations;

@@ -1,0 +1,311 @@
+//! Operating the service: request ids, the metrics the alerts and the
+//! dashboard rely on, and the compose file's consistency with the code.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use clap::CommandFactory;
+use reqwest::StatusCode;
+use serde_json::Value;
+use uuid::Uuid;
+use yaml_rust2::{Yaml, YamlLoader};
+
+use token_billing::cli::Cli;
+
+use crate::helpers::{TestApp, ADMIN_KEY};
+
+fn repository_file(relative: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)
+}
+
+fn read(relative: &str) -> String {
+    std::fs::read_to_string(repository_file(relative))
+        .unwrap_or_else(|error| panic!("{relative}: {error}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_answer_carries_a_request_id_also_in_problem_bodies() {
+    let app = TestApp::spawn().await;
+    let missing = format!("/v1/accounts/{}", Uuid::new_v4());
+
+    let response = app.get(&missing, ADMIN_KEY).await;
+    let header = response.headers()["x-request-id"]
+        .to_str()
+        .expect("ascii")
+        .to_owned();
+    assert!(Uuid::parse_str(&header).is_ok(), "a generated id: {header}");
+    let body: Value = response.json().await.expect("json");
+    assert_eq!(body["request_id"], header.as_str());
+
+    let echoed = app
+        .client
+        .get(app.url(&missing))
+        .bearer_auth(ADMIN_KEY)
+        .header("x-request-id", "kiosk-7.retry_2")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(echoed.headers()["x-request-id"], "kiosk-7.retry_2");
+    let body: Value = echoed.json().await.expect("json");
+    assert_eq!(body["request_id"], "kiosk-7.retry_2");
+
+    let replaced = app
+        .client
+        .get(app.url("/healthz"))
+        .header("x-request-id", "evil\"id<>")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(replaced.status(), StatusCode::OK);
+    let header = replaced.headers()["x-request-id"].to_str().expect("ascii");
+    assert!(
+        Uuid::parse_str(header).is_ok(),
+        "an unsafe client id is replaced: {header}"
+    );
+}
+
+/// Metric names (`token_billing_…`, `process_…`) mentioned in a text.
+fn metric_names(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for prefix in ["token_billing_", "process_"] {
+        let mut rest = text;
+        while let Some(start) = rest.find(prefix) {
+            let tail = &rest[start..];
+            let end = tail
+                .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
+                .unwrap_or(tail.len());
+            names.insert(tail[..end].to_owned());
+            rest = &tail[end..];
+        }
+    }
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_metric_of_the_design_the_alerts_and_the_dashboard_is_exported() {
+    let app = TestApp::spawn().await;
+    // HTTP series exist once a request was served (their labels vary).
+    assert_eq!(
+        app.client
+            .get(app.url("/healthz"))
+            .send()
+            .await
+            .expect("sent")
+            .status(),
+        StatusCode::OK
+    );
+    let exposition = app
+        .client
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .expect("sent")
+        .text()
+        .await
+        .expect("text");
+    let mut exported = BTreeSet::new();
+    for line in exposition.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut parts = rest.split_whitespace();
+            let (name, kind) = (parts.next().expect("name"), parts.next().expect("type"));
+            exported.insert(name.to_owned());
+            if kind == "histogram" {
+                for suffix in ["_bucket", "_sum", "_count"] {
+                    exported.insert(format!("{name}{suffix}"));
+                }
+            }
+        }
+    }
+    let design = [
+        "reservations_total",
+        "reservation_resolutions_total",
+        "tokens_total",
+        "active_reservations",
+        "reserved_tokens",
+        "oldest_reservation_age_seconds",
+        "jobs_total",
+        "jobs_in_flight",
+        "job_duration_seconds",
+        "provider_requests_total",
+        "provider_request_duration_seconds",
+        "reaper_runs_total",
+        "reaper_last_success_timestamp_seconds",
+        "consistency_repairs_total",
+        "invariant_violations",
+        "http_requests_total",
+        "http_request_duration_seconds",
+        "build_info",
+    ];
+    for name in design {
+        assert!(
+            exported.contains(&format!("token_billing_{name}")),
+            "DESIGN §8 metric token_billing_{name} missing"
+        );
+    }
+    for file in ["prometheus/alerts.yml", "grafana/dashboard.json"] {
+        let used = metric_names(&read(file));
+        assert!(!used.is_empty(), "{file} uses metrics");
+        for name in used {
+            assert!(
+                exported.contains(&name),
+                "{file} uses {name}, which /metrics does not export"
+            );
+        }
+    }
+    // No per-account, per-key or per-request label anywhere.
+    for forbidden in ["account", "key", "request_id", "reservation"] {
+        assert!(
+            !exposition.contains(&format!("{forbidden}=\"")),
+            "label {forbidden} exported"
+        );
+    }
+}
+
+fn yaml(relative: &str) -> Yaml {
+    YamlLoader::load_from_str(&read(relative))
+        .expect("valid YAML")
+        .remove(0)
+}
+
+fn strings(node: &Yaml) -> Vec<String> {
+    node.as_vec()
+        .map(|items| {
+            items
+                .iter()
+                .filter_map(|item| item.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The `host:container` mounts of a compose service.
+fn mounts(service: &Yaml) -> Vec<(String, String)> {
+    strings(&service["volumes"])
+        .into_iter()
+        .filter(|volume| volume.starts_with("./"))
+        .map(|volume| {
+            let mut parts = volume.split(':');
+            (
+                parts.next().expect("host").to_owned(),
+                parts.next().expect("container").to_owned(),
+            )
+        })
+        .collect()
+}
+
+fn container_port(service: &Yaml) -> String {
+    let ports = strings(&service["ports"]);
+    ports[0].rsplit(':').next().expect("port").to_owned()
+}
+
+#[test]
+fn the_compose_file_agrees_with_the_code_and_the_repository() {
+    let compose = yaml("docker-compose.yml");
+    let services = &compose["services"];
+    for name in ["postgres", "token-billing", "prometheus", "grafana"] {
+        assert!(!services[name].is_badvalue(), "service {name}");
+        assert!(
+            !services[name]["healthcheck"]["test"].is_badvalue(),
+            "service {name} has a healthcheck"
+        );
+    }
+    let service = &services["token-billing"];
+
+    // Environment names are the service's configuration variables.
+    let known: BTreeSet<String> = Cli::command()
+        .get_arguments()
+        .filter_map(|argument| {
+            argument
+                .get_env()
+                .map(|env| env.to_string_lossy().into_owned())
+        })
+        .collect();
+    let environment = service["environment"].as_hash().expect("environment");
+    for key in environment.keys() {
+        let key = key.as_str().expect("name");
+        assert!(
+            known.contains(key),
+            "compose sets {key}, which the service does not read"
+        );
+    }
+    let env = |name: &str| {
+        service["environment"][name]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name}"))
+            .to_owned()
+    };
+
+    // Ports: the bind address, the published port, the image and the scrape.
+    let port = env("BIND_ADDR")
+        .rsplit(':')
+        .next()
+        .expect("port")
+        .to_owned();
+    assert_eq!(container_port(service), port);
+    assert!(read("Dockerfile").contains(&format!("EXPOSE {port}")));
+    let prometheus_config = yaml("prometheus/prometheus.yml");
+    let scrape = &prometheus_config["scrape_configs"][0];
+    assert_eq!(
+        scrape["job_name"].as_str(),
+        Some("token-billing"),
+        "the alerts select job=\"token-billing\""
+    );
+    assert!(read("prometheus/alerts.yml").contains("job=\"token-billing\""));
+    let target = &scrape["dns_sd_configs"][0];
+    assert_eq!(strings(&target["names"]), vec!["token-billing".to_owned()]);
+    assert_eq!(target["port"].as_i64().map(|p| p.to_string()), Some(port));
+
+    // The database URL names the postgres service and its database.
+    let database_url = env("DATABASE_URL");
+    let postgres = &services["postgres"];
+    let database = postgres["environment"]["POSTGRES_DB"]
+        .as_str()
+        .expect("POSTGRES_DB");
+    assert!(database_url.contains("@postgres:5432/"), "{database_url}");
+    assert!(
+        database_url.ends_with(&format!("/{database}")),
+        "{database_url}"
+    );
+
+    // Every mounted file exists, and the configs point at the mount targets.
+    for name in ["prometheus", "grafana"] {
+        for (host, _) in mounts(&services[name]) {
+            assert!(
+                repository_file(&host).exists(),
+                "{name} mounts {host}, which is not in the repository"
+            );
+        }
+    }
+    let rule_files = strings(&prometheus_config["rule_files"]);
+    let prometheus_mounts = mounts(&services["prometheus"]);
+    for rule_file in &rule_files {
+        assert!(
+            prometheus_mounts.iter().any(
+                |(host, container)| container == rule_file && host == "./prometheus/alerts.yml"
+            ),
+            "{rule_file} is mounted from prometheus/alerts.yml"
+        );
+    }
+    let grafana_mounts = mounts(&services["grafana"]);
+    let provider = yaml("grafana/provisioning/dashboards/dashboards.yml");
+    let dashboards_path = provider["providers"][0]["options"]["path"]
+        .as_str()
+        .expect("path")
+        .to_owned();
+    assert!(grafana_mounts
+        .iter()
+        .any(|(host, container)| host == "./grafana/dashboard.json"
+            && container.starts_with(&format!("{dashboards_path}/"))));
+    let datasource = yaml("grafana/provisioning/datasources/prometheus.yml");
+    let url = datasource["datasources"][0]["url"]
+        .as_str()
+        .expect("url")
+        .to_owned();
+    assert_eq!(
+        url,
+        format!(
+            "http://prometheus:{}",
+            container_port(&services["prometheus"])
+        )
+    );
+}
