@@ -67,6 +67,8 @@ pub enum Command {
 pub enum BenchCommand {
     /// Job pipeline overhead beyond provider time.
     Jobs(crate::bench::JobBenchArgs),
+    /// Kiosk fleets: reserve→commit cycles (spread, hot) or jobs.
+    Load(crate::bench::load::LoadArgs),
     /// Seed a scratch database (DATABASE_URL) and time reconciliation reports.
     Reconciliation(crate::bench::ReconciliationBenchArgs),
 }

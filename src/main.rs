@@ -42,6 +42,9 @@ async fn main() -> ExitCode {
         Command::ApiKey { action } => api_key_command(&cli.config, action),
         Command::Reconcile { .. } => Ok(()),
         Command::Bench {
+            target: BenchCommand::Load(args),
+        } => token_billing::bench::load::run_load(args).await,
+        Command::Bench {
             target: BenchCommand::Reconciliation(args),
         } => {
             let url = cli.config.database_url.clone();

@@ -5,6 +5,8 @@
 //! overhead is the wall time minus that delay. It prints medians and
 //! percentiles, never asserts on time.
 
+pub mod load;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
