@@ -13,8 +13,7 @@ INSERT INTO ledger_entries (account_id, kind, amount, available_after, reserved_
 COMMIT;
 SELECT id, secret_hash, scope, account_id, label, created_at, revoked_at FROM api_keys WHERE id = bench_uuid(:n) LIMIT 1;
 BEGIN;
-SELECT * FROM reservations WHERE id = CAST(:reservation AS uuid) AND account_id = bench_uuid(:n) LIMIT 1;
-UPDATE reservations SET state = 'committed', committed_amount = COALESCE(1, 0), resolved_at = now() WHERE id = CAST(:reservation AS uuid) AND account_id = bench_uuid(:n) AND state = 'held' AND expires_at > now() AND amount >= COALESCE(1, 0) RETURNING *;
+UPDATE reservations SET state = 'committed', resolved_at = now(), committed_amount = CASE WHEN 'committed' = 'committed' THEN COALESCE(NULL::bigint, amount) ELSE 0 END WHERE id = CAST(:reservation AS uuid) AND account_id = bench_uuid(:n) AND state = 'held' AND expires_at > now() AND amount >= COALESCE(NULL::bigint, 0) RETURNING *;
 UPDATE accounts SET reserved = reserved - 1, used = used + 1, available = available + 0, active_reservations = active_reservations - 1, version = version + 1, updated_at = now() WHERE id = bench_uuid(:n) RETURNING available, reserved, used \gset
 INSERT INTO ledger_entries (account_id, kind, amount, available_after, reserved_after, used_after, reservation_id, job_id, external_ref, reason, actor) VALUES (bench_uuid(:n), 'commit', 1, :available, :reserved, :used, CAST(:reservation AS uuid), NULL, NULL, NULL, 'bench') RETURNING id;
 COMMIT;

@@ -210,16 +210,6 @@ pub enum Resolution {
     Expire,
 }
 
-impl Resolution {
-    fn state(self) -> &'static str {
-        match self {
-            Resolution::Commit(_) => "committed",
-            Resolution::Release => "released",
-            Resolution::Expire => "expired",
-        }
-    }
-}
-
 /// Applies a resolution to the account and the ledger after the reservation
 /// row has been moved out of `held` by this transaction. Returns the
 /// balances after. `reason` and `job_id` go to the ledger.
@@ -285,33 +275,45 @@ pub fn settle(
     Ok(after)
 }
 
+/// What a request (or the expiry on access) asks of a held reservation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Wanted {
+    /// Spend this many tokens, or all held (`None`).
+    Commit(Option<i64>),
+    Release,
+    Expire,
+}
+
 /// Moves a held, unexpired reservation to its final state. `None` when the
 /// reservation is not (or no longer) held, or the commit exceeds it.
 fn transition_held(
     conn: &mut PgConnection,
     account: AccountId,
     reservation: ReservationId,
-    resolution: Resolution,
+    wanted: Wanted,
 ) -> Result<Option<ReservationRow>, ApiError> {
-    let committed: Option<i64> = match resolution {
-        Resolution::Commit(amount) => Some(amount),
-        Resolution::Release | Resolution::Expire => None,
+    let (state, committed) = match wanted {
+        Wanted::Commit(amount) => ("committed", amount),
+        Wanted::Release => ("released", None),
+        Wanted::Expire => ("expired", None),
     };
-    let expiry_condition = if resolution == Resolution::Expire {
+    let expiry_condition = if wanted == Wanted::Expire {
         "expires_at <= now()"
     } else {
         "expires_at > now()"
     };
+    // A commit without an amount spends all that is held ($4 NULL).
     Ok(diesel::sql_query(format!(
         "UPDATE reservations \
-         SET state = $3, committed_amount = COALESCE($4, 0), resolved_at = now() \
+         SET state = $3, resolved_at = now(), \
+             committed_amount = CASE WHEN $3 = 'committed' THEN COALESCE($4, amount) ELSE 0 END \
          WHERE id = $1 AND account_id = $2 AND state = 'held' AND {expiry_condition} \
            AND amount >= COALESCE($4, 0) \
          RETURNING *"
     ))
     .bind::<SqlUuid, _>(reservation.0)
     .bind::<SqlUuid, _>(account.0)
-    .bind::<Text, _>(resolution.state())
+    .bind::<Text, _>(state)
     .bind::<Nullable<BigInt>, _>(committed)
     .get_result(conn)
     .optional()?)
@@ -329,22 +331,24 @@ fn classify_refusal(
     conn: &mut PgConnection,
     account: AccountId,
     reservation: ReservationId,
-    wanted: Option<Resolution>,
+    wanted: Option<Wanted>,
 ) -> Result<Refusal, ApiError> {
     let row = get_reservation(conn, account, reservation)?;
     if row.job_id.is_some() {
         return Ok(Refusal::Error(ApiError::ReservationOwnedByJob));
     }
     let same_resolution = match (wanted, row.state.as_str()) {
-        (Some(Resolution::Commit(amount)), "committed") => row.committed_amount == amount,
-        (Some(Resolution::Release), "released") => true,
+        (Some(Wanted::Commit(amount)), "committed") => {
+            row.committed_amount == amount.unwrap_or(row.amount)
+        }
+        (Some(Wanted::Release), "released") => true,
         _ => false,
     };
     if same_resolution {
         return Ok(Refusal::Replay(row));
     }
     if row.state == "held" {
-        if let Some(Resolution::Commit(amount)) = wanted {
+        if let Some(Wanted::Commit(Some(amount))) = wanted {
             if amount > row.amount {
                 return Ok(Refusal::Error(ApiError::InvalidRequest(format!(
                     "amount {amount} exceeds the {} tokens held by this reservation",
@@ -368,25 +372,26 @@ pub fn resolve(
     release: bool,
     actor: &str,
 ) -> Result<(ReservationRow, Outcome), ApiError> {
+    let wanted = if release {
+        Wanted::Release
+    } else {
+        Wanted::Commit(commit_amount.map(Tokens::get))
+    };
     let outcome = conn.transaction(|conn| {
-        let resolution = if release {
-            Resolution::Release
-        } else {
-            let held = match commit_amount {
-                Some(amount) => amount.get(),
-                None => get_reservation(conn, account, reservation)?.amount,
-            };
-            Resolution::Commit(held)
-        };
         // Jobs own their reservations: only their worker resolves them.
-        if let Some(row) = transition_held(conn, account, reservation, resolution)? {
+        if let Some(row) = transition_held(conn, account, reservation, wanted)? {
             if row.job_id.is_some() {
                 return Err(ApiError::ReservationOwnedByJob);
             }
+            let resolution = if release {
+                Resolution::Release
+            } else {
+                Resolution::Commit(row.committed_amount)
+            };
             settle(conn, &row, resolution, None, actor)?;
             return Ok(Ok((row, Outcome::Created)));
         }
-        match classify_refusal(conn, account, reservation, Some(resolution))? {
+        match classify_refusal(conn, account, reservation, Some(wanted))? {
             Refusal::Replay(row) => Ok(Ok((row, Outcome::Replayed))),
             Refusal::Error(error) => Err(error),
             Refusal::ExpiredUnreaped => Ok(Err(())),
@@ -433,7 +438,7 @@ fn expire_on_access(
     actor: &str,
 ) -> ApiError {
     let result = conn.transaction(|conn| {
-        if let Some(row) = transition_held(conn, account, reservation, Resolution::Expire)? {
+        if let Some(row) = transition_held(conn, account, reservation, Wanted::Expire)? {
             settle(
                 conn,
                 &row,
