@@ -25,7 +25,8 @@ psql_admin() { psql -h 127.0.0.1 -U postgres -qtAc "$1" postgres; }
 
 start_service() {
   psql_admin "DROP DATABASE IF EXISTS $service_db WITH (FORCE)"
-  DATABASE_URL="$server_url/$service_db" BIND_ADDR="127.0.0.1:$port" ADMIN_API_KEY="$key" \
+  # One kiosk key drives hundreds of requests per second here: no rate limit.
+  DATABASE_URL="$server_url/$service_db" BIND_ADDR="127.0.0.1:$port" ADMIN_API_KEY="$key" RATE_LIMIT_PER_SECOND=0 \
     RUST_LOG=warn "$binary" serve > /tmp/token-billing-bench.log 2>&1 &
   service_pid=$!
   for _ in $(seq 1 100); do

@@ -33,6 +33,8 @@ pub const RECONCILIATION_RANGE_MAX: Duration = Duration::from_secs(366 * 24 * 36
 pub const RECONCILIATION_RANGE_DEFAULT: Duration = Duration::from_secs(30 * 24 * 3600);
 /// Largest `params` object of a job, serialized, in bytes.
 pub const JOB_PARAMS_MAX_BYTES: usize = 16 * 1024;
+/// Deepest nesting of arrays and objects accepted in `params`.
+pub const JOB_PARAMS_DEPTH_MAX: usize = 32;
 /// Longest `wait_seconds` of `GET …/jobs/{request_id}`.
 pub const JOB_WAIT_SECONDS_MAX: u64 = 30;
 /// Job list page sizes.
@@ -180,6 +182,19 @@ pub struct Config {
         default_value_t = 30
     )]
     pub shutdown_grace_seconds: u64,
+
+    /// Requests per second allowed per API key (0: no limit).
+    #[arg(
+        long,
+        env = "RATE_LIMIT_PER_SECOND",
+        global = true,
+        default_value_t = 50
+    )]
+    pub rate_limit_per_second: u32,
+
+    /// Requests a key may send at once above its rate.
+    #[arg(long, env = "RATE_LIMIT_BURST", global = true, default_value_t = 100)]
+    pub rate_limit_burst: u32,
 
     /// Log format.
     #[arg(long, env = "LOG_FORMAT", global = true, value_enum, default_value_t = LogFormat::Text)]

@@ -35,6 +35,8 @@ pub enum ApiError {
     PayloadTooLarge { limit_bytes: usize },
     #[error("idempotency key reused with a different request: {0}")]
     IdempotencyKeyReused(String),
+    #[error("too many requests for this API key; retry in {retry_after_seconds} s")]
+    RateLimited { retry_after_seconds: u64 },
     #[error("too many active reservations (limit {limit})")]
     TooManyActiveReservations { limit: i32 },
     #[error("database unavailable: {0}")]
@@ -57,6 +59,7 @@ impl ApiError {
             ApiError::PayloadTooLarge { .. } => "payload_too_large",
             ApiError::IdempotencyKeyReused(_) => "idempotency_key_reused",
             ApiError::TooManyActiveReservations { .. } => "too_many_active_reservations",
+            ApiError::RateLimited { .. } => "rate_limited",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::Internal(_) => "internal_error",
         }
@@ -75,6 +78,7 @@ impl ApiError {
             ApiError::PayloadTooLarge { .. } => "Payload too large",
             ApiError::IdempotencyKeyReused(_) => "Idempotency key reused",
             ApiError::TooManyActiveReservations { .. } => "Too many active reservations",
+            ApiError::RateLimited { .. } => "Rate limited",
             ApiError::Unavailable(_) => "Service unavailable",
             ApiError::Internal(_) => "Internal server error",
         }
@@ -136,7 +140,9 @@ impl ResponseError for ApiError {
             | ApiError::AccountSuspended => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::IdempotencyKeyReused(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            ApiError::TooManyActiveReservations { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::TooManyActiveReservations { .. } | ApiError::RateLimited { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -168,6 +174,11 @@ impl ResponseError for ApiError {
             }
             ApiError::Unavailable(_) => {
                 response.insert_header((header::RETRY_AFTER, "1"));
+            }
+            ApiError::RateLimited {
+                retry_after_seconds,
+            } => {
+                response.insert_header((header::RETRY_AFTER, retry_after_seconds.to_string()));
             }
             _ => {}
         }
@@ -230,6 +241,7 @@ pub enum ProblemCode {
     PayloadTooLarge,
     IdempotencyKeyReused,
     TooManyActiveReservations,
+    RateLimited,
     Unavailable,
     InternalError,
 }
@@ -301,6 +313,9 @@ mod tests {
             ApiError::PayloadTooLarge { limit_bytes: 10 },
             ApiError::IdempotencyKeyReused("x".into()),
             ApiError::TooManyActiveReservations { limit: 3 },
+            ApiError::RateLimited {
+                retry_after_seconds: 1,
+            },
             ApiError::Unavailable("x".into()),
             ApiError::Internal("x".into()),
         ];
@@ -323,6 +338,7 @@ mod tests {
             | ApiError::PayloadTooLarge { .. }
             | ApiError::IdempotencyKeyReused(_)
             | ApiError::TooManyActiveReservations { .. }
+            | ApiError::RateLimited { .. }
             | ApiError::Unavailable(_)
             | ApiError::Internal(_) => {}
         }

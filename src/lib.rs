@@ -10,6 +10,7 @@ pub mod job_watch;
 pub mod metrics;
 pub mod openapi;
 pub mod provider;
+pub mod rate_limit;
 pub mod routes;
 pub mod scheduler;
 pub mod startup;

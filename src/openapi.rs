@@ -11,6 +11,7 @@
 use std::sync::LazyLock;
 
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use crate::domain::{accounts, api_keys, checks, credits, jobs, ledger};
@@ -113,6 +114,34 @@ impl Modify for BearerScheme {
             "bearer",
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
         );
+        // Every key is rate limited: each /v1 operation can answer 429.
+        let rate_limited = ResponseBuilder::new()
+            .description("`rate_limited`: this API key is over its request rate; retry after `Retry-After` seconds")
+            .header("Retry-After", utoipa::openapi::header::Header::new(utoipa::openapi::ObjectBuilder::new().schema_type(utoipa::openapi::Type::Integer)))
+            .content(
+                "application/problem+json",
+                ContentBuilder::new().schema(Some(Ref::from_schema_name("Problem"))).build(),
+            )
+            .build();
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            if !path.starts_with("/v1/") {
+                continue;
+            }
+            let operations = [
+                &mut item.get,
+                &mut item.post,
+                &mut item.put,
+                &mut item.patch,
+                &mut item.delete,
+            ];
+            for operation in operations.into_iter().flatten() {
+                operation
+                    .responses
+                    .responses
+                    .entry("429".to_owned())
+                    .or_insert_with(|| rate_limited.clone().into());
+            }
+        }
     }
 }
 

@@ -19,6 +19,7 @@ use crate::error::ApiError;
 use crate::job_watch::JobSignals;
 use crate::metrics::Metrics;
 use crate::provider::AnyProvider;
+use crate::rate_limit::KeyRateLimiter;
 use crate::routes;
 use crate::scheduler;
 use crate::telemetry;
@@ -38,11 +39,16 @@ pub struct AppState {
     /// Wake-ups for workers and for clients waiting on jobs.
     pub signals: Arc<JobSignals>,
     pub metrics: Arc<Metrics>,
+    pub rate_limiter: Arc<KeyRateLimiter>,
 }
 
 impl AppState {
     pub fn new(config: Config, pool: DbPool) -> Result<Arc<AppState>, String> {
         let prices = config.prices()?;
+        let rate_limiter = Arc::new(KeyRateLimiter::new(
+            config.rate_limit_per_second,
+            config.rate_limit_burst,
+        ));
         let admin_key_hash = config
             .admin_api_key
             .as_deref()
@@ -55,6 +61,7 @@ impl AppState {
             accepting: AtomicBool::new(true),
             signals: Arc::new(JobSignals::default()),
             metrics: Arc::new(Metrics::new().map_err(|error| error.to_string())?),
+            rate_limiter,
         }))
     }
 
@@ -238,6 +245,7 @@ pub async fn start_replica(
         provider: Arc::new(provider),
         signals: Arc::clone(&state.signals),
         metrics: Arc::clone(&state.metrics),
+        rate_limiter: Arc::clone(&state.rate_limiter),
         replica: format!(
             "replica-{}",
             &uuid::Uuid::new_v4().simple().to_string()[..8]

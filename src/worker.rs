@@ -27,6 +27,7 @@ use crate::metrics::Metrics;
 use crate::provider::{
     AnyProvider, Prediction, PredictionStatus, Provider, ProviderError, ProviderResult,
 };
+use crate::rate_limit::KeyRateLimiter;
 
 /// Everything a worker needs.
 pub struct WorkerContext {
@@ -35,6 +36,7 @@ pub struct WorkerContext {
     pub provider: Arc<AnyProvider>,
     pub signals: Arc<JobSignals>,
     pub metrics: Arc<Metrics>,
+    pub rate_limiter: Arc<KeyRateLimiter>,
     /// Identifies this replica in `lease_owner`.
     pub replica: String,
 }
@@ -120,6 +122,7 @@ async fn refresh_gauges(context: Arc<WorkerContext>, mut shutdown: watch::Receiv
         {
             tracing::warn!(?error, "refreshing gauges failed");
         }
+        context.rate_limiter.forget_idle();
         tokio::select! {
             _ = shutdown.changed() => return,
             () = sleep(GAUGE_REFRESH) => {}

@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::config::JOB_PARAMS_MAX_BYTES;
+use crate::config::{JOB_PARAMS_DEPTH_MAX, JOB_PARAMS_MAX_BYTES};
 use crate::db::models::{JobRow, NewJob};
 use crate::db::schema::{generation_jobs, reservations};
 use crate::domain::api_keys::sha256;
@@ -54,6 +54,11 @@ impl JobRequest {
                 "params is {size} bytes; at most {JOB_PARAMS_MAX_BYTES} are accepted"
             )));
         }
+        if depth(&params) > JOB_PARAMS_DEPTH_MAX {
+            return Err(ApiError::InvalidRequest(format!(
+                "params nests deeper than {JOB_PARAMS_DEPTH_MAX} levels"
+            )));
+        }
         Ok(JobRequest {
             request_id,
             kind,
@@ -71,6 +76,15 @@ impl JobRequest {
             &mut canonical,
         );
         sha256(canonical.as_bytes())
+    }
+}
+
+/// Nesting depth of arrays and objects (a scalar is 0).
+fn depth(value: &Value) -> usize {
+    match value {
+        Value::Object(map) => 1 + map.values().map(depth).max().unwrap_or(0),
+        Value::Array(items) => 1 + items.iter().map(depth).max().unwrap_or(0),
+        _ => 0,
     }
 }
 
@@ -341,6 +355,25 @@ pub fn terminal_among(conn: &mut PgConnection, ids: &[Uuid]) -> Result<Vec<Uuid>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn params_depth_is_bounded() {
+        let prices = [("standard".to_owned(), 1)].into_iter().collect();
+        let nested = |levels: usize| {
+            let mut value = serde_json::json!(1);
+            for _ in 0..levels {
+                value = serde_json::json!({ "a": value });
+            }
+            value
+        };
+        let parse =
+            |params| JobRequest::parse(RequestId(Uuid::nil()), "standard".into(), params, &prices);
+        assert!(parse(nested(JOB_PARAMS_DEPTH_MAX)).is_ok());
+        assert!(matches!(
+            parse(nested(JOB_PARAMS_DEPTH_MAX + 1)),
+            Err(ApiError::InvalidRequest(_))
+        ));
+    }
 
     #[test]
     fn hash_ignores_key_order_and_whitespace_but_not_values() {

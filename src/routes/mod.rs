@@ -23,6 +23,7 @@ use subtle::ConstantTimeEq;
 use crate::db::run_blocking;
 use crate::domain::api_keys::{authenticate, sha256, Caller};
 use crate::error::ApiError;
+use crate::rate_limit;
 use crate::startup::AppState;
 
 pub type State = web::Data<AppState>;
@@ -92,11 +93,22 @@ impl FromRequest for Caller {
             let presented = presented
                 .filter(|key| !key.is_empty())
                 .ok_or(ApiError::Unauthorized)?;
+            let limit = |bucket: &str| {
+                state
+                    .rate_limiter
+                    .check(bucket)
+                    .map_err(|retry_after_seconds| ApiError::RateLimited {
+                        retry_after_seconds,
+                    })
+            };
             if let Some(admin_hash) = state.admin_key_hash {
                 if bool::from(sha256(presented.as_bytes()).ct_eq(&admin_hash)) {
+                    limit("bootstrap-admin")?;
                     return Ok(Caller::bootstrap_admin());
                 }
             }
+            // Before the database lookup: a flood never reaches the pool.
+            limit(&rate_limit::bucket_of(&presented))?;
             run_blocking(&state.pool, move |conn| authenticate(conn, &presented)).await
         })
     }

@@ -48,7 +48,7 @@ const ROUTES: [(&str, &str); 24] = [
 ];
 
 /// The codes of `ApiError::code()`.
-const PROBLEM_CODES: [&str; 13] = [
+const PROBLEM_CODES: [&str; 14] = [
     "invalid_request",
     "unauthorized",
     "forbidden",
@@ -60,6 +60,7 @@ const PROBLEM_CODES: [&str; 13] = [
     "payload_too_large",
     "idempotency_key_reused",
     "too_many_active_reservations",
+    "rate_limited",
     "unavailable",
     "internal_error",
 ];

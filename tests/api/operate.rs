@@ -309,3 +309,73 @@ fn the_compose_file_agrees_with_the_code_and_the_repository() {
         )
     );
 }
+
+/// Sends `count` requests back to back; returns the statuses and the
+/// tokens the quota (1 per second) may have regained meanwhile.
+async fn burst(app: &TestApp, path: &str, key: &str, count: usize) -> (Vec<StatusCode>, usize) {
+    let started = std::time::Instant::now();
+    let mut statuses = Vec::with_capacity(count);
+    for _ in 0..count {
+        statuses.push(app.get(path, key).await.status());
+    }
+    (statuses, started.elapsed().as_secs() as usize + 1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_api_key_is_rate_limited_on_its_own() {
+    let app = TestApp::spawn_with(|config| {
+        config.rate_limit_per_second = 1;
+        // The set-up below sends 4 admin requests at once.
+        config.rate_limit_burst = 5;
+    })
+    .await;
+    let account = app.funded_account(1).await;
+    let (first, second) = (app.kiosk_key(account).await, app.kiosk_key(account).await);
+    let path = format!("/v1/accounts/{account}");
+
+    let (statuses, regained) = burst(&app, &path, &first, 12).await;
+    assert!(
+        statuses[..5].iter().all(|s| *s == StatusCode::OK),
+        "the burst is served: {statuses:?}"
+    );
+    let limited = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
+        .count();
+    assert!(
+        limited >= 7 - regained.min(7),
+        "beyond the burst, 429s: {statuses:?}"
+    );
+    assert!(statuses
+        .iter()
+        .all(|s| *s == StatusCode::OK || *s == StatusCode::TOO_MANY_REQUESTS));
+    let mut over = None;
+    for _ in 0..100 {
+        let response = app.get(&path, &first).await;
+        if response.status() == StatusCode::TOO_MANY_REQUESTS {
+            over = Some(response);
+            break;
+        }
+    }
+    let over = over.expect("a 429 within 100 requests at 1 per second");
+    assert_eq!(over.headers()["retry-after"], "1");
+    let (_, body) = crate::helpers::problem(over).await;
+    assert_eq!(body["code"], "rate_limited");
+    assert_eq!(
+        app.get(&path, &second).await.status(),
+        StatusCode::OK,
+        "another key has its own quota"
+    );
+
+    // Garbage keys share one bucket and are refused before any lookup.
+    let (statuses, regained) = burst(&app, &path, "garbage", 12).await;
+    assert!(
+        statuses[..5].iter().all(|s| *s == StatusCode::UNAUTHORIZED),
+        "{statuses:?}"
+    );
+    let limited = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
+        .count();
+    assert!(limited >= 7 - regained.min(7), "{statuses:?}");
+}
