@@ -23,6 +23,8 @@ pub enum ApiError {
     Forbidden,
     #[error("{0} not found")]
     NotFound(&'static str),
+    #[error("this path does not accept this method; it accepts {}", allowed.join(", "))]
+    MethodNotAllowed { allowed: Vec<&'static str> },
     #[error("insufficient tokens")]
     InsufficientTokens { available: i64, reserved: i64 },
     #[error("reservation is not held (state {state})")]
@@ -52,6 +54,7 @@ impl ApiError {
             ApiError::Unauthorized => "unauthorized",
             ApiError::Forbidden => "forbidden",
             ApiError::NotFound(_) => "not_found",
+            ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::InsufficientTokens { .. } => "insufficient_tokens",
             ApiError::ReservationNotHeld { .. } => "reservation_not_held",
             ApiError::ReservationOwnedByJob => "reservation_owned_by_job",
@@ -71,6 +74,7 @@ impl ApiError {
             ApiError::Unauthorized => "Unauthorized",
             ApiError::Forbidden => "Forbidden",
             ApiError::NotFound(_) => "Not found",
+            ApiError::MethodNotAllowed { .. } => "Method not allowed",
             ApiError::InsufficientTokens { .. } => "Insufficient tokens",
             ApiError::ReservationNotHeld { .. } => "Reservation not held",
             ApiError::ReservationOwnedByJob => "Reservation owned by a job",
@@ -134,6 +138,7 @@ impl ResponseError for ApiError {
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::InsufficientTokens { .. } => StatusCode::PAYMENT_REQUIRED,
             ApiError::ReservationNotHeld { .. }
             | ApiError::ReservationOwnedByJob
@@ -174,6 +179,9 @@ impl ResponseError for ApiError {
             }
             ApiError::Unavailable(_) => {
                 response.insert_header((header::RETRY_AFTER, "1"));
+            }
+            ApiError::MethodNotAllowed { allowed } => {
+                response.insert_header((header::ALLOW, allowed.join(", ")));
             }
             ApiError::RateLimited {
                 retry_after_seconds,
@@ -234,6 +242,7 @@ pub enum ProblemCode {
     Unauthorized,
     Forbidden,
     NotFound,
+    MethodNotAllowed,
     InsufficientTokens,
     ReservationNotHeld,
     ReservationOwnedByJob,
@@ -301,6 +310,9 @@ mod tests {
             ApiError::Unauthorized,
             ApiError::Forbidden,
             ApiError::NotFound("account"),
+            ApiError::MethodNotAllowed {
+                allowed: vec!["GET"],
+            },
             ApiError::InsufficientTokens {
                 available: 1,
                 reserved: 2,
@@ -331,6 +343,7 @@ mod tests {
             | ApiError::Unauthorized
             | ApiError::Forbidden
             | ApiError::NotFound(_)
+            | ApiError::MethodNotAllowed { .. }
             | ApiError::InsufficientTokens { .. }
             | ApiError::ReservationNotHeld { .. }
             | ApiError::ReservationOwnedByJob

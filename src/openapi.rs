@@ -153,6 +153,49 @@ static DOCUMENT: LazyLock<Result<String, String>> = LazyLock::new(|| {
         .map_err(|error| error.to_string())
 });
 
+/// Path templates and their methods, for telling 405 from 404.
+static ROUTES: LazyLock<Vec<(Vec<String>, Vec<&'static str>)>> = LazyLock::new(|| {
+    ApiDoc::openapi()
+        .paths
+        .paths
+        .iter()
+        .map(|(path, item)| {
+            let methods = [
+                ("GET", item.get.is_some()),
+                ("POST", item.post.is_some()),
+                ("PUT", item.put.is_some()),
+                ("PATCH", item.patch.is_some()),
+                ("DELETE", item.delete.is_some()),
+            ];
+            let segments = path.split('/').map(str::to_owned).collect();
+            (
+                segments,
+                methods
+                    .into_iter()
+                    .filter(|(_, present)| *present)
+                    .map(|(method, _)| method)
+                    .collect(),
+            )
+        })
+        .collect()
+});
+
+/// The methods a path accepts, when some route matches it.
+pub fn allowed_methods(path: &str) -> Option<Vec<&'static str>> {
+    let segments: Vec<&str> = path.split('/').collect();
+    ROUTES.iter().find_map(|(template, methods)| {
+        let matches = template.len() == segments.len()
+            && template.iter().zip(&segments).all(|(expected, actual)| {
+                if expected.starts_with('{') {
+                    !actual.is_empty()
+                } else {
+                    expected == actual
+                }
+            });
+        matches.then(|| methods.clone())
+    })
+}
+
 /// The serialized document, for `GET /openapi.json`.
 pub fn document_json() -> Result<&'static str, ApiError> {
     DOCUMENT

@@ -232,6 +232,7 @@ macro_rules! text_newtype {
                     .schema_type(Type::String)
                     .min_length(Some(1))
                     .max_length(Some($max))
+                    .pattern(Some("^[^\\u0000-\\u001F\\u007F-\\u009F]+$"))
                     .description(Some(
                         "Text of 1 to `maxLength` characters, no control characters.",
                     ))

@@ -39,8 +39,13 @@ pub fn configure(config: &mut web::ServiceConfig) {
     reservations::configure(config);
 }
 
-pub async fn not_found() -> Result<HttpResponse, ApiError> {
-    Err(ApiError::NotFound("route"))
+/// No route matched: 405 with `Allow` when the path exists with other
+/// methods, else 404.
+pub async fn not_found(request: HttpRequest) -> Result<HttpResponse, ApiError> {
+    match crate::openapi::allowed_methods(request.path()) {
+        Some(allowed) => Err(ApiError::MethodNotAllowed { allowed }),
+        None => Err(ApiError::NotFound("route")),
+    }
 }
 
 /// Header telling the client this answer replays an earlier identical request.
@@ -63,7 +68,8 @@ pub fn replayed(body: &impl Serialize) -> HttpResponse {
 pub fn optional_json_body<T: serde::de::DeserializeOwned + Default>(
     body: &[u8],
 ) -> Result<T, ApiError> {
-    if body.iter().all(u8::is_ascii_whitespace) {
+    let text = std::str::from_utf8(body).map(str::trim).unwrap_or("?");
+    if text.is_empty() || text == "null" {
         return Ok(T::default());
     }
     serde_json::from_slice(body)

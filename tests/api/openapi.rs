@@ -48,11 +48,12 @@ const ROUTES: [(&str, &str); 24] = [
 ];
 
 /// The codes of `ApiError::code()`.
-const PROBLEM_CODES: [&str; 14] = [
+const PROBLEM_CODES: [&str; 15] = [
     "invalid_request",
     "unauthorized",
     "forbidden",
     "not_found",
+    "method_not_allowed",
     "insufficient_tokens",
     "reservation_not_held",
     "reservation_owned_by_job",
@@ -287,4 +288,39 @@ async fn swagger_ui_is_served_from_vendored_files() {
             "{other}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_known_path_with_another_method_is_405_with_allow() {
+    let app = TestApp::spawn().await;
+    let response = app
+        .client
+        .put(app.url("/v1/accounts"))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.headers()["allow"], "POST");
+    let (status, body) = crate::helpers::problem(response).await;
+    assert_eq!(
+        (status.as_u16(), body["code"].as_str()),
+        (405, Some("method_not_allowed"))
+    );
+    let response = app
+        .client
+        .delete(app.url(&format!("/v1/accounts/{}", uuid::Uuid::new_v4())))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status().as_u16(), 405);
+    assert_eq!(response.headers()["allow"], "GET, PATCH");
+    let (status, _) = crate::helpers::problem(
+        app.client
+            .get(app.url("/v1/nowhere"))
+            .send()
+            .await
+            .expect("sent"),
+    )
+    .await;
+    assert_eq!(status.as_u16(), 404);
 }
