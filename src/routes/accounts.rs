@@ -5,7 +5,7 @@ use actix_web::{get, patch, post, web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::{created, State};
+use super::{created, JsonObject, State};
 use crate::config::{LEDGER_PAGE_DEFAULT, LEDGER_PAGE_MAX};
 use crate::db::run_blocking;
 use crate::domain::accounts::{self, parse_max_active_reservations, AccountView};
@@ -59,7 +59,7 @@ struct CreateAccount {
 async fn create_account(
     caller: Caller,
     state: State,
-    body: web::Json<CreateAccount>,
+    body: JsonObject<CreateAccount>,
 ) -> Result<HttpResponse, ApiError> {
     caller.authorize_admin()?;
     let CreateAccount {
@@ -178,7 +178,7 @@ async fn update_account(
     caller: Caller,
     state: State,
     path: web::Path<Uuid>,
-    body: web::Json<UpdateAccount>,
+    body: JsonObject<UpdateAccount>,
 ) -> Result<HttpResponse, ApiError> {
     let account = AccountId(path.into_inner());
     caller.authorize_admin_on(account)?;
@@ -235,7 +235,7 @@ async fn create_kiosk_key(
     caller: Caller,
     state: State,
     path: web::Path<Uuid>,
-    body: web::Json<CreateKioskKey>,
+    body: JsonObject<CreateKioskKey>,
 ) -> Result<HttpResponse, ApiError> {
     let account = AccountId(path.into_inner());
     caller.authorize_admin_on(account)?;

@@ -4,7 +4,7 @@ use actix_web::{delete, post, web, HttpResponse};
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::State;
+use super::{JsonObject, State};
 use crate::db::run_blocking;
 use crate::domain::api_keys::{create_api_key, revoke_api_key, Caller, CreatedApiKey, Scope};
 use crate::domain::types::{ApiKeyId, Label};
@@ -49,7 +49,7 @@ struct CreateKey {
 async fn create_key(
     caller: Caller,
     state: State,
-    body: web::Json<CreateKey>,
+    body: JsonObject<CreateKey>,
 ) -> Result<HttpResponse, ApiError> {
     caller.authorize_admin()?;
     let CreateKey { scope, label } = body.into_inner();

@@ -4,7 +4,7 @@ use actix_web::{post, web, HttpResponse};
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::{created, replayed, State};
+use super::{created, replayed, JsonObject, State};
 use crate::db::run_blocking;
 use crate::domain::api_keys::Caller;
 use crate::domain::credits::{self, AdjustmentView, CreditView, Outcome};
@@ -60,7 +60,7 @@ async fn create_credit(
     caller: Caller,
     state: State,
     path: web::Path<Uuid>,
-    body: web::Json<CreateCredit>,
+    body: JsonObject<CreateCredit>,
 ) -> Result<HttpResponse, ApiError> {
     let account = AccountId(path.into_inner());
     caller.authorize_admin_on(account)?;
@@ -132,7 +132,7 @@ async fn create_adjustment(
     caller: Caller,
     state: State,
     path: web::Path<Uuid>,
-    body: web::Json<CreateAdjustment>,
+    body: JsonObject<CreateAdjustment>,
 ) -> Result<HttpResponse, ApiError> {
     let account = AccountId(path.into_inner());
     caller.authorize_admin_on(account)?;

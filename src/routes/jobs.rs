@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::{created, replayed, State};
+use super::{created, replayed, JsonObject, State};
 use crate::config::{JOB_PAGE_DEFAULT, JOB_PAGE_MAX, JOB_WAIT_SECONDS_MAX};
 use crate::db::run_blocking;
 use crate::domain::api_keys::Caller;
@@ -80,7 +80,7 @@ async fn create_job(
     caller: Caller,
     state: State,
     path: web::Path<Uuid>,
-    body: web::Json<CreateJob>,
+    body: JsonObject<CreateJob>,
 ) -> Result<HttpResponse, ApiError> {
     let account = AccountId(path.into_inner());
     caller.authorize_spend(account)?;

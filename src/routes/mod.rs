@@ -63,6 +63,36 @@ pub fn replayed(body: &impl Serialize) -> HttpResponse {
         .json(body)
 }
 
+/// A JSON body that must be an object. `web::Json` alone would also
+/// accept an array for a struct (serde's positional form), which is not
+/// what the API documents.
+pub struct JsonObject<T>(pub T);
+
+impl<T> JsonObject<T> {
+    pub fn into_inner(self) -> T {
+        self.0
+    }
+}
+
+impl<T: serde::de::DeserializeOwned + 'static> FromRequest for JsonObject<T> {
+    type Error = actix_web::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<JsonObject<T>, actix_web::Error>>>>;
+
+    fn from_request(request: &HttpRequest, payload: &mut actix_web::dev::Payload) -> Self::Future {
+        // The app's JsonConfig (size limit, problem+json errors) applies.
+        let object =
+            web::Json::<serde_json::Map<String, serde_json::Value>>::from_request(request, payload);
+        Box::pin(async move {
+            let object = object.await?.into_inner();
+            serde_json::from_value(serde_json::Value::Object(object))
+                .map(JsonObject)
+                .map_err(|error| {
+                    ApiError::InvalidRequest(format!("invalid JSON body: {error}")).into()
+                })
+        })
+    }
+}
+
 /// A body that may be absent (empty means all defaults) but, when present,
 /// must be valid JSON for `T`: a malformed body never falls back to defaults.
 pub fn optional_json_body<T: serde::de::DeserializeOwned + Default>(
@@ -72,8 +102,15 @@ pub fn optional_json_body<T: serde::de::DeserializeOwned + Default>(
     if text.is_empty() || text == "null" {
         return Ok(T::default());
     }
-    serde_json::from_slice(body)
-        .map_err(|error| ApiError::InvalidRequest(format!("invalid JSON body: {error}")))
+    let invalid =
+        |error: serde_json::Error| ApiError::InvalidRequest(format!("invalid JSON body: {error}"));
+    let value: serde_json::Value = serde_json::from_slice(body).map_err(invalid)?;
+    if !value.is_object() {
+        return Err(ApiError::InvalidRequest(
+            "the JSON body must be an object".into(),
+        ));
+    }
+    serde_json::from_value(value).map_err(invalid)
 }
 
 /// `Authorization: Bearer <key>` → the caller, or 401.

@@ -4,7 +4,7 @@ use actix_web::{get, post, web, HttpResponse};
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::{created, optional_json_body, replayed, State};
+use super::{created, optional_json_body, replayed, JsonObject, State};
 use std::sync::Arc;
 
 use crate::db::models::ReservationRow;
@@ -95,7 +95,7 @@ async fn create_reservation(
     caller: Caller,
     state: State,
     path: web::Path<Uuid>,
-    body: web::Json<CreateReservation>,
+    body: JsonObject<CreateReservation>,
 ) -> Result<HttpResponse, ApiError> {
     let account = AccountId(path.into_inner());
     caller.authorize_spend(account)?;
@@ -323,7 +323,7 @@ async fn extend_reservation(
     caller: Caller,
     state: State,
     path: web::Path<(Uuid, Uuid)>,
-    body: web::Json<ExtendBody>,
+    body: JsonObject<ExtendBody>,
 ) -> Result<HttpResponse, ApiError> {
     let (account, reservation) = path.into_inner();
     let (account, reservation) = (AccountId(account), ReservationId(reservation));

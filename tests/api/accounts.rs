@@ -110,6 +110,16 @@ async fn suspended_account_refuses_new_reservations_but_settles_held_ones() {
         .await
         .expect("sent");
     assert_eq!(suspend.status(), StatusCode::OK);
+    // An array is not an object, even if serde could read one by position.
+    let positional = app
+        .client
+        .patch(app.url(&format!("/v1/accounts/{account}")))
+        .bearer_auth(ADMIN_KEY)
+        .json(&json!([null, null]))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(problem(positional).await.0, StatusCode::BAD_REQUEST);
     let before = app.snapshot(account);
     let (status, body) = problem(app.reserve(account, ADMIN_KEY, Uuid::new_v4(), 1).await).await;
     assert_eq!(

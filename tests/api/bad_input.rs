@@ -29,6 +29,8 @@ async fn bad_reservation_bodies_are_400_and_change_nothing() {
         format!(r#"{{"request_id": "{id}", "amount": 1, "ttl_seconds": 86401}}"#),
         format!(r#"{{"request_id": "{id}", "amount": 1, "ttl_seconds": -5}}"#),
         format!(r#"{{"request_id": "{id}", "amount": 1, "surprise": true}}"#),
+        // serde would read a struct from an array by position: refused.
+        format!(r#"["{id}", 1]"#),
     ];
     for body in bodies {
         let (status, problem_body) = problem(app.post_raw(&path, &kiosk, body.clone()).await).await;
@@ -112,6 +114,8 @@ async fn bad_commit_credit_and_adjustment_bodies_change_nothing() {
         r#"{"amount": "all"}"#,
         r#"{"amount": 4}"#,
         r#"{"amont": 1}"#,
+        "[4]",
+        "[null]",
     ] {
         let (status, problem_body) = problem(app.post_raw(&commit, ADMIN_KEY, body).await).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {problem_body}");
