@@ -51,6 +51,11 @@ pub enum Command {
         #[arg(long)]
         csv: bool,
     },
+    /// Seeded fault run: replicas of this binary, the fake provider, a kiosk
+    /// workload, SIGKILL / SIGSTOP / PostgreSQL restarts, then the books are
+    /// checked (exit 1 on a violation). DATABASE_URL must name a scratch
+    /// database `tb_chaos…`, which is recreated.
+    Chaos(crate::chaos::ChaosArgs),
     /// Load generators against a running service.
     Bench {
         #[command(subcommand)]

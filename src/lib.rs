@@ -1,6 +1,7 @@
 //! token-billing: prepaid token billing for AI photo kiosks.
 
 pub mod bench;
+pub mod chaos;
 pub mod cli;
 pub mod config;
 pub mod db;

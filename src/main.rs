@@ -41,6 +41,13 @@ async fn main() -> ExitCode {
         Command::Account { action } => account_command(&cli.config, action),
         Command::ApiKey { action } => api_key_command(&cli.config, action),
         Command::Reconcile { .. } => Ok(()),
+        Command::Chaos(args) => {
+            match token_billing::chaos::run(&cli.config.database_url, args).await {
+                Ok(true) => Ok(()),
+                Ok(false) => return ExitCode::FAILURE,
+                Err(error) => Err(error),
+            }
+        }
         Command::Bench {
             target: BenchCommand::Load(args),
         } => token_billing::bench::load::run_load(args).await,

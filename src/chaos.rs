@@ -1,0 +1,786 @@
+//! `token-billing chaos`: a seeded, reproducible fault run. It starts
+//! several replicas of this very binary and the fake provider on loopback,
+//! drives a kiosk workload (jobs with provider faults, re-sent and reused
+//! request ids, explicit reservations committed, partly committed, released
+//! or abandoned), injects faults on a schedule drawn from the seed (SIGKILL
+//! of a replica, SIGSTOP longer than the lease and the TTL, PostgreSQL
+//! `restart -m immediate`), lets the system recover, and then checks the
+//! books. It exits non-zero on any violation.
+
+use std::collections::BTreeMap;
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Uuid as SqlUuid};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use crate::provider::fake::FakeBackend;
+use crate::provider::fake_server::build_fake_provider;
+
+const ADMIN_KEY: &str = "chaos-admin-key-0123456789";
+/// Short lifetimes so that faults longer than them happen within minutes.
+const LEASE_SECONDS: u64 = 4;
+const TTL_SECONDS: u64 = 12;
+const PROVIDER_TIMEOUT_SECONDS: u64 = 3;
+
+#[derive(Debug, clap::Args)]
+pub struct ChaosArgs {
+    /// Seed of the workload and the fault schedule (default: random, printed).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Seconds of workload under faults.
+    #[arg(long, default_value_t = 60)]
+    pub seconds: u64,
+    #[arg(long, default_value_t = 3)]
+    pub replicas: usize,
+    #[arg(long, default_value_t = 12)]
+    pub kiosks: usize,
+    /// Accounts, each with few tokens, shared by the kiosks.
+    #[arg(long, default_value_t = 3)]
+    pub accounts: usize,
+    /// Also restart PostgreSQL (`pg_ctlcluster … restart -m immediate`).
+    #[arg(long)]
+    pub restart_postgres: bool,
+}
+
+/// What a kiosk saw of one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Seen {
+    Ok,
+    Refused,
+    Indeterminate,
+}
+
+#[derive(Default)]
+struct Journal {
+    outcomes: BTreeMap<(&'static str, &'static str), u64>,
+    latencies_ms: Vec<f64>,
+    /// (account, request_id, job_id) of every job answer a kiosk got.
+    job_answers: Vec<(Uuid, Uuid, Uuid)>,
+    /// Jobs a kiosk saw succeed.
+    jobs_seen_succeeded: Vec<Uuid>,
+    /// (reservation, committed amount) of every commit a kiosk saw succeed.
+    commits_seen: Vec<(Uuid, i64)>,
+    violations: Vec<String>,
+    faults: BTreeMap<&'static str, u64>,
+    recoveries_ms: Vec<(&'static str, f64)>,
+}
+
+type Shared = Arc<Mutex<Journal>>;
+
+fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, Journal> {
+    shared
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+struct Replica {
+    child: Option<Child>,
+    port: u16,
+}
+
+struct Cluster {
+    binary: std::path::PathBuf,
+    database_url: String,
+    provider_url: String,
+    replicas: Vec<Mutex<Replica>>,
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+impl Cluster {
+    fn spawn(&self, port: u16) -> anyhow::Result<Child> {
+        Ok(Command::new(&self.binary)
+            .arg("serve")
+            .env("DATABASE_URL", &self.database_url)
+            .env("BIND_ADDR", format!("127.0.0.1:{port}"))
+            .env("ADMIN_API_KEY", ADMIN_KEY)
+            .env("PROVIDER", "http")
+            .env("PROVIDER_URL", &self.provider_url)
+            .env(
+                "PROVIDER_TIMEOUT_SECONDS",
+                PROVIDER_TIMEOUT_SECONDS.to_string(),
+            )
+            .env("JOB_LEASE_SECONDS", LEASE_SECONDS.to_string())
+            .env("RESERVATION_TTL_SECONDS", TTL_SECONDS.to_string())
+            .env("JOB_MAX_ATTEMPTS", "3")
+            .env("JOB_RETRY_BACKOFF_MS", "200")
+            .env("REAPER_SCHEDULE", "*/2 * * * * *")
+            .env("WORKER_CONCURRENCY", "4")
+            .env("DB_POOL_SIZE", "8")
+            .env("RATE_LIMIT_PER_SECOND", "0")
+            .env("SHUTDOWN_GRACE_SECONDS", "2")
+            .env("RUST_LOG", "error")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?)
+    }
+
+    fn url(&self, index: usize) -> String {
+        let port = self.replicas[index]
+            .lock()
+            .map(|replica| replica.port)
+            .unwrap_or(0);
+        format!("http://127.0.0.1:{port}")
+    }
+
+    fn signal(&self, index: usize, signal: &str) {
+        if let Ok(replica) = self.replicas[index].lock() {
+            if let Some(child) = &replica.child {
+                let _ = Command::new("kill")
+                    .args([signal, &child.id().to_string()])
+                    .status();
+            }
+        }
+    }
+
+    fn restart(&self, index: usize) -> anyhow::Result<()> {
+        let mut replica = self.replicas[index]
+            .lock()
+            .map_err(|_| anyhow::anyhow!("replica lock"))?;
+        if let Some(mut child) = replica.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        replica.child = Some(self.spawn(replica.port)?);
+        Ok(())
+    }
+
+    fn stop_all(&self) {
+        for index in 0..self.replicas.len() {
+            self.signal(index, "-CONT");
+            self.signal(index, "-TERM");
+        }
+        for replica in &self.replicas {
+            if let Ok(mut replica) = replica.lock() {
+                if let Some(mut child) = replica.child.take() {
+                    let deadline = Instant::now() + Duration::from_secs(10);
+                    while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+            }
+        }
+    }
+}
+
+async fn ready(client: &reqwest::Client, url: &str) -> bool {
+    matches!(client.get(format!("{url}/readyz")).send().await, Ok(response) if response.status().is_success())
+}
+
+/// Waits until every replica answers `/readyz`; returns the time it took.
+async fn await_ready(
+    client: &reqwest::Client,
+    cluster: &Cluster,
+    limit: Duration,
+) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    loop {
+        let mut all = true;
+        for index in 0..cluster.replicas.len() {
+            all &= ready(client, &cluster.url(index)).await;
+        }
+        if all {
+            return Ok(started.elapsed().as_secs_f64() * 1000.0);
+        }
+        anyhow::ensure!(
+            started.elapsed() < limit,
+            "replicas not ready after {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn record(shared: &Shared, kind: &'static str, seen: Seen, started: Instant) {
+    let label = match seen {
+        Seen::Ok => "ok",
+        Seen::Refused => "refused",
+        Seen::Indeterminate => "indeterminate",
+    };
+    let mut journal = lock(shared);
+    *journal.outcomes.entry((kind, label)).or_insert(0) += 1;
+    journal
+        .latencies_ms
+        .push(started.elapsed().as_secs_f64() * 1000.0);
+}
+
+/// Sends one request; connection errors and timeouts are indeterminate.
+async fn send(request: reqwest::RequestBuilder) -> (Seen, u16, Value) {
+    match request.timeout(Duration::from_secs(5)).send().await {
+        Ok(response) => {
+            let status = response.status().as_u16();
+            let body = response.json().await.unwrap_or(Value::Null);
+            let seen = match status {
+                200..=299 => Seen::Ok,
+                500..=599 => Seen::Indeterminate,
+                _ => Seen::Refused,
+            };
+            (seen, status, body)
+        }
+        Err(_) => (Seen::Indeterminate, 0, Value::Null),
+    }
+}
+
+fn uuid_of(body: &Value, field: &str) -> Option<Uuid> {
+    body[field]
+        .as_str()
+        .and_then(|text| Uuid::parse_str(text).ok())
+}
+
+fn provider_params(rng: &mut StdRng, guest: u64) -> Value {
+    let roll: u32 = rng.gen_range(0..100);
+    let simulate = match roll {
+        0..=59 => json!({"delay_ms": rng.gen_range(100..1500)}),
+        60..=69 => json!({"outcome": "fail", "delay_ms": 200}),
+        70..=79 => json!({"fail_times": rng.gen_range(1..3), "delay_ms": 300}),
+        80..=84 => json!({"outcome": "hang"}),
+        85..=94 => json!({"outcome": "drop_after_success", "delay_ms": 100}),
+        _ => json!({"delay_ms": 2_500}),
+    };
+    json!({"simulate": simulate, "guest": guest})
+}
+
+struct Kiosk {
+    rng: StdRng,
+    client: reqwest::Client,
+    cluster: Arc<Cluster>,
+    accounts: Arc<Vec<(Uuid, String)>>,
+    journal: Shared,
+}
+
+impl Kiosk {
+    fn replica_url(&mut self) -> String {
+        let index = self.rng.gen_range(0..self.cluster.replicas.len());
+        self.cluster.url(index)
+    }
+
+    async fn run(mut self, stop: Arc<AtomicBool>) {
+        let mut guest = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            guest += 1;
+            let account = self.rng.gen_range(0..self.accounts.len());
+            if self.rng.gen_bool(0.7) {
+                self.job(account, guest).await;
+            } else {
+                self.reservation(account).await;
+            }
+            tokio::time::sleep(Duration::from_millis(self.rng.gen_range(20..200))).await;
+        }
+    }
+
+    /// One guest action: a job, re-sent after indeterminate answers (and
+    /// sometimes at once, concurrently), occasionally reused with another
+    /// body, then waited for.
+    async fn job(&mut self, index: usize, guest: u64) {
+        let (account, key) = self.accounts[index].clone();
+        let request_id = Uuid::new_v4();
+        let body = json!({"request_id": request_id, "kind": "standard", "params": provider_params(&mut self.rng, guest)});
+        let duplicate = self.rng.gen_bool(0.1);
+        let mut answered = None;
+        for attempt in 0..4 {
+            let url = format!("{}/v1/accounts/{account}/jobs", self.replica_url());
+            let started = Instant::now();
+            let (seen, _, answer) = if duplicate && attempt == 0 {
+                let twin = self.client.post(&url).bearer_auth(&key).json(&body);
+                let other = format!("{}/v1/accounts/{account}/jobs", self.replica_url());
+                let (first, second) = tokio::join!(
+                    send(twin),
+                    send(self.client.post(other).bearer_auth(&key).json(&body))
+                );
+                if let (Some(a), Some(b)) =
+                    (uuid_of(&first.2, "job_id"), uuid_of(&second.2, "job_id"))
+                {
+                    if a != b {
+                        lock(&self.journal).violations.push(format!(
+                            "concurrent duplicate {request_id} got jobs {a} and {b}"
+                        ));
+                    }
+                }
+                if first.0 == Seen::Ok {
+                    first
+                } else {
+                    second
+                }
+            } else {
+                send(self.client.post(url).bearer_auth(&key).json(&body)).await
+            };
+            record(&self.journal, "job_create", seen, started);
+            if seen != Seen::Indeterminate {
+                answered = Some((seen, answer));
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(300 * (attempt + 1))).await;
+        }
+        let Some((Seen::Ok, answer)) = answered else {
+            return;
+        };
+        let Some(job_id) = uuid_of(&answer, "job_id") else {
+            return;
+        };
+        lock(&self.journal)
+            .job_answers
+            .push((account, request_id, job_id));
+        if self.rng.gen_bool(0.02) {
+            // The same request_id with another body must be refused.
+            let reused =
+                json!({"request_id": request_id, "kind": "standard", "params": {"other": guest}});
+            let url = format!("{}/v1/accounts/{account}/jobs", self.replica_url());
+            let started = Instant::now();
+            let (seen, status, _) =
+                send(self.client.post(url).bearer_auth(&key).json(&reused)).await;
+            record(&self.journal, "job_reuse", seen, started);
+            if seen == Seen::Ok {
+                lock(&self.journal).violations.push(format!(
+                    "reused request_id {request_id} accepted ({status})"
+                ));
+            }
+        }
+        let url = format!(
+            "{}/v1/accounts/{account}/jobs/{request_id}?wait_seconds=8",
+            self.replica_url()
+        );
+        let started = Instant::now();
+        let (seen, _, job) = send(self.client.get(url).bearer_auth(&key)).await;
+        record(&self.journal, "job_wait", seen, started);
+        if job["status"] == "succeeded" {
+            lock(&self.journal).jobs_seen_succeeded.push(job_id);
+        }
+    }
+
+    /// An explicit reservation: committed, partly committed, released or
+    /// abandoned (left to expire).
+    async fn reservation(&mut self, index: usize) {
+        let (account, key) = self.accounts[index].clone();
+        let amount: i64 = self.rng.gen_range(1..3);
+        let body = json!({"request_id": Uuid::new_v4(), "amount": amount});
+        let mut reservation = None;
+        for _ in 0..3 {
+            let url = format!("{}/v1/accounts/{account}/reservations", self.replica_url());
+            let started = Instant::now();
+            let (seen, _, answer) = send(self.client.post(url).bearer_auth(&key).json(&body)).await;
+            record(&self.journal, "reserve", seen, started);
+            if seen != Seen::Indeterminate {
+                reservation = (seen == Seen::Ok)
+                    .then(|| uuid_of(&answer, "reservation_id"))
+                    .flatten();
+                break;
+            }
+        }
+        let Some(id) = reservation else { return };
+        let roll: u32 = self.rng.gen_range(0..100);
+        let (action, body, committed) = match roll {
+            0..=39 => ("commit", json!({}), amount),
+            40..=59 => ("commit", json!({"amount": 1}), 1),
+            60..=79 => ("release", json!({}), 0),
+            _ => return,
+        };
+        for _ in 0..3 {
+            let url = format!(
+                "{}/v1/accounts/{account}/reservations/{id}/{action}",
+                self.replica_url()
+            );
+            let started = Instant::now();
+            let (seen, _, _) = send(self.client.post(url).bearer_auth(&key).json(&body)).await;
+            record(&self.journal, action, seen, started);
+            if seen == Seen::Ok && committed > 0 {
+                lock(&self.journal).commits_seen.push((id, committed));
+            }
+            if seen != Seen::Indeterminate {
+                break;
+            }
+        }
+    }
+}
+
+/// Finance tops the accounts up every few seconds (idempotent credits, sent
+/// to any replica, retried with the same external_ref when indeterminate),
+/// so the low balances keep running out and refilling.
+async fn top_up(
+    cluster: Arc<Cluster>,
+    accounts: Arc<Vec<(Uuid, String)>>,
+    journal: Shared,
+    client: reqwest::Client,
+    mut rng: StdRng,
+    stop: Arc<AtomicBool>,
+) {
+    let mut round = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(2_000..4_000))).await;
+        round += 1;
+        for (account, _) in accounts.iter() {
+            let body = json!({"amount": rng.gen_range(5..15), "external_ref": format!("top-up-{account}-{round}")});
+            for _ in 0..5 {
+                let index = rng.gen_range(0..cluster.replicas.len());
+                let url = format!("{}/v1/accounts/{account}/credits", cluster.url(index));
+                let started = Instant::now();
+                let (seen, _, _) = send(client.post(url).bearer_auth(ADMIN_KEY).json(&body)).await;
+                record(&journal, "credit", seen, started);
+                if seen != Seen::Indeterminate {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Injects faults on the seed's schedule until `stop`.
+async fn inject_faults(
+    cluster: Arc<Cluster>,
+    journal: Shared,
+    client: reqwest::Client,
+    mut rng: StdRng,
+    restart_postgres: bool,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<()> {
+    while !stop.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(3_000..6_000))).await;
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        let index = rng.gen_range(0..cluster.replicas.len());
+        let kinds: &[&'static str] = if restart_postgres {
+            &["sigkill", "sigstop", "postgres_restart"]
+        } else {
+            &["sigkill", "sigstop"]
+        };
+        let kind = kinds[rng.gen_range(0..kinds.len())];
+        *lock(&journal).faults.entry(kind).or_insert(0) += 1;
+        let fault_end = match kind {
+            "sigkill" => {
+                cluster.signal(index, "-KILL");
+                tokio::time::sleep(Duration::from_millis(rng.gen_range(200..1_500))).await;
+                cluster.restart(index)?;
+                Instant::now()
+            }
+            "sigstop" => {
+                // Longer than the lease and the TTL: its late writes must be fenced off.
+                cluster.signal(index, "-STOP");
+                tokio::time::sleep(Duration::from_secs(TTL_SECONDS + 2)).await;
+                cluster.signal(index, "-CONT");
+                Instant::now()
+            }
+            _ => {
+                let version = std::fs::read_dir("/etc/postgresql")?
+                    .filter_map(|entry| {
+                        entry
+                            .ok()
+                            .map(|entry| entry.file_name().to_string_lossy().into_owned())
+                    })
+                    .max()
+                    .unwrap_or_else(|| "15".into());
+                Command::new("pg_ctlcluster")
+                    .args([
+                        "--skip-systemctl-redirect",
+                        &version,
+                        "main",
+                        "restart",
+                        "-m",
+                        "immediate",
+                    ])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()?;
+                Instant::now()
+            }
+        };
+        let recovered = await_ready(&client, &cluster, Duration::from_secs(60)).await?;
+        let since_fault = fault_end.elapsed().as_secs_f64() * 1000.0;
+        lock(&journal)
+            .recoveries_ms
+            .push((kind, recovered.max(since_fault)));
+    }
+    Ok(())
+}
+
+#[derive(QueryableByName)]
+struct Count {
+    #[diesel(sql_type = BigInt)]
+    count: i64,
+}
+
+fn count(conn: &mut PgConnection, sql: &str) -> anyhow::Result<i64> {
+    Ok(diesel::sql_query(sql).get_result::<Count>(conn)?.count)
+}
+
+/// The end-of-run checks, straight against the database.
+fn check_books(conn: &mut PgConnection, journal: &Journal) -> anyhow::Result<Vec<String>> {
+    let mut violations = journal.violations.clone();
+    for discrepancy in crate::domain::checks::find_violations(conn)? {
+        violations.push(format!("invariant: {discrepancy:?}"));
+    }
+    let checks = [
+        ("jobs charged twice", "SELECT count(*) AS count FROM (SELECT reservation_id FROM ledger_entries WHERE kind = 'commit' GROUP BY reservation_id HAVING count(*) > 1) twice"),
+        ("held reservations past their expiry", "SELECT count(*) AS count FROM reservations WHERE state = 'held' AND expires_at < now()"),
+        ("jobs not terminal", "SELECT count(*) AS count FROM generation_jobs WHERE status IN ('queued', 'running')"),
+        ("succeeded jobs without a committed reservation", "SELECT count(*) AS count FROM generation_jobs j JOIN reservations r ON r.id = j.reservation_id WHERE j.status = 'succeeded' AND r.state <> 'committed'"),
+        ("failed jobs with a committed reservation", "SELECT count(*) AS count FROM generation_jobs j JOIN reservations r ON r.id = j.reservation_id WHERE j.status = 'failed' AND r.state = 'committed'"),
+    ];
+    for (name, sql) in checks {
+        let found = count(conn, sql)?;
+        if found > 0 {
+            violations.push(format!("{name}: {found}"));
+        }
+    }
+    for (account, request_id, job_id) in &journal.job_answers {
+        let found = diesel::sql_query(
+            "SELECT count(*) AS count FROM generation_jobs WHERE account_id = $1 AND request_id = $2 AND id = $3",
+        )
+        .bind::<SqlUuid, _>(account)
+        .bind::<SqlUuid, _>(request_id)
+        .bind::<SqlUuid, _>(job_id)
+        .get_result::<Count>(conn)?
+        .count;
+        if found != 1 {
+            violations.push(format!(
+                "request_id {request_id} was answered with job {job_id}, which is not its job"
+            ));
+        }
+    }
+    for job_id in &journal.jobs_seen_succeeded {
+        let commits = diesel::sql_query(
+            "SELECT count(*) AS count FROM ledger_entries l JOIN generation_jobs j ON j.reservation_id = l.reservation_id \
+             WHERE j.id = $1 AND l.kind = 'commit'",
+        )
+        .bind::<SqlUuid, _>(job_id)
+        .get_result::<Count>(conn)?
+        .count;
+        if commits != 1 {
+            violations.push(format!(
+                "job {job_id} was seen succeeding but has {commits} commits"
+            ));
+        }
+    }
+    for (reservation, amount) in &journal.commits_seen {
+        let committed = diesel::sql_query(
+            "SELECT count(*) AS count FROM reservations WHERE id = $1 AND state = 'committed' AND committed_amount = $2",
+        )
+        .bind::<SqlUuid, _>(reservation)
+        .bind::<BigInt, _>(amount)
+        .get_result::<Count>(conn)?
+        .count;
+        if committed != 1 {
+            violations.push(format!(
+                "reservation {reservation} was seen committed ({amount}) but is not"
+            ));
+        }
+    }
+    let report = crate::domain::reconciliation::reconcile(
+        conn,
+        chrono::Utc::now() - chrono::Duration::days(1),
+        chrono::Utc::now() + chrono::Duration::seconds(1),
+        None,
+    )?;
+    if report.status != "ok" {
+        violations.push(format!(
+            "reconciliation: {} discrepancies",
+            report.discrepancies.len()
+        ));
+    }
+    Ok(violations)
+}
+
+async fn set_up_accounts(
+    client: &reqwest::Client,
+    url: &str,
+    count: usize,
+    rng: &mut StdRng,
+) -> anyhow::Result<Vec<(Uuid, String)>> {
+    let mut accounts = Vec::new();
+    for index in 0..count {
+        let post = |path: String, body: Value| {
+            client
+                .post(format!("{url}{path}"))
+                .bearer_auth(ADMIN_KEY)
+                .json(&body)
+                .send()
+        };
+        let account: Value = post(
+            "/v1/accounts".into(),
+            json!({"name": format!("chaos {index}"), "max_active_reservations": 6}),
+        )
+        .await?
+        .json()
+        .await?;
+        let id =
+            uuid_of(&account, "account_id").ok_or_else(|| anyhow::anyhow!("account: {account}"))?;
+        let tokens: i64 = rng.gen_range(20..40);
+        post(
+            format!("/v1/accounts/{id}/credits"),
+            json!({"amount": tokens, "external_ref": format!("chaos-{id}")}),
+        )
+        .await?;
+        let key: Value = post(
+            format!("/v1/accounts/{id}/api-keys"),
+            json!({"scope": "kiosk", "label": "chaos"}),
+        )
+        .await?
+        .json()
+        .await?;
+        accounts.push((id, key["key"].as_str().unwrap_or_default().to_owned()));
+    }
+    Ok(accounts)
+}
+
+fn summary(seed: u64, journal: &Journal, violations: &[String], elapsed: Duration) {
+    let mut latencies = journal.latencies_ms.clone();
+    latencies.sort_by(f64::total_cmp);
+    println!("chaos seed={seed} elapsed_s={:.0}", elapsed.as_secs_f64());
+    println!("faults: {:?}", journal.faults);
+    let mut by_kind: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for (kind, ms) in &journal.recoveries_ms {
+        by_kind.entry(kind).or_default().push(*ms);
+    }
+    for (kind, times) in by_kind {
+        let worst = times.iter().copied().fold(0.0, f64::max);
+        println!(
+            "recovery after {kind}: {} faults, worst {worst:.0} ms",
+            times.len()
+        );
+    }
+    for ((kind, outcome), count) in &journal.outcomes {
+        println!("operations {kind}/{outcome}: {count}");
+    }
+    println!(
+        "latency ms: p50={:.1} p99={:.1} max={:.1}",
+        crate::bench::percentile(&latencies, 0.5),
+        crate::bench::percentile(&latencies, 0.99),
+        latencies.last().copied().unwrap_or(f64::NAN)
+    );
+    println!(
+        "kiosk observations: {} job answers, {} successes seen, {} commits seen",
+        journal.job_answers.len(),
+        journal.jobs_seen_succeeded.len(),
+        journal.commits_seen.len()
+    );
+    if violations.is_empty() {
+        println!("violations: 0");
+    } else {
+        for violation in violations {
+            println!("VIOLATION: {violation}");
+        }
+    }
+}
+
+/// Runs the chaos run against `database_url` (a scratch database it
+/// recreates). `Ok(false)` when a check failed.
+pub async fn run(database_url: &str, args: ChaosArgs) -> anyhow::Result<bool> {
+    let seed = args.seed.unwrap_or_else(rand::random);
+    println!("chaos seed={seed} (rerun with --seed {seed})");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (name, maintenance) = crate::db::split_database_url(database_url)?;
+    anyhow::ensure!(
+        name.starts_with("tb_chaos"),
+        "the chaos run recreates its database: name it tb_chaos…"
+    );
+    {
+        let mut admin = PgConnection::establish(&maintenance)?;
+        diesel::sql_query(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+            .execute(&mut admin)?;
+    }
+    crate::db::create_database_if_missing(database_url)?;
+    crate::db::run_migrations(&mut PgConnection::establish(database_url)?)?;
+
+    let backend = Arc::new(FakeBackend::new(500, 0.0));
+    let (provider, provider_address) = build_fake_provider("127.0.0.1:0", backend)?;
+    let provider_handle = provider.handle();
+    tokio::spawn(provider);
+    let mut replicas = Vec::new();
+    for _ in 0..args.replicas {
+        replicas.push(Mutex::new(Replica {
+            child: None,
+            port: free_port()?,
+        }));
+    }
+    let cluster = Arc::new(Cluster {
+        binary: std::env::current_exe()?,
+        database_url: database_url.to_owned(),
+        provider_url: format!("http://{provider_address}"),
+        replicas,
+    });
+    for index in 0..args.replicas {
+        cluster.restart(index)?;
+    }
+    let client = reqwest::Client::builder()
+        .pool_idle_timeout(Duration::from_secs(2))
+        .build()?;
+    await_ready(&client, &cluster, Duration::from_secs(60)).await?;
+    let accounts =
+        Arc::new(set_up_accounts(&client, &cluster.url(0), args.accounts, &mut rng).await?);
+
+    let started = Instant::now();
+    let journal: Shared = Arc::new(Mutex::new(Journal::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let faults = tokio::spawn(inject_faults(
+        Arc::clone(&cluster),
+        Arc::clone(&journal),
+        client.clone(),
+        StdRng::seed_from_u64(seed ^ 0xFA17),
+        args.restart_postgres,
+        Arc::clone(&stop),
+    ));
+    let finance = tokio::spawn(top_up(
+        Arc::clone(&cluster),
+        Arc::clone(&accounts),
+        Arc::clone(&journal),
+        client.clone(),
+        StdRng::seed_from_u64(seed ^ 0xF1A),
+        Arc::clone(&stop),
+    ));
+    let kiosks: Vec<_> = (0..args.kiosks)
+        .map(|index| {
+            let kiosk = Kiosk {
+                rng: StdRng::seed_from_u64(seed.wrapping_add(index as u64 + 1)),
+                client: client.clone(),
+                cluster: Arc::clone(&cluster),
+                accounts: Arc::clone(&accounts),
+                journal: Arc::clone(&journal),
+            };
+            tokio::spawn(kiosk.run(Arc::clone(&stop)))
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(args.seconds)).await;
+    stop.store(true, Ordering::Relaxed);
+    for kiosk in kiosks {
+        kiosk.await?;
+    }
+    faults.await??;
+    finance.await?;
+
+    // Recovery: every replica up; every job terminal; no held reservation
+    // past its expiry (the reapers run every 2 s).
+    for index in 0..args.replicas {
+        cluster.signal(index, "-CONT");
+    }
+    await_ready(&client, &cluster, Duration::from_secs(60)).await?;
+    let recovery_started = Instant::now();
+    let mut conn = PgConnection::establish(database_url)?;
+    loop {
+        let open = count(&mut conn, "SELECT count(*) AS count FROM generation_jobs WHERE status IN ('queued', 'running')")?
+            + count(&mut conn, "SELECT count(*) AS count FROM reservations WHERE state = 'held' AND expires_at < now()")?;
+        if open == 0 || recovery_started.elapsed() > Duration::from_secs(90) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!(
+        "final recovery: {:.1} s",
+        recovery_started.elapsed().as_secs_f64()
+    );
+    let journal = std::mem::take(&mut *lock(&journal));
+    let violations = check_books(&mut conn, &journal)?;
+    cluster.stop_all();
+    provider_handle.stop(false).await;
+    summary(seed, &journal, &violations, started.elapsed());
+    Ok(violations.is_empty())
+}
