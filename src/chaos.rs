@@ -48,6 +48,10 @@ pub struct ChaosArgs {
     /// Also restart PostgreSQL (`pg_ctlcluster … restart -m immediate`).
     #[arg(long)]
     pub restart_postgres: bool,
+    /// Run the first replica under `faketime` with its clock 5 minutes
+    /// ahead: expiry decisions must use the database clock.
+    #[arg(long)]
+    pub skewed_clock: bool,
 }
 
 /// What a kiosk saw of one request.
@@ -91,6 +95,8 @@ struct Cluster {
     database_url: String,
     provider_url: String,
     replicas: Vec<Mutex<Replica>>,
+    /// The replica whose wall clock runs ahead (under `faketime`).
+    skewed: Option<usize>,
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -98,8 +104,19 @@ fn free_port() -> anyhow::Result<u16> {
 }
 
 impl Cluster {
-    fn spawn(&self, port: u16) -> anyhow::Result<Child> {
-        Ok(Command::new(&self.binary)
+    fn spawn(&self, index: usize, port: u16) -> anyhow::Result<Child> {
+        let mut command = if self.skewed == Some(index) {
+            // Only the wall clock: tokio's timers read the monotonic clock.
+            let mut command = Command::new("faketime");
+            command
+                .args(["-f", "+5m"])
+                .arg(&self.binary)
+                .env("DONT_FAKE_MONOTONIC", "1");
+            command
+        } else {
+            Command::new(&self.binary)
+        };
+        Ok(command
             .arg("serve")
             .env("DATABASE_URL", &self.database_url)
             .env("BIND_ADDR", format!("127.0.0.1:{port}"))
@@ -151,7 +168,7 @@ impl Cluster {
             let _ = child.kill();
             let _ = child.wait();
         }
-        replica.child = Some(self.spawn(replica.port)?);
+        replica.child = Some(self.spawn(index, replica.port)?);
         Ok(())
     }
 
@@ -707,7 +724,20 @@ pub async fn run(database_url: &str, args: ChaosArgs) -> anyhow::Result<bool> {
         database_url: database_url.to_owned(),
         provider_url: format!("http://{provider_address}"),
         replicas,
+        skewed: args.skewed_clock.then_some(0),
     });
+    if args.skewed_clock {
+        anyhow::ensure!(
+            Command::new("faketime")
+                .arg("-f")
+                .arg("+0")
+                .arg("true")
+                .status()
+                .is_ok_and(|status| status.success()),
+            "--skewed-clock needs faketime (apt-get install faketime)"
+        );
+        println!("replica 0 runs with its clock 5 minutes ahead (faketime)");
+    }
     for index in 0..args.replicas {
         cluster.restart(index)?;
     }

@@ -66,6 +66,8 @@ pub struct CreditRow {
     pub external_ref: String,
     pub note: Option<String>,
     pub actor: String,
+    /// The database's clock (column default), never a replica's.
+    #[diesel(skip_insertion)]
     pub created_at: DateTime<Utc>,
 }
 
@@ -78,6 +80,8 @@ pub struct AdjustmentRow {
     pub reason: String,
     pub external_ref: String,
     pub actor: String,
+    /// The database's clock (column default), never a replica's.
+    #[diesel(skip_insertion)]
     pub created_at: DateTime<Utc>,
 }
 

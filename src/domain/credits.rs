@@ -93,7 +93,7 @@ pub fn credit(
                 external_ref: external_ref.as_str().to_owned(),
                 note: note.map(|note| note.as_str().to_owned()),
                 actor: actor.to_owned(),
-                created_at: Utc::now(),
+                created_at: Utc::now(), // not inserted: the column default (database clock) wins
             })
             .on_conflict(credits::external_ref)
             .do_nothing()
@@ -181,7 +181,7 @@ pub fn adjust(
                 reason: reason.as_str().to_owned(),
                 external_ref: external_ref.as_str().to_owned(),
                 actor: actor.to_owned(),
-                created_at: Utc::now(),
+                created_at: Utc::now(), // not inserted: the column default (database clock) wins
             })
             .on_conflict(adjustments::external_ref)
             .do_nothing()
