@@ -114,7 +114,37 @@ impl Modify for BearerScheme {
             "bearer",
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
         );
-        // Every key is rate limited: each /v1 operation can answer 429.
+        // What every /v1 operation can answer, documented once here rather
+        // than on each handler: 401, 429 (every key is rate limited), 500, 503.
+        let problem = |description: &str| {
+            ResponseBuilder::new().description(description).content(
+                "application/problem+json",
+                ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name("Problem")))
+                    .build(),
+            )
+        };
+        let retry_after = || {
+            utoipa::openapi::header::Header::new(
+                utoipa::openapi::ObjectBuilder::new().schema_type(utoipa::openapi::Type::Integer),
+            )
+        };
+        let common = [
+            (
+                "401",
+                problem("Missing, unknown or revoked API key").build(),
+            ),
+            (
+                "500",
+                problem("Internal error; nothing was changed").build(),
+            ),
+            (
+                "503",
+                problem("Database unreachable; nothing was changed, retry")
+                    .header("Retry-After", retry_after())
+                    .build(),
+            ),
+        ];
         let rate_limited = ResponseBuilder::new()
             .description("`rate_limited`: this API key is over its request rate; retry after `Retry-After` seconds")
             .header("Retry-After", utoipa::openapi::header::Header::new(utoipa::openapi::ObjectBuilder::new().schema_type(utoipa::openapi::Type::Integer)))
@@ -135,11 +165,15 @@ impl Modify for BearerScheme {
                 &mut item.delete,
             ];
             for operation in operations.into_iter().flatten() {
-                operation
-                    .responses
-                    .responses
+                let responses = &mut operation.responses.responses;
+                responses
                     .entry("429".to_owned())
                     .or_insert_with(|| rate_limited.clone().into());
+                for (status, response) in &common {
+                    responses
+                        .entry((*status).to_owned())
+                        .or_insert_with(|| response.clone().into());
+                }
             }
         }
     }

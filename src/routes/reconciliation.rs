@@ -44,15 +44,8 @@ struct PeriodQuery {
         )),
         (status = 400, description = "Invalid query: timestamps, `from` not before `to`, \
          period too long", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing, unknown or revoked API key",
-         body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "A kiosk key cannot read the books",
          body = Problem, content_type = "application/problem+json"),
-        (status = 500, description = "Internal error",
-         body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Database unreachable, retry",
-         body = Problem, content_type = "application/problem+json",
-         headers(("Retry-After" = String, description = "Seconds to wait"))),
     ),
     security(("bearer" = [])),
 )]
