@@ -143,7 +143,7 @@ pub fn test_config(database_url: &str) -> Config {
         "--bind-addr",
         "127.0.0.1:0",
         "--db-pool-size",
-        "24",
+        "16",
         "--admin-api-key",
         ADMIN_KEY,
         "--simulated-latency-ms",
