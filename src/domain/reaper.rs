@@ -157,45 +157,52 @@ fn expire_stale_reservations(
     report: &mut PassReport,
 ) -> Result<(), ApiError> {
     loop {
-        let handled = conn.transaction(|conn| -> Result<usize, ApiError> {
-            let mut expired: Vec<ReservationRow> = diesel::sql_query(
-                "UPDATE reservations SET state = 'expired', resolved_at = now() \
+        // Counted only once the batch has committed.
+        let (expired, jobs_failed) =
+            conn.transaction(|conn| -> Result<(Vec<ReservationRow>, u64), ApiError> {
+                let mut expired: Vec<ReservationRow> = diesel::sql_query(
+                    "UPDATE reservations SET state = 'expired', resolved_at = now() \
                  WHERE id IN (SELECT id FROM reservations \
                               WHERE state = 'held' AND expires_at <= now() \
                               ORDER BY account_id, id LIMIT $1 FOR UPDATE SKIP LOCKED) \
                    AND state = 'held' AND expires_at <= now() \
                  RETURNING *",
-            )
-            .bind::<BigInt, _>(settings.batch)
-            .load(conn)?;
-            // Accounts locked in id order: concurrent batches cannot deadlock.
-            expired.sort_by_key(|row| (row.account_id, row.id));
-            for reservation in &expired {
-                settle(
-                    conn,
-                    reservation,
-                    Resolution::Expire,
-                    Some("expired"),
-                    SYSTEM_ACTOR,
-                )?;
-                if let Some(job_id) = reservation.job_id {
-                    if fail_job(
+                )
+                .bind::<BigInt, _>(settings.batch)
+                .load(conn)?;
+                // Accounts locked in id order: concurrent batches cannot deadlock.
+                expired.sort_by_key(|row| (row.account_id, row.id));
+                let mut jobs_failed = 0;
+                for reservation in &expired {
+                    settle(
                         conn,
-                        job_id,
-                        "reservation_expired",
-                        "the job's reservation expired",
-                    )? {
-                        report.jobs_failed_reservation_expired += 1;
+                        reservation,
+                        Resolution::Expire,
+                        Some("expired"),
+                        SYSTEM_ACTOR,
+                    )?;
+                    if let Some(job_id) = reservation.job_id {
+                        if fail_job(
+                            conn,
+                            job_id,
+                            "reservation_expired",
+                            "the job's reservation expired",
+                        )? {
+                            jobs_failed += 1;
+                        }
                     }
                 }
-                if let Some(metrics) = metrics {
-                    metrics.resolution("expired", 0, reservation.amount);
-                }
+                Ok((expired, jobs_failed))
+            })?;
+        if let Some(metrics) = metrics {
+            for reservation in &expired {
+                metrics.resolution("expired", 0, reservation.amount);
             }
-            Ok(expired.len())
-        })?;
+        }
+        let handled = expired.len();
         report.batches += 1;
         report.reservations_expired += handled as u64;
+        report.jobs_failed_reservation_expired += jobs_failed;
         if (handled as i64) < settings.batch {
             return Ok(());
         }
@@ -282,7 +289,8 @@ fn fail_exhausted_leases(
     .load(conn)?;
     let condition = "j.status = 'running' AND j.lease_expires_at < now()";
     for candidate in &candidates {
-        let done = conn.transaction(|conn| -> Result<bool, ApiError> {
+        // Some(tokens released) once committed; None when nothing was done.
+        let done = conn.transaction(|conn| -> Result<Option<i64>, ApiError> {
             let reservation = resolve_for_job(conn, candidate, "released", condition)?;
             if !fail_job(
                 conn,
@@ -290,23 +298,27 @@ fn fail_exhausted_leases(
                 "attempts_exhausted",
                 "the job's workers kept losing their lease",
             )? {
-                return Ok(false);
+                return Ok(None);
             }
-            if let Some(reservation) = reservation {
+            if let Some(reservation) = &reservation {
                 settle(
                     conn,
-                    &reservation,
+                    reservation,
                     Resolution::Release,
                     Some("attempts_exhausted"),
                     SYSTEM_ACTOR,
                 )?;
-                if let Some(metrics) = metrics {
-                    metrics.resolution("released", 0, reservation.amount);
-                }
             }
-            Ok(true)
+            Ok(Some(
+                reservation.map_or(0, |reservation| reservation.amount),
+            ))
         })?;
-        report.jobs_failed_attempts_exhausted += u64::from(done);
+        if let Some(released) = done {
+            report.jobs_failed_attempts_exhausted += 1;
+            if let (Some(metrics), true) = (metrics, released > 0) {
+                metrics.resolution("released", 0, released);
+            }
+        }
     }
     report.batches += 1;
     Ok(())
@@ -331,21 +343,24 @@ fn fix_held_reservations_of_finished_jobs(
         .load(conn)?;
         let condition = format!("j.status = '{status}'");
         for candidate in &candidates {
-            let fixed = conn.transaction(|conn| -> Result<bool, ApiError> {
+            let fixed = conn.transaction(|conn| -> Result<Option<i64>, ApiError> {
                 let Some(reservation) = resolve_for_job(conn, candidate, state, &condition)? else {
-                    return Ok(false);
+                    return Ok(None);
                 };
-                let resolution =
-                    if state == "committed" { Resolution::Commit(reservation.amount) } else { Resolution::Release };
+                let resolution = if state == "committed" {
+                    Resolution::Commit(reservation.amount)
+                } else {
+                    Resolution::Release
+                };
                 settle(conn, &reservation, resolution, Some("fixup"), SYSTEM_ACTOR)?;
-                if let Some(metrics) = metrics {
-                    let committed = if state == "committed" { reservation.amount } else { 0 };
-                    metrics.resolution(state, committed, reservation.amount - committed);
-                }
-                tracing::warn!(job_id = %candidate.job_id, status, "fix-up: settled the held reservation of a finished job");
-                Ok(true)
+                Ok(Some(reservation.amount))
             })?;
-            if fixed {
+            if let Some(amount) = fixed {
+                tracing::warn!(job_id = %candidate.job_id, status, "fix-up: settled the held reservation of a finished job");
+                if let Some(metrics) = metrics {
+                    let committed = if state == "committed" { amount } else { 0 };
+                    metrics.resolution(state, committed, amount - committed);
+                }
                 if state == "committed" {
                     report.fixup_commits += 1;
                 } else {
