@@ -3,9 +3,9 @@
 #
 # For each scenario (spread: 1,000 accounts; hot: one account) and each
 # concurrency, runs `token-billing bench load` against a release build of
-# the service, then pgbench -M prepared with bench/reserve_commit.pgbench.sql
-# (the statements the service executes for one reserve→commit cycle) at
-# the same concurrency, and prints cycles/s of both and their ratio. The
+# the service, then pgbench -M prepared with the script printed by
+# `token-billing bench pgbench-script` (written from the very statements the
+# service executes for one reserve→commit cycle) at the same concurrency, and prints cycles/s of both and their ratio. The
 # jobs scenario has no pgbench twin; it is reported on its own.
 #
 # Usage: bench/compare.sh [seconds per run, default 10] [concurrencies, default "8 32 64"]
@@ -21,6 +21,9 @@ key="bench-admin-key-0123456789"
 port=18090
 service_db="tb_bench_service"
 pgbench_db="tb_bench_pgbench"
+service_pid=""
+script="$(mktemp)"
+"$binary" bench pgbench-script > "$script"
 psql_admin() { psql -h 127.0.0.1 -U postgres -qtAc "$1" postgres; }
 
 start_service() {
@@ -40,7 +43,7 @@ stop_service() {
   kill -TERM "$service_pid" 2> /dev/null || true
   wait "$service_pid" 2> /dev/null || true
 }
-trap stop_service EXIT
+trap 'stop_service; rm -f "$script"' EXIT
 
 seed_pgbench() {
   psql_admin "DROP DATABASE IF EXISTS $pgbench_db WITH (FORCE)"
@@ -63,7 +66,7 @@ for scenario in spread hot; do
     rss="$(sed -n 's/.*peak_rss_mib=\([0-9.a-z/]*\).*/\1/p' <<< "$line")"
     seed_pgbench "$accounts"
     pgbench_rate="$(pgbench -h 127.0.0.1 -U postgres -n -M prepared -c "$concurrency" -j 2 -T "$seconds" \
-      -D accounts="$accounts" -f bench/reserve_commit.pgbench.sql "$pgbench_db" 2> /dev/null \
+      -D accounts="$accounts" -f "$script" "$pgbench_db" 2> /dev/null \
       | sed -n 's/^tps = \([0-9.]*\).*/\1/p')"
     ratio="$(python3 -c "print(f'{$service_rate / $pgbench_rate:.2f}')")"
     printf '%-8s %-5s %12.0f %12.0f %7s %9s %9s %9s %8s\n' "$scenario" "$concurrency" "$service_rate" "$pgbench_rate" "$ratio" "$p50" "$p99" "$max" "$rss"

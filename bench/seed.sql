@@ -6,5 +6,5 @@ INSERT INTO accounts (id, name, max_active_reservations, available, credited)
 SELECT bench_uuid(n), 'pgbench ' || n, 0, 1000000000, 1000000000
 FROM generate_series(1, :accounts) n;
 INSERT INTO api_keys (id, secret_hash, scope, account_id, label)
-SELECT id, sha256(id::text::bytea), 'kiosk', id, 'pgbench' FROM accounts;
+SELECT id, sha256('pgbench-secret'::bytea), 'kiosk', id, 'pgbench' FROM accounts;
 ANALYZE;

@@ -74,6 +74,8 @@ pub enum BenchCommand {
     Jobs(crate::bench::JobBenchArgs),
     /// Kiosk fleets: reserve→commit cycles (spread, hot) or jobs.
     Load(crate::bench::load::LoadArgs),
+    /// Print the pgbench twin of a kiosk cycle (the service's own SQL).
+    PgbenchScript,
     /// Seed a scratch database (DATABASE_URL) and time reconciliation reports.
     Reconciliation(crate::bench::ReconciliationBenchArgs),
 }

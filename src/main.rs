@@ -63,6 +63,12 @@ async fn main() -> ExitCode {
             .and_then(|result| result)
         }
         Command::Bench {
+            target: BenchCommand::PgbenchScript,
+        } => {
+            print!("{}", token_billing::bench::pgbench_script());
+            Ok(())
+        }
+        Command::Bench {
             target: BenchCommand::Jobs(args),
         } => token_billing::bench::run_job_bench(args).await,
         Command::FakeProvider { bind } => fake_provider(&cli.config, &bind).await,

@@ -2,7 +2,10 @@
 //! async handlers reach the (blocking) database.
 
 pub mod models;
+pub mod prepared;
 pub mod schema;
+
+pub use prepared::{prepared, PreparedSql};
 
 use diesel::connection::SimpleConnection;
 use diesel::pg::PgConnection;

@@ -135,28 +135,97 @@ fn parse_key(presented: &str) -> Option<(Uuid, &str)> {
     Some((Uuid::try_parse(id).ok()?, secret))
 }
 
-/// Finds the caller for a presented key (not the bootstrap key).
-pub fn authenticate(conn: &mut PgConnection, presented: &str) -> Result<Caller, ApiError> {
-    let (key_id, secret) = parse_key(presented).ok_or(ApiError::Unauthorized)?;
-    let row: Option<ApiKeyRow> = api_keys::table
-        .find(key_id)
-        .select(ApiKeyRow::as_select())
-        .first(conn)
-        .optional()?;
-    let row = row.ok_or(ApiError::Unauthorized)?;
-    let matches: bool = sha256(secret.as_bytes())
-        .ct_eq(row.secret_hash.as_slice())
-        .into();
-    if !matches || row.revoked_at.is_some() {
-        return Err(ApiError::Unauthorized);
+/// A presented key before the database has vouched for it: the bootstrap
+/// admin key (already checked against its hash in memory), or a well-formed
+/// key's id and the SHA-256 of its secret.
+///
+/// The hot spending endpoints verify the key inside their own statement
+/// (`KEY_MAY_SPEND_SQL`), which saves a round trip per request and still
+/// reads `revoked_at` on every request; everything else calls [`verify`].
+///
+/// [`verify`]: Credentials::verify
+#[derive(Clone, Debug)]
+pub enum Credentials {
+    Bootstrap,
+    Key { id: Uuid, secret_hash: [u8; 32] },
+}
+
+/// SQL: true when the caller may spend on account `$acct`: the bootstrap
+/// admin (`$bootstrap`), or an unrevoked key `$key_id` whose secret hashes to
+/// `$secret_hash` with the admin scope or the kiosk scope on this account.
+/// Placeholders are named here and numbered by each statement that uses it.
+///
+/// Comparing the hash with `=` is not constant-time, which is harmless: the
+/// compared bytes are SHA-256 of the presented secret, and learning how
+/// many leading bytes of a hash match does not help to find a secret.
+pub const KEY_MAY_SPEND_SQL: &str = "({bootstrap} OR EXISTS (\
+    SELECT 1 FROM api_keys \
+    WHERE id = {key_id} AND secret_hash = {secret_hash} AND revoked_at IS NULL \
+      AND (scope = 'admin' OR (scope = 'kiosk' AND account_id = {acct}))))";
+
+impl Credentials {
+    /// Parses `tbk_<id>_<secret>`; `None` when malformed.
+    pub fn parse(presented: &str) -> Option<Credentials> {
+        let (id, secret) = parse_key(presented)?;
+        Some(Credentials::Key {
+            id,
+            secret_hash: sha256(secret.as_bytes()),
+        })
     }
-    let scope = Scope::parse(&row.scope)
-        .ok_or_else(|| ApiError::Internal(format!("api key {key_id} has scope {:?}", row.scope)))?;
-    Ok(Caller {
-        key_id: Some(ApiKeyId(row.id)),
-        scope,
-        account_id: row.account_id.map(AccountId),
-    })
+
+    /// The ledger's `actor`, known before verification: the key id is part
+    /// of the key (a statement that verifies the key writes it only when the
+    /// key is valid).
+    pub fn actor(&self) -> String {
+        match self {
+            Credentials::Bootstrap => BOOTSTRAP_ACTOR.to_owned(),
+            Credentials::Key { id, .. } => ApiKeyId(*id).to_string(),
+        }
+    }
+
+    /// The bind values for `KEY_MAY_SPEND_SQL`: (bootstrap, key id, hash).
+    pub fn spend_check_binds(&self) -> (bool, Uuid, Vec<u8>) {
+        match self {
+            Credentials::Bootstrap => (true, Uuid::nil(), Vec::new()),
+            Credentials::Key { id, secret_hash } => (false, *id, secret_hash.to_vec()),
+        }
+    }
+
+    /// Looks the key up: the caller, or 401 for an unknown, wrong or
+    /// revoked key.
+    pub fn verify(&self, conn: &mut PgConnection) -> Result<Caller, ApiError> {
+        let (key_id, secret_hash) = match self {
+            Credentials::Bootstrap => return Ok(Caller::bootstrap_admin()),
+            Credentials::Key { id, secret_hash } => (*id, secret_hash),
+        };
+        let row: Option<ApiKeyRow> = api_keys::table
+            .find(key_id)
+            .select(ApiKeyRow::as_select())
+            .first(conn)
+            .optional()?;
+        let row = row.ok_or(ApiError::Unauthorized)?;
+        let matches: bool = secret_hash.ct_eq(row.secret_hash.as_slice()).into();
+        if !matches || row.revoked_at.is_some() {
+            return Err(ApiError::Unauthorized);
+        }
+        let scope = Scope::parse(&row.scope).ok_or_else(|| {
+            ApiError::Internal(format!("api key {key_id} has scope {:?}", row.scope))
+        })?;
+        Ok(Caller {
+            key_id: Some(ApiKeyId(row.id)),
+            scope,
+            account_id: row.account_id.map(AccountId),
+        })
+    }
+}
+
+/// `KEY_MAY_SPEND_SQL` with its placeholders numbered for one statement.
+pub fn key_may_spend_sql(bootstrap: u8, key_id: u8, secret_hash: u8, acct: u8) -> String {
+    KEY_MAY_SPEND_SQL
+        .replace("{bootstrap}", &format!("${bootstrap}"))
+        .replace("{key_id}", &format!("${key_id}"))
+        .replace("{secret_hash}", &format!("${secret_hash}"))
+        .replace("{acct}", &format!("${acct}"))
 }
 
 /// A freshly created key: the only time the secret is ever visible.

@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use crate::db::models::{JobRow, ReservationRow};
+use crate::db::prepared;
 use crate::domain::reservations::{settle, Resolution};
 use crate::error::ApiError;
 
@@ -57,7 +58,7 @@ pub fn claim_next(
     owner: &str,
     lease_seconds: i32,
 ) -> Result<Option<JobRow>, ApiError> {
-    Ok(diesel::sql_query(
+    Ok(prepared(
         "UPDATE generation_jobs \
          SET status = 'running', lease_owner = $1, lease_token = lease_token + 1, \
              lease_expires_at = now() + make_interval(secs => $2), attempts = attempts + 1, \
@@ -87,7 +88,7 @@ fn extend_fenced(
     job_update: &str,
 ) -> Result<(usize, usize), diesel::result::Error> {
     conn.transaction(|conn| {
-        let reservations = diesel::sql_query(
+        let reservations = prepared(
             "UPDATE reservations SET expires_at = GREATEST(expires_at, now() + make_interval(secs => $3)) \
              WHERE id = (SELECT reservation_id FROM generation_jobs \
                          WHERE id = $1 AND lease_token = $2 AND status = 'running') \
@@ -97,7 +98,7 @@ fn extend_fenced(
         .bind::<BigInt, _>(lease_token)
         .bind::<diesel::sql_types::Double, _>(reservation_seconds)
         .execute(conn)?;
-        let jobs = diesel::sql_query(format!(
+        let jobs = prepared(format!(
             "UPDATE generation_jobs SET {job_update}, updated_at = now() \
              WHERE id = $1 AND lease_token = $2 AND status = 'running'"
         ))
@@ -142,7 +143,7 @@ pub fn record_provider_job_id(
     lease_token: i64,
     provider_job_id: &str,
 ) -> Result<Fenced, ApiError> {
-    let updated = diesel::sql_query(
+    let updated = prepared(
         "UPDATE generation_jobs SET provider_job_id = $3, updated_at = now() \
          WHERE id = $1 AND lease_token = $2 AND status = 'running'",
     )
@@ -192,7 +193,7 @@ fn resolve_reservation_fenced(
     state: &str,
     committed: i64,
 ) -> Result<Option<ReservationRow>, diesel::result::Error> {
-    diesel::sql_query(
+    prepared(
         "UPDATE reservations SET state = $3, committed_amount = $4, resolved_at = now() \
          WHERE id = $1 AND state = 'held' \
            AND EXISTS (SELECT 1 FROM generation_jobs \
@@ -217,7 +218,7 @@ fn finish_job_fenced(
     result: Option<&Value>,
     error: Option<&Value>,
 ) -> Result<bool, diesel::result::Error> {
-    let updated = diesel::sql_query(
+    let updated = prepared(
         "UPDATE generation_jobs \
          SET status = $3, result = $4, error = $5, finished_at = clock_timestamp(), updated_at = now(), \
              lease_expires_at = NULL \
@@ -331,7 +332,7 @@ pub fn retry_later(
             ),
         )?;
         if counts.0 == 1 {
-            diesel::sql_query("UPDATE generation_jobs SET error = $2 WHERE id = $1")
+            prepared("UPDATE generation_jobs SET error = $2 WHERE id = $1")
                 .bind::<SqlUuid, _>(job.id)
                 .bind::<Jsonb, _>(error.to_json())
                 .execute(conn)?;

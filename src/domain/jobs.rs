@@ -12,6 +12,7 @@ use uuid::Uuid;
 
 use crate::config::{JOB_PARAMS_DEPTH_MAX, JOB_PARAMS_MAX_BYTES};
 use crate::db::models::{JobRow, NewJob};
+use crate::db::prepared;
 use crate::db::schema::{generation_jobs, reservations};
 use crate::domain::api_keys::sha256;
 use crate::domain::ledger::{self, EntryKind, Movement};
@@ -166,7 +167,7 @@ pub fn create_job(
         let Some(after) = reserve_tokens(conn, account, request.cost)? else {
             return Err(refusal_reason(conn, account, request.cost));
         };
-        diesel::sql_query(
+        prepared(
             "INSERT INTO reservations (id, account_id, request_id, amount, state, expires_at, job_id) \
              VALUES ($1, $2, $3, $4, 'held', now() + make_interval(secs => $5), $6)",
         )

@@ -10,15 +10,19 @@
 //!   beyond the transaction;
 //! - expiry uses the database clock (`now()`), never the replica's.
 
+use std::sync::LazyLock;
+
 use chrono::{DateTime, Utc};
 use diesel::prelude::*;
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
-use diesel::sql_types::{BigInt, Integer, Nullable, Text, Uuid as SqlUuid};
+use diesel::sql_types::{BigInt, Bool, Bytea, Integer, Nullable, Text, Uuid as SqlUuid};
 use serde::Serialize;
 use uuid::Uuid;
 
 use crate::db::models::{AccountRow, ReservationRow};
+use crate::db::prepared;
 use crate::db::schema::{accounts, reservations};
+use crate::domain::api_keys::{key_may_spend_sql, Credentials};
 use crate::domain::ledger::{self, Balances, EntryKind, Movement};
 use crate::domain::types::{AccountId, RequestId, ReservationId, Tokens, TtlSeconds};
 use crate::error::ApiError;
@@ -76,7 +80,7 @@ pub fn reserve_tokens(
     account: AccountId,
     amount: i64,
 ) -> Result<Option<Balances>, ApiError> {
-    Ok(diesel::sql_query(
+    Ok(prepared(
         "UPDATE accounts \
          SET available = available - $2, reserved = reserved + $2, \
              active_reservations = active_reservations + 1, \
@@ -113,6 +117,80 @@ pub fn refusal_reason(conn: &mut PgConnection, account: AccountId, amount: i64) 
     }
 }
 
+/// A new reservation in one statement, which is its own transaction and
+/// one round trip: verify the key, move the tokens (the same conditional
+/// `UPDATE` as [`reserve_tokens`]), insert the reservation and its ledger
+/// entry. The account row is locked first, then the request_id claimed.
+static RESERVE_FAST_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH moved AS ( \
+             UPDATE accounts \
+             SET available = available - $3, reserved = reserved + $3, \
+                 active_reservations = active_reservations + 1, \
+                 version = version + 1, updated_at = now() \
+             WHERE id = $1 AND status = 'active' AND available >= $3 \
+               AND (max_active_reservations = 0 \
+                    OR active_reservations < max_active_reservations) \
+               AND {key_may_spend} \
+             RETURNING available, reserved, used \
+         ), held AS ( \
+             INSERT INTO reservations \
+                 (id, account_id, request_id, amount, requested_ttl_seconds, state, expires_at) \
+             SELECT $2, $1, $4, $3, $5, 'held', now() + make_interval(secs => $6) FROM moved \
+             RETURNING * \
+         ), entry AS ( \
+             INSERT INTO ledger_entries (account_id, kind, amount, available_after, \
+                 reserved_after, used_after, reservation_id, actor) \
+             SELECT $1, 'reserve', $3, moved.available, moved.reserved, moved.used, held.id, $10 \
+             FROM moved, held \
+         ) \
+         SELECT * FROM held",
+        key_may_spend = key_may_spend_sql(7, 8, 9, 1),
+    )
+});
+
+/// The SQL of [`reserve_fast`] (for the pgbench twin of the benchmark).
+pub fn reserve_fast_sql() -> &'static str {
+    RESERVE_FAST_SQL.as_str()
+}
+
+/// The common case of a reservation — a valid key, a new request_id,
+/// enough tokens — in one statement. `None` when it does not apply (a bad
+/// key, a refusal, a request_id already used): then the statement changed
+/// nothing and the caller takes the full path, [`reserve`], which answers
+/// the replay or explains the refusal.
+pub fn reserve_fast(
+    conn: &mut PgConnection,
+    credentials: &Credentials,
+    account: AccountId,
+    request: &ReserveRequest,
+    default_ttl_seconds: i32,
+) -> Result<Option<ReservationRow>, ApiError> {
+    let ttl = request
+        .ttl_seconds
+        .map_or(default_ttl_seconds, TtlSeconds::get);
+    let (bootstrap, key_id, secret_hash) = credentials.spend_check_binds();
+    let result = prepared(RESERVE_FAST_SQL.as_str())
+        .bind::<SqlUuid, _>(account.0)
+        .bind::<SqlUuid, _>(Uuid::now_v7())
+        .bind::<BigInt, _>(request.amount.get())
+        .bind::<SqlUuid, _>(request.request_id.0)
+        .bind::<Nullable<Integer>, _>(request.ttl_seconds.map(TtlSeconds::get))
+        .bind::<Integer, _>(ttl)
+        .bind::<Bool, _>(bootstrap)
+        .bind::<SqlUuid, _>(key_id)
+        .bind::<Bytea, _>(secret_hash)
+        .bind::<Text, _>(credentials.actor())
+        .get_result::<ReservationRow>(conn)
+        .optional();
+    match result {
+        Ok(row) => Ok(row),
+        // The request_id is taken: the whole statement was undone.
+        Err(DieselError::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(None),
+        Err(error) => Err(error.into()),
+    }
+}
+
 /// Creates a reservation, idempotent on `(account, request_id)`.
 pub fn reserve(
     conn: &mut PgConnection,
@@ -125,9 +203,14 @@ pub fn reserve(
         .ttl_seconds
         .map_or(default_ttl_seconds, TtlSeconds::get);
     conn.transaction(|conn| {
-        // Claim the request_id first: a concurrent duplicate blocks here on
-        // the unique index until this transaction ends, then sees our row.
-        let inserted: Option<ReservationRow> = diesel::sql_query(
+        // Lock the account row first, as `reserve_fast` does, so the two
+        // paths cannot deadlock on (account row, request_id).
+        prepared("SELECT 1 AS locked FROM accounts WHERE id = $1 FOR NO KEY UPDATE")
+            .bind::<SqlUuid, _>(account.0)
+            .execute(conn)?;
+        // Claim the request_id: a concurrent duplicate blocks here on the
+        // unique index until this transaction ends, then sees our row.
+        let inserted: Option<ReservationRow> = prepared(
             "INSERT INTO reservations \
                  (id, account_id, request_id, amount, requested_ttl_seconds, state, expires_at) \
              VALUES ($1, $2, $3, $4, $5, 'held', now() + make_interval(secs => $6)) \
@@ -229,7 +312,7 @@ pub fn settle(
         committed >= 0 && returned >= 0,
         "resolution within the held amount"
     );
-    let after: Balances = diesel::sql_query(
+    let after: Balances = prepared(
         "UPDATE accounts \
          SET reserved = reserved - $2, used = used + $3, available = available + $4, \
              active_reservations = active_reservations - 1, \
@@ -303,7 +386,7 @@ fn transition_held(
         "expires_at > now()"
     };
     // A commit without an amount spends all that is held ($4 NULL).
-    Ok(diesel::sql_query(format!(
+    Ok(prepared(format!(
         "UPDATE reservations \
          SET state = $3, resolved_at = now(), \
              committed_amount = CASE WHEN $3 = 'committed' THEN COALESCE($4, amount) ELSE 0 END \
@@ -363,6 +446,86 @@ fn classify_refusal(
     }))
 }
 
+/// A commit or release in one statement (its own transaction, one round
+/// trip): verify the key, move the reservation out of `held` (the same
+/// conditional `UPDATE` as `transition_held`, and only a reservation no job
+/// owns), move the tokens and write the ledger entries exactly as
+/// [`settle`] does — the commit entry first, then the release of the rest.
+static RESOLVE_FAST_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH settled AS ( \
+             UPDATE reservations \
+             SET state = $3, resolved_at = now(), \
+                 committed_amount = CASE WHEN $3 = 'committed' THEN COALESCE($4, amount) ELSE 0 END \
+             WHERE id = $1 AND account_id = $2 AND state = 'held' AND expires_at > now() \
+               AND job_id IS NULL AND amount >= COALESCE($4, 0) \
+               AND {key_may_spend} \
+             RETURNING * \
+         ), moved AS ( \
+             UPDATE accounts \
+             SET reserved = accounts.reserved - settled.amount, \
+                 used = accounts.used + settled.committed_amount, \
+                 available = accounts.available + (settled.amount - settled.committed_amount), \
+                 active_reservations = accounts.active_reservations - 1, \
+                 version = accounts.version + 1, updated_at = now() \
+             FROM settled WHERE accounts.id = settled.account_id \
+             RETURNING accounts.available, accounts.reserved, accounts.used, \
+                 settled.committed_amount AS committed, \
+                 settled.amount - settled.committed_amount AS returned \
+         ), entries AS ( \
+             INSERT INTO ledger_entries (account_id, kind, amount, available_after, \
+                 reserved_after, used_after, reservation_id, actor) \
+             SELECT $2, entry.kind, entry.amount, entry.available_after, \
+                 entry.reserved_after, moved.used, $1, $8 \
+             FROM moved, LATERAL (VALUES \
+                 (1, 'commit', moved.committed, \
+                  moved.available - moved.returned, moved.reserved + moved.returned), \
+                 (2, 'release', moved.returned, moved.available, moved.reserved) \
+             ) AS entry (position, kind, amount, available_after, reserved_after) \
+             WHERE entry.amount > 0 \
+             ORDER BY entry.position \
+         ) \
+         SELECT * FROM settled",
+        key_may_spend = key_may_spend_sql(5, 6, 7, 2),
+    )
+});
+
+/// The SQL of [`resolve_fast`] (for the pgbench twin of the benchmark).
+pub fn resolve_fast_sql() -> &'static str {
+    RESOLVE_FAST_SQL.as_str()
+}
+
+/// The common case of a commit or release — a valid key, a held unexpired
+/// reservation no job owns — in one statement. `None` when it does not
+/// apply; then nothing changed and the caller takes the full path,
+/// [`resolve`], which answers the replay or explains the refusal.
+pub fn resolve_fast(
+    conn: &mut PgConnection,
+    credentials: &Credentials,
+    account: AccountId,
+    reservation: ReservationId,
+    commit_amount: Option<Tokens>,
+    release: bool,
+) -> Result<Option<ReservationRow>, ApiError> {
+    let (state, committed) = if release {
+        ("released", None)
+    } else {
+        ("committed", commit_amount.map(Tokens::get))
+    };
+    let (bootstrap, key_id, secret_hash) = credentials.spend_check_binds();
+    Ok(prepared(RESOLVE_FAST_SQL.as_str())
+        .bind::<SqlUuid, _>(reservation.0)
+        .bind::<SqlUuid, _>(account.0)
+        .bind::<Text, _>(state)
+        .bind::<Nullable<BigInt>, _>(committed)
+        .bind::<Bool, _>(bootstrap)
+        .bind::<SqlUuid, _>(key_id)
+        .bind::<Bytea, _>(secret_hash)
+        .bind::<Text, _>(credentials.actor())
+        .get_result::<ReservationRow>(conn)
+        .optional()?)
+}
+
 /// Commits (`amount`: default all) or releases a reservation the API owns.
 pub fn resolve(
     conn: &mut PgConnection,
@@ -408,7 +571,7 @@ pub fn extend(
     ttl: TtlSeconds,
     actor: &str,
 ) -> Result<ReservationRow, ApiError> {
-    let extended: Option<ReservationRow> = diesel::sql_query(
+    let extended: Option<ReservationRow> = prepared(
         "UPDATE reservations SET expires_at = now() + make_interval(secs => $3) \
          WHERE id = $1 AND account_id = $2 AND state = 'held' AND expires_at > now() \
            AND job_id IS NULL \

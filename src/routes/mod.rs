@@ -21,7 +21,7 @@ use serde::Serialize;
 use subtle::ConstantTimeEq;
 
 use crate::db::run_blocking;
-use crate::domain::api_keys::{authenticate, sha256, Caller};
+use crate::domain::api_keys::{sha256, Caller, Credentials};
 use crate::error::ApiError;
 use crate::rate_limit;
 use crate::startup::AppState;
@@ -29,14 +29,18 @@ use crate::startup::AppState;
 pub type State = web::Data<AppState>;
 
 pub fn configure(config: &mut web::ServiceConfig) {
+    // actix-web tries routes in this order (a regular expression each), and
+    // the metrics middleware looks the pattern up the same way: the kiosks'
+    // hot routes come first. No two patterns match the same path, so the
+    // order changes nothing else.
+    reservations::configure(config);
+    jobs::configure(config);
+    accounts::configure(config);
+    credits::configure(config);
+    api_keys::configure(config);
+    reconciliation::configure(config);
     health::configure(config);
     docs::configure(config);
-    accounts::configure(config);
-    api_keys::configure(config);
-    credits::configure(config);
-    jobs::configure(config);
-    reconciliation::configure(config);
-    reservations::configure(config);
 }
 
 /// No route matched: 405 with `Allow` when the path exists with other
@@ -113,46 +117,88 @@ pub fn optional_json_body<T: serde::de::DeserializeOwned + Default>(
     serde_json::from_value(value).map_err(invalid)
 }
 
-/// `Authorization: Bearer <key>` → the caller, or 401.
+/// `Authorization: Bearer <key>` → the presented credentials, without a
+/// database lookup: a missing or malformed key is 401, the bootstrap admin
+/// key is recognised by its hash in memory, and the rate limit applies
+/// before any database work (a flood never reaches the pool).
+impl FromRequest for Credentials {
+    type Error = ApiError;
+    type Future = std::future::Ready<Result<Credentials, ApiError>>;
+
+    fn from_request(request: &HttpRequest, _payload: &mut actix_web::dev::Payload) -> Self::Future {
+        std::future::ready(credentials_of(request))
+    }
+}
+
+fn credentials_of(request: &HttpRequest) -> Result<Credentials, ApiError> {
+    let state = request
+        .app_data::<State>()
+        .ok_or_else(|| ApiError::Internal("application state missing".into()))?;
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| {
+            let (scheme, key) = value.split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| key.trim())
+        })
+        .filter(|key| !key.is_empty())
+        .ok_or(ApiError::Unauthorized)?;
+    let limit = |bucket: &str| {
+        state
+            .rate_limiter
+            .check(bucket)
+            .map_err(|retry_after_seconds| ApiError::RateLimited {
+                retry_after_seconds,
+            })
+    };
+    if let Some(admin_hash) = state.admin_key_hash {
+        if bool::from(sha256(presented.as_bytes()).ct_eq(&admin_hash)) {
+            limit("bootstrap-admin")?;
+            return Ok(Credentials::Bootstrap);
+        }
+    }
+    limit(&rate_limit::bucket_of(presented))?;
+    Credentials::parse(presented).ok_or(ApiError::Unauthorized)
+}
+
+/// The verified caller: the credentials, then the key looked up (`revoked_at`
+/// read on every request, so a revocation takes effect at once).
 impl FromRequest for Caller {
     type Error = ApiError;
     type Future = Pin<Box<dyn Future<Output = Result<Caller, ApiError>>>>;
 
     fn from_request(request: &HttpRequest, _payload: &mut actix_web::dev::Payload) -> Self::Future {
+        let credentials = credentials_of(request);
         let state = request.app_data::<State>().cloned();
-        let presented = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| {
-                let (scheme, key) = value.split_once(' ')?;
-                scheme
-                    .eq_ignore_ascii_case("bearer")
-                    .then(|| key.trim().to_owned())
-            });
         Box::pin(async move {
-            let state =
-                state.ok_or_else(|| ApiError::Internal("application state missing".into()))?;
-            let presented = presented
-                .filter(|key| !key.is_empty())
-                .ok_or(ApiError::Unauthorized)?;
-            let limit = |bucket: &str| {
-                state
-                    .rate_limiter
-                    .check(bucket)
-                    .map_err(|retry_after_seconds| ApiError::RateLimited {
-                        retry_after_seconds,
-                    })
-            };
-            if let Some(admin_hash) = state.admin_key_hash {
-                if bool::from(sha256(presented.as_bytes()).ct_eq(&admin_hash)) {
-                    limit("bootstrap-admin")?;
-                    return Ok(Caller::bootstrap_admin());
+            match credentials? {
+                Credentials::Bootstrap => Ok(Caller::bootstrap_admin()),
+                key => {
+                    let state = state
+                        .ok_or_else(|| ApiError::Internal("application state missing".into()))?;
+                    run_blocking(&state.pool, move |conn| key.verify(conn)).await
                 }
             }
-            // Before the database lookup: a flood never reaches the pool.
-            limit(&rate_limit::bucket_of(&presented))?;
-            run_blocking(&state.pool, move |conn| authenticate(conn, &presented)).await
         })
     }
+}
+
+/// For handlers that verify the key inside their own statement: an input
+/// error (path, body) is answered only once the key has been checked, so a
+/// bad key is 401 whatever else is wrong, as with [`Caller`].
+pub async fn after_key_check<T>(
+    state: &State,
+    credentials: &Credentials,
+    input: Result<T, actix_web::Error>,
+) -> Result<T, actix_web::Error> {
+    let error = match input {
+        Ok(value) => return Ok(value),
+        Err(error) => error,
+    };
+    if let Credentials::Key { .. } = credentials {
+        let credentials = credentials.clone();
+        run_blocking(&state.pool, move |conn| credentials.verify(conn)).await?;
+    }
+    Err(error)
 }

@@ -4,12 +4,12 @@ use actix_web::{get, post, web, HttpResponse};
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::{created, optional_json_body, replayed, JsonObject, State};
+use super::{after_key_check, created, optional_json_body, replayed, JsonObject, State};
 use std::sync::Arc;
 
 use crate::db::models::ReservationRow;
 use crate::db::run_blocking;
-use crate::domain::api_keys::Caller;
+use crate::domain::api_keys::{Caller, Credentials};
 use crate::domain::reservations::{self, Outcome, ReservationView, ReserveRequest};
 use crate::domain::types::{AccountId, RequestId, ReservationId, Tokens, TtlSeconds};
 use crate::error::{ApiError, Problem};
@@ -85,28 +85,43 @@ fn respond(row: ReservationRow, outcome: Outcome) -> HttpResponse {
 )]
 #[post("/v1/accounts/{account_id}/reservations")]
 async fn create_reservation(
-    caller: Caller,
+    credentials: Credentials,
     state: State,
-    path: web::Path<Uuid>,
-    body: JsonObject<CreateReservation>,
-) -> Result<HttpResponse, ApiError> {
-    let account = AccountId(path.into_inner());
-    caller.authorize_spend(account)?;
+    path: Result<web::Path<Uuid>, actix_web::Error>,
+    body: Result<JsonObject<CreateReservation>, actix_web::Error>,
+) -> Result<HttpResponse, actix_web::Error> {
+    let account = AccountId(
+        after_key_check(&state, &credentials, path)
+            .await?
+            .into_inner(),
+    );
     let CreateReservation {
         request_id,
         amount,
         ttl_seconds,
-    } = body.into_inner();
+    } = after_key_check(&state, &credentials, body)
+        .await?
+        .into_inner();
     let request = ReserveRequest {
         request_id: RequestId(request_id),
         amount,
         ttl_seconds,
     };
     let default_ttl = state.config.reservation_ttl_seconds;
-    let actor = caller.actor();
     let (metrics, amount) = (Arc::clone(&state.metrics), request.amount.get());
     let (row, outcome) = run_blocking(&state.pool, move |conn| {
-        let result = reservations::reserve(conn, account, &request, default_ttl, &actor);
+        // One statement in the common case; the full path otherwise.
+        let result =
+            match reservations::reserve_fast(conn, &credentials, account, &request, default_ttl) {
+                Ok(Some(row)) => Ok((row, Outcome::Created)),
+                Ok(None) => {
+                    let caller = credentials.verify(conn)?;
+                    caller.authorize_spend(account)?;
+                    let actor = caller.actor();
+                    reservations::reserve(conn, account, &request, default_ttl, &actor)
+                }
+                Err(error) => Err(error),
+            };
         metrics.reserve_result(&result, amount);
         result
     })
@@ -192,19 +207,51 @@ struct CommitBody {
 )]
 #[post("/v1/accounts/{account_id}/reservations/{reservation_id}/commit")]
 async fn commit_reservation(
-    caller: Caller,
+    credentials: Credentials,
     state: State,
-    path: web::Path<(Uuid, Uuid)>,
-    body: web::Bytes,
-) -> Result<HttpResponse, ApiError> {
-    let (account, reservation) = path.into_inner();
-    let (account, reservation) = (AccountId(account), ReservationId(reservation));
-    caller.authorize_spend(account)?;
-    let amount = optional_json_body::<CommitBody>(&body)?.amount;
-    let actor = caller.actor();
+    path: Result<web::Path<(Uuid, Uuid)>, actix_web::Error>,
+    body: Result<web::Bytes, actix_web::Error>,
+) -> Result<HttpResponse, actix_web::Error> {
+    let (account, reservation) = after_key_check(&state, &credentials, path)
+        .await?
+        .into_inner();
+    let body = after_key_check(&state, &credentials, body).await?;
+    let amount = optional_json_body::<CommitBody>(&body).map_err(actix_web::Error::from);
+    let amount = after_key_check(&state, &credentials, amount).await?.amount;
+    resolve(
+        state,
+        credentials,
+        AccountId(account),
+        ReservationId(reservation),
+        amount,
+        false,
+    )
+    .await
+}
+
+/// A commit or a release: one statement in the common case, the full path
+/// (which answers replays and explains refusals) otherwise.
+async fn resolve(
+    state: State,
+    credentials: Credentials,
+    account: AccountId,
+    reservation: ReservationId,
+    amount: Option<Tokens>,
+    release: bool,
+) -> Result<HttpResponse, actix_web::Error> {
     let metrics = Arc::clone(&state.metrics);
     let (row, outcome) = run_blocking(&state.pool, move |conn| {
-        let result = reservations::resolve(conn, account, reservation, amount, false, &actor);
+        let fast =
+            reservations::resolve_fast(conn, &credentials, account, reservation, amount, release)?;
+        let result = match fast {
+            Some(row) => Ok((row, Outcome::Created)),
+            None => {
+                let caller = credentials.verify(conn)?;
+                caller.authorize_spend(account)?;
+                let actor = caller.actor();
+                reservations::resolve(conn, account, reservation, amount, release, &actor)
+            }
+        };
         count_resolution(&metrics, &result);
         result
     })
@@ -236,22 +283,22 @@ async fn commit_reservation(
 )]
 #[post("/v1/accounts/{account_id}/reservations/{reservation_id}/release")]
 async fn release_reservation(
-    caller: Caller,
+    credentials: Credentials,
     state: State,
-    path: web::Path<(Uuid, Uuid)>,
-) -> Result<HttpResponse, ApiError> {
-    let (account, reservation) = path.into_inner();
-    let (account, reservation) = (AccountId(account), ReservationId(reservation));
-    caller.authorize_spend(account)?;
-    let actor = caller.actor();
-    let metrics = Arc::clone(&state.metrics);
-    let (row, outcome) = run_blocking(&state.pool, move |conn| {
-        let result = reservations::resolve(conn, account, reservation, None, true, &actor);
-        count_resolution(&metrics, &result);
-        result
-    })
-    .await?;
-    Ok(respond(row, outcome))
+    path: Result<web::Path<(Uuid, Uuid)>, actix_web::Error>,
+) -> Result<HttpResponse, actix_web::Error> {
+    let (account, reservation) = after_key_check(&state, &credentials, path)
+        .await?
+        .into_inner();
+    resolve(
+        state,
+        credentials,
+        AccountId(account),
+        ReservationId(reservation),
+        None,
+        true,
+    )
+    .await
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]

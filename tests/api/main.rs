@@ -12,6 +12,7 @@ mod credits;
 mod fencing;
 mod jobs;
 mod ledger_property;
+mod one_statement;
 mod openapi;
 mod operate;
 mod reaper;
