@@ -175,11 +175,14 @@ impl Worker {
             }
             let owner = self.owner.clone();
             let claimed = blocking(&self.context.pool, move |conn| {
-                job_leases::claim_next(conn, &owner, lease_seconds)
+                job_leases::claim_next_checked(conn, &owner, lease_seconds)
             })
             .await;
             match claimed {
-                Ok(Some(job)) => self.process(job).await,
+                Ok(Some(claimed)) => {
+                    self.process(claimed.job, claimed.reservation_outlasts_lease)
+                        .await
+                }
                 Ok(None) => {
                     tokio::select! {
                         _ = self.shutdown.changed() => {}
@@ -198,11 +201,18 @@ impl Worker {
         }
     }
 
-    async fn process(&self, job: JobRow) {
+    async fn process(&self, job: JobRow, reservation_outlasts_lease: bool) {
         let started = Instant::now();
         let token = job.lease_token;
-        // First make sure the reservation is still held, and extend it.
-        match self.heartbeat(&job).await {
+        // A reservation that may not outlast the first half lease is checked
+        // and extended before the provider is called; one that does is
+        // extended by the heartbeats, the first of them at half the lease.
+        let first_heartbeat = if reservation_outlasts_lease {
+            Ok(Fenced::Done)
+        } else {
+            self.heartbeat(&job).await
+        };
+        match first_heartbeat {
             Ok(Fenced::Done) => {}
             Ok(Fenced::LeaseLost) => return,
             Ok(Fenced::ReservationLost) => {
@@ -384,6 +394,10 @@ impl Worker {
         let mut prediction = match known {
             Some(prediction) => prediction,
             None => match self.observed(provider.submit(job.id, &job.params)).await {
+                // Already finished: the finishing transaction follows at
+                // once and a reclaim would resubmit under the same
+                // Idempotency-Key, so there is nothing to remember.
+                Ok(prediction) if prediction.status != PredictionStatus::Pending => prediction,
                 Ok(prediction) => {
                     let (id, token, prediction_id) =
                         (job.id, job.lease_token, prediction.id.clone());

@@ -6,7 +6,7 @@
 //! row (through `reservations::settle`).
 
 use diesel::prelude::*;
-use diesel::sql_types::{BigInt, Integer, Jsonb, Text, Uuid as SqlUuid};
+use diesel::sql_types::{BigInt, Bool, Integer, Jsonb, Text, Uuid as SqlUuid};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
@@ -58,6 +58,26 @@ pub fn claim_next(
     owner: &str,
     lease_seconds: i32,
 ) -> Result<Option<JobRow>, ApiError> {
+    Ok(claim_next_checked(conn, owner, lease_seconds)?.map(|claimed| claimed.job))
+}
+
+/// A claimed job, and whether its reservation is held for longer than the
+/// lease: then the worker's heartbeats (every half lease) extend it in time
+/// and no heartbeat is needed before the first provider call.
+#[derive(QueryableByName)]
+pub struct Claimed {
+    #[diesel(embed)]
+    pub job: JobRow,
+    #[diesel(sql_type = Bool)]
+    pub reservation_outlasts_lease: bool,
+}
+
+/// [`claim_next`], also reading (not locking) the reservation's expiry.
+pub fn claim_next_checked(
+    conn: &mut PgConnection,
+    owner: &str,
+    lease_seconds: i32,
+) -> Result<Option<Claimed>, ApiError> {
     Ok(prepared(
         "UPDATE generation_jobs \
          SET status = 'running', lease_owner = $1, lease_token = lease_token + 1, \
@@ -69,7 +89,10 @@ pub fn claim_next(
              (SELECT id FROM generation_jobs WHERE status = 'running' AND lease_expires_at < now() \
               ORDER BY lease_expires_at LIMIT 1 FOR UPDATE SKIP LOCKED)) \
            AND (status = 'queued' OR (status = 'running' AND lease_expires_at < now())) \
-         RETURNING *",
+         RETURNING *, COALESCE((SELECT r.expires_at > now() + make_interval(secs => $2) \
+                                FROM reservations r \
+                                WHERE r.id = generation_jobs.reservation_id AND r.state = 'held'), \
+                               false) AS reservation_outlasts_lease",
     )
     .bind::<Text, _>(owner)
     .bind::<Integer, _>(lease_seconds)

@@ -2,10 +2,12 @@
 //! its reservation and ledger entry in one transaction) and the reads.
 //! The worker's fenced transitions live in `domain::job_leases`.
 
+use std::sync::LazyLock;
+
 use chrono::{DateTime, Utc};
 use diesel::prelude::*;
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
-use diesel::sql_types::{BigInt, Integer, Uuid as SqlUuid};
+use diesel::sql_types::{BigInt, Bool, Bytea, Integer, Jsonb, Text, Timestamptz, Uuid as SqlUuid};
 use serde::Serialize;
 use serde_json::Value;
 use uuid::Uuid;
@@ -14,9 +16,9 @@ use crate::config::{JOB_PARAMS_DEPTH_MAX, JOB_PARAMS_MAX_BYTES};
 use crate::db::models::{JobRow, NewJob};
 use crate::db::prepared;
 use crate::db::schema::{generation_jobs, reservations};
-use crate::domain::api_keys::sha256;
+use crate::domain::api_keys::{key_may_spend_sql, sha256, Credentials};
 use crate::domain::ledger::{self, EntryKind, Movement};
-use crate::domain::reservations::{refusal_reason, reserve_tokens, Outcome};
+use crate::domain::reservations::{lock_account, refusal_reason, reserve_tokens, Outcome};
 use crate::domain::types::{AccountId, RequestId};
 use crate::error::ApiError;
 
@@ -119,6 +121,97 @@ fn write_canonical(value: &Value, out: &mut String) {
     }
 }
 
+/// A new job in one statement (its own transaction, one round trip):
+/// verify the key, reserve the cost (the same conditional `UPDATE` as
+/// `reserve_tokens`), insert the job, its reservation and the ledger entry.
+/// The account row is locked first, then the request_id claimed.
+static CREATE_JOB_FAST_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH moved AS ( \
+             UPDATE accounts \
+             SET available = available - $5, reserved = reserved + $5, \
+                 active_reservations = active_reservations + 1, \
+                 version = version + 1, updated_at = now() \
+             WHERE id = $1 AND status = 'active' AND available >= $5 \
+               AND (max_active_reservations = 0 \
+                    OR active_reservations < max_active_reservations) \
+               AND {key_may_spend} \
+             RETURNING available, reserved, used \
+         ), job AS ( \
+             INSERT INTO generation_jobs \
+                 (id, account_id, request_id, request_hash, kind, params, cost, reservation_id) \
+             SELECT $2, $1, $4, $6, $7, $8, $5, $3 FROM moved \
+             RETURNING * \
+         ), held AS ( \
+             INSERT INTO reservations \
+                 (id, account_id, request_id, amount, state, expires_at, job_id) \
+             SELECT $3, $1, $4, $5, 'held', now() + make_interval(secs => $9), job.id FROM job \
+             RETURNING state, expires_at \
+         ), entry AS ( \
+             INSERT INTO ledger_entries (account_id, kind, amount, available_after, \
+                 reserved_after, used_after, reservation_id, job_id, actor) \
+             SELECT $1, 'reserve', $5, moved.available, moved.reserved, moved.used, $3, $2, $13 \
+             FROM moved, job \
+         ) \
+         SELECT job.*, held.state AS reservation_state, \
+                held.expires_at AS reservation_expires_at \
+         FROM job, held",
+        key_may_spend = key_may_spend_sql(10, 11, 12, 1),
+    )
+});
+
+#[derive(QueryableByName)]
+struct CreatedJob {
+    #[diesel(embed)]
+    job: JobRow,
+    #[diesel(sql_type = Text)]
+    reservation_state: String,
+    #[diesel(sql_type = Timestamptz)]
+    reservation_expires_at: DateTime<Utc>,
+}
+
+/// The common case of a job — a valid key, a new request_id, enough
+/// tokens — in one statement. `None` when it does not apply (a bad key, a
+/// refusal, a request_id already used): then nothing changed and the caller
+/// takes the full path, [`create_job`], which answers the replay or
+/// explains the refusal.
+pub fn create_job_fast(
+    conn: &mut PgConnection,
+    credentials: &Credentials,
+    account: AccountId,
+    request: &JobRequest,
+    ttl_seconds: i32,
+) -> Result<Option<JobView>, ApiError> {
+    let (bootstrap, key_id, secret_hash) = credentials.spend_check_binds();
+    let created = prepared(CREATE_JOB_FAST_SQL.as_str())
+        .bind::<SqlUuid, _>(account.0)
+        .bind::<SqlUuid, _>(Uuid::now_v7())
+        .bind::<SqlUuid, _>(Uuid::now_v7())
+        .bind::<SqlUuid, _>(request.request_id.0)
+        .bind::<BigInt, _>(request.cost)
+        .bind::<Bytea, _>(request.hash().to_vec())
+        .bind::<Text, _>(request.kind.as_str())
+        .bind::<Jsonb, _>(&request.params)
+        .bind::<Integer, _>(ttl_seconds)
+        .bind::<Bool, _>(bootstrap)
+        .bind::<SqlUuid, _>(key_id)
+        .bind::<Bytea, _>(secret_hash)
+        .bind::<Text, _>(credentials.actor())
+        .get_result::<CreatedJob>(conn)
+        .optional();
+    match created {
+        Ok(created) => Ok(created.map(|created| {
+            JobView::new(
+                created.job,
+                (created.reservation_state, created.reservation_expires_at),
+            )
+        })),
+        // The request_id is taken: the whole statement was undone.
+        Err(DieselError::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(None),
+        Err(error) => Err(error.into()),
+    }
+}
+
 /// Creates a job: the job row (claiming the request_id), the reservation of
 /// its cost and the ledger entry, in one transaction. A concurrent duplicate
 /// waits on the unique index and then gets the existing job.
@@ -131,6 +224,9 @@ pub fn create_job(
 ) -> Result<(JobRow, Outcome), ApiError> {
     let hash = request.hash();
     conn.transaction(|conn| {
+        // Lock the account row first, as `create_job_fast` does, so the two
+        // paths cannot deadlock on (account row, request_id).
+        lock_account(conn, account)?;
         let (job_id, reservation_id) = (Uuid::now_v7(), Uuid::now_v7());
         let inserted: Option<JobRow> = diesel::insert_into(generation_jobs::table)
             .values(NewJob {

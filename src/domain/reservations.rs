@@ -191,6 +191,15 @@ pub fn reserve_fast(
     }
 }
 
+/// Locks the account row as its balance `UPDATE` will (a no-op for an
+/// unknown account: the insert that follows then reports it).
+pub fn lock_account(conn: &mut PgConnection, account: AccountId) -> Result<(), ApiError> {
+    prepared("SELECT 1 AS locked FROM accounts WHERE id = $1 FOR NO KEY UPDATE")
+        .bind::<SqlUuid, _>(account.0)
+        .execute(conn)?;
+    Ok(())
+}
+
 /// Creates a reservation, idempotent on `(account, request_id)`.
 pub fn reserve(
     conn: &mut PgConnection,
@@ -205,9 +214,7 @@ pub fn reserve(
     conn.transaction(|conn| {
         // Lock the account row first, as `reserve_fast` does, so the two
         // paths cannot deadlock on (account row, request_id).
-        prepared("SELECT 1 AS locked FROM accounts WHERE id = $1 FOR NO KEY UPDATE")
-            .bind::<SqlUuid, _>(account.0)
-            .execute(conn)?;
+        lock_account(conn, account)?;
         // Claim the request_id: a concurrent duplicate blocks here on the
         // unique index until this transaction ends, then sees our row.
         let inserted: Option<ReservationRow> = prepared(

@@ -8,10 +8,10 @@ use serde::Deserialize;
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::{created, replayed, JsonObject, State};
+use super::{after_key_check, created, replayed, JsonObject, State};
 use crate::config::{JOB_PAGE_DEFAULT, JOB_PAGE_MAX, JOB_WAIT_SECONDS_MAX};
 use crate::db::run_blocking;
-use crate::domain::api_keys::Caller;
+use crate::domain::api_keys::{Caller, Credentials};
 use crate::domain::jobs::{self, JobPage, JobRequest, JobView};
 use crate::domain::reservations::Outcome;
 use crate::domain::types::{AccountId, RequestId};
@@ -70,24 +70,37 @@ struct CreateJob {
 )]
 #[post("/v1/accounts/{account_id}/jobs")]
 async fn create_job(
-    caller: Caller,
+    credentials: Credentials,
     state: State,
-    path: web::Path<Uuid>,
-    body: JsonObject<CreateJob>,
-) -> Result<HttpResponse, ApiError> {
-    let account = AccountId(path.into_inner());
-    caller.authorize_spend(account)?;
+    path: Result<web::Path<Uuid>, actix_web::Error>,
+    body: Result<JsonObject<CreateJob>, actix_web::Error>,
+) -> Result<HttpResponse, actix_web::Error> {
+    let account = AccountId(
+        after_key_check(&state, &credentials, path)
+            .await?
+            .into_inner(),
+    );
     let CreateJob {
         request_id,
         kind,
         params,
-    } = body.into_inner();
-    let request = JobRequest::parse(RequestId(request_id), kind, params, &state.prices)?;
+    } = after_key_check(&state, &credentials, body)
+        .await?
+        .into_inner();
+    let request = JobRequest::parse(RequestId(request_id), kind, params, &state.prices)
+        .map_err(actix_web::Error::from);
+    let request = after_key_check(&state, &credentials, request).await?;
     let ttl = state.config.reservation_ttl_seconds;
-    let actor = caller.actor();
     let (metrics, cost) = (std::sync::Arc::clone(&state.metrics), request.cost);
     let (view, outcome) = run_blocking(&state.pool, move |conn| {
-        let result = jobs::create_job(conn, account, &request, ttl, &actor);
+        // One statement in the common case; the full path otherwise.
+        if let Some(view) = jobs::create_job_fast(conn, &credentials, account, &request, ttl)? {
+            metrics.reserve_result(&Ok::<_, ApiError>(((), Outcome::Created)), cost);
+            return Ok((view, Outcome::Created));
+        }
+        let caller = credentials.verify(conn)?;
+        caller.authorize_spend(account)?;
+        let result = jobs::create_job(conn, account, &request, ttl, &caller.actor());
         metrics.reserve_result(&result, cost);
         let (job, outcome) = result?;
         Ok((jobs::job_view(conn, job)?, outcome))

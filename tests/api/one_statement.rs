@@ -56,6 +56,8 @@ async fn the_key_check_inside_the_statement_refuses_what_the_full_path_refuses()
     for (key, status, code) in &cases {
         let answers = [
             app.reserve(account, key, Uuid::new_v4(), 1).await,
+            app.create_job(account, key, Uuid::new_v4(), &json!({}))
+                .await,
             app.post(&commit, key, &json!({})).await,
             app.post(&release, key, &json!({})).await,
         ];
@@ -80,6 +82,8 @@ async fn the_key_check_inside_the_statement_refuses_what_the_full_path_refuses()
     let before = app.snapshot(account);
     for answer in [
         app.reserve(account, &kiosk, Uuid::new_v4(), 1).await,
+        app.create_job(account, &kiosk, Uuid::new_v4(), &json!({}))
+            .await,
         app.post(&commit, &kiosk, &json!({})).await,
         app.post(&release, &kiosk, &json!({})).await,
     ] {
@@ -104,6 +108,7 @@ async fn a_bad_key_is_answered_before_bad_input() {
     let kiosk = app.kiosk_key(account).await;
     let bad_key = tampered(&kiosk);
     let reserve = format!("/v1/accounts/{account}/reservations");
+    let jobs = format!("/v1/accounts/{account}/jobs");
     let commit = format!(
         "/v1/accounts/{account}/reservations/{}/commit",
         Uuid::new_v4()
@@ -112,6 +117,12 @@ async fn a_bad_key_is_answered_before_bad_input() {
     for (path, body) in [
         (reserve.as_str(), "{not json"),
         (reserve.as_str(), r#"{"request_id": "x", "amount": 1}"#),
+        (jobs.as_str(), "{not json"),
+        (
+            jobs.as_str(),
+            r#"{"request_id": "00000000-0000-4000-8000-000000000001", "kind": "no-such-kind", "params": {}}"#,
+        ),
+        ("/v1/accounts/not-a-uuid/jobs", "{}"),
         ("/v1/accounts/not-a-uuid/reservations", "{}"),
         (commit.as_str(), "{not json"),
         ("/v1/accounts/x/reservations/y/commit", "{}"),
