@@ -91,6 +91,12 @@ pub struct Config {
     #[arg(long, env = "DB_POOL_SIZE", global = true, default_value_t = 16)]
     pub db_pool_size: u32,
 
+    /// Most concurrent spending requests (reservations; commits and
+    /// releases) of one account joined into one transaction; 1 turns this
+    /// group commit off.
+    #[arg(long, env = "COALESCE_MAX_BATCH", global = true, default_value_t = 32)]
+    pub coalesce_max_batch: u32,
+
     /// When set, this key has `admin` scope (bootstrap).
     #[arg(long, env = "ADMIN_API_KEY", global = true, hide_env_values = true)]
     pub admin_api_key: Option<String>,
@@ -207,6 +213,9 @@ pub type PriceList = BTreeMap<String, i64>;
 impl Config {
     /// Checks every cross-field rule; the error names the variable to fix.
     pub fn validate(&self) -> Result<(), String> {
+        if !(1..=1000).contains(&self.coalesce_max_batch) {
+            return Err("COALESCE_MAX_BATCH must be between 1 and 1000".into());
+        }
         if self.db_pool_size < 1 {
             return Err("DB_POOL_SIZE must be at least 1".into());
         }

@@ -202,6 +202,11 @@ impl From<diesel::result::Error> for ApiError {
             Error::DatabaseError(DatabaseErrorKind::ClosedConnection, info) => {
                 ApiError::Unavailable(info.message().to_owned())
             }
+            // A deadlock victim or a serialization failure was rolled back:
+            // nothing was changed and a retry is safe.
+            Error::DatabaseError(DatabaseErrorKind::SerializationFailure, info) => {
+                ApiError::Unavailable(info.message().to_owned())
+            }
             // A statement cancelled by statement_timeout, or a server shutting
             // down, rolled back: nothing was changed and a retry is safe.
             Error::DatabaseError(DatabaseErrorKind::Unknown, ref info)
@@ -215,8 +220,9 @@ impl From<diesel::result::Error> for ApiError {
 }
 
 fn is_transient_message(message: &str) -> bool {
-    const TRANSIENT: [&str; 5] = [
+    const TRANSIENT: [&str; 6] = [
         "canceling statement due to statement timeout",
+        "deadlock detected",
         "terminating connection",
         "server closed the connection",
         "connection",

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod chaos;
 pub mod cli;
+pub mod coalesce;
 pub mod config;
 pub mod db;
 pub mod domain;

@@ -38,6 +38,7 @@ pub struct Metrics {
     pub http_requests_total: IntCounterVec,
     pub http_request_duration_seconds: HistogramVec,
     pub build_info: IntGaugeVec,
+    pub coalesced_batch_size: HistogramVec,
 }
 
 fn opts(name: &str, help: &str) -> Opts {
@@ -158,6 +159,20 @@ impl Metrics {
             &["route"],
         )?;
         registry.register(Box::new(http_request_duration_seconds.clone()))?;
+        let coalesced_batch_size = HistogramVec::new(
+            HistogramOpts::new(
+                "coalesced_batch_size",
+                "Spending requests of one account run in one transaction, by kind \
+                 (reserve, resolve); 1 is an uncontended request.",
+            )
+            .namespace(PREFIX)
+            .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]),
+            &["kind"],
+        )?;
+        registry.register(Box::new(coalesced_batch_size.clone()))?;
+        for kind in ["reserve", "resolve"] {
+            coalesced_batch_size.with_label_values(&[kind]);
+        }
         let build_info = IntGaugeVec::new(opts("build_info", "Build information."), &["version"])?;
         registry.register(Box::new(build_info.clone()))?;
         build_info
@@ -238,6 +253,7 @@ impl Metrics {
             http_requests_total,
             http_request_duration_seconds,
             build_info,
+            coalesced_batch_size,
         })
     }
 

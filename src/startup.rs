@@ -12,6 +12,7 @@ use actix_web::http::{header, StatusCode};
 use actix_web::middleware::{ErrorHandlerResponse, ErrorHandlers};
 use actix_web::{web, App, HttpRequest, HttpServer, ResponseError};
 
+use crate::coalesce::Coalescer;
 use crate::config::{Config, PriceList, BODY_LIMIT_BYTES};
 use crate::db::DbPool;
 use crate::domain::api_keys::sha256;
@@ -40,6 +41,8 @@ pub struct AppState {
     pub signals: Arc<JobSignals>,
     pub metrics: Arc<Metrics>,
     pub rate_limiter: Arc<KeyRateLimiter>,
+    /// Group commit of each account's concurrent spending requests.
+    pub coalescer: Arc<Coalescer>,
 }
 
 impl AppState {
@@ -53,6 +56,13 @@ impl AppState {
             .admin_api_key
             .as_deref()
             .map(|key| sha256(key.as_bytes()));
+        let metrics = Arc::new(Metrics::new().map_err(|error| error.to_string())?);
+        let coalescer = Arc::new(Coalescer::new(
+            pool.clone(),
+            Arc::clone(&metrics),
+            config.reservation_ttl_seconds,
+            usize::try_from(config.coalesce_max_batch).unwrap_or(1),
+        ));
         Ok(Arc::new(AppState {
             pool,
             config,
@@ -60,8 +70,9 @@ impl AppState {
             admin_key_hash,
             accepting: AtomicBool::new(true),
             signals: Arc::new(JobSignals::default()),
-            metrics: Arc::new(Metrics::new().map_err(|error| error.to_string())?),
+            metrics,
             rate_limiter,
+            coalescer,
         }))
     }
 

@@ -219,6 +219,47 @@ impl Credentials {
     }
 }
 
+/// [`Credentials::verify`] for many requests in one query: the caller of
+/// each, or `None` for an unknown, wrong or revoked key.
+pub fn verify_many(
+    conn: &mut PgConnection,
+    presented: &[&Credentials],
+) -> Result<Vec<Option<Caller>>, ApiError> {
+    let ids: Vec<Uuid> = presented
+        .iter()
+        .filter_map(|credentials| match credentials {
+            Credentials::Key { id, .. } => Some(*id),
+            Credentials::Bootstrap => None,
+        })
+        .collect();
+    let rows: Vec<ApiKeyRow> = if ids.is_empty() {
+        Vec::new()
+    } else {
+        api_keys::table
+            .filter(api_keys::id.eq_any(&ids))
+            .select(ApiKeyRow::as_select())
+            .load(conn)?
+    };
+    Ok(presented
+        .iter()
+        .map(|credentials| match credentials {
+            Credentials::Bootstrap => Some(Caller::bootstrap_admin()),
+            Credentials::Key { id, secret_hash } => {
+                let row = rows.iter().find(|row| row.id == *id)?;
+                let matches: bool = secret_hash.ct_eq(row.secret_hash.as_slice()).into();
+                if !matches || row.revoked_at.is_some() {
+                    return None;
+                }
+                Some(Caller {
+                    key_id: Some(ApiKeyId(row.id)),
+                    scope: Scope::parse(&row.scope)?,
+                    account_id: row.account_id.map(AccountId),
+                })
+            }
+        })
+        .collect())
+}
+
 /// `KEY_MAY_SPEND_SQL` with its placeholders numbered for one statement.
 pub fn key_may_spend_sql(bootstrap: u8, key_id: u8, secret_hash: u8, acct: u8) -> String {
     KEY_MAY_SPEND_SQL

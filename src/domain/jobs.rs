@@ -18,7 +18,9 @@ use crate::db::prepared;
 use crate::db::schema::{generation_jobs, reservations};
 use crate::domain::api_keys::{key_may_spend_sql, sha256, Credentials};
 use crate::domain::ledger::{self, EntryKind, Movement};
-use crate::domain::reservations::{lock_account, refusal_reason, reserve_tokens, Outcome};
+use crate::domain::reservations::{
+    lock_account, refusal_reason, reserve_tokens, undone_by_conflict, Outcome,
+};
 use crate::domain::types::{AccountId, RequestId};
 use crate::error::ApiError;
 
@@ -136,6 +138,8 @@ static CREATE_JOB_FAST_SQL: LazyLock<String> = LazyLock::new(|| {
                AND (max_active_reservations = 0 \
                     OR active_reservations < max_active_reservations) \
                AND {key_may_spend} \
+               AND NOT EXISTS (SELECT 1 FROM generation_jobs \
+                               WHERE account_id = $1 AND request_id = $4) \
              RETURNING available, reserved, used \
          ), job AS ( \
              INSERT INTO generation_jobs \
@@ -206,8 +210,7 @@ pub fn create_job_fast(
                 (created.reservation_state, created.reservation_expires_at),
             )
         })),
-        // The request_id is taken: the whole statement was undone.
-        Err(DieselError::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(None),
+        Err(error) if undone_by_conflict(&error) => Ok(None),
         Err(error) => Err(error.into()),
     }
 }
@@ -223,6 +226,12 @@ pub fn create_job(
     actor: &str,
 ) -> Result<(JobRow, Outcome), ApiError> {
     let hash = request.hash();
+    // A replay is answered without locking anything.
+    match find_job(conn, account, request.request_id) {
+        Ok(existing) => return replay_of(existing, request, &hash),
+        Err(ApiError::NotFound(_)) => {}
+        Err(error) => return Err(error),
+    }
     conn.transaction(|conn| {
         // Lock the account row first, as `create_job_fast` does, so the two
         // paths cannot deadlock on (account row, request_id).
@@ -252,13 +261,7 @@ pub fn create_job(
             })?;
         let Some(job) = inserted else {
             let existing = find_job(conn, account, request.request_id)?;
-            if existing.request_hash != hash {
-                return Err(ApiError::IdempotencyKeyReused(format!(
-                    "request_id {} was already used for a different job",
-                    request.request_id
-                )));
-            }
-            return Ok((existing, Outcome::Replayed));
+            return replay_of(existing, request, &hash);
         };
         let Some(after) = reserve_tokens(conn, account, request.cost)? else {
             return Err(refusal_reason(conn, account, request.cost));
@@ -287,6 +290,22 @@ pub fn create_job(
         })?;
         Ok((job, Outcome::Created))
     })
+}
+
+/// The answer to a request_id seen before: a replay if the request is the
+/// same (same canonical hash), else 422.
+fn replay_of(
+    existing: JobRow,
+    request: &JobRequest,
+    hash: &[u8; 32],
+) -> Result<(JobRow, Outcome), ApiError> {
+    if existing.request_hash != hash {
+        return Err(ApiError::IdempotencyKeyReused(format!(
+            "request_id {} was already used for a different job",
+            request.request_id
+        )));
+    }
+    Ok((existing, Outcome::Replayed))
 }
 
 pub fn find_job(

@@ -2,6 +2,7 @@
 
 pub mod accounts;
 pub mod api_keys;
+pub mod batches;
 pub mod checks;
 pub mod credits;
 pub mod job_leases;

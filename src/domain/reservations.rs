@@ -132,6 +132,8 @@ static RESERVE_FAST_SQL: LazyLock<String> = LazyLock::new(|| {
                AND (max_active_reservations = 0 \
                     OR active_reservations < max_active_reservations) \
                AND {key_may_spend} \
+               AND NOT EXISTS (SELECT 1 FROM reservations \
+                               WHERE account_id = $1 AND request_id = $4 AND job_id IS NULL) \
              RETURNING available, reserved, used \
          ), held AS ( \
              INSERT INTO reservations \
@@ -185,9 +187,19 @@ pub fn reserve_fast(
         .optional();
     match result {
         Ok(row) => Ok(row),
-        // The request_id is taken: the whole statement was undone.
-        Err(DieselError::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(None),
+        Err(error) if undone_by_conflict(&error) => Ok(None),
         Err(error) => Err(error.into()),
+    }
+}
+
+/// A one-statement path lost a race and PostgreSQL undid the statement:
+/// the request_id was taken meanwhile (unique violation), or the statement
+/// was chosen as a deadlock victim. The full path then answers.
+pub fn undone_by_conflict(error: &DieselError) -> bool {
+    match error {
+        DieselError::DatabaseError(DatabaseErrorKind::UniqueViolation, _) => true,
+        DieselError::DatabaseError(_, info) => info.message().contains("deadlock detected"),
+        _ => false,
     }
 }
 
@@ -211,6 +223,10 @@ pub fn reserve(
     let ttl = request
         .ttl_seconds
         .map_or(default_ttl_seconds, TtlSeconds::get);
+    // A replay is answered without locking anything.
+    if let Some(existing) = find_reservation(conn, account, request.request_id)? {
+        return replay_of(existing, request);
+    }
     conn.transaction(|conn| {
         // Lock the account row first, as `reserve_fast` does, so the two
         // paths cannot deadlock on (account row, request_id).
@@ -239,21 +255,9 @@ pub fn reserve(
             other => other.into(),
         })?;
         let Some(reservation) = inserted else {
-            let existing: ReservationRow = reservations::table
-                .filter(reservations::account_id.eq(account.0))
-                .filter(reservations::request_id.eq(request.request_id.0))
-                .filter(reservations::job_id.is_null())
-                .select(ReservationRow::as_select())
-                .first(conn)?;
-            let same = existing.amount == request.amount.get()
-                && existing.requested_ttl_seconds == request.ttl_seconds.map(TtlSeconds::get);
-            if !same {
-                return Err(ApiError::IdempotencyKeyReused(format!(
-                    "request_id {} was already used for a different reservation",
-                    request.request_id
-                )));
-            }
-            return Ok((existing, Outcome::Replayed));
+            let existing = find_reservation(conn, account, request.request_id)?
+                .ok_or_else(|| ApiError::Internal("a claimed request_id has no row".into()))?;
+            return replay_of(existing, request);
         };
         let Some(after) = reserve_tokens(conn, account, request.amount.get())? else {
             return Err(refusal_reason(conn, account, request.amount.get()));
@@ -274,6 +278,38 @@ pub fn reserve(
         )?;
         Ok((reservation, Outcome::Created))
     })
+}
+
+/// The API-owned reservation made for `request_id`, if any.
+fn find_reservation(
+    conn: &mut PgConnection,
+    account: AccountId,
+    request_id: RequestId,
+) -> Result<Option<ReservationRow>, ApiError> {
+    Ok(reservations::table
+        .filter(reservations::account_id.eq(account.0))
+        .filter(reservations::request_id.eq(request_id.0))
+        .filter(reservations::job_id.is_null())
+        .select(ReservationRow::as_select())
+        .first(conn)
+        .optional()?)
+}
+
+/// The answer to a request_id seen before: a replay if the request is the
+/// same, else 422.
+fn replay_of(
+    existing: ReservationRow,
+    request: &ReserveRequest,
+) -> Result<(ReservationRow, Outcome), ApiError> {
+    let same = existing.amount == request.amount.get()
+        && existing.requested_ttl_seconds == request.ttl_seconds.map(TtlSeconds::get);
+    if !same {
+        return Err(ApiError::IdempotencyKeyReused(format!(
+            "request_id {} was already used for a different reservation",
+            request.request_id
+        )));
+    }
+    Ok((existing, Outcome::Replayed))
 }
 
 pub fn get_reservation(
@@ -530,7 +566,14 @@ pub fn resolve_fast(
         .bind::<Bytea, _>(secret_hash)
         .bind::<Text, _>(credentials.actor())
         .get_result::<ReservationRow>(conn)
-        .optional()?)
+        .optional()
+        .or_else(|error| {
+            if undone_by_conflict(&error) {
+                Ok(None)
+            } else {
+                Err(error)
+            }
+        })?)
 }
 
 /// Commits (`amount`: default all) or releases a reservation the API owns.

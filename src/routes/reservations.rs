@@ -5,15 +5,14 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::{after_key_check, created, optional_json_body, replayed, JsonObject, State};
-use std::sync::Arc;
 
 use crate::db::models::ReservationRow;
 use crate::db::run_blocking;
 use crate::domain::api_keys::{Caller, Credentials};
+use crate::domain::batches::{ReserveItem, ResolveItem};
 use crate::domain::reservations::{self, Outcome, ReservationView, ReserveRequest};
 use crate::domain::types::{AccountId, RequestId, ReservationId, Tokens, TtlSeconds};
 use crate::error::{ApiError, Problem};
-use crate::metrics::Metrics;
 
 pub fn configure(config: &mut web::ServiceConfig) {
     config
@@ -32,17 +31,6 @@ struct CreateReservation {
     amount: Tokens,
     /// Default: the service's `RESERVATION_TTL_SECONDS`.
     ttl_seconds: Option<TtlSeconds>,
-}
-
-/// Counts a commit or release this request made (not a replay).
-fn count_resolution(metrics: &Metrics, result: &Result<(ReservationRow, Outcome), ApiError>) {
-    if let Ok((row, Outcome::Created)) = result {
-        metrics.resolution(
-            &row.state,
-            row.committed_amount,
-            row.amount - row.committed_amount,
-        );
-    }
 }
 
 fn respond(row: ReservationRow, outcome: Outcome) -> HttpResponse {
@@ -107,25 +95,11 @@ async fn create_reservation(
         amount,
         ttl_seconds,
     };
-    let default_ttl = state.config.reservation_ttl_seconds;
-    let (metrics, amount) = (Arc::clone(&state.metrics), request.amount.get());
-    let (row, outcome) = run_blocking(&state.pool, move |conn| {
-        // One statement in the common case; the full path otherwise.
-        let result =
-            match reservations::reserve_fast(conn, &credentials, account, &request, default_ttl) {
-                Ok(Some(row)) => Ok((row, Outcome::Created)),
-                Ok(None) => {
-                    let caller = credentials.verify(conn)?;
-                    caller.authorize_spend(account)?;
-                    let actor = caller.actor();
-                    reservations::reserve(conn, account, &request, default_ttl, &actor)
-                }
-                Err(error) => Err(error),
-            };
-        metrics.reserve_result(&result, amount);
-        result
-    })
-    .await?;
+    let item = ReserveItem {
+        credentials,
+        request,
+    };
+    let (row, outcome) = state.coalescer.reserve(account, item).await?;
     let view = ReservationView::from(row);
     Ok(match outcome {
         Outcome::Created => created(
@@ -229,8 +203,9 @@ async fn commit_reservation(
     .await
 }
 
-/// A commit or a release: one statement in the common case, the full path
-/// (which answers replays and explains refusals) otherwise.
+/// A commit or a release: one statement in the common case (or one
+/// transaction for concurrent ones on the account), the full path (which
+/// answers replays and explains refusals) otherwise.
 async fn resolve(
     state: State,
     credentials: Credentials,
@@ -239,23 +214,13 @@ async fn resolve(
     amount: Option<Tokens>,
     release: bool,
 ) -> Result<HttpResponse, actix_web::Error> {
-    let metrics = Arc::clone(&state.metrics);
-    let (row, outcome) = run_blocking(&state.pool, move |conn| {
-        let fast =
-            reservations::resolve_fast(conn, &credentials, account, reservation, amount, release)?;
-        let result = match fast {
-            Some(row) => Ok((row, Outcome::Created)),
-            None => {
-                let caller = credentials.verify(conn)?;
-                caller.authorize_spend(account)?;
-                let actor = caller.actor();
-                reservations::resolve(conn, account, reservation, amount, release, &actor)
-            }
-        };
-        count_resolution(&metrics, &result);
-        result
-    })
-    .await?;
+    let item = ResolveItem {
+        credentials,
+        reservation,
+        amount,
+        release,
+    };
+    let (row, outcome) = state.coalescer.resolve(account, item).await?;
     Ok(respond(row, outcome))
 }
 

@@ -6,6 +6,7 @@ mod helpers;
 mod accounts;
 mod auth;
 mod bad_input;
+mod coalescing;
 mod concurrency;
 mod crash;
 mod credits;
