@@ -45,7 +45,11 @@ pub fn pgbench_script() -> String {
     let reserve = substitute(reserve_fast_sql(), |n| {
         match n {
             1 | 8 => account,
-            2 | 4 => "gen_random_uuid()",
+            // A fresh request_id per cycle, through an IMMUTABLE function so
+            // that PostgreSQL looks it up by index as it does a bound value
+            // (a volatile gen_random_uuid() in the NOT EXISTS would scan).
+            4 => "bench_uuid(:request)",
+            2 => "gen_random_uuid()",
             3 => "1",
             5 => "NULL::integer",
             6 => "300",
@@ -72,6 +76,7 @@ pub fn pgbench_script() -> String {
          -- service runs for one kiosk cycle: reserve 1 token, then commit it. Each\n\
          -- request is one statement (its own transaction) with the key check inside.\n\
          \\set n random(1, :accounts)\n\
+         \\set request random(1, 281474976710655)\n\
          {reserve} \\gset r_\n\
          {commit};\n"
     )

@@ -148,26 +148,37 @@ struct WaitQuery {
 )]
 #[get("/v1/accounts/{account_id}/jobs/{request_id}")]
 async fn get_job(
-    caller: Caller,
+    credentials: Credentials,
     state: State,
-    path: web::Path<(Uuid, Uuid)>,
-    query: web::Query<WaitQuery>,
-) -> Result<HttpResponse, ApiError> {
-    let (account, request_id) = path.into_inner();
+    path: Result<web::Path<(Uuid, Uuid)>, actix_web::Error>,
+    query: Result<web::Query<WaitQuery>, actix_web::Error>,
+) -> Result<HttpResponse, actix_web::Error> {
+    let (account, request_id) = after_key_check(&state, &credentials, path)
+        .await?
+        .into_inner();
     let (account, request_id) = (AccountId(account), RequestId(request_id));
-    caller.authorize_read(account)?;
-    let wait = query.wait_seconds.unwrap_or(0);
+    let wait = after_key_check(&state, &credentials, query)
+        .await?
+        .wait_seconds
+        .unwrap_or(0);
     if wait > JOB_WAIT_SECONDS_MAX {
-        return Err(ApiError::InvalidRequest(format!(
+        let error = Err(ApiError::InvalidRequest(format!(
             "wait_seconds must be at most {JOB_WAIT_SECONDS_MAX}"
-        )));
+        ))
+        .into());
+        return after_key_check(&state, &credentials, error).await;
     }
     let fetch = || {
         run_blocking(&state.pool, move |conn| {
             jobs::get_job(conn, account, request_id)
         })
     };
-    let view = fetch().await?;
+    // The key is verified in the same trip to the pool as the first read.
+    let view = run_blocking(&state.pool, move |conn| {
+        credentials.verify(conn)?.authorize_read(account)?;
+        jobs::get_job(conn, account, request_id)
+    })
+    .await?;
     if wait == 0 || view.is_terminal() {
         return Ok(HttpResponse::Ok().json(view));
     }

@@ -137,6 +137,22 @@ async fn a_bad_key_is_answered_before_bad_input() {
             assert_eq!(status, expected, "{path} {body}: {problem_body}");
         }
     }
+    // The job read verifies its key in its first trip to the pool.
+    let job = format!("/v1/accounts/{account}/jobs/{}", Uuid::new_v4());
+    for path in [
+        "/v1/accounts/x/jobs/y".to_owned(),
+        format!("{job}?wait_seconds=99"),
+        format!("{job}?wait_seconds=-1"),
+    ] {
+        let (status, _) = problem(app.get(&path, &bad_key).await).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{path}");
+        let (status, _) = problem(app.get(&path, &kiosk).await).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}");
+    }
+    let (status, _) = problem(app.get(&job, &bad_key).await).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _) = problem(app.get(&job, &kiosk).await).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(app.snapshot(account), before, "nothing changed");
 }
 
