@@ -12,6 +12,7 @@
 //! client that disconnects cannot strand the requests queued behind it.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -106,37 +107,51 @@ impl Coalescer {
 
     /// Reserves, alone or together with concurrent reservations.
     pub async fn reserve(self: &Arc<Self>, account: AccountId, item: ReserveItem) -> Answer {
-        if self.max_batch == 1 {
-            return self.run_reserves(account, vec![item]).await.remove(0);
-        }
-        let (reply, answer) = oneshot::channel();
-        if self.reserves.enqueue(account.0, Queued { item, reply }) {
-            let this = Arc::clone(self);
-            tokio::spawn(async move {
-                while let Some(batch) = this.reserves.take(account.0, this.max_batch) {
-                    let (items, replies): (Vec<_>, Vec<_>) =
-                        batch.into_iter().map(|q| (q.item, q.reply)).unzip();
-                    let answers = this.run_reserves(account, items);
-                    deliver(replies, AssertUnwindSafe(answers).catch_unwind().await);
-                }
-            });
-        }
-        answer.await.unwrap_or_else(|_| Err(dropped()))
+        self.submit(
+            account,
+            item,
+            |this| &this.reserves,
+            move |this, items| async move { this.run_reserves(account, items).await },
+        )
+        .await
     }
 
     /// Commits or releases, alone or together with concurrent ones.
     pub async fn resolve(self: &Arc<Self>, account: AccountId, item: ResolveItem) -> Answer {
+        self.submit(
+            account,
+            item,
+            |this| &this.resolves,
+            move |this, items| async move { this.run_resolves(account, items).await },
+        )
+        .await
+    }
+
+    /// Queues `item` in its lane and, if no task drains the account's queue
+    /// yet, starts one that runs batches with `run` until the queue is empty.
+    async fn submit<T, Run, Ran>(
+        self: &Arc<Self>,
+        account: AccountId,
+        item: T,
+        lane: fn(&Coalescer) -> &Lane<T>,
+        run: Run,
+    ) -> Answer
+    where
+        T: Send + 'static,
+        Run: Fn(Arc<Coalescer>, Vec<T>) -> Ran + Send + 'static,
+        Ran: Future<Output = Vec<Answer>> + Send,
+    {
         if self.max_batch == 1 {
-            return self.run_resolves(account, vec![item]).await.remove(0);
+            return run(Arc::clone(self), vec![item]).await.remove(0);
         }
         let (reply, answer) = oneshot::channel();
-        if self.resolves.enqueue(account.0, Queued { item, reply }) {
+        if lane(self).enqueue(account.0, Queued { item, reply }) {
             let this = Arc::clone(self);
             tokio::spawn(async move {
-                while let Some(batch) = this.resolves.take(account.0, this.max_batch) {
+                while let Some(batch) = lane(&this).take(account.0, this.max_batch) {
                     let (items, replies): (Vec<_>, Vec<_>) =
                         batch.into_iter().map(|q| (q.item, q.reply)).unzip();
-                    let answers = this.run_resolves(account, items);
+                    let answers = run(Arc::clone(&this), items);
                     deliver(replies, AssertUnwindSafe(answers).catch_unwind().await);
                 }
             });

@@ -47,17 +47,7 @@ async fn scopes_are_enforced() {
     let app = TestApp::spawn().await;
     let account = app.funded_account(3).await;
     let kiosk = app.kiosk_key(account).await;
-    let finance: Value = app
-        .post(
-            "/v1/api-keys",
-            ADMIN_KEY,
-            &json!({"scope": "finance", "label": "books"}),
-        )
-        .await
-        .json()
-        .await
-        .expect("json");
-    let finance = finance["key"].as_str().expect("key").to_owned();
+    let finance = app.finance_key().await;
 
     // Finance reads but never spends or credits.
     assert_eq!(

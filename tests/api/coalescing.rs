@@ -44,15 +44,7 @@ async fn all_at_once(app: &SharedApp, calls: Vec<Call>) -> Vec<(StatusCode, Valu
 
 /// (batches, requests) the service ran for `kind`, from /metrics.
 async fn batches(app: &TestApp, kind: &str) -> (f64, f64) {
-    let text = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .expect("sent")
-        .text()
-        .await
-        .expect("text");
+    let text = app.metrics_text().await;
     let value = |name: &str| {
         text.lines()
             .find(|line| line.starts_with(&format!("{name}{{kind=\"{kind}\"}}")))

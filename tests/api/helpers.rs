@@ -325,6 +325,33 @@ impl TestApp {
         body["key"].as_str().expect("key").to_owned()
     }
 
+    /// A new finance key (reads everything, spends nothing).
+    pub async fn finance_key(&self) -> String {
+        let created: Value = self
+            .post(
+                "/v1/api-keys",
+                ADMIN_KEY,
+                &json!({"scope": "finance", "label": "books"}),
+            )
+            .await
+            .json()
+            .await
+            .expect("json");
+        created["key"].as_str().expect("key").to_owned()
+    }
+
+    /// The Prometheus exposition of `/metrics`.
+    pub async fn metrics_text(&self) -> String {
+        self.client
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .expect("sent")
+            .text()
+            .await
+            .expect("text")
+    }
+
     pub async fn reserve(
         &self,
         account: Uuid,

@@ -15,20 +15,6 @@ fn tampered(key: &str) -> String {
     format!("{}{last}", &key[..key.len() - 1])
 }
 
-async fn finance_key(app: &TestApp) -> String {
-    let created: Value = app
-        .post(
-            "/v1/api-keys",
-            ADMIN_KEY,
-            &json!({"scope": "finance", "label": "books"}),
-        )
-        .await
-        .json()
-        .await
-        .expect("json");
-    created["key"].as_str().expect("key").to_owned()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_key_check_inside_the_statement_refuses_what_the_full_path_refuses() {
     let app = TestApp::spawn().await;
@@ -36,7 +22,7 @@ async fn the_key_check_inside_the_statement_refuses_what_the_full_path_refuses()
     let other = app.funded_account(10).await;
     let kiosk = app.kiosk_key(account).await;
     let other_kiosk = app.kiosk_key(other).await;
-    let finance = finance_key(&app).await;
+    let finance = app.finance_key().await;
     let held: Value = app
         .reserve(account, &kiosk, Uuid::new_v4(), 2)
         .await

@@ -94,15 +94,7 @@ async fn every_metric_of_the_design_the_alerts_and_the_dashboard_is_exported() {
             .status(),
         StatusCode::OK
     );
-    let exposition = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .expect("sent")
-        .text()
-        .await
-        .expect("text");
+    let exposition = app.metrics_text().await;
     let mut exported = BTreeSet::new();
     for line in exposition.lines() {
         if let Some(rest) = line.strip_prefix("# TYPE ") {

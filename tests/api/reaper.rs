@@ -426,15 +426,7 @@ async fn a_corrupted_balance_is_detected_counted_and_not_fixed() {
     );
     assert!(!checks.iter().any(|(id, ..)| *id == healthy));
     assert_eq!(app.state.metrics.invariant_violations.get(), 1);
-    let metrics = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .expect("sent")
-        .text()
-        .await
-        .expect("text");
+    let metrics = app.metrics_text().await;
     assert!(
         metrics.contains("token_billing_invariant_violations 1"),
         "{metrics}"
