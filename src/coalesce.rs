@@ -8,15 +8,17 @@
 //! An uncontended request is a batch of one: the one-statement path, with
 //! no waiting.
 //!
-//! Each batch runs in a task of its own, not in any request's future, so a
-//! client that disconnects cannot strand the requests queued behind it.
+//! An account's batches run back to back in one task of their own, on one
+//! pooled connection, with no hop between one batch's commit and the next
+//! batch; not in any request's future, so a client that disconnects cannot
+//! strand the requests queued behind it. A batch that panics is answered
+//! 500 and its connection given up; the queue goes on with another.
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::panic::AssertUnwindSafe;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use futures_util::FutureExt;
+use diesel::PgConnection;
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
@@ -79,6 +81,9 @@ impl<T> Lane<T> {
     }
 }
 
+/// Runs one batch of a lane on a pooled connection: one answer per item.
+type RunBatch<T> = fn(&Coalescer, &mut PgConnection, AccountId, Vec<T>) -> Vec<Answer>;
+
 pub struct Coalescer {
     pool: DbPool,
     metrics: Arc<Metrics>,
@@ -111,7 +116,7 @@ impl Coalescer {
             account,
             item,
             |this| &this.reserves,
-            move |this, items| async move { this.run_reserves(account, items).await },
+            Coalescer::run_reserves,
         )
         .await
     }
@@ -122,123 +127,160 @@ impl Coalescer {
             account,
             item,
             |this| &this.resolves,
-            move |this, items| async move { this.run_resolves(account, items).await },
+            Coalescer::run_resolves,
         )
         .await
     }
 
     /// Queues `item` in its lane and, if no task drains the account's queue
-    /// yet, starts one that runs batches with `run` until the queue is empty.
-    async fn submit<T, Run, Ran>(
+    /// yet, starts one.
+    async fn submit<T: Send + 'static>(
         self: &Arc<Self>,
         account: AccountId,
         item: T,
         lane: fn(&Coalescer) -> &Lane<T>,
-        run: Run,
-    ) -> Answer
-    where
-        T: Send + 'static,
-        Run: Fn(Arc<Coalescer>, Vec<T>) -> Ran + Send + 'static,
-        Ran: Future<Output = Vec<Answer>> + Send,
-    {
+        run: RunBatch<T>,
+    ) -> Answer {
         if self.max_batch == 1 {
-            return run(Arc::clone(self), vec![item]).await.remove(0);
+            let this = Arc::clone(self);
+            let answers = run_blocking(&self.pool, move |conn| {
+                Ok(run(&this, conn, account, vec![item]))
+            })
+            .await;
+            return answers.map_or_else(|error| Err(same_error(&error)), |mut a| a.remove(0));
         }
         let (reply, answer) = oneshot::channel();
         if lane(self).enqueue(account.0, Queued { item, reply }) {
-            let this = Arc::clone(self);
-            tokio::spawn(async move {
-                while let Some(batch) = lane(&this).take(account.0, this.max_batch) {
-                    let (items, replies): (Vec<_>, Vec<_>) =
-                        batch.into_iter().map(|q| (q.item, q.reply)).unzip();
-                    let answers = run(Arc::clone(&this), items);
-                    deliver(replies, AssertUnwindSafe(answers).catch_unwind().await);
-                }
-            });
+            tokio::spawn(Arc::clone(self).drain(account, lane, run));
         }
         answer.await.unwrap_or_else(|_| Err(dropped()))
     }
 
+    /// Runs the account's batches back to back on one pooled connection —
+    /// no hop between one batch's commit and the next batch — until its
+    /// queue is empty (the entry then goes, under the lane's lock).
+    async fn drain<T: Send + 'static>(
+        self: Arc<Self>,
+        account: AccountId,
+        lane: fn(&Coalescer) -> &Lane<T>,
+        run: RunBatch<T>,
+    ) {
+        loop {
+            let this = Arc::clone(&self);
+            let drained = run_blocking(&self.pool, move |conn| {
+                while let Some(batch) = lane(&this).take(account.0, this.max_batch) {
+                    let (items, replies): (Vec<_>, Vec<_>) =
+                        batch.into_iter().map(|q| (q.item, q.reply)).unzip();
+                    let answers =
+                        catch_unwind(AssertUnwindSafe(|| run(&this, conn, account, items)));
+                    if !deliver(replies, answers) {
+                        // The connection may be mid-transaction: give it up
+                        // (the pool discards it) and go on with another.
+                        return Err(dropped());
+                    }
+                }
+                Ok(())
+            })
+            .await;
+            match drained {
+                Ok(()) => return,
+                // No connection: what waits is answered 503 (nothing was
+                // done; a retry is safe), then later arrivals are tried.
+                Err(error @ ApiError::Unavailable(_)) => {
+                    let Some(batch) = lane(&self).take(account.0, usize::MAX) else {
+                        return;
+                    };
+                    for queued in batch {
+                        let _ = queued.reply.send(Err(same_error(&error)));
+                    }
+                }
+                Err(error) => tracing::error!(%account, ?error, "a coalesced batch failed"),
+            }
+        }
+    }
+
     /// One batch of reservations: those the batch cannot make go one by
     /// one, on the same connection, which answers each as usual.
-    async fn run_reserves(&self, account: AccountId, items: Vec<ReserveItem>) -> Vec<Answer> {
+    fn run_reserves(
+        &self,
+        conn: &mut PgConnection,
+        account: AccountId,
+        items: Vec<ReserveItem>,
+    ) -> Vec<Answer> {
         let count = items.len();
-        let (metrics, ttl) = (Arc::clone(&self.metrics), self.default_ttl_seconds);
-        metrics
+        let ttl = self.default_ttl_seconds;
+        self.metrics
             .coalesced_batch_size
             .with_label_values(&["reserve"])
             .observe(count as f64);
-        let answers = run_blocking(&self.pool, move |conn| {
-            let made = if count > 1 {
-                batches::reserve_batch(conn, account, &items, ttl).unwrap_or_else(|error| {
-                    tracing::warn!(%account, ?error, "coalesced reservations failed; one by one");
-                    vec![None; count]
-                })
-            } else {
-                vec![None]
-            };
-            Ok(items
-                .iter()
-                .zip(made)
-                .map(|(item, made)| {
-                    let answer = match made {
-                        Some(row) => Ok((row, Outcome::Created)),
-                        None => reserve_one(conn, account, item, ttl),
-                    };
-                    metrics.reserve_result(&answer, item.request.amount.get());
-                    answer
-                })
-                .collect())
-        })
-        .await;
-        answers.unwrap_or_else(|error| unavailable(count, &error))
+        let made = if count > 1 {
+            batches::reserve_batch(conn, account, &items, ttl).unwrap_or_else(|error| {
+                tracing::warn!(%account, ?error, "coalesced reservations failed; one by one");
+                vec![None; count]
+            })
+        } else {
+            vec![None]
+        };
+        items
+            .iter()
+            .zip(made)
+            .map(|(item, made)| {
+                let answer = match made {
+                    Some(row) => Ok((row, Outcome::Created)),
+                    None => reserve_one(conn, account, item, ttl),
+                };
+                self.metrics
+                    .reserve_result(&answer, item.request.amount.get());
+                answer
+            })
+            .collect()
     }
 
     /// One batch of commits and releases, like `run_reserves`.
-    async fn run_resolves(&self, account: AccountId, items: Vec<ResolveItem>) -> Vec<Answer> {
+    fn run_resolves(
+        &self,
+        conn: &mut PgConnection,
+        account: AccountId,
+        items: Vec<ResolveItem>,
+    ) -> Vec<Answer> {
         let count = items.len();
-        let metrics = Arc::clone(&self.metrics);
-        metrics
+        self.metrics
             .coalesced_batch_size
             .with_label_values(&["resolve"])
             .observe(count as f64);
-        let answers = run_blocking(&self.pool, move |conn| {
-            let moved = if count > 1 {
-                batches::resolve_batch(conn, account, &items).unwrap_or_else(|error| {
-                    tracing::warn!(%account, ?error, "coalesced resolutions failed; one by one");
-                    vec![None; count]
-                })
-            } else {
-                vec![None]
-            };
-            Ok(items
-                .iter()
-                .zip(moved)
-                .map(|(item, moved)| {
-                    let answer = match moved {
-                        Some(row) => Ok((row, Outcome::Created)),
-                        None => resolve_one(conn, account, item),
-                    };
-                    if let Ok((row, Outcome::Created)) = &answer {
-                        metrics.resolution(
-                            &row.state,
-                            row.committed_amount,
-                            row.amount - row.committed_amount,
-                        );
-                    }
-                    answer
-                })
-                .collect())
-        })
-        .await;
-        answers.unwrap_or_else(|error| unavailable(count, &error))
+        let moved = if count > 1 {
+            batches::resolve_batch(conn, account, &items).unwrap_or_else(|error| {
+                tracing::warn!(%account, ?error, "coalesced resolutions failed; one by one");
+                vec![None; count]
+            })
+        } else {
+            vec![None]
+        };
+        items
+            .iter()
+            .zip(moved)
+            .map(|(item, moved)| {
+                let answer = match moved {
+                    Some(row) => Ok((row, Outcome::Created)),
+                    None => resolve_one(conn, account, item),
+                };
+                if let Ok((row, Outcome::Created)) = &answer {
+                    self.metrics.resolution(
+                        &row.state,
+                        row.committed_amount,
+                        row.amount - row.committed_amount,
+                    );
+                }
+                answer
+            })
+            .collect()
     }
 }
 
 /// One reservation: the one-statement path, else the full path (replays,
 /// refusals, bad keys).
 fn reserve_one(
-    conn: &mut diesel::PgConnection,
+    conn: &mut PgConnection,
     account: AccountId,
     item: &ReserveItem,
     default_ttl_seconds: i32,
@@ -255,7 +297,7 @@ fn reserve_one(
 }
 
 /// One commit or release: the one-statement path, else the full path.
-fn resolve_one(conn: &mut diesel::PgConnection, account: AccountId, item: &ResolveItem) -> Answer {
+fn resolve_one(conn: &mut PgConnection, account: AccountId, item: &ResolveItem) -> Answer {
     let ResolveItem {
         credentials,
         reservation,
@@ -280,19 +322,26 @@ fn resolve_one(conn: &mut diesel::PgConnection, account: AccountId, item: &Resol
     )
 }
 
-fn deliver(replies: Vec<oneshot::Sender<Answer>>, answers: std::thread::Result<Vec<Answer>>) {
+/// Sends each answer; false when the batch panicked (its requests are
+/// answered 500).
+fn deliver(
+    replies: Vec<oneshot::Sender<Answer>>,
+    answers: std::thread::Result<Vec<Answer>>,
+) -> bool {
     match answers {
         Ok(answers) => {
             for (reply, answer) in replies.into_iter().zip(answers) {
                 // The client may have gone; its request is done regardless.
                 let _ = reply.send(answer);
             }
+            true
         }
         Err(_) => {
             tracing::error!("a coalesced batch panicked");
             for reply in replies {
                 let _ = reply.send(Err(dropped()));
             }
+            false
         }
     }
 }
@@ -301,15 +350,10 @@ fn dropped() -> ApiError {
     ApiError::Internal("the request's batch ended without an answer".into())
 }
 
-/// The batch never ran (no connection, or its task failed): the same error
-/// for each of its requests.
-fn unavailable(count: usize, error: &ApiError) -> Vec<Answer> {
-    (0..count)
-        .map(|_| {
-            Err(match error {
-                ApiError::Unavailable(message) => ApiError::Unavailable(message.clone()),
-                other => ApiError::Internal(other.to_string()),
-            })
-        })
-        .collect()
+/// The same error again, for each request of a batch that never ran.
+fn same_error(error: &ApiError) -> ApiError {
+    match error {
+        ApiError::Unavailable(message) => ApiError::Unavailable(message.clone()),
+        other => ApiError::Internal(other.to_string()),
+    }
 }
