@@ -251,7 +251,7 @@ pub fn resolve_batch(
         // no job, and holding at least the amount to commit.
         prepared(
             "SELECT id FROM reservations WHERE id = ANY($1) AND account_id = $2 \
-             ORDER BY id FOR UPDATE",
+             ORDER BY id FOR NO KEY UPDATE",
         )
         .bind::<Array<SqlUuid>, _>(&ids)
         .bind::<SqlUuid, _>(account.0)
