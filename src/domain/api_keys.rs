@@ -194,28 +194,10 @@ impl Credentials {
     /// Looks the key up: the caller, or 401 for an unknown, wrong or
     /// revoked key.
     pub fn verify(&self, conn: &mut PgConnection) -> Result<Caller, ApiError> {
-        let (key_id, secret_hash) = match self {
-            Credentials::Bootstrap => return Ok(Caller::bootstrap_admin()),
-            Credentials::Key { id, secret_hash } => (*id, secret_hash),
-        };
-        let row: Option<ApiKeyRow> = api_keys::table
-            .find(key_id)
-            .select(ApiKeyRow::as_select())
-            .first(conn)
-            .optional()?;
-        let row = row.ok_or(ApiError::Unauthorized)?;
-        let matches: bool = secret_hash.ct_eq(row.secret_hash.as_slice()).into();
-        if !matches || row.revoked_at.is_some() {
-            return Err(ApiError::Unauthorized);
-        }
-        let scope = Scope::parse(&row.scope).ok_or_else(|| {
-            ApiError::Internal(format!("api key {key_id} has scope {:?}", row.scope))
-        })?;
-        Ok(Caller {
-            key_id: Some(ApiKeyId(row.id)),
-            scope,
-            account_id: row.account_id.map(AccountId),
-        })
+        verify_many(conn, &[self])?
+            .pop()
+            .flatten()
+            .ok_or(ApiError::Unauthorized)
     }
 }
 
