@@ -19,7 +19,7 @@ use crate::db::schema::{generation_jobs, reservations};
 use crate::domain::api_keys::{key_may_spend_sql, sha256, Credentials};
 use crate::domain::ledger::{self, EntryKind, Movement};
 use crate::domain::reservations::{
-    lock_account, refusal_reason, reserve_tokens, undone_by_conflict, Outcome,
+    lock_account, refusal_reason, reserve_tokens, reserve_update_sql, undone_by_conflict, Outcome,
 };
 use crate::domain::types::{AccountId, RequestId};
 use crate::error::ApiError;
@@ -130,13 +130,7 @@ fn write_canonical(value: &Value, out: &mut String) {
 static CREATE_JOB_FAST_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH moved AS ( \
-             UPDATE accounts \
-             SET available = available - $5, reserved = reserved + $5, \
-                 active_reservations = active_reservations + 1, \
-                 version = version + 1, updated_at = now() \
-             WHERE id = $1 AND status = 'active' AND available >= $5 \
-               AND (max_active_reservations = 0 \
-                    OR active_reservations < max_active_reservations) \
+             {reserve} \
                AND {key_may_spend} \
                AND NOT EXISTS (SELECT 1 FROM generation_jobs \
                                WHERE account_id = $1 AND request_id = $4) \
@@ -160,6 +154,7 @@ static CREATE_JOB_FAST_SQL: LazyLock<String> = LazyLock::new(|| {
          SELECT job.*, held.state AS reservation_state, \
                 held.expires_at AS reservation_expires_at \
          FROM job, held",
+        reserve = reserve_update_sql(1, 5),
         key_may_spend = key_may_spend_sql(10, 11, 12, 1),
     )
 });

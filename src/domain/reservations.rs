@@ -72,27 +72,41 @@ pub struct ReserveRequest {
     pub ttl_seconds: Option<TtlSeconds>,
 }
 
-/// Moves `amount` tokens from available to reserved, atomically against the
-/// availability check, the account status and the active-reservation limit.
+/// The reserve move, with `$account` and `$amount` numbered by the caller:
+/// tokens from available to reserved, atomic against the availability
+/// check, the account status and the active-reservation limit. Every path
+/// that reserves (one-by-one, one-statement, jobs) uses this text; callers
+/// may add conditions (`AND …`) before their `RETURNING`.
+pub fn reserve_update_sql(account: u8, amount: u8) -> String {
+    format!(
+        "UPDATE accounts \
+         SET available = available - ${amount}, reserved = reserved + ${amount}, \
+             active_reservations = active_reservations + 1, \
+             version = version + 1, updated_at = now() \
+         WHERE id = ${account} AND status = 'active' AND available >= ${amount} \
+           AND (max_active_reservations = 0 OR active_reservations < max_active_reservations)"
+    )
+}
+
+static RESERVE_TOKENS_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "{} RETURNING available, reserved, used",
+        reserve_update_sql(1, 2)
+    )
+});
+
+/// Moves `amount` tokens from available to reserved (`reserve_update_sql`).
 /// Returns the account's balances after the move, or `None` when refused.
 pub fn reserve_tokens(
     conn: &mut PgConnection,
     account: AccountId,
     amount: i64,
 ) -> Result<Option<Balances>, ApiError> {
-    Ok(prepared(
-        "UPDATE accounts \
-         SET available = available - $2, reserved = reserved + $2, \
-             active_reservations = active_reservations + 1, \
-             version = version + 1, updated_at = now() \
-         WHERE id = $1 AND status = 'active' AND available >= $2 \
-           AND (max_active_reservations = 0 OR active_reservations < max_active_reservations) \
-         RETURNING available, reserved, used",
-    )
-    .bind::<SqlUuid, _>(account.0)
-    .bind::<BigInt, _>(amount)
-    .get_result::<Balances>(conn)
-    .optional()?)
+    Ok(prepared(RESERVE_TOKENS_SQL.as_str())
+        .bind::<SqlUuid, _>(account.0)
+        .bind::<BigInt, _>(amount)
+        .get_result::<Balances>(conn)
+        .optional()?)
 }
 
 /// Why `reserve_tokens` refused: read after the fact, inside the same
@@ -124,13 +138,7 @@ pub fn refusal_reason(conn: &mut PgConnection, account: AccountId, amount: i64) 
 static RESERVE_FAST_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH moved AS ( \
-             UPDATE accounts \
-             SET available = available - $3, reserved = reserved + $3, \
-                 active_reservations = active_reservations + 1, \
-                 version = version + 1, updated_at = now() \
-             WHERE id = $1 AND status = 'active' AND available >= $3 \
-               AND (max_active_reservations = 0 \
-                    OR active_reservations < max_active_reservations) \
+             {reserve} \
                AND {key_may_spend} \
                AND NOT EXISTS (SELECT 1 FROM reservations \
                                WHERE account_id = $1 AND request_id = $4 AND job_id IS NULL) \
@@ -147,6 +155,7 @@ static RESERVE_FAST_SQL: LazyLock<String> = LazyLock::new(|| {
              FROM moved, held \
          ) \
          SELECT * FROM held",
+        reserve = reserve_update_sql(1, 3),
         key_may_spend = key_may_spend_sql(7, 8, 9, 1),
     )
 });

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use tokio::sync::Barrier;
 use uuid::Uuid;
 
-use crate::helpers::{SharedApp, TestApp};
+use crate::helpers::{tampered, SharedApp, TestApp};
 
 /// A request to fire with the others at the same instant.
 #[derive(Clone)]
@@ -56,11 +56,6 @@ async fn batches(app: &TestApp, kind: &str) -> (f64, f64) {
         value("token_billing_coalesced_batch_size_count"),
         value("token_billing_coalesced_batch_size_sum"),
     )
-}
-
-fn tampered(key: &str) -> String {
-    let last = if key.ends_with('0') { '1' } else { '0' };
-    format!("{}{last}", &key[..key.len() - 1])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -541,6 +541,13 @@ fn replay_step(before: Balances, kind: &str, amount: i64) -> Balances {
         .apply(before, amount)
 }
 
+/// A real key with the last character of its secret changed: the key id
+/// exists, the secret is wrong.
+pub fn tampered(key: &str) -> String {
+    let last = if key.ends_with('0') { '1' } else { '0' };
+    format!("{}{last}", &key[..key.len() - 1])
+}
+
 pub async fn problem(response: Response) -> (StatusCode, Value) {
     let status = response.status();
     let content_type = response

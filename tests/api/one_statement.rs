@@ -8,12 +8,7 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use crate::helpers::{problem, TestApp, TestDatabase, ADMIN_KEY};
-
-fn tampered(key: &str) -> String {
-    let last = if key.ends_with('0') { '1' } else { '0' };
-    format!("{}{last}", &key[..key.len() - 1])
-}
+use crate::helpers::{problem, tampered, TestApp, TestDatabase, ADMIN_KEY};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_key_check_inside_the_statement_refuses_what_the_full_path_refuses() {
