@@ -1,348 +1,215 @@
-//! Group commit for one account's spending requests (`COALESCE_MAX_BATCH`).
+//! Group commit: concurrent money requests of any accounts in one engine
+//! batch (`COALESCE_MAX_BATCH` operations at most).
 //!
-//! Requests on one account serialise on its row lock, held through each
-//! transaction's WAL flush. Here each replica keeps, per account, at most
-//! one transaction of reservations and one of commits/releases in flight:
-//! requests that arrive meanwhile queue in memory and go together as the
-//! next batch (`domain::batches`), one lock and one flush for all of them.
-//! An uncontended request is a batch of one: the one-statement path, with
-//! no waiting.
+//! Each replica keeps at most `COALESCE_MAX_IN_FLIGHT` batches in flight.
+//! A request that arrives while fewer are in flight starts a batch at once
+//! (an uncontended request waits for nothing); one that arrives while all
+//! are busy queues, and the next batch to start takes everything queued —
+//! one transaction, one lock round and one WAL flush for all of it. The
+//! engine (`engine_apply`) locks the batch's accounts in id order and
+//! applies its operations in arrival order, as if one by one, so batches
+//! never deadlock each other and every request gets the answer it would
+//! have had alone.
 //!
-//! An account's batches run back to back in one task of their own, on one
-//! pooled connection, with no hop between one batch's commit and the next
-//! batch; not in any request's future, so a client that disconnects cannot
-//! strand the requests queued behind it. A batch that panics is answered
-//! 500 and its connection given up; the queue goes on with another.
+//! Batches run in tasks of their own, not in any request's future, so a
+//! client that disconnects cannot strand the requests queued behind it. A
+//! batch that fails as a whole (a lost race the database undid, say) is
+//! retried one operation at a time, so one request's trouble is never
+//! another's. A batch that panics is answered 500 and its connection given
+//! up; with no connection at all, what waits is answered 503.
 
-use std::collections::HashMap;
+use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use diesel::PgConnection;
 use tokio::sync::oneshot;
-use uuid::Uuid;
 
-use crate::db::models::ReservationRow;
 use crate::db::{run_blocking, DbPool};
-use crate::domain::batches::{self, ReserveItem, ResolveItem};
-use crate::domain::reservations::{self, Outcome};
-use crate::domain::types::{AccountId, Tokens};
+use crate::engine::{self, Answer, Operation};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 
-/// The answer to one reserve, commit or release request.
-pub type Answer = Result<(ReservationRow, Outcome), ApiError>;
+/// An operation with the answer to it.
+pub type Answered = (Operation, Result<Answer, ApiError>);
 
-struct Queued<T> {
-    item: T,
-    reply: oneshot::Sender<Answer>,
+struct Queued {
+    operation: Operation,
+    reply: oneshot::Sender<Answered>,
 }
 
-/// Per-account queues of one kind of request. An account has an entry
-/// exactly while a task is draining its queue.
-struct Lane<T> {
-    queues: Mutex<HashMap<Uuid, Vec<Queued<T>>>>,
+#[derive(Default)]
+struct Queue {
+    waiting: VecDeque<Queued>,
+    /// Tasks running batches; each takes from `waiting` until it is empty.
+    in_flight: usize,
 }
-
-impl<T> Lane<T> {
-    fn new() -> Lane<T> {
-        Lane {
-            queues: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// Queues a request; true when no task drains this account yet (the
-    /// caller must start one).
-    fn enqueue(&self, account: Uuid, queued: Queued<T>) -> bool {
-        let mut queues = self.queues.lock().unwrap_or_else(PoisonError::into_inner);
-        match queues.get_mut(&account) {
-            Some(queue) => {
-                queue.push(queued);
-                false
-            }
-            None => {
-                queues.insert(account, vec![queued]);
-                true
-            }
-        }
-    }
-
-    /// The next batch, oldest first; `None` (and the entry removed, under
-    /// the same lock) when the queue is empty.
-    fn take(&self, account: Uuid, max: usize) -> Option<Vec<Queued<T>>> {
-        let mut queues = self.queues.lock().unwrap_or_else(PoisonError::into_inner);
-        let queue = queues.get_mut(&account)?;
-        if queue.is_empty() {
-            queues.remove(&account);
-            return None;
-        }
-        let take = queue.len().min(max);
-        Some(queue.drain(..take).collect())
-    }
-}
-
-/// Runs one batch of a lane on a pooled connection: one answer per item.
-type RunBatch<T> = fn(&Coalescer, &mut PgConnection, AccountId, Vec<T>) -> Vec<Answer>;
 
 pub struct Coalescer {
     pool: DbPool,
     metrics: Arc<Metrics>,
-    default_ttl_seconds: i32,
     max_batch: usize,
-    reserves: Lane<ReserveItem>,
-    resolves: Lane<ResolveItem>,
+    max_in_flight: usize,
+    queue: Mutex<Queue>,
 }
 
 impl Coalescer {
     pub fn new(
         pool: DbPool,
         metrics: Arc<Metrics>,
-        default_ttl_seconds: i32,
         max_batch: usize,
+        max_in_flight: usize,
     ) -> Coalescer {
         Coalescer {
             pool,
             metrics,
-            default_ttl_seconds,
             max_batch: max_batch.max(1),
-            reserves: Lane::new(),
-            resolves: Lane::new(),
+            max_in_flight: max_in_flight.max(1),
+            queue: Mutex::new(Queue::default()),
         }
     }
 
-    /// Reserves, alone or together with concurrent reservations.
-    pub async fn reserve(self: &Arc<Self>, account: AccountId, item: ReserveItem) -> Answer {
-        self.submit(
-            account,
-            item,
-            |this| &this.reserves,
-            Coalescer::run_reserves,
-        )
-        .await
-    }
-
-    /// Commits or releases, alone or together with concurrent ones.
-    pub async fn resolve(self: &Arc<Self>, account: AccountId, item: ResolveItem) -> Answer {
-        self.submit(
-            account,
-            item,
-            |this| &this.resolves,
-            Coalescer::run_resolves,
-        )
-        .await
-    }
-
-    /// Queues `item` in its lane and, if no task drains the account's queue
-    /// yet, starts one.
-    async fn submit<T: Send + 'static>(
-        self: &Arc<Self>,
-        account: AccountId,
-        item: T,
-        lane: fn(&Coalescer) -> &Lane<T>,
-        run: RunBatch<T>,
-    ) -> Answer {
+    /// Applies `operation`, alone or in a batch with concurrent ones.
+    pub async fn submit(self: &Arc<Self>, operation: Operation) -> Answered {
         if self.max_batch == 1 {
+            // Group commit off: every request is its own statement.
             let this = Arc::clone(self);
-            let answers = run_blocking(&self.pool, move |conn| {
-                Ok(run(&this, conn, account, vec![item]))
+            let copy = operation.clone();
+            let answered = run_blocking(&self.pool, move |conn| {
+                Ok(this.run_batch(conn, vec![operation]).pop())
             })
             .await;
-            return answers.map_or_else(|error| Err(same_error(&error)), |mut a| a.remove(0));
+            return match answered {
+                Ok(Some(answered)) => answered,
+                Ok(None) => (copy, Err(dropped())),
+                Err(error) => (copy, Err(error)),
+            };
         }
         let (reply, answer) = oneshot::channel();
-        if lane(self).enqueue(account.0, Queued { item, reply }) {
-            tokio::spawn(Arc::clone(self).drain(account, lane, run));
+        let copy = operation.clone();
+        let start = {
+            let mut queue = self.lock();
+            queue.waiting.push_back(Queued { operation, reply });
+            let start = queue.in_flight < self.max_in_flight;
+            if start {
+                queue.in_flight += 1;
+            }
+            start
+        };
+        if start {
+            tokio::spawn(Arc::clone(self).drain());
         }
-        answer.await.unwrap_or_else(|_| Err(dropped()))
+        answer.await.unwrap_or_else(|_| (copy, Err(dropped())))
     }
 
-    /// Runs the account's batches back to back on one pooled connection —
-    /// no hop between one batch's commit and the next batch — until its
-    /// queue is empty (the entry then goes, under the lane's lock).
-    async fn drain<T: Send + 'static>(
-        self: Arc<Self>,
-        account: AccountId,
-        lane: fn(&Coalescer) -> &Lane<T>,
-        run: RunBatch<T>,
-    ) {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The next batch, oldest first. When nothing waits, this task stops
+    /// counting as in flight (under the same lock, so no arrival is missed).
+    fn take(&self, max: usize) -> Option<Vec<Queued>> {
+        let mut queue = self.lock();
+        if queue.waiting.is_empty() {
+            queue.in_flight -= 1;
+            return None;
+        }
+        let take = queue.waiting.len().min(max);
+        Some(queue.waiting.drain(..take).collect())
+    }
+
+    /// Runs batches back to back on one pooled connection — no hop between
+    /// one batch's commit and the next — until nothing waits.
+    async fn drain(self: Arc<Self>) {
         loop {
             let this = Arc::clone(&self);
-            let drained = run_blocking(&self.pool, move |conn| {
-                while let Some(batch) = lane(&this).take(account.0, this.max_batch) {
-                    let (items, replies): (Vec<_>, Vec<_>) =
-                        batch.into_iter().map(|q| (q.item, q.reply)).unzip();
-                    let answers =
-                        catch_unwind(AssertUnwindSafe(|| run(&this, conn, account, items)));
-                    if !deliver(replies, answers) {
-                        // The connection may be mid-transaction: give it up
-                        // (the pool discards it) and go on with another.
-                        return Err(dropped());
-                    }
-                }
-                Ok(())
-            })
-            .await;
+            let drained = run_blocking(&self.pool, move |conn| this.drain_on(conn)).await;
             match drained {
                 Ok(()) => return,
                 // No connection: what waits is answered 503 (nothing was
-                // done; a retry is safe), then later arrivals are tried.
+                // done; a retry is safe), and this task stops.
                 Err(error @ ApiError::Unavailable(_)) => {
-                    let Some(batch) = lane(&self).take(account.0, usize::MAX) else {
+                    let Some(batch) = self.take(usize::MAX) else {
                         return;
                     };
                     for queued in batch {
-                        let _ = queued.reply.send(Err(same_error(&error)));
+                        let _ = queued
+                            .reply
+                            .send((queued.operation, Err(same_error(&error))));
+                    }
+                    // `take` above did not stop this task: the queue was
+                    // not empty. Stop it now, unless more arrived.
+                    if self.take(0).is_none() {
+                        return;
                     }
                 }
-                Err(error) => tracing::error!(%account, ?error, "a coalesced batch failed"),
+                // The connection was given up (a batch panicked, or the
+                // database went away mid-batch): go on with another.
+                Err(error) => tracing::warn!(?error, "a coalesced batch lost its connection"),
             }
         }
     }
 
-    /// One batch of reservations: those the batch cannot make go one by
-    /// one, on the same connection, which answers each as usual.
-    fn run_reserves(
-        &self,
-        conn: &mut PgConnection,
-        account: AccountId,
-        items: Vec<ReserveItem>,
-    ) -> Vec<Answer> {
-        let count = items.len();
-        let ttl = self.default_ttl_seconds;
-        self.metrics
-            .coalesced_batch_size
-            .with_label_values(&["reserve"])
-            .observe(count as f64);
-        let made = if count > 1 {
-            batches::reserve_batch(conn, account, &items, ttl).unwrap_or_else(|error| {
-                tracing::warn!(%account, ?error, "coalesced reservations failed; one by one");
-                vec![None; count]
-            })
-        } else {
-            vec![None]
-        };
-        items
-            .iter()
-            .zip(made)
-            .map(|(item, made)| {
-                let answer = match made {
-                    Some(row) => Ok((row, Outcome::Created)),
-                    None => reserve_one(conn, account, item, ttl),
-                };
-                self.metrics
-                    .reserve_result(&answer, item.request.amount.get());
-                answer
-            })
-            .collect()
-    }
-
-    /// One batch of commits and releases, like `run_reserves`.
-    fn run_resolves(
-        &self,
-        conn: &mut PgConnection,
-        account: AccountId,
-        items: Vec<ResolveItem>,
-    ) -> Vec<Answer> {
-        let count = items.len();
-        self.metrics
-            .coalesced_batch_size
-            .with_label_values(&["resolve"])
-            .observe(count as f64);
-        let moved = if count > 1 {
-            batches::resolve_batch(conn, account, &items).unwrap_or_else(|error| {
-                tracing::warn!(%account, ?error, "coalesced resolutions failed; one by one");
-                vec![None; count]
-            })
-        } else {
-            vec![None]
-        };
-        items
-            .iter()
-            .zip(moved)
-            .map(|(item, moved)| {
-                let answer = match moved {
-                    Some(row) => Ok((row, Outcome::Created)),
-                    None => resolve_one(conn, account, item),
-                };
-                if let Ok((row, Outcome::Created)) = &answer {
-                    self.metrics.resolution(
-                        &row.state,
-                        row.committed_amount,
-                        row.amount - row.committed_amount,
-                    );
-                }
-                answer
-            })
-            .collect()
-    }
-}
-
-/// One reservation: the one-statement path, else the full path (replays,
-/// refusals, bad keys).
-fn reserve_one(
-    conn: &mut PgConnection,
-    account: AccountId,
-    item: &ReserveItem,
-    default_ttl_seconds: i32,
-) -> Answer {
-    let (credentials, request) = (&item.credentials, &item.request);
-    if let Some(row) =
-        reservations::reserve_fast(conn, credentials, account, request, default_ttl_seconds)?
-    {
-        return Ok((row, Outcome::Created));
-    }
-    let caller = credentials.verify(conn)?;
-    caller.authorize_spend(account)?;
-    reservations::reserve(conn, account, request, default_ttl_seconds, &caller.actor())
-}
-
-/// One commit or release: the one-statement path, else the full path.
-fn resolve_one(conn: &mut PgConnection, account: AccountId, item: &ResolveItem) -> Answer {
-    let ResolveItem {
-        credentials,
-        reservation,
-        amount,
-        release,
-    } = item;
-    if let Some(row) =
-        reservations::resolve_fast(conn, credentials, account, *reservation, *amount, *release)?
-    {
-        return Ok((row, Outcome::Created));
-    }
-    let caller = credentials.verify(conn)?;
-    caller.authorize_spend(account)?;
-    let amount: Option<Tokens> = *amount;
-    reservations::resolve(
-        conn,
-        account,
-        *reservation,
-        amount,
-        *release,
-        &caller.actor(),
-    )
-}
-
-/// Sends each answer; false when the batch panicked (its requests are
-/// answered 500).
-fn deliver(
-    replies: Vec<oneshot::Sender<Answer>>,
-    answers: std::thread::Result<Vec<Answer>>,
-) -> bool {
-    match answers {
-        Ok(answers) => {
-            for (reply, answer) in replies.into_iter().zip(answers) {
+    fn drain_on(&self, conn: &mut PgConnection) -> Result<(), ApiError> {
+        while let Some(batch) = self.take(self.max_batch) {
+            let (operations, replies): (Vec<_>, Vec<_>) =
+                batch.into_iter().map(|q| (q.operation, q.reply)).unzip();
+            let count = operations.len();
+            let answered = catch_unwind(AssertUnwindSafe(|| self.run_batch(conn, operations)));
+            let Ok(answered) = answered else {
+                tracing::error!("a coalesced batch panicked");
+                // The operations went with the panic: nothing to send back
+                // but the error, which the waiting requests get as 500.
+                drop(replies);
+                return Err(dropped());
+            };
+            debug_assert_eq!(answered.len(), count);
+            let lost_connection = answered
+                .iter()
+                .any(|(_, answer)| matches!(answer, Err(ApiError::Unavailable(_))));
+            for (reply, answered) in replies.into_iter().zip(answered) {
                 // The client may have gone; its request is done regardless.
-                let _ = reply.send(answer);
+                let _ = reply.send(answered);
             }
-            true
-        }
-        Err(_) => {
-            tracing::error!("a coalesced batch panicked");
-            for reply in replies {
-                let _ = reply.send(Err(dropped()));
+            if lost_connection {
+                return Err(ApiError::Unavailable(
+                    "the database connection broke".into(),
+                ));
             }
-            false
         }
+        Ok(())
+    }
+
+    /// One batch: one statement; if it fails as a whole, each operation
+    /// alone. Metrics are counted here, after the commit.
+    fn run_batch(&self, conn: &mut PgConnection, operations: Vec<Operation>) -> Vec<Answered> {
+        self.metrics
+            .coalesced_batch_size
+            .observe(operations.len() as f64);
+        let answers = match engine::apply(conn, &operations) {
+            Ok(answers) => answers.into_iter().map(Ok).collect(),
+            Err(error) if operations.len() == 1 => vec![Err(error)],
+            Err(error @ ApiError::Unavailable(_)) => {
+                operations.iter().map(|_| Err(same_error(&error))).collect()
+            }
+            Err(error) => {
+                tracing::warn!(?error, "a coalesced batch failed; one operation at a time");
+                operations
+                    .iter()
+                    .map(|operation| engine::apply_one(conn, operation.clone()))
+                    .collect::<Vec<_>>()
+            }
+        };
+        operations
+            .into_iter()
+            .zip(answers)
+            .map(|(operation, answer)| {
+                if let Ok(answer) = &answer {
+                    self.metrics.engine_answer(&operation, answer);
+                }
+                (operation, answer)
+            })
+            .collect()
     }
 }
 
@@ -350,7 +217,7 @@ fn dropped() -> ApiError {
     ApiError::Internal("the request's batch ended without an answer".into())
 }
 
-/// The same error again, for each request of a batch that never ran.
+/// The same error again, for each request of a batch.
 fn same_error(error: &ApiError) -> ApiError {
     match error {
         ApiError::Unavailable(message) => ApiError::Unavailable(message.clone()),

@@ -91,11 +91,21 @@ pub struct Config {
     #[arg(long, env = "DB_POOL_SIZE", global = true, default_value_t = 16)]
     pub db_pool_size: u32,
 
-    /// Most concurrent spending requests (reservations; commits and
-    /// releases) of one account joined into one transaction; 1 turns this
-    /// group commit off.
+    /// Most concurrent money operations (reservations, commits, releases,
+    /// extensions, job creations, credits; of any accounts) joined into one
+    /// engine transaction; 1 turns this group commit off.
     #[arg(long, env = "COALESCE_MAX_BATCH", global = true, default_value_t = 32)]
     pub coalesce_max_batch: u32,
+
+    /// Engine batches each replica keeps in flight at once; a request that
+    /// arrives while all are busy joins the next batch.
+    #[arg(
+        long,
+        env = "COALESCE_MAX_IN_FLIGHT",
+        global = true,
+        default_value_t = 4
+    )]
+    pub coalesce_max_in_flight: u32,
 
     /// When set, this key has `admin` scope (bootstrap).
     #[arg(long, env = "ADMIN_API_KEY", global = true, hide_env_values = true)]
@@ -215,6 +225,9 @@ impl Config {
     pub fn validate(&self) -> Result<(), String> {
         if !(1..=1000).contains(&self.coalesce_max_batch) {
             return Err("COALESCE_MAX_BATCH must be between 1 and 1000".into());
+        }
+        if !(1..=64).contains(&self.coalesce_max_in_flight) {
+            return Err("COALESCE_MAX_IN_FLIGHT must be between 1 and 64".into());
         }
         if self.db_pool_size < 1 {
             return Err("DB_POOL_SIZE must be at least 1".into());

@@ -7,6 +7,7 @@ pub mod coalesce;
 pub mod config;
 pub mod db;
 pub mod domain;
+pub mod engine;
 pub mod error;
 pub mod job_watch;
 pub mod metrics;

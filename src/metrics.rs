@@ -13,7 +13,7 @@ use prometheus::{
     Opts, Registry, TextEncoder,
 };
 
-use crate::domain::reservations::Outcome;
+use crate::engine::{Answer, Op, Operation, Outcome as EngineOutcome};
 use crate::error::ApiError;
 
 const PREFIX: &str = "token_billing";
@@ -38,7 +38,7 @@ pub struct Metrics {
     pub http_requests_total: IntCounterVec,
     pub http_request_duration_seconds: HistogramVec,
     pub build_info: IntGaugeVec,
-    pub coalesced_batch_size: HistogramVec,
+    pub coalesced_batch_size: Histogram,
 }
 
 fn opts(name: &str, help: &str) -> Opts {
@@ -159,20 +159,16 @@ impl Metrics {
             &["route"],
         )?;
         registry.register(Box::new(http_request_duration_seconds.clone()))?;
-        let coalesced_batch_size = HistogramVec::new(
+        let coalesced_batch_size = Histogram::with_opts(
             HistogramOpts::new(
                 "coalesced_batch_size",
-                "Spending requests of one account run in one transaction, by kind \
-                 (reserve, resolve); 1 is an uncontended request.",
+                "Money operations (of any accounts) run together in one engine \
+                 transaction; 1 is an uncontended request.",
             )
             .namespace(PREFIX)
-            .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]),
-            &["kind"],
+            .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0]),
         )?;
         registry.register(Box::new(coalesced_batch_size.clone()))?;
-        for kind in ["reserve", "resolve"] {
-            coalesced_batch_size.with_label_values(&[kind]);
-        }
         let build_info = IntGaugeVec::new(opts("build_info", "Build information."), &["version"])?;
         registry.register(Box::new(build_info.clone()))?;
         build_info
@@ -289,19 +285,57 @@ impl Metrics {
         self.tokens(movement, returned);
     }
 
-    /// Counts a reservation attempt (a job creation reserves too).
-    pub fn reserve_result<T>(&self, result: &Result<(T, Outcome), ApiError>, amount: i64) {
-        let outcome = match result {
-            Ok((_, Outcome::Created)) => {
-                self.tokens("reserved", amount);
-                "created"
-            }
-            Ok((_, Outcome::Replayed)) => return,
-            Err(ApiError::InsufficientTokens { .. }) => "insufficient",
-            Err(ApiError::TooManyActiveReservations { .. }) => "limited",
-            Err(_) => return,
+    /// A reservation this process just moved out of `held`.
+    pub fn resolved(&self, reservation: &crate::db::models::ReservationRow) {
+        self.resolution(
+            &reservation.state,
+            reservation.committed_amount,
+            reservation.amount - reservation.committed_amount,
+        );
+    }
+
+    /// Counts what one engine operation did (after its commit): a
+    /// reservation attempt (a job creation reserves too), a resolution
+    /// (also an expiry on access), a credit or an adjustment.
+    pub fn engine_answer(&self, operation: &Operation, answer: &Answer) {
+        let reservation = || {
+            answer.object.as_ref().and_then(|object| {
+                serde_json::from_value::<crate::db::models::ReservationRow>(object.clone()).ok()
+            })
         };
-        self.reservations_total.with_label_values(&[outcome]).inc();
+        if let Some(amount) = operation.reserve_amount() {
+            let outcome = match answer.outcome {
+                EngineOutcome::Created => {
+                    self.tokens("reserved", amount);
+                    "created"
+                }
+                EngineOutcome::InsufficientTokens => "insufficient",
+                EngineOutcome::TooManyActiveReservations => "limited",
+                _ => return,
+            };
+            self.reservations_total.with_label_values(&[outcome]).inc();
+            return;
+        }
+        match (&operation.op, answer.outcome) {
+            (Op::Credit { amount, .. }, EngineOutcome::Created) => {
+                self.tokens("credited", amount.get());
+            }
+            (Op::Adjust { amount, .. }, EngineOutcome::Created) => {
+                self.tokens("adjusted", amount.get().abs());
+            }
+            (_, EngineOutcome::Committed | EngineOutcome::Released) => {
+                if let Some(reservation) = reservation() {
+                    self.resolved(&reservation);
+                }
+            }
+            // An expiry on access: the tokens went back by this request.
+            (_, EngineOutcome::NotHeld) if answer.detail.get("resolved").is_some() => {
+                if let Some(reservation) = reservation() {
+                    self.resolved(&reservation);
+                }
+            }
+            _ => {}
+        }
     }
 
     /// Refreshes the gauges that come from the database, in one query.

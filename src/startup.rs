@@ -60,8 +60,8 @@ impl AppState {
         let coalescer = Arc::new(Coalescer::new(
             pool.clone(),
             Arc::clone(&metrics),
-            config.reservation_ttl_seconds,
             usize::try_from(config.coalesce_max_batch).unwrap_or(1),
+            usize::try_from(config.coalesce_max_in_flight).unwrap_or(1),
         ));
         Ok(Arc::new(AppState {
             pool,

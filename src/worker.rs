@@ -241,12 +241,9 @@ impl Worker {
                 let result = json!({"output": output, "provider_job_id": prediction.id});
                 let (job_ref, metrics) = (job.clone(), Arc::clone(&self.context.metrics));
                 blocking(&self.context.pool, move |conn| {
-                    let fenced = job_leases::finish_success(conn, &job_ref, token, &result)?;
-                    if fenced == Fenced::Done {
-                        record_finished(&metrics, &job_ref, "succeeded");
-                        metrics.resolution("committed", job_ref.cost, 0);
-                    }
-                    Ok(fenced)
+                    let finish = job_leases::finish_success(conn, &job_ref, token, &result)?;
+                    record_finish(&metrics, &job_ref, &finish, "succeeded");
+                    Ok(finish.fenced)
                 })
                 .await
             }
@@ -281,14 +278,9 @@ impl Worker {
         let (job_ref, token) = (job.clone(), job.lease_token);
         let metrics = Arc::clone(&self.context.metrics);
         let result = blocking(&self.context.pool, move |conn| {
-            let (fenced, released) = job_leases::finish_failure(conn, &job_ref, token, &error)?;
-            if fenced == Fenced::Done {
-                record_finished(&metrics, &job_ref, "failed");
-                if released > 0 {
-                    metrics.resolution("released", 0, released);
-                }
-            }
-            Ok(fenced)
+            let finish = job_leases::finish_failure(conn, &job_ref, token, &error)?;
+            record_finish(&metrics, &job_ref, &finish, "failed");
+            Ok(finish.fenced)
         })
         .await;
         result.unwrap_or_else(|error| {
@@ -439,6 +431,19 @@ impl Worker {
 }
 
 /// Counts a job that reached a terminal status (inside the committing closure).
+/// Counts a fenced finish (inside the blocking closure, after its commit):
+/// the job's final status and the tokens its reservation moved.
+fn record_finish(metrics: &Metrics, job: &JobRow, finish: &job_leases::Finish, status: &str) {
+    match finish.fenced {
+        Fenced::Done => record_finished(metrics, job, status),
+        Fenced::ReservationLost => record_finished(metrics, job, "failed"),
+        Fenced::LeaseLost => return,
+    }
+    if let Some(reservation) = &finish.resolved {
+        metrics.resolved(reservation);
+    }
+}
+
 fn record_finished(metrics: &Metrics, job: &JobRow, status: &str) {
     metrics.jobs_total.with_label_values(&[status]).inc();
     let elapsed = chrono::Utc::now().signed_duration_since(job.created_at);

@@ -57,7 +57,7 @@ pub struct NewApiKey<'a> {
     pub label: &'a str,
 }
 
-#[derive(Clone, Debug, Queryable, Selectable, Insertable)]
+#[derive(Clone, Debug, serde::Deserialize, Queryable, Selectable, Insertable)]
 #[diesel(table_name = credits, check_for_backend(diesel::pg::Pg))]
 pub struct CreditRow {
     pub id: Uuid,
@@ -71,7 +71,7 @@ pub struct CreditRow {
     pub created_at: DateTime<Utc>,
 }
 
-#[derive(Clone, Debug, Queryable, Selectable, Insertable)]
+#[derive(Clone, Debug, serde::Deserialize, Queryable, Selectable, Insertable)]
 #[diesel(table_name = adjustments, check_for_backend(diesel::pg::Pg))]
 pub struct AdjustmentRow {
     pub id: Uuid,
@@ -85,7 +85,7 @@ pub struct AdjustmentRow {
     pub created_at: DateTime<Utc>,
 }
 
-#[derive(Clone, Debug, Queryable, Selectable, QueryableByName)]
+#[derive(Clone, Debug, serde::Deserialize, Queryable, Selectable, QueryableByName)]
 #[diesel(table_name = reservations, check_for_backend(diesel::pg::Pg))]
 pub struct ReservationRow {
     pub id: Uuid,
@@ -101,7 +101,7 @@ pub struct ReservationRow {
     pub resolved_at: Option<DateTime<Utc>>,
 }
 
-#[derive(Clone, Debug, Queryable, Selectable)]
+#[derive(Clone, Debug, serde::Deserialize, Queryable, Selectable)]
 #[diesel(table_name = ledger_entries, check_for_backend(diesel::pg::Pg))]
 pub struct LedgerEntryRow {
     pub id: i64,
@@ -117,22 +117,6 @@ pub struct LedgerEntryRow {
     pub reason: Option<String>,
     pub actor: String,
     pub created_at: DateTime<Utc>,
-}
-
-#[derive(Insertable)]
-#[diesel(table_name = ledger_entries)]
-pub struct NewLedgerEntry<'a> {
-    pub account_id: Uuid,
-    pub kind: &'a str,
-    pub amount: i64,
-    pub available_after: i64,
-    pub reserved_after: i64,
-    pub used_after: i64,
-    pub reservation_id: Option<Uuid>,
-    pub job_id: Option<Uuid>,
-    pub external_ref: Option<&'a str>,
-    pub reason: Option<&'a str>,
-    pub actor: &'a str,
 }
 
 #[derive(Clone, Debug, Queryable, Selectable, QueryableByName)]
@@ -158,17 +142,4 @@ pub struct JobRow {
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
-}
-
-#[derive(Insertable)]
-#[diesel(table_name = generation_jobs)]
-pub struct NewJob<'a> {
-    pub id: Uuid,
-    pub account_id: Uuid,
-    pub request_id: Uuid,
-    pub request_hash: &'a [u8],
-    pub kind: &'a str,
-    pub params: &'a serde_json::Value,
-    pub cost: i64,
-    pub reservation_id: Uuid,
 }

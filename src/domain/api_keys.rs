@@ -87,14 +87,9 @@ impl Caller {
         }
     }
 
-    /// Spending an account's tokens: its own kiosk or an admin.
-    pub fn authorize_spend(&self, account: AccountId) -> Result<(), ApiError> {
-        match self.scope {
-            _ if !self.sees(account) => Err(ApiError::NotFound("account")),
-            Scope::Admin | Scope::Kiosk => Ok(()),
-            Scope::Finance => Err(ApiError::Forbidden),
-        }
-    }
+    // Who may spend an account's tokens (its own kiosk or an admin) is the
+    // money engine's rule, `engine_authorize_spend`, checked in the same
+    // statement as the spending itself.
 
     /// Admin-only actions on an account (credits, adjustments, keys).
     pub fn authorize_admin_on(&self, account: AccountId) -> Result<(), ApiError> {
@@ -139,9 +134,10 @@ fn parse_key(presented: &str) -> Option<(Uuid, &str)> {
 /// admin key (already checked against its hash in memory), or a well-formed
 /// key's id and the SHA-256 of its secret.
 ///
-/// The hot spending endpoints verify the key inside their own statement
-/// (`KEY_MAY_SPEND_SQL`), which saves a round trip per request and still
-/// reads `revoked_at` on every request; everything else calls [`verify`].
+/// The spending endpoints hand the key to the money engine, which verifies
+/// it inside the batch statement (`engine_authorize_spend`): no extra round
+/// trip, and `revoked_at` is still read on every request. Everything else
+/// calls [`verify`].
 ///
 /// [`verify`]: Credentials::verify
 #[derive(Clone, Debug)]
@@ -149,19 +145,6 @@ pub enum Credentials {
     Bootstrap,
     Key { id: Uuid, secret_hash: [u8; 32] },
 }
-
-/// SQL: true when the caller may spend on account `$acct`: the bootstrap
-/// admin (`$bootstrap`), or an unrevoked key `$key_id` whose secret hashes to
-/// `$secret_hash` with the admin scope or the kiosk scope on this account.
-/// Placeholders are named here and numbered by each statement that uses it.
-///
-/// Comparing the hash with `=` is not constant-time, which is harmless: the
-/// compared bytes are SHA-256 of the presented secret, and learning how
-/// many leading bytes of a hash match does not help to find a secret.
-pub const KEY_MAY_SPEND_SQL: &str = "({bootstrap} OR EXISTS (\
-    SELECT 1 FROM api_keys \
-    WHERE id = {key_id} AND secret_hash = {secret_hash} AND revoked_at IS NULL \
-      AND (scope = 'admin' OR (scope = 'kiosk' AND account_id = {acct}))))";
 
 impl Credentials {
     /// Parses `tbk_<id>_<secret>`; `None` when malformed.
@@ -180,14 +163,6 @@ impl Credentials {
         match self {
             Credentials::Bootstrap => BOOTSTRAP_ACTOR.to_owned(),
             Credentials::Key { id, .. } => ApiKeyId(*id).to_string(),
-        }
-    }
-
-    /// The bind values for `KEY_MAY_SPEND_SQL`: (bootstrap, key id, hash).
-    pub fn spend_check_binds(&self) -> (bool, Uuid, Vec<u8>) {
-        match self {
-            Credentials::Bootstrap => (true, Uuid::nil(), Vec::new()),
-            Credentials::Key { id, secret_hash } => (false, *id, secret_hash.to_vec()),
         }
     }
 
@@ -240,15 +215,6 @@ pub fn verify_many(
             }
         })
         .collect())
-}
-
-/// `KEY_MAY_SPEND_SQL` with its placeholders numbered for one statement.
-pub fn key_may_spend_sql(bootstrap: u8, key_id: u8, secret_hash: u8, acct: u8) -> String {
-    KEY_MAY_SPEND_SQL
-        .replace("{bootstrap}", &format!("${bootstrap}"))
-        .replace("{key_id}", &format!("${key_id}"))
-        .replace("{secret_hash}", &format!("${secret_hash}"))
-        .replace("{acct}", &format!("${acct}"))
 }
 
 /// A freshly created key: the only time the secret is ever visible.
@@ -355,7 +321,7 @@ mod tests {
             scope: Scope::Kiosk,
             account_id: Some(own),
         };
-        assert!(kiosk.authorize_spend(own).is_ok());
+        assert!(kiosk.authorize_read(own).is_ok());
         assert!(matches!(
             kiosk.authorize_read(other),
             Err(ApiError::NotFound(_))
@@ -375,7 +341,7 @@ mod tests {
         };
         assert!(finance.authorize_read(other).is_ok());
         assert!(matches!(
-            finance.authorize_spend(other),
+            finance.authorize_admin_on(other),
             Err(ApiError::Forbidden)
         ));
     }

@@ -2,17 +2,17 @@
 //! every write fenced on the `lease_token` the claim returned, so a worker
 //! that lost its lease (paused, partitioned, reclaimed) changes nothing.
 //!
-//! Lock order, as everywhere: reservation row, then job row, then account
-//! row (through `reservations::settle`).
+//! Every write that touches tokens goes through the money engine's entry
+//! points (`engine_finish_job`, `engine_job_heartbeat`), which lock the
+//! account row first, then the reservation, then the job, as everywhere.
 
 use diesel::prelude::*;
-use diesel::sql_types::{BigInt, Bool, Integer, Jsonb, Text, Uuid as SqlUuid};
+use diesel::sql_types::{BigInt, Bool, Double, Integer, Jsonb, Nullable, Text, Uuid as SqlUuid};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
 use crate::db::models::{JobRow, ReservationRow};
 use crate::db::prepared;
-use crate::domain::reservations::{settle, Resolution};
 use crate::error::ApiError;
 
 /// The ledger `actor` of movements made by workers and the reaper.
@@ -48,6 +48,19 @@ pub enum Fenced {
     /// The job's reservation is no longer held (expired): the job cannot
     /// succeed without a charge.
     ReservationLost,
+}
+
+impl Fenced {
+    fn parse(text: &str) -> Result<Fenced, ApiError> {
+        match text {
+            "done" => Ok(Fenced::Done),
+            "lease_lost" => Ok(Fenced::LeaseLost),
+            "reservation_lost" => Ok(Fenced::ReservationLost),
+            other => Err(ApiError::Internal(format!(
+                "unknown fenced outcome {other:?}"
+            ))),
+        }
+    }
 }
 
 /// Claims the next due job: a queued job whose backoff has passed, or a
@@ -100,44 +113,33 @@ pub fn claim_next_checked(
     .optional()?)
 }
 
-/// Extends the job's reservation (reservation row locked first, like
-/// everywhere), then the job's lease, if this worker still holds it.
-/// Returns (jobs updated, reservations updated).
-fn extend_fenced(
+/// The worker's heartbeat or retry through the engine
+/// (`engine_job_heartbeat`): the reservation extended by
+/// `reservation_seconds` (never shortened), then, fenced on the lease,
+/// either the lease extended or (`requeue_after_seconds`) the job queued
+/// again with `error`.
+fn job_heartbeat(
     conn: &mut PgConnection,
     job_id: Uuid,
     lease_token: i64,
+    lease_seconds: i32,
     reservation_seconds: f64,
-    job_update: &str,
-) -> Result<(usize, usize), diesel::result::Error> {
-    conn.transaction(|conn| {
-        let reservations = prepared(
-            "UPDATE reservations SET expires_at = GREATEST(expires_at, now() + make_interval(secs => $3)) \
-             WHERE id = (SELECT reservation_id FROM generation_jobs \
-                         WHERE id = $1 AND lease_token = $2 AND status = 'running') \
-               AND state = 'held' AND expires_at > now()",
-        )
-        .bind::<SqlUuid, _>(job_id)
-        .bind::<BigInt, _>(lease_token)
-        .bind::<diesel::sql_types::Double, _>(reservation_seconds)
-        .execute(conn)?;
-        let jobs = prepared(format!(
-            "UPDATE generation_jobs SET {job_update}, updated_at = now() \
-             WHERE id = $1 AND lease_token = $2 AND status = 'running'"
-        ))
-        .bind::<SqlUuid, _>(job_id)
-        .bind::<BigInt, _>(lease_token)
-        .execute(conn)?;
-        Ok((jobs, reservations))
-    })
-}
-
-fn fenced_outcome((jobs, reservations): (usize, usize)) -> Fenced {
-    match (jobs, reservations) {
-        (0, _) => Fenced::LeaseLost,
-        (_, 0) => Fenced::ReservationLost,
-        _ => Fenced::Done,
+    requeue: Option<(f64, &JobError)>,
+) -> Result<Fenced, ApiError> {
+    #[derive(QueryableByName)]
+    struct Row {
+        #[diesel(sql_type = Text)]
+        outcome: String,
     }
+    let row: Row = prepared("SELECT outcome FROM engine_job_heartbeat($1, $2, $3, $4, $5, $6)")
+        .bind::<SqlUuid, _>(job_id)
+        .bind::<BigInt, _>(lease_token)
+        .bind::<Integer, _>(lease_seconds)
+        .bind::<Double, _>(reservation_seconds)
+        .bind::<Nullable<Double>, _>(requeue.map(|(seconds, _)| seconds))
+        .bind::<Nullable<Jsonb>, _>(requeue.map(|(_, error)| error.to_json()))
+        .get_result(conn)?;
+    Fenced::parse(&row.outcome)
 }
 
 /// Extends the lease and the reservation (a heartbeat, at half the lease).
@@ -148,14 +150,14 @@ pub fn heartbeat(
     lease_seconds: i32,
     ttl_seconds: i32,
 ) -> Result<Fenced, ApiError> {
-    let job_update = format!("lease_expires_at = now() + make_interval(secs => {lease_seconds})");
-    Ok(fenced_outcome(extend_fenced(
+    job_heartbeat(
         conn,
         job_id,
         lease_token,
+        lease_seconds,
         f64::from(ttl_seconds),
-        &job_update,
-    )?))
+        None,
+    )
 }
 
 /// Remembers the provider's id for this job, so a reclaim asks the provider
@@ -181,153 +183,104 @@ pub fn record_provider_job_id(
     })
 }
 
-/// Rolls a transaction back with a reason.
-enum Abort {
-    Fenced(Fenced),
-    Error(ApiError),
+/// How a fenced job finish ended, and the reservation it resolved (if
+/// this call moved it out of `held`: committed, released, or expired when
+/// it had run out meanwhile).
+#[derive(Debug)]
+pub struct Finish {
+    pub fenced: Fenced,
+    pub resolved: Option<ReservationRow>,
 }
 
-impl From<diesel::result::Error> for Abort {
-    fn from(error: diesel::result::Error) -> Self {
-        Abort::Error(error.into())
-    }
+/// Which claim may finish a job.
+pub enum Fence {
+    /// The worker holding this lease token (job running).
+    Lease(i64),
+    /// The reaper: running, lease expired, at least this many attempts,
+    /// never submitted to the provider.
+    Exhausted(i32),
 }
 
-impl From<ApiError> for Abort {
-    fn from(error: ApiError) -> Self {
-        Abort::Error(error)
-    }
-}
-
-fn finish(result: Result<(), Abort>) -> Result<Fenced, ApiError> {
-    match result {
-        Ok(()) => Ok(Fenced::Done),
-        Err(Abort::Fenced(fenced)) => Ok(fenced),
-        Err(Abort::Error(error)) => Err(error),
-    }
-}
-
-/// Resolves the job's reservation (held → `state`) if this worker still
-/// holds the lease. Locks the reservation row first.
-fn resolve_reservation_fenced(
+/// A job's final status through the engine (`engine_finish_job`): success
+/// commits its cost, failure releases it (`reason`); a job whose
+/// reservation expired meanwhile fails with `reservation_expired` and its
+/// tokens are recorded as expired. One transaction.
+pub fn finish_job(
     conn: &mut PgConnection,
-    job: &JobRow,
-    lease_token: i64,
-    state: &str,
-    committed: i64,
-) -> Result<Option<ReservationRow>, diesel::result::Error> {
-    prepared(
-        "UPDATE reservations SET state = $3, committed_amount = $4, resolved_at = now() \
-         WHERE id = $1 AND state = 'held' \
-           AND EXISTS (SELECT 1 FROM generation_jobs \
-                       WHERE id = $2 AND lease_token = $5 AND status = 'running') \
-         RETURNING *",
+    job_id: Uuid,
+    fence: Fence,
+    outcome: Result<&Value, &JobError>,
+    reason: Option<&str>,
+) -> Result<Finish, ApiError> {
+    #[derive(QueryableByName)]
+    struct Row {
+        #[diesel(sql_type = Text)]
+        outcome: String,
+        #[diesel(sql_type = Nullable<Jsonb>)]
+        reservation: Option<Value>,
+        #[diesel(sql_type = Nullable<Bool>)]
+        resolved: Option<bool>,
+    }
+    let fence = match fence {
+        Fence::Lease(token) => json!({"lease_token": token}),
+        Fence::Exhausted(attempts) => json!({"exhausted": attempts}),
+    };
+    let (status, result, error) = match outcome {
+        Ok(result) => ("succeeded", Some(result.clone()), None),
+        Err(error) => ("failed", None, Some(error.to_json())),
+    };
+    let row: Row = prepared(
+        "SELECT outcome, to_jsonb(reservation) AS reservation, resolved \
+         FROM engine_finish_job($1, $2, $3, $4, $5, $6, $7)",
     )
-    .bind::<SqlUuid, _>(job.reservation_id)
-    .bind::<SqlUuid, _>(job.id)
-    .bind::<Text, _>(state)
-    .bind::<BigInt, _>(committed)
-    .bind::<BigInt, _>(lease_token)
-    .get_result(conn)
-    .optional()
-}
-
-/// Moves the job to a terminal status if this worker still holds the lease.
-fn finish_job_fenced(
-    conn: &mut PgConnection,
-    job: &JobRow,
-    lease_token: i64,
-    status: &str,
-    result: Option<&Value>,
-    error: Option<&Value>,
-) -> Result<bool, diesel::result::Error> {
-    let updated = prepared(
-        "UPDATE generation_jobs \
-         SET status = $3, result = $4, error = $5, finished_at = clock_timestamp(), updated_at = now(), \
-             lease_expires_at = NULL \
-         WHERE id = $1 AND lease_token = $2 AND status = 'running'",
-    )
-    .bind::<SqlUuid, _>(job.id)
-    .bind::<BigInt, _>(lease_token)
+    .bind::<SqlUuid, _>(job_id)
+    .bind::<Jsonb, _>(fence)
     .bind::<Text, _>(status)
-    .bind::<diesel::sql_types::Nullable<Jsonb>, _>(result)
-    .bind::<diesel::sql_types::Nullable<Jsonb>, _>(error)
-    .execute(conn)?;
-    Ok(updated == 1)
+    .bind::<Nullable<Jsonb>, _>(result)
+    .bind::<Nullable<Jsonb>, _>(error)
+    .bind::<Nullable<Text>, _>(reason)
+    .bind::<Text, _>(SYSTEM_ACTOR)
+    .get_result(conn)?;
+    let resolved = match (row.resolved, row.reservation) {
+        (Some(true), Some(reservation)) => Some(
+            serde_json::from_value(reservation)
+                .map_err(|error| ApiError::Internal(format!("engine reservation: {error}")))?,
+        ),
+        _ => None,
+    };
+    Ok(Finish {
+        fenced: Fenced::parse(&row.outcome)?,
+        resolved,
+    })
 }
 
 /// Success: job `succeeded` and its reservation committed, in one
 /// transaction. If the reservation expired meanwhile, the job fails with
-/// `reservation_expired` instead (its tokens are already back).
+/// `reservation_expired` instead (its tokens are recorded as expired).
 pub fn finish_success(
     conn: &mut PgConnection,
     job: &JobRow,
     lease_token: i64,
     result: &Value,
-) -> Result<Fenced, ApiError> {
-    let outcome = finish(conn.transaction(|conn| {
-        let reservation =
-            resolve_reservation_fenced(conn, job, lease_token, "committed", job.cost)?;
-        if !finish_job_fenced(conn, job, lease_token, "succeeded", Some(result), None)? {
-            return Err(Abort::Fenced(Fenced::LeaseLost));
-        }
-        let Some(reservation) = reservation else {
-            return Err(Abort::Fenced(Fenced::ReservationLost));
-        };
-        settle(
-            conn,
-            &reservation,
-            Resolution::Commit(job.cost),
-            None,
-            SYSTEM_ACTOR,
-        )?;
-        Ok(())
-    }))?;
-    if outcome == Fenced::ReservationLost {
-        let error = JobError::new(
-            "reservation_expired",
-            "the job's reservation expired before it finished",
-        );
-        finish_failure(conn, job, lease_token, &error)?;
-    }
-    Ok(outcome)
+) -> Result<Finish, ApiError> {
+    finish_job(conn, job.id, Fence::Lease(lease_token), Ok(result), None)
 }
 
-/// Final failure: job `failed` and its reservation released, in one
-/// transaction. Also returns how many tokens this released (none when the
-/// reservation had already expired).
+/// Final failure: job `failed` and its reservation released (or expired,
+/// if it ran out meanwhile), in one transaction.
 pub fn finish_failure(
     conn: &mut PgConnection,
     job: &JobRow,
     lease_token: i64,
     error: &JobError,
-) -> Result<(Fenced, i64), ApiError> {
-    let mut released = 0;
-    let fenced = finish(conn.transaction(|conn| {
-        let reservation = resolve_reservation_fenced(conn, job, lease_token, "released", 0)?;
-        if !finish_job_fenced(
-            conn,
-            job,
-            lease_token,
-            "failed",
-            None,
-            Some(&error.to_json()),
-        )? {
-            return Err(Abort::Fenced(Fenced::LeaseLost));
-        }
-        if let Some(reservation) = reservation {
-            settle(
-                conn,
-                &reservation,
-                Resolution::Release,
-                Some("job_failed"),
-                SYSTEM_ACTOR,
-            )?;
-            released = reservation.amount;
-        }
-        Ok(())
-    }))?;
-    Ok((fenced, if fenced == Fenced::Done { released } else { 0 }))
+) -> Result<Finish, ApiError> {
+    finish_job(
+        conn,
+        job.id,
+        Fence::Lease(lease_token),
+        Err(error),
+        Some("job_failed"),
+    )
 }
 
 /// A retryable failure: back to `queued` after `delay_ms`, tokens still
@@ -341,26 +294,12 @@ pub fn retry_later(
     ttl_seconds: i32,
 ) -> Result<Fenced, ApiError> {
     let delay_seconds = delay_ms as f64 / 1000.0;
-    // The error is JSON built by us from a code and a message; it is bound
-    // as a parameter inside the same transaction below.
-    let counts = conn.transaction(|conn| {
-        let counts = extend_fenced(
-            conn,
-            job.id,
-            lease_token,
-            delay_seconds + f64::from(ttl_seconds),
-            &format!(
-                "status = 'queued', lease_expires_at = NULL, \
-                 next_attempt_at = now() + make_interval(secs => {delay_seconds})"
-            ),
-        )?;
-        if counts.0 == 1 {
-            prepared("UPDATE generation_jobs SET error = $2 WHERE id = $1")
-                .bind::<SqlUuid, _>(job.id)
-                .bind::<Jsonb, _>(error.to_json())
-                .execute(conn)?;
-        }
-        Ok::<_, diesel::result::Error>(counts)
-    })?;
-    Ok(fenced_outcome(counts))
+    job_heartbeat(
+        conn,
+        job.id,
+        lease_token,
+        0,
+        delay_seconds + f64::from(ttl_seconds),
+        Some((delay_seconds, error)),
+    )
 }

@@ -1,32 +1,24 @@
-//! Generation jobs: creation (idempotent on the kiosk's request_id, with
-//! its reservation and ledger entry in one transaction) and the reads.
-//! The worker's fenced transitions live in `domain::job_leases`.
-
-use std::sync::LazyLock;
+//! Generation jobs: the validated request (the money engine creates the
+//! job with its reservation, `engine_create_job`) and the reads. The
+//! worker's fenced transitions live in `domain::job_leases`.
 
 use chrono::{DateTime, Utc};
 use diesel::prelude::*;
-use diesel::result::{DatabaseErrorKind, Error as DieselError};
-use diesel::sql_types::{BigInt, Bool, Bytea, Integer, Jsonb, Text, Timestamptz, Uuid as SqlUuid};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
 use crate::config::{JOB_PARAMS_DEPTH_MAX, JOB_PARAMS_MAX_BYTES};
-use crate::db::models::{JobRow, NewJob};
-use crate::db::prepared;
+use crate::db::models::JobRow;
 use crate::db::schema::{generation_jobs, reservations};
-use crate::domain::api_keys::{key_may_spend_sql, sha256, Credentials};
-use crate::domain::ledger::{self, EntryKind, Movement};
-use crate::domain::reservations::{
-    lock_account, refusal_reason, reserve_tokens, reserve_update_sql, undone_by_conflict, Outcome,
-};
+use crate::domain::api_keys::sha256;
 use crate::domain::types::{AccountId, RequestId};
 use crate::error::ApiError;
 
 pub const TERMINAL_STATUSES: [&str; 2] = ["succeeded", "failed"];
 
 /// A validated job request: a known kind and an object of bounded size.
+#[derive(Clone, Debug)]
 pub struct JobRequest {
     pub request_id: RequestId,
     pub kind: String,
@@ -123,184 +115,49 @@ fn write_canonical(value: &Value, out: &mut String) {
     }
 }
 
-/// A new job in one statement (its own transaction, one round trip):
-/// verify the key, reserve the cost (the same conditional `UPDATE` as
-/// `reserve_tokens`), insert the job, its reservation and the ledger entry.
-/// The account row is locked first, then the request_id claimed.
-static CREATE_JOB_FAST_SQL: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "WITH moved AS ( \
-             {reserve} \
-               AND {key_may_spend} \
-               AND NOT EXISTS (SELECT 1 FROM generation_jobs \
-                               WHERE account_id = $1 AND request_id = $4) \
-             RETURNING available, reserved, used \
-         ), job AS ( \
-             INSERT INTO generation_jobs \
-                 (id, account_id, request_id, request_hash, kind, params, cost, reservation_id) \
-             SELECT $2, $1, $4, $6, $7, $8, $5, $3 FROM moved \
-             RETURNING * \
-         ), held AS ( \
-             INSERT INTO reservations \
-                 (id, account_id, request_id, amount, state, expires_at, job_id) \
-             SELECT $3, $1, $4, $5, 'held', now() + make_interval(secs => $9), job.id FROM job \
-             RETURNING state, expires_at \
-         ), entry AS ( \
-             INSERT INTO ledger_entries (account_id, kind, amount, available_after, \
-                 reserved_after, used_after, reservation_id, job_id, actor) \
-             SELECT $1, 'reserve', $5, moved.available, moved.reserved, moved.used, $3, $2, $13 \
-             FROM moved, job \
-         ) \
-         SELECT job.*, held.state AS reservation_state, \
-                held.expires_at AS reservation_expires_at \
-         FROM job, held",
-        reserve = reserve_update_sql(1, 5),
-        key_may_spend = key_may_spend_sql(10, 11, 12, 1),
-    )
-});
-
-#[derive(QueryableByName)]
-struct CreatedJob {
-    #[diesel(embed)]
-    job: JobRow,
-    #[diesel(sql_type = Text)]
+/// A job as the engine returns it (`engine_job_json`): the row without
+/// its hash, and its reservation's state and expiry.
+#[derive(Deserialize)]
+pub struct JobJson {
+    id: Uuid,
+    account_id: Uuid,
+    request_id: Uuid,
+    kind: String,
+    cost: i64,
+    status: String,
+    reservation_id: Uuid,
+    attempts: i32,
+    result: Option<Value>,
+    error: Option<Value>,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+    finished_at: Option<DateTime<Utc>>,
     reservation_state: String,
-    #[diesel(sql_type = Timestamptz)]
     reservation_expires_at: DateTime<Utc>,
 }
 
-/// The common case of a job — a valid key, a new request_id, enough
-/// tokens — in one statement. `None` when it does not apply (a bad key, a
-/// refusal, a request_id already used): then nothing changed and the caller
-/// takes the full path, [`create_job`], which answers the replay or
-/// explains the refusal.
-pub fn create_job_fast(
-    conn: &mut PgConnection,
-    credentials: &Credentials,
-    account: AccountId,
-    request: &JobRequest,
-    ttl_seconds: i32,
-) -> Result<Option<JobView>, ApiError> {
-    let (bootstrap, key_id, secret_hash) = credentials.spend_check_binds();
-    let created = prepared(CREATE_JOB_FAST_SQL.as_str())
-        .bind::<SqlUuid, _>(account.0)
-        .bind::<SqlUuid, _>(Uuid::now_v7())
-        .bind::<SqlUuid, _>(Uuid::now_v7())
-        .bind::<SqlUuid, _>(request.request_id.0)
-        .bind::<BigInt, _>(request.cost)
-        .bind::<Bytea, _>(request.hash().to_vec())
-        .bind::<Text, _>(request.kind.as_str())
-        .bind::<Jsonb, _>(&request.params)
-        .bind::<Integer, _>(ttl_seconds)
-        .bind::<Bool, _>(bootstrap)
-        .bind::<SqlUuid, _>(key_id)
-        .bind::<Bytea, _>(secret_hash)
-        .bind::<Text, _>(credentials.actor())
-        .get_result::<CreatedJob>(conn)
-        .optional();
-    match created {
-        Ok(created) => Ok(created.map(|created| {
-            JobView::new(
-                created.job,
-                (created.reservation_state, created.reservation_expires_at),
-            )
-        })),
-        Err(error) if undone_by_conflict(&error) => Ok(None),
-        Err(error) => Err(error.into()),
+impl JobJson {
+    pub fn into_view(self) -> JobView {
+        JobView {
+            job_id: self.id,
+            request_id: RequestId(self.request_id),
+            account_id: AccountId(self.account_id),
+            kind: self.kind,
+            status: self.status,
+            cost: self.cost,
+            attempts: self.attempts,
+            reservation: JobReservation {
+                reservation_id: self.reservation_id,
+                state: self.reservation_state,
+                expires_at: self.reservation_expires_at,
+            },
+            result: self.result,
+            error: self.error,
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+            finished_at: self.finished_at,
+        }
     }
-}
-
-/// Creates a job: the job row (claiming the request_id), the reservation of
-/// its cost and the ledger entry, in one transaction. A concurrent duplicate
-/// waits on the unique index and then gets the existing job.
-pub fn create_job(
-    conn: &mut PgConnection,
-    account: AccountId,
-    request: &JobRequest,
-    ttl_seconds: i32,
-    actor: &str,
-) -> Result<(JobRow, Outcome), ApiError> {
-    let hash = request.hash();
-    // A replay is answered without locking anything.
-    match find_job(conn, account, request.request_id) {
-        Ok(existing) => return replay_of(existing, request, &hash),
-        Err(ApiError::NotFound(_)) => {}
-        Err(error) => return Err(error),
-    }
-    conn.transaction(|conn| {
-        // Lock the account row first, as `create_job_fast` does, so the two
-        // paths cannot deadlock on (account row, request_id).
-        lock_account(conn, account)?;
-        let (job_id, reservation_id) = (Uuid::now_v7(), Uuid::now_v7());
-        let inserted: Option<JobRow> = diesel::insert_into(generation_jobs::table)
-            .values(NewJob {
-                id: job_id,
-                account_id: account.0,
-                request_id: request.request_id.0,
-                request_hash: &hash,
-                kind: &request.kind,
-                params: &request.params,
-                cost: request.cost,
-                reservation_id,
-            })
-            .on_conflict((generation_jobs::account_id, generation_jobs::request_id))
-            .do_nothing()
-            .returning(JobRow::as_returning())
-            .get_result(conn)
-            .optional()
-            .map_err(|error| match error {
-                DieselError::DatabaseError(DatabaseErrorKind::ForeignKeyViolation, _) => {
-                    ApiError::NotFound("account")
-                }
-                other => other.into(),
-            })?;
-        let Some(job) = inserted else {
-            let existing = find_job(conn, account, request.request_id)?;
-            return replay_of(existing, request, &hash);
-        };
-        let Some(after) = reserve_tokens(conn, account, request.cost)? else {
-            return Err(refusal_reason(conn, account, request.cost));
-        };
-        prepared(
-            "INSERT INTO reservations (id, account_id, request_id, amount, state, expires_at, job_id) \
-             VALUES ($1, $2, $3, $4, 'held', now() + make_interval(secs => $5), $6)",
-        )
-        .bind::<SqlUuid, _>(reservation_id)
-        .bind::<SqlUuid, _>(account.0)
-        .bind::<SqlUuid, _>(request.request_id.0)
-        .bind::<BigInt, _>(request.cost)
-        .bind::<Integer, _>(ttl_seconds)
-        .bind::<SqlUuid, _>(job.id)
-        .execute(conn)?;
-        ledger::append(conn, Movement {
-            account,
-            kind: EntryKind::Reserve,
-            amount: request.cost,
-            after,
-            reservation_id: Some(reservation_id),
-            job_id: Some(job.id),
-            external_ref: None,
-            reason: None,
-            actor,
-        })?;
-        Ok((job, Outcome::Created))
-    })
-}
-
-/// The answer to a request_id seen before: a replay if the request is the
-/// same (same canonical hash), else 422.
-fn replay_of(
-    existing: JobRow,
-    request: &JobRequest,
-    hash: &[u8; 32],
-) -> Result<(JobRow, Outcome), ApiError> {
-    if existing.request_hash != hash {
-        return Err(ApiError::IdempotencyKeyReused(format!(
-            "request_id {} was already used for a different job",
-            request.request_id
-        )));
-    }
-    Ok((existing, Outcome::Replayed))
 }
 
 pub fn find_job(

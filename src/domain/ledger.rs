@@ -7,7 +7,7 @@ use diesel::prelude::*;
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::db::models::{LedgerEntryRow, NewLedgerEntry};
+use crate::db::models::LedgerEntryRow;
 use crate::db::schema::ledger_entries;
 use crate::domain::types::AccountId;
 use crate::error::ApiError;
@@ -94,39 +94,6 @@ impl EntryKind {
             },
         }
     }
-}
-
-/// One movement to record: what, how much, and why.
-pub struct Movement<'a> {
-    pub account: AccountId,
-    pub kind: EntryKind,
-    pub amount: i64,
-    pub after: Balances,
-    pub reservation_id: Option<Uuid>,
-    pub job_id: Option<Uuid>,
-    pub external_ref: Option<&'a str>,
-    pub reason: Option<&'a str>,
-    pub actor: &'a str,
-}
-
-/// Appends one entry. Callers run it in the transaction of the movement.
-pub fn append(conn: &mut PgConnection, movement: Movement<'_>) -> Result<LedgerEntryRow, ApiError> {
-    Ok(diesel::insert_into(ledger_entries::table)
-        .values(NewLedgerEntry {
-            account_id: movement.account.0,
-            kind: movement.kind.as_str(),
-            amount: movement.amount,
-            available_after: movement.after.available,
-            reserved_after: movement.after.reserved,
-            used_after: movement.after.used,
-            reservation_id: movement.reservation_id,
-            job_id: movement.job_id,
-            external_ref: movement.external_ref,
-            reason: movement.reason,
-            actor: movement.actor,
-        })
-        .returning(LedgerEntryRow::as_returning())
-        .get_result(conn)?)
 }
 
 #[derive(Clone, Debug, Serialize, utoipa::ToSchema)]

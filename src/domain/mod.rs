@@ -2,7 +2,6 @@
 
 pub mod accounts;
 pub mod api_keys;
-pub mod batches;
 pub mod checks;
 pub mod credits;
 pub mod job_leases;

@@ -4,18 +4,18 @@
 //! run on any replica, any number of times, even two at once, and a
 //! backlog drains without one giant transaction. Checks only report.
 //!
-//! Lock order, as everywhere: reservation, then account, then job.
+//! Every step that moves tokens is an entry point of the money engine
+//! (`engine_expire_due`, `engine_finish_job`, `engine_fixup`): account rows
+//! locked first, in id order, then reservations, then jobs, as everywhere.
 
 use diesel::prelude::*;
-use diesel::sql_types::{BigInt, Integer, Jsonb, Text, Uuid as SqlUuid};
+use diesel::sql_types::{BigInt, Integer, Text, Uuid as SqlUuid};
 use serde::Serialize;
-use serde_json::json;
 use uuid::Uuid;
 
-use crate::db::models::ReservationRow;
+use crate::db::schema::{generation_jobs, reservations};
 use crate::domain::checks::{find_violations, Discrepancy};
-use crate::domain::job_leases::SYSTEM_ACTOR;
-use crate::domain::reservations::{settle, Resolution};
+use crate::domain::job_leases::{finish_job, Fence, Fenced, JobError};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 
@@ -129,71 +129,29 @@ fn record_success(conn: &mut PgConnection, report: &PassReport) -> Result<(), Ap
     Ok(())
 }
 
-fn fail_job(
-    conn: &mut PgConnection,
-    job_id: Uuid,
-    code: &str,
-    message: &str,
-) -> Result<bool, diesel::result::Error> {
-    // Bumping lease_token fences off a worker that may still hold the job.
-    let updated = diesel::sql_query(
-        "UPDATE generation_jobs \
-         SET status = 'failed', error = $2, finished_at = now(), updated_at = now(), \
-             lease_expires_at = NULL, lease_token = lease_token + 1 \
-         WHERE id = $1 AND status IN ('queued', 'running')",
-    )
-    .bind::<SqlUuid, _>(job_id)
-    .bind::<Jsonb, _>(json!({"code": code, "message": message}))
-    .execute(conn)?;
-    Ok(updated == 1)
-}
-
 /// Step 1: held reservations past `expires_at` → expired, tokens back to
-/// available (ledger `expire`), their unfinished jobs → failed.
+/// available (ledger `expire`), their unfinished jobs → failed — the
+/// engine's `engine_expire_due`, a bounded batch per transaction.
 fn expire_stale_reservations(
     conn: &mut PgConnection,
     settings: &ReaperSettings,
     metrics: Option<&Metrics>,
     report: &mut PassReport,
 ) -> Result<(), ApiError> {
+    #[derive(QueryableByName)]
+    struct Expired {
+        #[diesel(sql_type = BigInt)]
+        amount: i64,
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        job_failed: bool,
+    }
     loop {
-        // Counted only once the batch has committed.
-        let (expired, jobs_failed) =
-            conn.transaction(|conn| -> Result<(Vec<ReservationRow>, u64), ApiError> {
-                let mut expired: Vec<ReservationRow> = diesel::sql_query(
-                    "UPDATE reservations SET state = 'expired', resolved_at = now() \
-                 WHERE id IN (SELECT id FROM reservations \
-                              WHERE state = 'held' AND expires_at <= now() \
-                              ORDER BY account_id, id LIMIT $1 FOR UPDATE SKIP LOCKED) \
-                   AND state = 'held' AND expires_at <= now() \
-                 RETURNING *",
-                )
-                .bind::<BigInt, _>(settings.batch)
+        let limit = i32::try_from(settings.batch).unwrap_or(i32::MAX);
+        let expired: Vec<Expired> =
+            diesel::sql_query("SELECT amount, job_failed FROM engine_expire_due($1)")
+                .bind::<Integer, _>(limit)
                 .load(conn)?;
-                // Accounts locked in id order: concurrent batches cannot deadlock.
-                expired.sort_by_key(|row| (row.account_id, row.id));
-                let mut jobs_failed = 0;
-                for reservation in &expired {
-                    settle(
-                        conn,
-                        reservation,
-                        Resolution::Expire,
-                        Some("expired"),
-                        SYSTEM_ACTOR,
-                    )?;
-                    if let Some(job_id) = reservation.job_id {
-                        if fail_job(
-                            conn,
-                            job_id,
-                            "reservation_expired",
-                            "the job's reservation expired",
-                        )? {
-                            jobs_failed += 1;
-                        }
-                    }
-                }
-                Ok((expired, jobs_failed))
-            })?;
+        // Counted once the batch's statement has committed.
         if let Some(metrics) = metrics {
             for reservation in &expired {
                 metrics.resolution("expired", 0, reservation.amount);
@@ -202,7 +160,8 @@ fn expire_stale_reservations(
         let handled = expired.len();
         report.batches += 1;
         report.reservations_expired += handled as u64;
-        report.jobs_failed_reservation_expired += jobs_failed;
+        report.jobs_failed_reservation_expired +=
+            expired.iter().filter(|row| row.job_failed).count() as u64;
         if (handled as i64) < settings.batch {
             return Ok(());
         }
@@ -239,85 +198,42 @@ fn requeue_expired_leases(
     }
 }
 
-#[derive(QueryableByName)]
-struct Candidate {
-    #[diesel(sql_type = SqlUuid)]
-    job_id: Uuid,
-    #[diesel(sql_type = SqlUuid)]
-    reservation_id: Uuid,
-}
-
-/// Resolves the reservation of a job (held → `state`) when the job still
-/// matches `job_condition`; reservation row locked first.
-fn resolve_for_job(
-    conn: &mut PgConnection,
-    candidate: &Candidate,
-    state: &str,
-    job_condition: &str,
-) -> Result<Option<ReservationRow>, diesel::result::Error> {
-    diesel::sql_query(format!(
-        "UPDATE reservations \
-         SET state = $3, committed_amount = CASE WHEN $3 = 'committed' THEN amount ELSE 0 END, \
-             resolved_at = now() \
-         WHERE id = $1 AND state = 'held' \
-           AND EXISTS (SELECT 1 FROM generation_jobs j WHERE j.id = $2 AND {job_condition}) \
-         RETURNING *"
-    ))
-    .bind::<SqlUuid, _>(candidate.reservation_id)
-    .bind::<SqlUuid, _>(candidate.job_id)
-    .bind::<Text, _>(state)
-    .get_result(conn)
-    .optional()
-}
-
 /// Step 2b: running jobs with an expired lease, out of attempts and never
-/// submitted to the provider → failed, tokens released.
+/// submitted to the provider → failed `attempts_exhausted`, tokens
+/// released — the engine's fenced job finish, with the reaper's fence.
 fn fail_exhausted_leases(
     conn: &mut PgConnection,
     settings: &ReaperSettings,
     metrics: Option<&Metrics>,
     report: &mut PassReport,
 ) -> Result<(), ApiError> {
-    let candidates: Vec<Candidate> = diesel::sql_query(
-        "SELECT id AS job_id, reservation_id FROM generation_jobs \
-         WHERE status = 'running' AND lease_expires_at < now() AND attempts >= $2 \
-           AND provider_job_id IS NULL \
-         ORDER BY id LIMIT $1",
-    )
-    .bind::<BigInt, _>(settings.batch)
-    .bind::<Integer, _>(settings.job_max_attempts)
-    .load(conn)?;
-    let condition = "j.status = 'running' AND j.lease_expires_at < now()";
-    for candidate in &candidates {
-        // Some(tokens released) once committed; None when nothing was done.
-        let done = conn.transaction(|conn| -> Result<Option<i64>, ApiError> {
-            let reservation = resolve_for_job(conn, candidate, "released", condition)?;
-            if !fail_job(
-                conn,
-                candidate.job_id,
-                "attempts_exhausted",
-                "the job's workers kept losing their lease",
-            )? {
-                return Ok(None);
-            }
-            if let Some(reservation) = &reservation {
-                settle(
-                    conn,
-                    reservation,
-                    Resolution::Release,
-                    Some("attempts_exhausted"),
-                    SYSTEM_ACTOR,
-                )?;
-            }
-            Ok(Some(
-                reservation.map_or(0, |reservation| reservation.amount),
-            ))
-        })?;
-        if let Some(released) = done {
-            report.jobs_failed_attempts_exhausted += 1;
-            if let (Some(metrics), true) = (metrics, released > 0) {
-                metrics.resolution("released", 0, released);
-            }
+    let candidates: Vec<Uuid> = generation_jobs::table
+        .filter(generation_jobs::status.eq("running"))
+        .filter(generation_jobs::lease_expires_at.lt(diesel::dsl::now))
+        .filter(generation_jobs::attempts.ge(settings.job_max_attempts))
+        .filter(generation_jobs::provider_job_id.is_null())
+        .order(generation_jobs::id)
+        .limit(settings.batch)
+        .select(generation_jobs::id)
+        .load(conn)?;
+    let error = JobError::new(
+        "attempts_exhausted",
+        "the job's workers kept losing their lease",
+    );
+    for job_id in candidates {
+        let finish = finish_job(
+            conn,
+            job_id,
+            Fence::Exhausted(settings.job_max_attempts),
+            Err(&error),
+            Some("attempts_exhausted"),
+        )?;
+        if finish.fenced == Fenced::LeaseLost {
+            continue;
+        }
+        report.jobs_failed_attempts_exhausted += 1;
+        if let (Some(metrics), Some(reservation)) = (metrics, &finish.resolved) {
+            metrics.resolved(reservation);
         }
     }
     report.batches += 1;
@@ -325,51 +241,50 @@ fn fail_exhausted_leases(
 }
 
 /// Step 3a/3b: a finished job whose reservation is still held — succeeded
-/// → commit, failed → release — with ledger reason `fixup`.
+/// → commit, failed → release — with ledger reason `fixup` (the engine's
+/// `engine_fixup`).
 fn fix_held_reservations_of_finished_jobs(
     conn: &mut PgConnection,
     settings: &ReaperSettings,
     metrics: Option<&Metrics>,
     report: &mut PassReport,
 ) -> Result<(), ApiError> {
-    for (status, state) in [("succeeded", "committed"), ("failed", "released")] {
-        let candidates: Vec<Candidate> = diesel::sql_query(
-            "SELECT j.id AS job_id, j.reservation_id FROM generation_jobs j \
-             JOIN reservations r ON r.id = j.reservation_id \
-             WHERE j.status = $2 AND r.state = 'held' ORDER BY j.id LIMIT $1",
-        )
-        .bind::<BigInt, _>(settings.batch)
-        .bind::<Text, _>(status)
-        .load(conn)?;
-        let condition = format!("j.status = '{status}'");
-        for candidate in &candidates {
-            let fixed = conn.transaction(|conn| -> Result<Option<i64>, ApiError> {
-                let Some(reservation) = resolve_for_job(conn, candidate, state, &condition)? else {
-                    return Ok(None);
-                };
-                let resolution = if state == "committed" {
-                    Resolution::Commit(reservation.amount)
-                } else {
-                    Resolution::Release
-                };
-                settle(conn, &reservation, resolution, Some("fixup"), SYSTEM_ACTOR)?;
-                Ok(Some(reservation.amount))
-            })?;
-            if let Some(amount) = fixed {
-                tracing::warn!(job_id = %candidate.job_id, status, "fix-up: settled the held reservation of a finished job");
-                if let Some(metrics) = metrics {
-                    let committed = if state == "committed" { amount } else { 0 };
-                    metrics.resolution(state, committed, amount - committed);
-                }
-                if state == "committed" {
-                    report.fixup_commits += 1;
-                } else {
-                    report.fixup_releases += 1;
-                }
-            }
-        }
-        report.batches += 1;
+    #[derive(QueryableByName)]
+    struct Fixed {
+        #[diesel(sql_type = Text)]
+        outcome: String,
+        #[diesel(sql_type = BigInt)]
+        amount: i64,
     }
+    let candidates: Vec<Uuid> = generation_jobs::table
+        .inner_join(reservations::table.on(reservations::id.eq(generation_jobs::reservation_id)))
+        .filter(generation_jobs::status.eq_any(["succeeded", "failed"]))
+        .filter(reservations::state.eq("held"))
+        .order(generation_jobs::id)
+        .limit(settings.batch)
+        .select(generation_jobs::id)
+        .load(conn)?;
+    for job_id in candidates {
+        let fixed: Fixed = diesel::sql_query("SELECT outcome, amount FROM engine_fixup($1)")
+            .bind::<SqlUuid, _>(job_id)
+            .get_result(conn)?;
+        let committed = match fixed.outcome.as_str() {
+            "committed" => {
+                report.fixup_commits += 1;
+                fixed.amount
+            }
+            "released" => {
+                report.fixup_releases += 1;
+                0
+            }
+            _ => continue,
+        };
+        tracing::warn!(%job_id, outcome = %fixed.outcome, "fix-up: settled the held reservation of a finished job");
+        if let Some(metrics) = metrics {
+            metrics.resolution(&fixed.outcome, committed, fixed.amount - committed);
+        }
+    }
+    report.batches += 1;
     Ok(())
 }
 

@@ -5,10 +5,10 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::{created, replayed, JsonObject, State};
-use crate::db::run_blocking;
 use crate::domain::api_keys::Caller;
-use crate::domain::credits::{self, AdjustmentView, CreditView, Outcome};
+use crate::domain::credits::{AdjustmentView, CreditView};
 use crate::domain::types::{AccountId, ExternalRef, Note, Reason, SignedTokens, Tokens};
+use crate::engine::{Authority, Op, Operation, Replay};
 use crate::error::{ApiError, Problem};
 
 pub fn configure(config: &mut web::ServiceConfig) {
@@ -62,20 +62,36 @@ async fn create_credit(
         external_ref,
         note,
     } = body.into_inner();
-    let actor = caller.actor();
-    let metrics = std::sync::Arc::clone(&state.metrics);
-    let (view, outcome) = run_blocking(&state.pool, move |conn| {
-        let result = credits::credit(conn, account, amount, &external_ref, note.as_ref(), &actor)?;
-        if result.1 == Outcome::Created {
-            metrics.tokens("credited", amount.get());
-        }
-        Ok(result)
-    })
-    .await?;
-    Ok(match outcome {
-        Outcome::Created => created(format!("/v1/accounts/{account}/ledger"), &view),
-        Outcome::Replayed => replayed(&view),
-    })
+    let op = Op::Credit {
+        amount,
+        external_ref,
+        note,
+    };
+    let (operation, answer) = state
+        .coalescer
+        .submit(admin_operation(&caller, account, op))
+        .await;
+    let (row, entry, replay) = answer?.into_credit(&operation)?;
+    Ok(respond(account, &CreditView::new(row, entry), replay))
+}
+
+/// An operation of an admin already authorised here (its key verified by
+/// the `Caller` extractor).
+fn admin_operation(caller: &Caller, account: AccountId, op: Op) -> Operation {
+    Operation {
+        account,
+        authority: Authority::Verified {
+            actor: caller.actor(),
+        },
+        op,
+    }
+}
+
+fn respond(account: AccountId, view: &impl serde::Serialize, replay: Replay) -> HttpResponse {
+    match replay {
+        Replay::Created => created(format!("/v1/accounts/{account}/ledger"), view),
+        Replay::Replayed => replayed(view),
+    }
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -127,19 +143,15 @@ async fn create_adjustment(
         reason,
         external_ref,
     } = body.into_inner();
-    let actor = caller.actor();
-    let metrics = std::sync::Arc::clone(&state.metrics);
-    let (view, outcome) = run_blocking(&state.pool, move |conn| {
-        let result = credits::adjust(conn, account, amount, &reason, &external_ref, &actor)?;
-        if result.1 == Outcome::Created {
-            // Counters only grow: adjustments count by absolute amount.
-            metrics.tokens("adjusted", amount.get().abs());
-        }
-        Ok(result)
-    })
-    .await?;
-    Ok(match outcome {
-        Outcome::Created => created(format!("/v1/accounts/{account}/ledger"), &view),
-        Outcome::Replayed => replayed(&view),
-    })
+    let op = Op::Adjust {
+        amount,
+        reason,
+        external_ref,
+    };
+    let (operation, answer) = state
+        .coalescer
+        .submit(admin_operation(&caller, account, op))
+        .await;
+    let (row, entry, replay) = answer?.into_adjustment(&operation)?;
+    Ok(respond(account, &AdjustmentView::new(row, entry), replay))
 }

@@ -13,8 +13,8 @@ use crate::config::{JOB_PAGE_DEFAULT, JOB_PAGE_MAX, JOB_WAIT_SECONDS_MAX};
 use crate::db::run_blocking;
 use crate::domain::api_keys::{Caller, Credentials};
 use crate::domain::jobs::{self, JobPage, JobRequest, JobView};
-use crate::domain::reservations::Outcome;
 use crate::domain::types::{AccountId, RequestId};
+use crate::engine::{Authority, Op, Operation, Replay};
 use crate::error::{ApiError, Problem};
 
 pub fn configure(config: &mut web::ServiceConfig) {
@@ -90,29 +90,23 @@ async fn create_job(
     let request = JobRequest::parse(RequestId(request_id), kind, params, &state.prices)
         .map_err(actix_web::Error::from);
     let request = after_key_check(&state, &credentials, request).await?;
-    let ttl = state.config.reservation_ttl_seconds;
-    let (metrics, cost) = (std::sync::Arc::clone(&state.metrics), request.cost);
-    let (view, outcome) = run_blocking(&state.pool, move |conn| {
-        // One statement in the common case; the full path otherwise.
-        if let Some(view) = jobs::create_job_fast(conn, &credentials, account, &request, ttl)? {
-            metrics.reserve_result(&Ok::<_, ApiError>(((), Outcome::Created)), cost);
-            return Ok((view, Outcome::Created));
-        }
-        let caller = credentials.verify(conn)?;
-        caller.authorize_spend(account)?;
-        let result = jobs::create_job(conn, account, &request, ttl, &caller.actor());
-        metrics.reserve_result(&result, cost);
-        let (job, outcome) = result?;
-        Ok((jobs::job_view(conn, job)?, outcome))
-    })
-    .await?;
-    Ok(match outcome {
-        Outcome::Created => {
+    let operation = Operation {
+        account,
+        authority: Authority::Key(credentials),
+        op: Op::CreateJob {
+            request,
+            ttl_seconds: state.config.reservation_ttl_seconds,
+        },
+    };
+    let (operation, answer) = state.coalescer.submit(operation).await;
+    let (view, replay) = answer?.into_job(&operation)?;
+    Ok(match replay {
+        Replay::Created => {
             // Best effort: an idle worker polls anyway within WORKER_IDLE_POLL.
             state.signals.queued.notify_one();
             created(format!("/v1/accounts/{account}/jobs/{request_id}"), &view)
         }
-        Outcome::Replayed => replayed(&view),
+        Replay::Replayed => replayed(&view),
     })
 }
 

@@ -9,9 +9,9 @@ use super::{after_key_check, created, optional_json_body, replayed, JsonObject, 
 use crate::db::models::ReservationRow;
 use crate::db::run_blocking;
 use crate::domain::api_keys::{Caller, Credentials};
-use crate::domain::batches::{ReserveItem, ResolveItem};
-use crate::domain::reservations::{self, Outcome, ReservationView, ReserveRequest};
+use crate::domain::reservations::{self, ReservationView};
 use crate::domain::types::{AccountId, RequestId, ReservationId, Tokens, TtlSeconds};
+use crate::engine::{Authority, Op, Operation, Replay};
 use crate::error::{ApiError, Problem};
 
 pub fn configure(config: &mut web::ServiceConfig) {
@@ -33,11 +33,28 @@ struct CreateReservation {
     ttl_seconds: Option<TtlSeconds>,
 }
 
-fn respond(row: ReservationRow, outcome: Outcome) -> HttpResponse {
+/// Runs a spending operation through the engine (alone or coalesced with
+/// concurrent ones): the reservation it leaves, or the refusal.
+async fn spend(
+    state: &State,
+    credentials: Credentials,
+    account: AccountId,
+    op: Op,
+) -> Result<(ReservationRow, Replay), ApiError> {
+    let operation = Operation {
+        account,
+        authority: Authority::Key(credentials),
+        op,
+    };
+    let (operation, answer) = state.coalescer.submit(operation).await;
+    answer?.into_reservation(&operation)
+}
+
+fn respond(row: ReservationRow, replay: Replay) -> HttpResponse {
     let view = ReservationView::from(row);
-    match outcome {
-        Outcome::Created => HttpResponse::Ok().json(view),
-        Outcome::Replayed => replayed(&view),
+    match replay {
+        Replay::Created => HttpResponse::Ok().json(view),
+        Replay::Replayed => replayed(&view),
     }
 }
 
@@ -90,26 +107,24 @@ async fn create_reservation(
     } = after_key_check(&state, &credentials, body)
         .await?
         .into_inner();
-    let request = ReserveRequest {
+    let op = Op::Reserve {
         request_id: RequestId(request_id),
         amount,
         ttl_seconds,
+        effective_ttl_seconds: ttl_seconds
+            .map_or(state.config.reservation_ttl_seconds, TtlSeconds::get),
     };
-    let item = ReserveItem {
-        credentials,
-        request,
-    };
-    let (row, outcome) = state.coalescer.reserve(account, item).await?;
+    let (row, replay) = spend(&state, credentials, account, op).await?;
     let view = ReservationView::from(row);
-    Ok(match outcome {
-        Outcome::Created => created(
+    Ok(match replay {
+        Replay::Created => created(
             format!(
                 "/v1/accounts/{account}/reservations/{}",
                 view.reservation_id
             ),
             &view,
         ),
-        Outcome::Replayed => replayed(&view),
+        Replay::Replayed => replayed(&view),
     })
 }
 
@@ -214,14 +229,16 @@ async fn resolve(
     amount: Option<Tokens>,
     release: bool,
 ) -> Result<HttpResponse, actix_web::Error> {
-    let item = ResolveItem {
-        credentials,
-        reservation,
-        amount,
-        release,
+    let op = if release {
+        Op::Release { reservation }
+    } else {
+        Op::Commit {
+            reservation,
+            amount,
+        }
     };
-    let (row, outcome) = state.coalescer.resolve(account, item).await?;
-    Ok(respond(row, outcome))
+    let (row, replay) = spend(&state, credentials, account, op).await?;
+    Ok(respond(row, replay))
 }
 
 /// Returns all held tokens to available. Any body is ignored.
@@ -297,19 +314,22 @@ struct ExtendBody {
 )]
 #[post("/v1/accounts/{account_id}/reservations/{reservation_id}/extend")]
 async fn extend_reservation(
-    caller: Caller,
+    credentials: Credentials,
     state: State,
-    path: web::Path<(Uuid, Uuid)>,
-    body: JsonObject<ExtendBody>,
-) -> Result<HttpResponse, ApiError> {
-    let (account, reservation) = path.into_inner();
-    let (account, reservation) = (AccountId(account), ReservationId(reservation));
-    caller.authorize_spend(account)?;
-    let ttl = body.into_inner().ttl_seconds;
-    let actor = caller.actor();
-    let row = run_blocking(&state.pool, move |conn| {
-        reservations::extend(conn, account, reservation, ttl, &actor)
-    })
-    .await?;
+    path: Result<web::Path<(Uuid, Uuid)>, actix_web::Error>,
+    body: Result<JsonObject<ExtendBody>, actix_web::Error>,
+) -> Result<HttpResponse, actix_web::Error> {
+    let (account, reservation) = after_key_check(&state, &credentials, path)
+        .await?
+        .into_inner();
+    let ttl_seconds = after_key_check(&state, &credentials, body)
+        .await?
+        .into_inner()
+        .ttl_seconds;
+    let op = Op::Extend {
+        reservation: ReservationId(reservation),
+        ttl_seconds,
+    };
+    let (row, _) = spend(&state, credentials, AccountId(account), op).await?;
     Ok(HttpResponse::Ok().json(ReservationView::from(row)))
 }

@@ -4,16 +4,13 @@
 
 use diesel::prelude::*;
 use serde_json::json;
-use uuid::Uuid;
 
 use token_billing::db::schema::{generation_jobs, reservations};
 use token_billing::domain::accounts::create_account;
-use token_billing::domain::credits::credit;
 use token_billing::domain::job_leases::{self, Fenced, JobError};
-use token_billing::domain::jobs::{create_job, JobRequest};
-use token_billing::domain::types::{AccountId, ExternalRef, Name, RequestId, Tokens};
+use token_billing::domain::types::{AccountId, Name};
 
-use crate::helpers::{assert_account_invariants, TestDatabase};
+use crate::helpers::{assert_account_invariants, create_job, credit, TestDatabase};
 
 #[test]
 fn a_worker_that_lost_its_lease_changes_nothing() {
@@ -28,25 +25,8 @@ fn a_worker_that_lost_its_lease_changes_nothing() {
         .expect("account")
         .id,
     );
-    let reference = ExternalRef::try_from("fence-credit".to_owned()).expect("ref");
-    credit(
-        &mut conn,
-        account,
-        Tokens::parse(2).expect("tokens"),
-        &reference,
-        None,
-        "test",
-    )
-    .expect("credit");
-    let prices = [("standard".to_owned(), 1)].into_iter().collect();
-    let request = JobRequest::parse(
-        RequestId(Uuid::new_v4()),
-        "standard".into(),
-        json!({}),
-        &prices,
-    )
-    .expect("request");
-    create_job(&mut conn, account, &request, 300, "test").expect("job");
+    credit(&mut conn, account, 2);
+    create_job(&mut conn, account);
 
     let paused = job_leases::claim_next(&mut conn, "worker-a", 30)
         .expect("claim")
@@ -75,14 +55,16 @@ fn a_worker_that_lost_its_lease_changes_nothing() {
     // Worker A wakes up: every write it tries is fenced off.
     let stale = paused.lease_token;
     assert_eq!(
-        job_leases::finish_success(&mut conn, &paused, stale, &json!({"output": "x"})).expect("db"),
+        job_leases::finish_success(&mut conn, &paused, stale, &json!({"output": "x"}))
+            .expect("db")
+            .fenced,
         Fenced::LeaseLost
     );
     let error = JobError::new("provider_failed", "late failure");
     assert_eq!(
         job_leases::finish_failure(&mut conn, &paused, stale, &error)
             .expect("db")
-            .0,
+            .fenced,
         Fenced::LeaseLost
     );
     assert_eq!(
@@ -136,14 +118,15 @@ fn a_worker_that_lost_its_lease_changes_nothing() {
             current.lease_token,
             &json!({"output": "y"})
         )
-        .expect("db"),
+        .expect("db")
+        .fenced,
         Fenced::Done
     );
     // And a second finish of the same lease is fenced too (exactly once).
     assert_eq!(
         job_leases::finish_failure(&mut conn, &current, current.lease_token, &error)
             .expect("db")
-            .0,
+            .fenced,
         Fenced::LeaseLost
     );
     let balances = assert_account_invariants(&mut conn, account.0);
@@ -166,24 +149,8 @@ fn a_job_whose_reservation_expired_fails_instead_of_succeeding_for_free() {
         .expect("account")
         .id,
     );
-    credit(
-        &mut conn,
-        account,
-        Tokens::parse(1).expect("tokens"),
-        &ExternalRef::try_from("c".to_owned()).expect("ref"),
-        None,
-        "t",
-    )
-    .expect("credit");
-    let prices = [("standard".to_owned(), 1)].into_iter().collect();
-    let request = JobRequest::parse(
-        RequestId(Uuid::new_v4()),
-        "standard".into(),
-        json!({}),
-        &prices,
-    )
-    .expect("request");
-    create_job(&mut conn, account, &request, 300, "test").expect("job");
+    credit(&mut conn, account, 1);
+    create_job(&mut conn, account);
     let job = job_leases::claim_next(&mut conn, "worker", 30)
         .expect("claim")
         .expect("job");
@@ -207,7 +174,7 @@ fn a_job_whose_reservation_expired_fails_instead_of_succeeding_for_free() {
         &json!({"output": "free?"}),
     )
     .expect("db");
-    assert_eq!(outcome, Fenced::ReservationLost);
+    assert_eq!(outcome.fenced, Fenced::ReservationLost);
     let (status, error): (String, Option<serde_json::Value>) = generation_jobs::table
         .find(job.id)
         .select((generation_jobs::status, generation_jobs::error))

@@ -13,7 +13,12 @@ use uuid::Uuid;
 use token_billing::cli::Cli;
 use token_billing::config::{Config, ProviderKind};
 use token_billing::db;
+use token_billing::db::models::{JobRow, ReservationRow};
+use token_billing::domain::jobs::JobRequest;
 use token_billing::domain::ledger::{replay, Balances};
+use token_billing::domain::types::{AccountId, ExternalRef, RequestId, Tokens};
+use token_billing::engine::{Authority, Op, Operation};
+use token_billing::error::ApiError;
 use token_billing::provider::fake::FakeBackend;
 use token_billing::provider::fake_server::build_fake_provider;
 use token_billing::provider::simulated::SimulatedProvider;
@@ -622,3 +627,70 @@ pub async fn eventually<T>(
 
 /// Shared handle for tasks firing requests in parallel.
 pub type SharedApp = Arc<TestApp>;
+
+/// Runs one operation through the money engine as an already-verified
+/// caller (actor `test`): the object it returns, or the API error of its
+/// refusal.
+pub fn engine(
+    conn: &mut PgConnection,
+    account: AccountId,
+    op: Op,
+) -> Result<Option<Value>, ApiError> {
+    let operation = Operation {
+        account,
+        authority: Authority::Verified {
+            actor: "test".into(),
+        },
+        op,
+    };
+    let answer = token_billing::engine::apply_one(conn, operation.clone())?;
+    match answer.error(&operation) {
+        Some(error) => Err(error),
+        None => Ok(answer.object),
+    }
+}
+
+/// Credits `tokens` to `account` through the engine.
+pub fn credit(conn: &mut PgConnection, account: AccountId, tokens: i64) {
+    let op = Op::Credit {
+        amount: Tokens::parse(tokens).expect("tokens"),
+        external_ref: ExternalRef::try_from(format!("credit-{}", Uuid::new_v4())).expect("ref"),
+        note: None,
+    };
+    engine(conn, account, op).expect("credit");
+}
+
+/// Reserves `tokens` on `account` through the engine (TTL 300 s).
+pub fn reserve(conn: &mut PgConnection, account: AccountId, tokens: i64) -> ReservationRow {
+    let op = Op::Reserve {
+        request_id: RequestId(Uuid::new_v4()),
+        amount: Tokens::parse(tokens).expect("tokens"),
+        ttl_seconds: None,
+        effective_ttl_seconds: 300,
+    };
+    let object = engine(conn, account, op).expect("reserve").expect("row");
+    serde_json::from_value(object).expect("reservation")
+}
+
+/// Creates a `standard` job (cost 1, TTL 300 s) through the engine.
+pub fn create_job(conn: &mut PgConnection, account: AccountId) -> JobRow {
+    let prices = [("standard".to_owned(), 1)].into_iter().collect();
+    let request = JobRequest::parse(
+        RequestId(Uuid::new_v4()),
+        "standard".into(),
+        json!({}),
+        &prices,
+    )
+    .expect("request");
+    let op = Op::CreateJob {
+        request,
+        ttl_seconds: 300,
+    };
+    let object = engine(conn, account, op).expect("job").expect("job");
+    let id: Uuid = serde_json::from_value(object["id"].clone()).expect("job id");
+    token_billing::db::schema::generation_jobs::table
+        .find(id)
+        .select(JobRow::as_select())
+        .first(conn)
+        .expect("job row")
+}

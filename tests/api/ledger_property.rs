@@ -8,14 +8,23 @@ use proptest::test_runner::{Config as ProptestConfig, TestRunner};
 use uuid::Uuid;
 
 use token_billing::domain::accounts::create_account;
-use token_billing::domain::credits::{adjust, credit};
-use token_billing::domain::reservations::{reserve, resolve, ReserveRequest};
 use token_billing::domain::types::{
     AccountId, ExternalRef, Name, Reason, RequestId, ReservationId, SignedTokens, Tokens,
 };
 use token_billing::error::ApiError;
 
-use crate::helpers::{assert_account_invariants, TestDatabase};
+use token_billing::engine::Op;
+
+use crate::helpers::{assert_account_invariants, engine, TestDatabase};
+
+fn reserve_op(request_id: RequestId, amount: Tokens) -> Op {
+    Op::Reserve {
+        request_id,
+        amount,
+        ttl_seconds: None,
+        effective_ttl_seconds: 300,
+    }
+}
 
 #[derive(Clone, Debug)]
 enum Step {
@@ -73,76 +82,68 @@ fn run(conn: &mut PgConnection, steps: &[Step]) {
     for (index, step) in steps.iter().enumerate() {
         let pick = |n: usize| reservations.get(n % reservations.len().max(1)).copied();
         let result = match step {
-            Step::Credit(amount) => {
-                let external_ref = fresh_reference();
-                credit(
-                    conn,
-                    account,
-                    Tokens::parse(*amount).expect("amount"),
-                    &external_ref,
-                    None,
-                    "test",
-                )
-                .map(|_| ())
-            }
-            Step::Adjust(amount) => {
-                let external_ref = fresh_reference();
-                let reason = Reason::try_from("correction".to_owned()).expect("reason");
-                adjust(
-                    conn,
-                    account,
-                    SignedTokens::try_from(*amount).expect("amount"),
-                    &reason,
-                    &external_ref,
-                    "test",
-                )
-                .map(|_| ())
-            }
-            Step::Reserve(amount) => {
-                let request = ReserveRequest {
-                    request_id: RequestId(Uuid::new_v4()),
+            Step::Credit(amount) => engine(
+                conn,
+                account,
+                Op::Credit {
                     amount: Tokens::parse(*amount).expect("amount"),
-                    ttl_seconds: None,
-                };
-                reserve(conn, account, &request, 300, "test").map(|(row, _)| {
-                    requests.push((request.request_id, request.amount));
-                    reservations.push(ReservationId(row.id));
+                    external_ref: fresh_reference(),
+                    note: None,
+                },
+            )
+            .map(|_| ()),
+            Step::Adjust(amount) => engine(
+                conn,
+                account,
+                Op::Adjust {
+                    amount: SignedTokens::try_from(*amount).expect("amount"),
+                    reason: Reason::try_from("correction".to_owned()).expect("reason"),
+                    external_ref: fresh_reference(),
+                },
+            )
+            .map(|_| ()),
+            Step::Reserve(amount) => {
+                let (request_id, amount) = (
+                    RequestId(Uuid::new_v4()),
+                    Tokens::parse(*amount).expect("amount"),
+                );
+                engine(conn, account, reserve_op(request_id, amount)).map(|row| {
+                    let id = row.and_then(|row| row["id"].as_str().map(str::to_owned));
+                    requests.push((request_id, amount));
+                    reservations.push(ReservationId(
+                        Uuid::parse_str(&id.expect("reservation id")).expect("uuid"),
+                    ));
                 })
             }
             Step::ReplayReserve(n) => match requests.get(n % requests.len().max(1)) {
                 Some((request_id, amount)) => {
-                    let request = ReserveRequest {
-                        request_id: *request_id,
-                        amount: *amount,
-                        ttl_seconds: None,
-                    };
-                    reserve(conn, account, &request, 300, "test").map(|_| ())
+                    engine(conn, account, reserve_op(*request_id, *amount)).map(|_| ())
                 }
                 None => Ok(()),
             },
             Step::Commit(n, amount) => match pick(*n) {
-                Some(id) => resolve(
+                Some(reservation) => engine(
                     conn,
                     account,
-                    id,
-                    amount.map(|a| Tokens::parse(a).expect("amount")),
-                    false,
-                    "test",
+                    Op::Commit {
+                        reservation,
+                        amount: amount.map(|a| Tokens::parse(a).expect("amount")),
+                    },
                 )
                 .map(|_| ()),
                 None => Ok(()),
             },
             Step::Release(n) => match pick(*n) {
-                Some(id) => resolve(conn, account, id, None, true, "test").map(|_| ()),
+                Some(reservation) => engine(conn, account, Op::Release { reservation }).map(|_| ()),
                 None => Ok(()),
             },
             Step::Expire(n) => match pick(*n) {
-                Some(id) => {
+                Some(reservation) => {
                     diesel::sql_query("UPDATE reservations SET expires_at = now() - interval '1 second' WHERE id = $1 AND state = 'held'")
-                        .bind::<diesel::sql_types::Uuid, _>(id.0)
+                        .bind::<diesel::sql_types::Uuid, _>(reservation.0)
                         .execute(conn)
                         .expect("age reservation");
-                    resolve(conn, account, id, None, true, "test").map(|_| ())
+                    engine(conn, account, Op::Release { reservation }).map(|_| ())
                 }
                 None => Ok(()),
             },

@@ -13,7 +13,6 @@ mod credits;
 mod fencing;
 mod jobs;
 mod ledger_property;
-mod one_statement;
 mod openapi;
 mod operate;
 mod reaper;

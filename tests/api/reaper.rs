@@ -11,18 +11,18 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use token_billing::db::models::{JobRow, ReservationRow};
+use token_billing::db::models::JobRow;
 use token_billing::db::schema::{generation_jobs, ledger_entries, reservations};
 use token_billing::domain::accounts::create_account;
-use token_billing::domain::credits::credit;
-use token_billing::domain::jobs::{create_job, JobRequest};
 use token_billing::domain::reaper::{run_pass, PassReport, ReaperSettings};
-use token_billing::domain::reservations::{reserve, settle, ReserveRequest, Resolution};
-use token_billing::domain::types::{AccountId, ExternalRef, Name, RequestId, Tokens};
+use token_billing::domain::types::{AccountId, Name};
 use token_billing::scheduler::{reaper_pass, settings};
 
 use crate::crash::start_service_with;
-use crate::helpers::{assert_account_invariants, FakeProvider, TestApp, TestDatabase, ADMIN_KEY};
+use crate::helpers::{
+    assert_account_invariants, create_job, credit, reserve, FakeProvider, TestApp, TestDatabase,
+    ADMIN_KEY,
+};
 
 const SETTINGS: ReaperSettings = ReaperSettings {
     batch: 500,
@@ -35,31 +35,12 @@ fn funded(conn: &mut PgConnection, tokens: i64) -> AccountId {
             .expect("account")
             .id,
     );
-    let reference = ExternalRef::try_from(format!("credit-{}", Uuid::new_v4())).expect("ref");
-    credit(
-        conn,
-        account,
-        Tokens::parse(tokens).expect("tokens"),
-        &reference,
-        None,
-        "test",
-    )
-    .expect("credit");
+    credit(conn, account, tokens);
     account
 }
 
 fn job(conn: &mut PgConnection, account: AccountId) -> JobRow {
-    let prices = [("standard".to_owned(), 1)].into_iter().collect();
-    let request = JobRequest::parse(
-        RequestId(Uuid::new_v4()),
-        "standard".into(),
-        json!({}),
-        &prices,
-    )
-    .expect("request");
-    create_job(conn, account, &request, 300, "test")
-        .expect("job")
-        .0
+    create_job(conn, account)
 }
 
 fn sql(conn: &mut PgConnection, statement: &str, id: Uuid) {
@@ -139,29 +120,17 @@ fn every_fixup_is_made_exactly_once_even_by_two_passes_at_once() {
     );
     // (c) job still queued, reservation no longer held.
     let orphan = job(&mut conn, account);
-    let released: ReservationRow = diesel::sql_query(
-        "UPDATE reservations SET state = 'released', resolved_at = now() WHERE id = $1 RETURNING *",
+    // Released behind the job's back, by the engine's resolve rule itself.
+    diesel::sql_query(
+        "SELECT outcome FROM engine_resolve($1, $2, 'release', NULL, $3, 'test', 'test', clock_timestamp())",
     )
+    .bind::<SqlUuid, _>(account.0)
     .bind::<SqlUuid, _>(orphan.reservation_id)
-    .get_result(&mut conn)
+    .bind::<SqlUuid, _>(orphan.id)
+    .execute(&mut conn)
     .expect("release");
-    settle(
-        &mut conn,
-        &released,
-        Resolution::Release,
-        Some("test"),
-        "test",
-    )
-    .expect("settle");
     // (d) an API reservation past its expiry, and a job's reservation too.
-    let request = ReserveRequest {
-        request_id: RequestId(Uuid::new_v4()),
-        amount: Tokens::parse(2).expect("t"),
-        ttl_seconds: None,
-    };
-    let zombie = reserve(&mut conn, account, &request, 300, "test")
-        .expect("reserve")
-        .0;
+    let zombie = reserve(&mut conn, account, 2);
     sql(
         &mut conn,
         "UPDATE reservations SET expires_at = now() - interval '1 second' WHERE id = $1",
@@ -343,14 +312,7 @@ async fn the_start_up_pass_runs_before_readyz_first_answers() {
     {
         let mut conn = database.connect();
         account = funded(&mut conn, 10);
-        let request = ReserveRequest {
-            request_id: RequestId(Uuid::new_v4()),
-            amount: Tokens::parse(3).expect("t"),
-            ttl_seconds: None,
-        };
-        let zombie = reserve(&mut conn, account, &request, 300, "test")
-            .expect("reserve")
-            .0;
+        let zombie = reserve(&mut conn, account, 3);
         sql(
             &mut conn,
             "UPDATE reservations SET expires_at = now() - interval '1 minute' WHERE id = $1",

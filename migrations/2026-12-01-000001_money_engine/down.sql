@@ -1,0 +1,14 @@
+DROP FUNCTION engine_job_heartbeat(uuid, bigint, integer, double precision, double precision, jsonb);
+DROP FUNCTION engine_fixup(uuid);
+DROP FUNCTION engine_expire_due(integer);
+DROP FUNCTION engine_apply(jsonb);
+DROP FUNCTION engine_finish_job(uuid, jsonb, text, jsonb, jsonb, text, text);
+DROP FUNCTION engine_adjust(uuid, uuid, bigint, text, text, text);
+DROP FUNCTION engine_credit(uuid, uuid, bigint, text, text, text);
+DROP FUNCTION engine_create_job(uuid, uuid, uuid, uuid, bytea, text, jsonb, bigint, integer, text);
+DROP FUNCTION engine_job_json(generation_jobs);
+DROP FUNCTION engine_extend(uuid, uuid, double precision, uuid, text);
+DROP FUNCTION engine_resolve(uuid, uuid, text, bigint, uuid, text, text, timestamptz);
+DROP FUNCTION engine_reserve(uuid, uuid, bigint, integer, integer, uuid, uuid, text);
+DROP FUNCTION engine_move(uuid, text, bigint, integer, uuid, uuid, text, text, text, timestamptz);
+DROP FUNCTION engine_authorize_spend(jsonb, uuid);

@@ -1,0 +1,237 @@
+//! The outcome of one engine operation, and what it means for the API.
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::db::models::{AdjustmentRow, CreditRow, LedgerEntryRow, ReservationRow};
+use crate::domain::jobs::JobView;
+use crate::error::ApiError;
+
+use super::{Op, Operation};
+
+/// Every outcome the engine's rules can decide. The text is the engine's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Created,
+    Replayed,
+    Committed,
+    Released,
+    Expired,
+    Extended,
+    IdempotencyKeyReused,
+    NotFound,
+    Unauthorized,
+    Forbidden,
+    AccountSuspended,
+    InsufficientTokens,
+    TooManyActiveReservations,
+    NotHeld,
+    OwnedByJob,
+    AmountExceedsHeld,
+    NotDue,
+}
+
+const OUTCOMES: [(Outcome, &str); 17] = [
+    (Outcome::Created, "created"),
+    (Outcome::Replayed, "replayed"),
+    (Outcome::Committed, "committed"),
+    (Outcome::Released, "released"),
+    (Outcome::Expired, "expired"),
+    (Outcome::Extended, "extended"),
+    (Outcome::IdempotencyKeyReused, "idempotency_key_reused"),
+    (Outcome::NotFound, "not_found"),
+    (Outcome::Unauthorized, "unauthorized"),
+    (Outcome::Forbidden, "forbidden"),
+    (Outcome::AccountSuspended, "account_suspended"),
+    (Outcome::InsufficientTokens, "insufficient_tokens"),
+    (
+        Outcome::TooManyActiveReservations,
+        "too_many_active_reservations",
+    ),
+    (Outcome::NotHeld, "not_held"),
+    (Outcome::OwnedByJob, "owned_by_job"),
+    (Outcome::AmountExceedsHeld, "amount_exceeds_held"),
+    (Outcome::NotDue, "not_due"),
+];
+
+impl Outcome {
+    pub fn parse(text: &str) -> Result<Outcome, ApiError> {
+        OUTCOMES
+            .iter()
+            .find(|(_, name)| *name == text)
+            .map(|(outcome, _)| *outcome)
+            .ok_or_else(|| ApiError::Internal(format!("unknown engine outcome {text:?}")))
+    }
+
+    pub fn as_str(self) -> &'static str {
+        OUTCOMES
+            .iter()
+            .find(|(outcome, _)| *outcome == self)
+            .map_or("unknown", |(_, name)| name)
+    }
+
+    /// Whether the operation did what it asked (now or, replayed, before).
+    pub fn succeeded(self) -> bool {
+        matches!(
+            self,
+            Outcome::Created
+                | Outcome::Replayed
+                | Outcome::Committed
+                | Outcome::Released
+                | Outcome::Expired
+                | Outcome::Extended
+        )
+    }
+}
+
+/// Whether an answer comes from this request or an identical earlier one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Replay {
+    Created,
+    Replayed,
+}
+
+/// The engine's answer to one operation.
+#[derive(Clone, Debug)]
+pub struct Answer {
+    pub outcome: Outcome,
+    /// Facts of a refusal: balances, the limit, the state found.
+    pub detail: Value,
+    /// The reservation, job, or credit/adjustment with its ledger entry.
+    pub object: Option<Value>,
+}
+
+fn decode<T: DeserializeOwned>(value: Value) -> Result<T, ApiError> {
+    serde_json::from_value(value)
+        .map_err(|error| ApiError::Internal(format!("engine object: {error}")))
+}
+
+impl Answer {
+    fn number(&self, field: &str) -> i64 {
+        self.detail.get(field).and_then(Value::as_i64).unwrap_or(0)
+    }
+
+    /// The API error of a refusal (`None` when the operation succeeded).
+    pub fn error(&self, operation: &Operation) -> Option<ApiError> {
+        let reused = |what: &str| {
+            let key = match &operation.op {
+                Op::Reserve { request_id, .. } => format!("request_id {request_id}"),
+                Op::CreateJob { request, .. } => format!("request_id {}", request.request_id),
+                Op::Credit { external_ref, .. } | Op::Adjust { external_ref, .. } => {
+                    format!("external_ref {:?}", external_ref.as_str())
+                }
+                _ => "this key".to_owned(),
+            };
+            ApiError::IdempotencyKeyReused(format!("{key} was already used for a different {what}"))
+        };
+        Some(match self.outcome {
+            outcome if outcome.succeeded() => return None,
+            Outcome::IdempotencyKeyReused => reused(match &operation.op {
+                Op::CreateJob { .. } => "job",
+                Op::Credit { .. } => "credit",
+                Op::Adjust { .. } => "adjustment",
+                _ => "reservation",
+            }),
+            Outcome::NotFound => {
+                ApiError::NotFound(match self.detail.get("what").and_then(Value::as_str) {
+                    Some("reservation") => "reservation",
+                    _ => "account",
+                })
+            }
+            Outcome::Unauthorized => ApiError::Unauthorized,
+            Outcome::Forbidden => ApiError::Forbidden,
+            Outcome::AccountSuspended => ApiError::AccountSuspended,
+            Outcome::InsufficientTokens => ApiError::InsufficientTokens {
+                available: self.number("available"),
+                reserved: self.number("reserved"),
+            },
+            Outcome::TooManyActiveReservations => ApiError::TooManyActiveReservations {
+                limit: i32::try_from(self.number("limit")).unwrap_or(i32::MAX),
+            },
+            Outcome::NotHeld => ApiError::ReservationNotHeld {
+                state: self
+                    .detail
+                    .get("state")
+                    .and_then(Value::as_str)
+                    .unwrap_or("unknown")
+                    .to_owned(),
+            },
+            Outcome::OwnedByJob => ApiError::ReservationOwnedByJob,
+            Outcome::AmountExceedsHeld => ApiError::InvalidRequest(format!(
+                "amount {} exceeds the {} tokens held by this reservation",
+                self.number("amount"),
+                self.number("held")
+            )),
+            _ => ApiError::Internal(format!("unexpected engine outcome {:?}", self.outcome)),
+        })
+    }
+
+    fn replay(&self) -> Replay {
+        if self.outcome == Outcome::Replayed {
+            Replay::Replayed
+        } else {
+            Replay::Created
+        }
+    }
+
+    fn object_field(&self, field: Option<&str>) -> Result<Value, ApiError> {
+        let object = self
+            .object
+            .as_ref()
+            .ok_or_else(|| ApiError::Internal("the engine returned no object".into()))?;
+        Ok(match field {
+            Some(field) => object.get(field).cloned().unwrap_or(Value::Null),
+            None => object.clone(),
+        })
+    }
+
+    /// A reserve, commit, release or extend: the reservation, or the error.
+    pub fn into_reservation(
+        self,
+        operation: &Operation,
+    ) -> Result<(ReservationRow, Replay), ApiError> {
+        if let Some(error) = self.error(operation) {
+            return Err(error);
+        }
+        Ok((decode(self.object_field(None)?)?, self.replay()))
+    }
+
+    /// A job creation: the job, or the error.
+    pub fn into_job(self, operation: &Operation) -> Result<(JobView, Replay), ApiError> {
+        if let Some(error) = self.error(operation) {
+            return Err(error);
+        }
+        let job: crate::domain::jobs::JobJson = decode(self.object_field(None)?)?;
+        Ok((job.into_view(), self.replay()))
+    }
+
+    /// A credit: the credit and its ledger entry, or the error.
+    pub fn into_credit(
+        self,
+        operation: &Operation,
+    ) -> Result<(CreditRow, LedgerEntryRow, Replay), ApiError> {
+        if let Some(error) = self.error(operation) {
+            return Err(error);
+        }
+        Ok((
+            decode(self.object_field(Some("credit"))?)?,
+            decode(self.object_field(Some("entry"))?)?,
+            self.replay(),
+        ))
+    }
+
+    /// An adjustment: the adjustment and its ledger entry, or the error.
+    pub fn into_adjustment(
+        self,
+        operation: &Operation,
+    ) -> Result<(AdjustmentRow, LedgerEntryRow, Replay), ApiError> {
+        if let Some(error) = self.error(operation) {
+            return Err(error);
+        }
+        Ok((
+            decode(self.object_field(Some("adjustment"))?)?,
+            decode(self.object_field(Some("entry"))?)?,
+            self.replay(),
+        ))
+    }
+}
