@@ -51,6 +51,12 @@ impl JobRequest {
                 "params is {size} bytes; at most {JOB_PARAMS_MAX_BYTES} are accepted"
             )));
         }
+        if has_nul(&params) {
+            // PostgreSQL's jsonb cannot store U+0000; refused, not a 500.
+            return Err(ApiError::InvalidRequest(
+                "params must not contain the character U+0000 (in a key or a string)".into(),
+            ));
+        }
         if depth(&params) > JOB_PARAMS_DEPTH_MAX {
             return Err(ApiError::InvalidRequest(format!(
                 "params nests deeper than {JOB_PARAMS_DEPTH_MAX} levels"
@@ -73,6 +79,18 @@ impl JobRequest {
             &mut canonical,
         );
         sha256(canonical.as_bytes())
+    }
+}
+
+/// Whether any key or string in `value` holds U+0000.
+fn has_nul(value: &Value) -> bool {
+    match value {
+        Value::String(text) => text.contains('\0'),
+        Value::Array(items) => items.iter().any(has_nul),
+        Value::Object(map) => map
+            .iter()
+            .any(|(key, value)| key.contains('\0') || has_nul(value)),
+        _ => false,
     }
 }
 
@@ -356,5 +374,34 @@ mod tests {
         let c = make(r#"{"prompt": "groom", "style": {"a": 1, "b": [1, 2]}}"#).hash();
         assert_eq!(a, b);
         assert_ne!(a, c);
+        // Integers beyond 64 bits are kept exactly, not rounded to a float.
+        let big = make(r#"{"seed": 12345678901234567890123}"#);
+        let other = make(r#"{"seed": 12345678901234567890999}"#);
+        assert_ne!(big.hash(), other.hash());
+        assert_eq!(
+            big.params.to_string(),
+            r#"{"seed":12345678901234567890123}"#
+        );
+    }
+
+    #[test]
+    fn a_nul_in_params_is_refused() {
+        let prices = [("standard".to_owned(), 1)].into_iter().collect();
+        for params in [
+            r#"{"prompt": "a\u0000b"}"#,
+            r#"{"a\u0000": 1}"#,
+            r#"{"x": ["\u0000"]}"#,
+        ] {
+            let parsed = JobRequest::parse(
+                RequestId(Uuid::nil()),
+                "standard".into(),
+                serde_json::from_str(params).expect("json"),
+                &prices,
+            );
+            assert!(
+                matches!(parsed, Err(ApiError::InvalidRequest(_))),
+                "{params}"
+            );
+        }
     }
 }

@@ -477,6 +477,12 @@ fn compare_balances(model: &Model, real: &Real, conn: &mut PgConnection, step: &
     }
 }
 
+#[derive(QueryableByName)]
+struct Count {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    count: i64,
+}
+
 fn compare_final(model: &Model, real: &Real, conn: &mut PgConnection) {
     for (index, expected) in model.reservations.iter().enumerate() {
         let (state, committed): (String, i64) = reservations::table
@@ -503,6 +509,20 @@ fn compare_final(model: &Model, real: &Real, conn: &mut PgConnection) {
         };
         assert_eq!(status, expected, "job {index}");
     }
+    // One movement, one timestamp: a finished job's finished_at is the
+    // created_at of the ledger entries its finish wrote.
+    let mismatched: i64 = diesel::sql_query(
+        "SELECT count(*) AS count FROM generation_jobs j JOIN ledger_entries e \
+         ON e.job_id = j.id AND e.kind IN ('commit', 'release') \
+         WHERE j.finished_at IS DISTINCT FROM e.created_at",
+    )
+    .get_result::<Count>(conn)
+    .expect("timestamps")
+    .count;
+    assert_eq!(
+        mismatched, 0,
+        "job finishes stamped apart from their entries"
+    );
     for (index, expected) in model.ledger.iter().enumerate() {
         let entries: Vec<(String, i64, i64, i64, i64)> = ledger_entries::table
             .filter(ledger_entries::account_id.eq(real.accounts[index]))

@@ -578,3 +578,45 @@ async fn hundred_tokens_three_hundred_requests_with_replays_charge_exactly_hundr
         (0, 0, 100)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_params_keep_big_integers_exactly_and_refuse_nul() {
+    let app = TestApp::spawn_with(|config| config.worker_concurrency = 0).await;
+    let account = app.funded_account(5).await;
+    let path = format!("/v1/accounts/{account}/jobs");
+    let request_id = Uuid::new_v4();
+    let body = |seed: &str| {
+        format!(r#"{{"request_id":"{request_id}","kind":"standard","params":{{"seed":{seed}}}}}"#)
+    };
+    let first = app
+        .post_raw(&path, ADMIN_KEY, body("12345678901234567890123"))
+        .await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    // The same request_id with a number that only differs past 64 bits is
+    // another request, not a replay.
+    let reused = app
+        .post_raw(&path, ADMIN_KEY, body("12345678901234567890999"))
+        .await;
+    let (status, problem_body) = problem(reused).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{problem_body}");
+    let mut conn = app.database.connect();
+    let stored: Value = generation_jobs::table
+        .filter(generation_jobs::request_id.eq(request_id))
+        .select(generation_jobs::params)
+        .first(&mut conn)
+        .expect("job");
+    assert_eq!(stored.to_string(), r#"{"seed":12345678901234567890123}"#);
+    for params in [r#"{"prompt":"a\u0000b"}"#, r#"{"a\u0000":1}"#] {
+        let body = format!(
+            r#"{{"request_id":"{}","kind":"standard","params":{params}}}"#,
+            Uuid::new_v4()
+        );
+        let (status, problem_body) = problem(app.post_raw(&path, ADMIN_KEY, body).await).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{problem_body}");
+    }
+    assert_eq!(
+        app.account(account).await["available"],
+        4,
+        "only the first job reserved"
+    );
+}
