@@ -90,7 +90,7 @@ pub fn pgbench_script() -> String {
          SELECT object->>'id' AS id FROM ({reserve}) AS reserved \\gset r_\n\
          {commit};\n",
         reserve = statement(&reserve, "gen_random_uuid()"),
-        commit = statement(&commit, ":'r_id'::uuid"),
+        commit = statement(&commit, ":r_id::uuid"),
     )
 }
 
