@@ -14,7 +14,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
-use crate::domain::{accounts, api_keys, checks, credits, jobs, ledger};
+use crate::domain::{accounts, api_keys, checks, credits, idempotency, jobs, ledger};
 use crate::domain::{reconciliation, reservations, types};
 use crate::error::{ApiError, Problem, ProblemCode};
 use crate::routes;
@@ -40,6 +40,7 @@ use crate::routes;
         routes::docs::swagger_ui,
         routes::docs::swagger_ui_asset,
         routes::accounts::create_account,
+        routes::accounts::list_accounts,
         routes::accounts::get_account,
         routes::accounts::update_account,
         routes::accounts::create_kiosk_key,
@@ -62,7 +63,9 @@ use crate::routes;
         Problem,
         ProblemCode,
         accounts::AccountView,
+        accounts::AccountPage,
         api_keys::CreatedApiKey,
+        idempotency::ReplayedApiKey,
         api_keys::Scope,
         credits::CreditView,
         credits::AdjustmentView,

@@ -5,6 +5,7 @@ pub mod api_keys;
 pub mod batches;
 pub mod checks;
 pub mod credits;
+pub mod idempotency;
 pub mod job_leases;
 pub mod jobs;
 pub mod ledger;

@@ -1,12 +1,14 @@
 //! Admin and finance keys; revocation of any key.
 
-use actix_web::{delete, post, web, HttpResponse};
+use actix_web::{delete, post, web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::{JsonObject, State};
+use super::accounts::create_key_once;
+use super::{idempotency_key, JsonObject, State};
 use crate::db::run_blocking;
 use crate::domain::api_keys::{create_api_key, revoke_api_key, Caller, CreatedApiKey, Scope};
+use crate::domain::idempotency::{Claim, ReplayedApiKey};
 use crate::domain::types::{ApiKeyId, Label};
 use crate::error::{ApiError, Problem};
 
@@ -23,12 +25,28 @@ struct CreateKey {
 }
 
 /// An admin or finance key, not bound to an account.
+///
+/// With an `Idempotency-Key` header, a retry with the same key and body
+/// answers 200 with the key created earlier — without its secret, which
+/// is never shown again: a client that lost it revokes that key and
+/// creates a new one.
 #[utoipa::path(
     tag = "api-keys",
+    params(
+        ("Idempotency-Key" = Option<String>, Header,
+         description = "1–200 printable ASCII characters chosen by the client; a retry \
+                        with the same key and body creates nothing and answers 200"),
+    ),
     request_body = CreateKey,
     responses(
         (status = 201, description = "The new key, with its secret (shown only now)",
          body = CreatedApiKey),
+        (status = 200, description = "A replay: the key created earlier with this \
+                                      `Idempotency-Key`, without its secret (`key` is null)",
+         body = ReplayedApiKey,
+         headers(("Idempotent-Replayed" = String, description = "`true`"))),
+        (status = 422, description = "This Idempotency-Key was used with another body",
+         body = Problem, content_type = "application/problem+json"),
         (status = 400, description = "Invalid JSON or label, or scope kiosk",
          body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Not an admin key",
@@ -42,6 +60,7 @@ struct CreateKey {
 async fn create_key(
     caller: Caller,
     state: State,
+    request: HttpRequest,
     body: JsonObject<CreateKey>,
 ) -> Result<HttpResponse, ApiError> {
     caller.authorize_admin()?;
@@ -52,11 +71,16 @@ async fn create_key(
                 .into(),
         ));
     }
-    let key = run_blocking(&state.pool, move |conn| {
+    let claim = idempotency_key(&request)?
+        .map(|key| {
+            let canonical = serde_json::json!({"scope": scope.as_str(), "label": label.as_str()});
+            Claim::new(caller.actor(), request.path().to_owned(), &key, &canonical)
+        })
+        .transpose()?;
+    create_key_once(&state, claim, move |conn| {
         create_api_key(conn, scope, None, &label)
     })
-    .await?;
-    Ok(HttpResponse::Created().json(key))
+    .await
 }
 
 /// Revokes a key; every replica refuses it from the next request on.

@@ -61,6 +61,23 @@ pub fn created(location: String, body: &impl Serialize) -> HttpResponse {
         .json(body)
 }
 
+/// The request's `Idempotency-Key`, if it sent one; validated by
+/// `domain::idempotency::Claim::new`.
+pub fn idempotency_key(request: &actix_web::HttpRequest) -> Result<Option<String>, ApiError> {
+    use crate::domain::idempotency::IDEMPOTENCY_KEY_HEADER;
+    request
+        .headers()
+        .get(IDEMPOTENCY_KEY_HEADER)
+        .map(|value| {
+            value.to_str().map(str::to_owned).map_err(|_| {
+                ApiError::InvalidRequest(format!(
+                    "the {IDEMPOTENCY_KEY_HEADER} header must be printable ASCII"
+                ))
+            })
+        })
+        .transpose()
+}
+
 pub fn replayed(body: &impl Serialize) -> HttpResponse {
     HttpResponse::Ok()
         .insert_header((IDEMPOTENT_REPLAYED, "true"))

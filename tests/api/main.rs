@@ -3,9 +3,11 @@
 
 mod helpers;
 
+mod account_directory;
 mod accounts;
 mod auth;
 mod bad_input;
+mod cli;
 mod coalescing;
 mod concurrency;
 mod crash;
