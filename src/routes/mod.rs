@@ -1,5 +1,11 @@
-//! Thin HTTP handlers: extract and validate input, call one domain function
-//! inside `run_blocking`, map the result to JSON. No SQL here.
+//! Thin HTTP handlers: extract and validate input, hand the work to the
+//! domain, map the result to JSON. No SQL here.
+//!
+//! Most handlers make one `run_blocking` call (a domain function on a pooled
+//! connection). The spending requests of an account — reserve, commit,
+//! release — go through `state.coalescer` instead, which joins concurrent
+//! ones into one transaction; a job's wait (`wait_seconds`) holds no
+//! connection while it waits and reads the job before and after.
 
 // `pub(crate)` so that `crate::openapi` can name each handler's
 // `#[utoipa::path]` in the document.

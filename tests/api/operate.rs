@@ -131,7 +131,7 @@ async fn every_metric_of_the_design_the_alerts_and_the_dashboard_is_exported() {
     for name in design {
         assert!(
             exported.contains(&format!("token_billing_{name}")),
-            "DESIGN §8 metric token_billing_{name} missing"
+            "metric token_billing_{name} of docs/api.md missing"
         );
     }
     for file in ["prometheus/alerts.yml", "grafana/dashboard.json"] {
