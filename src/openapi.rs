@@ -346,6 +346,13 @@ static DOCUMENT: LazyLock<Result<String, String>> = LazyLock::new(|| {
     let mut document =
         serde_json::to_value(ApiDoc::openapi()).map_err(|error| error.to_string())?;
     camel_case_links(&mut document);
+    // An adjustment is never 0; utoipa's schema builder has no `not`.
+    if let Some(signed) = document
+        .pointer_mut("/components/schemas/SignedTokens")
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        signed.insert("not".to_owned(), serde_json::json!({"const": 0}));
+    }
     serde_json::to_string(&document).map_err(|error| error.to_string())
 });
 
@@ -422,6 +429,21 @@ pub fn allowed_methods(path: &str) -> Option<Vec<&'static str>> {
             });
         matches.then(|| methods.clone())
     })
+}
+
+/// The document as this replica serves it: a job's `kind` is one of the
+/// kinds of its `PRICE_LIST`, which only the running service knows.
+pub fn document_with_prices(prices: &crate::config::PriceList) -> Result<String, ApiError> {
+    let mut document: serde_json::Value = serde_json::from_str(document_json()?)
+        .map_err(|error| ApiError::Internal(format!("reading the OpenAPI document: {error}")))?;
+    if let Some(kind) = document
+        .pointer_mut("/components/schemas/CreateJob/properties/kind")
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        kind.insert("enum".to_owned(), prices.keys().cloned().collect());
+    }
+    serde_json::to_string(&document)
+        .map_err(|error| ApiError::Internal(format!("serializing the OpenAPI document: {error}")))
 }
 
 /// The serialized document, for `GET /openapi.json`.

@@ -43,7 +43,8 @@ struct CreateAccount {
 #[utoipa::path(
     tag = "accounts",
     params(
-        ("Idempotency-Key" = Option<String>, Header,
+        ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 200,
+         pattern = "^[\\x20-\\x7E]+$",
          description = "1–200 printable ASCII characters chosen by the client; a retry \
                         with the same key and body creates nothing and answers 200"),
     ),
@@ -116,7 +117,11 @@ struct AccountListQuery {
     limit: Option<i64>,
     /// Only accounts whose name contains this text, case-insensitively
     /// (`%` and `_` match themselves).
-    #[param(min_length = 1, max_length = 200)]
+    #[param(
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]+$"
+    )]
     q: Option<String>,
     /// Only accounts in this status.
     #[param(pattern = "^(active|suspended)$")]
@@ -265,11 +270,18 @@ async fn update_account(
     Ok(HttpResponse::Ok().json(AccountView::from(row)))
 }
 
+/// The only scope of a key created on an account.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+enum KioskScope {
+    Kiosk,
+}
+
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CreateKioskKey {
-    /// Must be `kiosk` here.
-    scope: Scope,
+    /// Always `kiosk` here: admin and finance keys are not bound to an account.
+    scope: KioskScope,
     label: Label,
 }
 
@@ -283,7 +295,8 @@ struct CreateKioskKey {
     tag = "api-keys",
     params(
         ("account_id" = Uuid, Path, description = "The account the key spends from"),
-        ("Idempotency-Key" = Option<String>, Header,
+        ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 200,
+         pattern = "^[\\x20-\\x7E]+$",
          description = "1–200 printable ASCII characters chosen by the client; a retry \
                         with the same key and body creates nothing and answers 200"),
     ),
@@ -318,12 +331,11 @@ async fn create_kiosk_key(
 ) -> Result<HttpResponse, ApiError> {
     let account = AccountId(path.into_inner());
     caller.authorize_admin_on(account)?;
-    let CreateKioskKey { scope, label } = body.into_inner();
-    if scope != Scope::Kiosk {
-        return Err(ApiError::InvalidRequest(
-            "keys created on an account have scope \"kiosk\"; use POST /v1/api-keys for admin and finance keys".into(),
-        ));
-    }
+    let CreateKioskKey {
+        scope: KioskScope::Kiosk,
+        label,
+    } = body.into_inner();
+    let scope = Scope::Kiosk;
     let claim = idempotency_key(&request)?
         .map(|key| {
             let canonical = serde_json::json!({"scope": "kiosk", "label": label.as_str()});

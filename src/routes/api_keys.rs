@@ -19,9 +19,18 @@ pub fn configure(config: &mut web::ServiceConfig) {
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CreateKey {
-    /// `admin` or `finance`; kiosk keys are created on their account.
-    scope: Scope,
+    /// `admin` or `finance`; kiosk keys are created on their account
+    /// (`POST /v1/accounts/{account_id}/api-keys`).
+    scope: UnboundScope,
     label: Label,
+}
+
+/// The scopes of a key not bound to an account.
+#[derive(Clone, Copy, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+enum UnboundScope {
+    Admin,
+    Finance,
 }
 
 /// An admin or finance key, not bound to an account.
@@ -33,7 +42,8 @@ struct CreateKey {
 #[utoipa::path(
     tag = "api-keys",
     params(
-        ("Idempotency-Key" = Option<String>, Header,
+        ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 200,
+         pattern = "^[\\x20-\\x7E]+$",
          description = "1–200 printable ASCII characters chosen by the client; a retry \
                         with the same key and body creates nothing and answers 200"),
     ),
@@ -47,7 +57,7 @@ struct CreateKey {
          headers(("Idempotent-Replayed" = String, description = "`true`"))),
         (status = 422, description = "This Idempotency-Key was used with another body",
          body = Problem, content_type = "application/problem+json"),
-        (status = 400, description = "Invalid JSON or label, or scope kiosk",
+        (status = 400, description = "Invalid JSON or label, or a scope other than admin or finance",
          body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Not an admin key",
          body = Problem, content_type = "application/problem+json"),
@@ -65,12 +75,10 @@ async fn create_key(
 ) -> Result<HttpResponse, ApiError> {
     caller.authorize_admin()?;
     let CreateKey { scope, label } = body.into_inner();
-    if scope == Scope::Kiosk {
-        return Err(ApiError::InvalidRequest(
-            "kiosk keys are bound to an account: use POST /v1/accounts/{account_id}/api-keys"
-                .into(),
-        ));
-    }
+    let scope = match scope {
+        UnboundScope::Admin => Scope::Admin,
+        UnboundScope::Finance => Scope::Finance,
+    };
     let claim = idempotency_key(&request)?
         .map(|key| {
             let canonical = serde_json::json!({"scope": scope.as_str(), "label": label.as_str()});

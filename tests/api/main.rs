@@ -14,6 +14,7 @@ mod crash;
 mod credits;
 mod fencing;
 mod jobs;
+mod json_numbers;
 mod ledger_property;
 mod one_statement;
 mod openapi;
