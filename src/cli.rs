@@ -11,7 +11,7 @@
 //! only. The test and operations tools (chaos run, load generators, fake
 //! provider) are another binary, `token-billing-tools`.
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use crate::config::{Config, LogFormat, DEFAULT_DATABASE_URL};
 use crate::domain::api_keys::Scope;
@@ -25,8 +25,7 @@ use crate::domain::api_keys::Scope;
         ADMIN_API_KEY=dev-admin-key-change-me token-billing serve\n  \
         token-billing migrate\n  \
         token-billing account create --name \"Wedding Müller\" | jq -r .account_id\n\n\
-        Logs go to stderr; results (JSON) go alone to stdout.",
-    propagate_version = true
+        Logs go to stderr; results (JSON) go alone to stdout."
 )]
 pub struct Cli {
     #[command(flatten)]
@@ -164,6 +163,26 @@ impl From<CliScope> for Scope {
 }
 
 impl Cli {
+    /// Parses the process's arguments, exiting with clap's message on an
+    /// error (and after `--help` / `--version`).
+    pub fn parse_args() -> Cli {
+        let matches = Self::command_for_help().get_matches();
+        Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit())
+    }
+
+    /// The command line with the global options documented once, in
+    /// `token-billing --help`: each subcommand still accepts them (`account
+    /// list --database-url …` works) but lists only its own options.
+    pub fn command_for_help() -> clap::Command {
+        let command = Cli::command();
+        let globals: Vec<clap::Arg> = command
+            .get_arguments()
+            .filter(|argument| argument.is_global_set())
+            .cloned()
+            .collect();
+        quiet_globals(command, &globals)
+    }
+
     /// The service's configuration: the `serve` options (their defaults and
     /// environment variables when `serve` is implied) with the global ones.
     pub fn serve_config(&self) -> Result<Config, clap::Error> {
@@ -179,6 +198,35 @@ impl Cli {
         config.log_format = self.global.log_format;
         Ok(config)
     }
+}
+
+/// Gives every subcommand (at any depth) a hidden copy of each global
+/// option: clap then does not add the visible one, and the value still
+/// reaches `GlobalArgs` (same id, still global).
+fn quiet_globals(mut command: clap::Command, globals: &[clap::Arg]) -> clap::Command {
+    let names: Vec<String> = command
+        .get_subcommands()
+        .map(|subcommand| subcommand.get_name().to_owned())
+        .collect();
+    for name in names {
+        command = command.mut_subcommand(name, |mut subcommand| {
+            for global in globals {
+                let present = subcommand
+                    .get_arguments()
+                    .any(|argument| argument.get_id() == global.get_id());
+                if !present {
+                    subcommand = subcommand.arg(global.clone().hide(true));
+                }
+            }
+            let note = "Global options (--database-url, --log-format): see `token-billing --help`.";
+            let after = match subcommand.get_after_help() {
+                Some(text) => format!("{text}\n\n{note}"),
+                None => note.to_owned(),
+            };
+            quiet_globals(subcommand.after_help(after), globals)
+        });
+    }
+    command
 }
 
 #[derive(Parser)]

@@ -6,7 +6,6 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Parser;
 use diesel::prelude::*;
 
 use token_billing::cli::{AccountCommand, ApiKeyCommand, Cli, Command};
@@ -19,7 +18,7 @@ use token_billing::telemetry;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_args();
     telemetry::init(cli.global.log_format);
     let database_url = cli.global.database_url.clone();
     let result = match cli.command {

@@ -17,8 +17,7 @@ use token_billing::telemetry;
 #[command(
     name = "token-billing-tools",
     version,
-    about = "Test and operations tools of token-billing (not shipped in the service image)",
-    propagate_version = true
+    about = "Test and operations tools of token-billing (not shipped in the service image)"
 )]
 struct Cli {
     /// PostgreSQL connection URL (`chaos`, `bench reconciliation`).

@@ -159,6 +159,16 @@ fn results_are_json_alone_on_stdout_and_logs_have_no_colour() {
     let stderr = text(&output.stderr);
     assert!(stderr.contains("--account"), "{stderr}");
     assert!(!stderr.contains("/v1/"), "{stderr}");
+    // A global option is accepted after the subcommand too.
+    let listed = Command::new(BINARY)
+        .args(["account", "list", "--database-url", &url])
+        .env_remove("DATABASE_URL")
+        .output()
+        .expect("runs");
+    assert_eq!(
+        json_stdout(&listed)["accounts"].as_array().map(Vec::len),
+        Some(2)
+    );
     let output = run(&url, &["account", "list", "--limit", "0"]);
     assert!(text(&output.stderr).contains("--limit must be"));
 
