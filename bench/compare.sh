@@ -2,9 +2,9 @@
 # Service vs PostgreSQL on the same SQL, side by side in one run.
 #
 # For each scenario (spread: 1,000 accounts; hot: one account) and each
-# concurrency, runs `token-billing bench load` against a release build of
+# concurrency, runs `token-billing-tools bench load` against a release build of
 # the service, then pgbench -M prepared with the script printed by
-# `token-billing bench pgbench-script` (written from the very statements the
+# `token-billing-tools bench pgbench-script` (written from the very statements the
 # service executes for one reserve→commit cycle) at the same concurrency.
 # Each pair runs `rounds` times, alternating; the table shows medians and
 # the ratio of the medians (the machine is shared and noisy). On the hot
@@ -21,7 +21,8 @@ seconds="${1:-8}"
 concurrencies="${2:-8 32 64}"
 rounds="${3:-3}"
 binary="${CARGO_TARGET_DIR:-target}/release/token-billing"
-[ -x "$binary" ] || { echo "build first: cargo build --release" >&2; exit 1; }
+tools="${CARGO_TARGET_DIR:-target}/release/token-billing-tools"
+[ -x "$binary" ] && [ -x "$tools" ] || { echo "build first: cargo build --release" >&2; exit 1; }
 server_url="postgres://postgres@127.0.0.1:5432"
 key="bench-admin-key-0123456789"
 port=18090
@@ -30,7 +31,7 @@ pgbench_db="tb_bench_pgbench"
 service_pid=""
 script="$(mktemp)"
 results="$(mktemp)"
-"$binary" bench pgbench-script > "$script"
+"$tools" bench pgbench-script > "$script"
 psql_admin() { psql -h 127.0.0.1 -U postgres -qtAc "$1" postgres > /dev/null 2>&1; }
 
 start_service() { # extra environment, e.g. COALESCE_MAX_BATCH=1
@@ -59,7 +60,7 @@ service_run() { # scenario accounts concurrency [extra environment]
   local scenario="$1" accounts="$2" concurrency="$3"
   shift 3
   start_service "$@"
-  "$binary" bench load --url "http://127.0.0.1:$port" --admin-key "$key" --scenario "$scenario" \
+  "$tools" bench load --url "http://127.0.0.1:$port" --admin-key "$key" --scenario "$scenario" \
     --accounts "$accounts" --concurrency "$concurrency" --seconds "$seconds" --service-pid "$service_pid"
   stop_service
 }

@@ -1,14 +1,22 @@
-//! `token-billing chaos`: a seeded, reproducible fault run. It starts
-//! several replicas of this very binary and the fake provider on loopback,
+//! `token-billing-tools chaos`: a seeded, reproducible fault run. It starts
+//! several replicas of the service binary and the fake provider on loopback,
 //! drives a kiosk workload (jobs with provider faults, re-sent and reused
 //! request ids, explicit reservations committed, partly committed, released
 //! or abandoned), injects faults on a schedule drawn from the seed (SIGKILL
 //! of a replica, SIGSTOP longer than the lease and the TTL, PostgreSQL
 //! `restart -m immediate`), lets the system recover, and then checks the
 //! books. It exits non-zero on any violation.
+//!
+//! It leaves nothing behind: every replica runs in its own process group
+//! (the `faketime` wrapper forks the real process, so killing the wrapper
+//! alone would orphan it); stopping a replica signals the whole group,
+//! SIGTERM then SIGKILL after a grace of 3 s, and the cluster's `Drop`
+//! kills every group still there when the run ends in any other way.
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -52,7 +60,14 @@ pub struct ChaosArgs {
     /// ahead: expiry decisions must use the database clock.
     #[arg(long)]
     pub skewed_clock: bool,
+    /// The service binary the replicas run (default: `token-billing` beside
+    /// this binary).
+    #[arg(long)]
+    pub service_binary: Option<PathBuf>,
 }
+
+/// How long a stopped replica's process group gets between SIGTERM and SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(3);
 
 /// What a kiosk saw of one request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -117,6 +132,9 @@ impl Cluster {
             Command::new(&self.binary)
         };
         Ok(command
+            // Its own process group: signals reach the faketime wrapper and
+            // the replica it forked alike.
+            .process_group(0)
             .arg("serve")
             .env("DATABASE_URL", &self.database_url)
             .env("BIND_ADDR", format!("127.0.0.1:{port}"))
@@ -153,9 +171,7 @@ impl Cluster {
     fn signal(&self, index: usize, signal: &str) {
         if let Ok(replica) = self.replicas[index].lock() {
             if let Some(child) = &replica.child {
-                let _ = Command::new("kill")
-                    .args([signal, &child.id().to_string()])
-                    .status();
+                signal_group(child, signal);
             }
         }
     }
@@ -165,31 +181,88 @@ impl Cluster {
             .lock()
             .map_err(|_| anyhow::anyhow!("replica lock"))?;
         if let Some(mut child) = replica.child.take() {
-            let _ = child.kill();
+            signal_group(&child, "-KILL");
             let _ = child.wait();
         }
         replica.child = Some(self.spawn(index, replica.port)?);
         Ok(())
     }
 
+    /// SIGTERM to every replica's group, SIGKILL to what is left after the
+    /// grace.
     fn stop_all(&self) {
         for index in 0..self.replicas.len() {
             self.signal(index, "-CONT");
             self.signal(index, "-TERM");
         }
+        let deadline = Instant::now() + STOP_GRACE;
         for replica in &self.replicas {
             if let Ok(mut replica) = replica.lock() {
                 if let Some(mut child) = replica.child.take() {
-                    let deadline = Instant::now() + Duration::from_secs(10);
-                    while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
+                    // Reap the leader first: a zombie still counts as alive.
+                    while Instant::now() < deadline
+                        && (matches!(child.try_wait(), Ok(None)) || group_alive(&child))
+                    {
                         std::thread::sleep(Duration::from_millis(50));
                     }
-                    let _ = child.kill();
+                    signal_group(&child, "-KILL");
                     let _ = child.wait();
                 }
             }
         }
     }
+}
+
+impl Drop for Cluster {
+    /// The run ended early (an error, a panic, a signal): no replica may
+    /// outlive it.
+    fn drop(&mut self) {
+        for replica in &self.replicas {
+            let mut replica = match replica.lock() {
+                Ok(replica) => replica,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            if let Some(mut child) = replica.child.take() {
+                signal_group(&child, "-KILL");
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+/// Sends `signal` (e.g. `-TERM`) to the child's whole process group.
+fn signal_group(child: &Child, signal: &str) {
+    let _ = Command::new("kill")
+        .args([signal, "--", &format!("-{}", child.id())])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// True while any process of the child's group is alive.
+fn group_alive(child: &Child) -> bool {
+    Command::new("kill")
+        .args(["-0", "--", &format!("-{}", child.id())])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success())
+}
+
+/// The service binary: `--service-binary`, else `token-billing` beside
+/// this executable (cargo builds both into one directory).
+fn service_binary(explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    if let Some(path) = explicit {
+        return Ok(path);
+    }
+    let tools = std::env::current_exe()?;
+    let sibling = tools.with_file_name("token-billing");
+    anyhow::ensure!(
+        sibling.is_file(),
+        "the service binary {} is missing: build it (cargo build) or pass --service-binary",
+        sibling.display()
+    );
+    Ok(sibling)
 }
 
 async fn ready(client: &reqwest::Client, url: &str) -> bool {
@@ -720,7 +793,7 @@ pub async fn run(database_url: &str, args: ChaosArgs) -> anyhow::Result<bool> {
         }));
     }
     let cluster = Arc::new(Cluster {
-        binary: std::env::current_exe()?,
+        binary: service_binary(args.service_binary.clone())?,
         database_url: database_url.to_owned(),
         provider_url: format!("http://{provider_address}"),
         replicas,

@@ -1,30 +1,61 @@
-//! The command line: `serve` (default), `migrate`, `account create`,
-//! `api-key create`. Every configuration variable has a `--flag` twin.
+//! The command line of the service binary `token-billing`:
+//!
+//! - `serve` (the default): create the database if missing, migrate, serve;
+//! - `migrate`: create the database if missing and migrate;
+//! - `account create`, `account list`, `api-key create`, `reconcile`:
+//!   management commands on a database that `serve` or `migrate` prepared
+//!   (they never create or migrate one themselves).
+//!
+//! Global options (`--database-url`, `--log-format`) are defined once here;
+//! every setting of the running service has its `--flag` under `serve`
+//! only. The test and operations tools (chaos run, load generators, fake
+//! provider) are another binary, `token-billing-tools`.
 
-use clap::{Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
-use crate::config::Config;
+use crate::config::{Config, LogFormat, DEFAULT_DATABASE_URL};
 use crate::domain::api_keys::Scope;
 
 #[derive(Debug, Parser)]
 #[command(
     name = "token-billing",
     version,
-    about = "Prepaid token billing for AI photo kiosks"
+    about = "Prepaid token billing for AI photo kiosks: the HTTP service and its management commands",
+    after_help = "Examples:\n  \
+        ADMIN_API_KEY=dev-admin-key-change-me token-billing serve\n  \
+        token-billing migrate\n  \
+        token-billing account create --name \"Wedding Müller\" | jq -r .account_id\n\n\
+        Logs go to stderr; results (JSON) go alone to stdout."
 )]
 pub struct Cli {
     #[command(flatten)]
-    pub config: Config,
+    pub global: GlobalArgs,
 
     #[command(subcommand)]
     pub command: Option<Command>,
 }
 
+/// Options every command reads.
+#[derive(Clone, Debug, Args)]
+pub struct GlobalArgs {
+    /// PostgreSQL connection URL.
+    #[arg(long, env = "DATABASE_URL", global = true, default_value = DEFAULT_DATABASE_URL)]
+    pub database_url: String,
+
+    /// Log format (logs go to stderr; `RUST_LOG` sets the filter).
+    #[arg(long, env = "LOG_FORMAT", global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Create the database if missing, migrate, and serve the HTTP API (default).
-    Serve,
+    /// Create the database if missing, migrate it, and serve the HTTP API (the default).
+    #[command(after_help = "Example:\n  \
+        ADMIN_API_KEY=dev-admin-key-change-me token-billing serve --bind-addr 127.0.0.1:8080")]
+    Serve(ServeArgs),
     /// Create the database if missing and apply pending migrations.
+    #[command(after_help = "Example:\n  \
+        token-billing --database-url postgres://postgres@localhost:5432/token_billing migrate")]
     Migrate,
     /// Manage accounts.
     Account {
@@ -36,7 +67,10 @@ pub enum Command {
         #[command(subcommand)]
         action: ApiKeyCommand,
     },
-    /// Print the finance reconciliation of a period; exits 3 on mismatch.
+    /// Print the finance reconciliation of a period as JSON (or CSV); exits 3 on mismatch.
+    #[command(after_help = "Examples:\n  \
+        token-billing reconcile | jq -r .status\n  \
+        token-billing reconcile --from 2026-11-01T00:00:00Z --to 2026-12-01T00:00:00Z --csv")]
     Reconcile {
         /// Start of the period (RFC 3339, included); default: 30 days before `--to`.
         #[arg(long)]
@@ -44,63 +78,68 @@ pub enum Command {
         /// End of the period (RFC 3339, excluded); default: now.
         #[arg(long)]
         to: Option<String>,
-        /// Only this account.
+        /// Only this account (its id).
         #[arg(long)]
         account: Option<uuid::Uuid>,
         /// CSV instead of JSON.
         #[arg(long)]
         csv: bool,
     },
-    /// Seeded fault run: replicas of this binary, the fake provider, a kiosk
-    /// workload, SIGKILL / SIGSTOP / PostgreSQL restarts, then the books are
-    /// checked (exit 1 on a violation). DATABASE_URL must name a scratch
-    /// database `tb_chaos…`, which is recreated.
-    Chaos(crate::chaos::ChaosArgs),
-    /// Load generators against a running service.
-    Bench {
-        #[command(subcommand)]
-        target: BenchCommand,
-    },
-    /// Serve the fake provider (the `http` protocol with fault injection).
-    FakeProvider {
-        #[arg(long, default_value = "127.0.0.1:9090")]
-        bind: String,
-    },
 }
 
-#[derive(Debug, Subcommand)]
-pub enum BenchCommand {
-    /// Job pipeline overhead beyond provider time.
-    Jobs(crate::bench::JobBenchArgs),
-    /// Kiosk fleets: reserve→commit cycles (spread, hot) or jobs.
-    Load(crate::bench::load::LoadArgs),
-    /// Print the pgbench twin of a kiosk cycle (the service's own SQL).
-    PgbenchScript,
-    /// Seed a scratch database (DATABASE_URL) and time reconciliation reports.
-    Reconciliation(crate::bench::ReconciliationBenchArgs),
+/// The settings of a running service; each has an environment variable twin.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub config: Config,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum AccountCommand {
-    /// Create an account; prints it as JSON.
+    /// Create an account with no tokens; prints it as JSON.
+    #[command(after_help = "Example:\n  \
+        token-billing account create --name \"Wedding Müller\" | jq -r .account_id")]
     Create {
+        /// The account's name (1–200 characters, no control characters).
         #[arg(long)]
         name: String,
-        /// 0 means unlimited.
-        #[arg(long)]
+        /// Held reservations allowed at once (0: unlimited; default 10).
+        #[arg(long, allow_negative_numbers = true)]
         max_active_reservations: Option<i64>,
+    },
+    /// List accounts, oldest first, as JSON `{accounts, next_after}`.
+    #[command(after_help = "Example:\n  \
+        token-billing account list --q müller | jq -r '.accounts[] | [.account_id, .name] | @tsv'")]
+    List {
+        /// Only accounts whose name contains this text (case-insensitive).
+        #[arg(long)]
+        q: Option<String>,
+        /// Only accounts in this status.
+        #[arg(long, value_parser = ["active", "suspended"])]
+        status: Option<String>,
+        /// Start after this account id (the `next_after` of a previous page).
+        #[arg(long)]
+        after: Option<uuid::Uuid>,
+        /// Most accounts printed (1–1000).
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
     },
 }
 
 #[derive(Debug, Subcommand)]
 pub enum ApiKeyCommand {
-    /// Create a key; prints it as JSON. The key is shown this once only.
+    /// Create a key; prints it as JSON, with its secret `key` shown this once only.
+    #[command(after_help = "Examples:\n  \
+        token-billing api-key create --scope admin --label ops | jq -r .key\n  \
+        token-billing api-key create --scope kiosk --account <ACCOUNT_ID> --label \"booth 1\"")]
     Create {
+        /// What the key may do: admin (everything), finance (read), kiosk (one account).
         #[arg(long, value_enum)]
         scope: CliScope,
-        /// The account a kiosk key is bound to.
+        /// The account a kiosk key is bound to (kiosk keys only).
         #[arg(long)]
         account: Option<uuid::Uuid>,
+        /// A note telling people what the key is for (1–200 characters).
         #[arg(long, default_value = "created from the command line")]
         label: String,
     },
@@ -121,4 +160,77 @@ impl From<CliScope> for Scope {
             CliScope::Kiosk => Scope::Kiosk,
         }
     }
+}
+
+impl Cli {
+    /// Parses the process's arguments, exiting with clap's message on an
+    /// error (and after `--help` / `--version`).
+    pub fn parse_args() -> Cli {
+        let matches = Self::command_for_help().get_matches();
+        Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit())
+    }
+
+    /// The command line with the global options documented once, in
+    /// `token-billing --help`: each subcommand still accepts them (`account
+    /// list --database-url …` works) but lists only its own options.
+    pub fn command_for_help() -> clap::Command {
+        let command = Cli::command();
+        let globals: Vec<clap::Arg> = command
+            .get_arguments()
+            .filter(|argument| argument.is_global_set())
+            .cloned()
+            .collect();
+        quiet_globals(command, &globals)
+    }
+
+    /// The service's configuration: the `serve` options (their defaults and
+    /// environment variables when `serve` is implied) with the global ones.
+    pub fn serve_config(&self) -> Result<Config, clap::Error> {
+        let mut config = match &self.command {
+            Some(Command::Serve(args)) => args.config.clone(),
+            _ => {
+                // `token-billing` alone serves: read the serve options from
+                // the environment and their defaults.
+                ServeOnly::try_parse_from(["token-billing"])?.config
+            }
+        };
+        config.database_url.clone_from(&self.global.database_url);
+        config.log_format = self.global.log_format;
+        Ok(config)
+    }
+}
+
+/// Gives every subcommand (at any depth) a hidden copy of each global
+/// option: clap then does not add the visible one, and the value still
+/// reaches `GlobalArgs` (same id, still global).
+fn quiet_globals(mut command: clap::Command, globals: &[clap::Arg]) -> clap::Command {
+    let names: Vec<String> = command
+        .get_subcommands()
+        .map(|subcommand| subcommand.get_name().to_owned())
+        .collect();
+    for name in names {
+        command = command.mut_subcommand(name, |mut subcommand| {
+            for global in globals {
+                let present = subcommand
+                    .get_arguments()
+                    .any(|argument| argument.get_id() == global.get_id());
+                if !present {
+                    subcommand = subcommand.arg(global.clone().hide(true));
+                }
+            }
+            let note = "Global options (--database-url, --log-format): see `token-billing --help`.";
+            let after = match subcommand.get_after_help() {
+                Some(text) => format!("{text}\n\n{note}"),
+                None => note.to_owned(),
+            };
+            quiet_globals(subcommand.after_help(after), globals)
+        });
+    }
+    command
+}
+
+#[derive(Parser)]
+struct ServeOnly {
+    #[command(flatten)]
+    config: Config,
 }

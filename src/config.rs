@@ -1,7 +1,9 @@
 //! Every setting of the service, its default and its limits, in one place.
 //!
-//! Each environment variable of DESIGN §9 has a `--flag` twin (clap reads
-//! both; the flag wins). `Config::validate` refuses a configuration that
+//! Each environment variable has a `--flag` twin under `token-billing serve`
+//! (clap reads both; the flag wins); `DATABASE_URL` and `LOG_FORMAT` are the
+//! global options of every command (`cli::GlobalArgs`). docs/configuration.md
+//! is the table of them all. `Config::validate` refuses a configuration that
 //! would lose or freeze tokens at run time, with a message that names the
 //! variable to fix.
 
@@ -10,6 +12,8 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
+/// Where `serve` and the management commands find PostgreSQL by default.
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@localhost:5432/token_billing";
 /// Bounds on `ttl_seconds` of a reservation, in seconds.
 pub const TTL_SECONDS_MIN: i32 = 1;
 pub const TTL_SECONDS_MAX: i32 = 86_400;
@@ -70,150 +74,96 @@ pub enum LogFormat {
 #[derive(Clone, Debug, Args)]
 pub struct Config {
     /// PostgreSQL connection URL; `serve` creates the database when missing.
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        global = true,
-        default_value = "postgres://postgres@localhost:5432/token_billing"
-    )]
+    /// Parsed once for every command, as a global option (`cli::GlobalArgs`).
+    #[arg(skip = DEFAULT_DATABASE_URL.to_owned())]
     pub database_url: String,
 
     /// Address the HTTP server listens on (port 0 picks a free port).
-    #[arg(
-        long,
-        env = "BIND_ADDR",
-        global = true,
-        default_value = "127.0.0.1:8080"
-    )]
+    #[arg(long, env = "BIND_ADDR", default_value = "127.0.0.1:8080")]
     pub bind_addr: String,
 
     /// Connections in the pool; bounds the service's database concurrency.
-    #[arg(long, env = "DB_POOL_SIZE", global = true, default_value_t = 16)]
+    #[arg(long, env = "DB_POOL_SIZE", default_value_t = 16)]
     pub db_pool_size: u32,
 
     /// Most concurrent money operations (reservations, commits, releases,
     /// extensions, job creations, credits; of any accounts) joined into one
     /// engine transaction; 1 turns this group commit off.
-    #[arg(long, env = "COALESCE_MAX_BATCH", global = true, default_value_t = 32)]
+    #[arg(long, env = "COALESCE_MAX_BATCH", default_value_t = 32)]
     pub coalesce_max_batch: u32,
 
     /// Engine batches each replica keeps in flight at once; a request that
     /// arrives while all are busy joins the next batch.
-    #[arg(
-        long,
-        env = "COALESCE_MAX_IN_FLIGHT",
-        global = true,
-        default_value_t = 4
-    )]
+    #[arg(long, env = "COALESCE_MAX_IN_FLIGHT", default_value_t = 4)]
     pub coalesce_max_in_flight: u32,
 
     /// When set, this key has `admin` scope (bootstrap).
-    #[arg(long, env = "ADMIN_API_KEY", global = true, hide_env_values = true)]
+    #[arg(long, env = "ADMIN_API_KEY", hide_env_values = true)]
     pub admin_api_key: Option<String>,
 
     /// Job prices per kind, e.g. `standard=1,hd=2`.
-    #[arg(long, env = "PRICE_LIST", global = true, default_value = "standard=1")]
+    #[arg(long, env = "PRICE_LIST", default_value = "standard=1")]
     pub price_list: String,
 
     /// Default lifetime of a reservation, in seconds.
-    #[arg(
-        long,
-        env = "RESERVATION_TTL_SECONDS",
-        global = true,
-        default_value_t = 300
-    )]
+    #[arg(long, env = "RESERVATION_TTL_SECONDS", default_value_t = 300)]
     pub reservation_ttl_seconds: i32,
 
     /// Lease of a worker on a job, in seconds (heartbeat at half).
-    #[arg(long, env = "JOB_LEASE_SECONDS", global = true, default_value_t = 30)]
+    #[arg(long, env = "JOB_LEASE_SECONDS", default_value_t = 30)]
     pub job_lease_seconds: i32,
 
     /// Attempts per job before it fails and its tokens are released.
-    #[arg(long, env = "JOB_MAX_ATTEMPTS", global = true, default_value_t = 3)]
+    #[arg(long, env = "JOB_MAX_ATTEMPTS", default_value_t = 3)]
     pub job_max_attempts: i32,
 
     /// Job workers in this replica (0: an API-only replica).
-    #[arg(long, env = "WORKER_CONCURRENCY", global = true, default_value_t = 8)]
+    #[arg(long, env = "WORKER_CONCURRENCY", default_value_t = 8)]
     pub worker_concurrency: u32,
 
     /// Reaper schedule: cron with a seconds field.
-    #[arg(
-        long,
-        env = "REAPER_SCHEDULE",
-        global = true,
-        default_value = "*/30 * * * * *"
-    )]
+    #[arg(long, env = "REAPER_SCHEDULE", default_value = "*/30 * * * * *")]
     pub reaper_schedule: String,
 
     /// Image generation provider.
-    #[arg(long, env = "PROVIDER", global = true, value_enum, default_value_t = ProviderKind::Simulated)]
+    #[arg(long, env = "PROVIDER", value_enum, default_value_t = ProviderKind::Simulated)]
     pub provider: ProviderKind,
 
     /// Base URL of the `http` provider.
-    #[arg(long, env = "PROVIDER_URL", global = true)]
+    #[arg(long, env = "PROVIDER_URL")]
     pub provider_url: Option<String>,
 
     /// Timeout of one provider request, in seconds.
-    #[arg(
-        long,
-        env = "PROVIDER_TIMEOUT_SECONDS",
-        global = true,
-        default_value_t = 60
-    )]
+    #[arg(long, env = "PROVIDER_TIMEOUT_SECONDS", default_value_t = 60)]
     pub provider_timeout_seconds: i32,
 
     /// First retry delay of a job after a retryable provider error, in
     /// milliseconds; doubles with every attempt.
-    #[arg(
-        long,
-        env = "JOB_RETRY_BACKOFF_MS",
-        global = true,
-        default_value_t = 1_000
-    )]
+    #[arg(long, env = "JOB_RETRY_BACKOFF_MS", default_value_t = 1_000)]
     pub job_retry_backoff_ms: u64,
 
     /// Mean latency of the simulated provider, in milliseconds (±50 %).
-    #[arg(
-        long,
-        env = "SIMULATED_LATENCY_MS",
-        global = true,
-        default_value_t = 500
-    )]
+    #[arg(long, env = "SIMULATED_LATENCY_MS", default_value_t = 500)]
     pub simulated_latency_ms: u64,
 
     /// Share of simulated generations that fail (0.0 … 1.0).
-    #[arg(
-        long,
-        env = "SIMULATED_FAILURE_RATE",
-        global = true,
-        default_value_t = 0.0
-    )]
+    #[arg(long, env = "SIMULATED_FAILURE_RATE", default_value_t = 0.0)]
     pub simulated_failure_rate: f64,
 
     /// On SIGTERM, how long running jobs may take to finish, in seconds.
-    #[arg(
-        long,
-        env = "SHUTDOWN_GRACE_SECONDS",
-        global = true,
-        default_value_t = 30
-    )]
+    #[arg(long, env = "SHUTDOWN_GRACE_SECONDS", default_value_t = 30)]
     pub shutdown_grace_seconds: u64,
 
     /// Requests per second allowed per API key (0: no limit).
-    #[arg(
-        long,
-        env = "RATE_LIMIT_PER_SECOND",
-        global = true,
-        default_value_t = 50
-    )]
+    #[arg(long, env = "RATE_LIMIT_PER_SECOND", default_value_t = 50)]
     pub rate_limit_per_second: u32,
 
     /// Requests a key may send at once above its rate.
-    #[arg(long, env = "RATE_LIMIT_BURST", global = true, default_value_t = 100)]
+    #[arg(long, env = "RATE_LIMIT_BURST", default_value_t = 100)]
     pub rate_limit_burst: u32,
 
-    /// Log format.
-    #[arg(long, env = "LOG_FORMAT", global = true, value_enum, default_value_t = LogFormat::Text)]
+    /// Log format; a global option too (`cli::GlobalArgs`).
+    #[arg(skip = LogFormat::Text)]
     pub log_format: LogFormat,
 }
 

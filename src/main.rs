@@ -1,77 +1,49 @@
-//! `token-billing`: parse the command line, validate the configuration,
-//! set up logging and the database, then serve or run a subcommand.
+//! `token-billing`, the service binary: parse the command line, set up
+//! logging (stderr) and the database, then serve or run a management
+//! command whose result (JSON) is printed alone on stdout. The test and
+//! operations tools are the other binary, `token-billing-tools`.
 
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
-use clap::Parser;
 use diesel::prelude::*;
 
-use token_billing::cli::{AccountCommand, ApiKeyCommand, BenchCommand, Cli, Command};
+use token_billing::cli::{AccountCommand, ApiKeyCommand, Cli, Command};
 use token_billing::config::Config;
 use token_billing::db;
 use token_billing::domain::{accounts, api_keys, types};
-use token_billing::provider::fake::FakeBackend;
-use token_billing::provider::fake_server::build_fake_provider;
 use token_billing::provider::AnyProvider;
 use token_billing::startup::{start_replica, AppState};
 use token_billing::telemetry;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
-    if let Err(message) = cli.config.validate() {
-        eprintln!("token-billing: invalid configuration: {message}");
-        return ExitCode::from(2);
-    }
-    telemetry::init(cli.config.log_format);
-    if let Some(Command::Reconcile {
-        from,
-        to,
-        account,
-        csv,
-    }) = &cli.command
-    {
-        return reconcile_command(&cli.config, from.as_deref(), to.as_deref(), *account, *csv);
-    }
-    let result = match cli.command.unwrap_or(Command::Serve) {
-        Command::Serve => serve(cli.config).await,
-        Command::Migrate => prepare_database(&cli.config).map(|_| ()),
-        Command::Account { action } => account_command(&cli.config, action),
-        Command::ApiKey { action } => api_key_command(&cli.config, action),
-        Command::Reconcile { .. } => Ok(()),
-        Command::Chaos(args) => {
-            match token_billing::chaos::run(&cli.config.database_url, args).await {
-                Ok(true) => Ok(()),
-                Ok(false) => return ExitCode::FAILURE,
-                Err(error) => Err(error),
+    let cli = Cli::parse_args();
+    telemetry::init(cli.global.log_format);
+    let database_url = cli.global.database_url.clone();
+    let result = match cli.command {
+        None | Some(Command::Serve(_)) => {
+            let config = match cli.serve_config() {
+                Ok(config) => config,
+                Err(error) => error.exit(),
+            };
+            if let Err(message) = config.validate() {
+                eprintln!("token-billing: invalid configuration: {message}");
+                return ExitCode::from(2);
             }
+            serve(config).await
         }
-        Command::Bench {
-            target: BenchCommand::Load(args),
-        } => token_billing::bench::load::run_load(args).await,
-        Command::Bench {
-            target: BenchCommand::Reconciliation(args),
-        } => {
-            let url = cli.config.database_url.clone();
-            tokio::task::spawn_blocking(move || {
-                token_billing::bench::run_reconciliation_bench(&url, &args)
-            })
-            .await
-            .map_err(anyhow::Error::from)
-            .and_then(|result| result)
+        Some(Command::Migrate) => prepare_database(&database_url).map(|_| ()),
+        Some(Command::Account { action }) => account_command(&database_url, action),
+        Some(Command::ApiKey { action }) => api_key_command(&database_url, action),
+        Some(Command::Reconcile {
+            from,
+            to,
+            account,
+            csv,
+        }) => {
+            return reconcile_command(&database_url, from.as_deref(), to.as_deref(), account, csv)
         }
-        Command::Bench {
-            target: BenchCommand::PgbenchScript,
-        } => {
-            print!("{}", token_billing::bench::pgbench_script());
-            Ok(())
-        }
-        Command::Bench {
-            target: BenchCommand::Jobs(args),
-        } => token_billing::bench::run_job_bench(args).await,
-        Command::FakeProvider { bind } => fake_provider(&cli.config, &bind).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -84,12 +56,12 @@ async fn main() -> ExitCode {
 
 /// Creates the database when missing and applies pending migrations, under
 /// an advisory lock so replicas starting together migrate once.
-fn prepare_database(config: &Config) -> anyhow::Result<PgConnection> {
-    if db::create_database_if_missing(&config.database_url)? {
+fn prepare_database(database_url: &str) -> anyhow::Result<PgConnection> {
+    if db::create_database_if_missing(database_url)? {
         tracing::info!("created the database");
     }
-    let mut conn = PgConnection::establish(&config.database_url)
-        .map_err(|error| anyhow::anyhow!("connecting to DATABASE_URL: {error}"))?;
+    let mut conn = PgConnection::establish(database_url)
+        .map_err(|error| anyhow::anyhow!("connecting to the database (DATABASE_URL): {error}"))?;
     diesel::sql_query("SELECT pg_advisory_lock(7243001)").execute(&mut conn)?;
     let applied = db::run_migrations(&mut conn);
     diesel::sql_query("SELECT pg_advisory_unlock(7243001)").execute(&mut conn)?;
@@ -100,8 +72,8 @@ fn prepare_database(config: &Config) -> anyhow::Result<PgConnection> {
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {
-    let database_config = config.clone();
-    tokio::task::spawn_blocking(move || prepare_database(&database_config)).await??;
+    let database_url = config.database_url.clone();
+    tokio::task::spawn_blocking(move || prepare_database(&database_url)).await??;
     let provider = AnyProvider::from_config(&config)?;
     let grace = Duration::from_secs(config.shutdown_grace_seconds);
     let pool = db::build_pool(&config.database_url, config.db_pool_size);
@@ -149,25 +121,9 @@ async fn shutdown_signal() -> &'static str {
     }
 }
 
-async fn fake_provider(config: &Config, bind: &str) -> anyhow::Result<()> {
-    let backend = Arc::new(FakeBackend::new(
-        config.simulated_latency_ms,
-        config.simulated_failure_rate,
-    ));
-    let (server, address) = build_fake_provider(bind, backend)?;
-    tracing::info!(%address, "fake provider serving");
-    let handle = server.handle();
-    let server = tokio::spawn(server);
-    let signal = shutdown_signal().await;
-    tracing::info!(signal, "fake provider stopping");
-    handle.stop(true).await;
-    server.await??;
-    Ok(())
-}
-
 /// Prints the report; exit 0 when `ok`, 3 on `mismatch`, 1 on error.
 fn reconcile_command(
-    config: &Config,
+    database_url: &str,
     from: Option<&str>,
     to: Option<&str>,
     account: Option<uuid::Uuid>,
@@ -183,8 +139,7 @@ fn reconcile_command(
             RECONCILIATION_RANGE_DEFAULT,
             RECONCILIATION_RANGE_MAX,
         )?;
-        let mut conn = PgConnection::establish(&config.database_url)
-            .map_err(|error| anyhow::anyhow!("connecting to DATABASE_URL: {error}"))?;
+        let mut conn = db::connect_prepared(database_url)?;
         let report = reconcile(&mut conn, from, to, account)?;
         if csv {
             print!("{}", to_csv(&report));
@@ -203,42 +158,79 @@ fn reconcile_command(
     }
 }
 
-fn account_command(config: &Config, action: AccountCommand) -> anyhow::Result<()> {
-    let mut conn = prepare_database(config)?;
+fn account_command(database_url: &str, action: AccountCommand) -> anyhow::Result<()> {
+    let mut conn = db::connect_prepared(database_url)?;
     match action {
         AccountCommand::Create {
             name,
             max_active_reservations,
         } => {
-            let name = types::Name::try_from(name).map_err(anyhow::Error::msg)?;
-            let limit = accounts::parse_max_active_reservations(max_active_reservations)?;
+            let name =
+                types::Name::try_from(name).map_err(|error| anyhow::anyhow!("--name: {error}"))?;
+            let limit = accounts::parse_max_active_reservations(max_active_reservations)
+                .map_err(|error| anyhow::anyhow!(cli_message(&error)))?;
             let row = accounts::create_account(&mut conn, &name, limit)?;
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&accounts::AccountView::from(row))?
-            );
+            print_json(&accounts::AccountView::from(row))
+        }
+        AccountCommand::List {
+            q,
+            status,
+            after,
+            limit,
+        } => {
+            let filter =
+                accounts::AccountFilter::parse(after, Some(limit), q.as_deref(), status.as_deref())
+                    .map_err(|error| anyhow::anyhow!(cli_message(&error)))?;
+            print_json(&accounts::list_accounts(&mut conn, &filter)?)
         }
     }
+}
+
+fn api_key_command(database_url: &str, action: ApiKeyCommand) -> anyhow::Result<()> {
+    let ApiKeyCommand::Create {
+        scope,
+        account,
+        label,
+    } = action;
+    let label =
+        types::Label::try_from(label).map_err(|error| anyhow::anyhow!("--label: {error}"))?;
+    let scope = api_keys::Scope::from(scope);
+    match (scope, account) {
+        (api_keys::Scope::Kiosk, None) => {
+            anyhow::bail!(
+                "--scope kiosk needs --account <ACCOUNT_ID>: a kiosk key is bound to one account"
+            )
+        }
+        (api_keys::Scope::Admin | api_keys::Scope::Finance, Some(_)) => {
+            anyhow::bail!("--account is only for --scope kiosk: admin and finance keys are not bound to an account")
+        }
+        _ => {}
+    }
+    let mut conn = db::connect_prepared(database_url)?;
+    let key = api_keys::create_api_key(&mut conn, scope, account.map(types::AccountId), &label)
+        .map_err(|error| match error {
+            token_billing::error::ApiError::NotFound(_) => anyhow::anyhow!(
+                "no account has the id given with --account (`token-billing account list` shows them)"
+            ),
+            other => anyhow::anyhow!(cli_message(&other)),
+        })?;
+    print_json(&key)
+}
+
+fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
     Ok(())
 }
 
-fn api_key_command(config: &Config, action: ApiKeyCommand) -> anyhow::Result<()> {
-    let mut conn = prepare_database(config)?;
-    match action {
-        ApiKeyCommand::Create {
-            scope,
-            account,
-            label,
-        } => {
-            let label = types::Label::try_from(label).map_err(anyhow::Error::msg)?;
-            let key = api_keys::create_api_key(
-                &mut conn,
-                scope.into(),
-                account.map(types::AccountId),
-                &label,
-            )?;
-            println!("{}", serde_json::to_string_pretty(&key)?);
-        }
-    }
-    Ok(())
+/// An API error in the words of the command line: field names become
+/// flags, and no HTTP path or status is mentioned.
+fn cli_message(error: &token_billing::error::ApiError) -> String {
+    let text = error.to_string();
+    let text = text.strip_prefix("invalid request: ").unwrap_or(&text);
+    ["max_active_reservations", "limit", "status", "q"]
+        .iter()
+        .fold(text.to_owned(), |message, field| {
+            let flag = format!("--{}", field.replace('_', "-"));
+            message.replacen(&format!("{field} must"), &format!("{flag} must"), 1)
+        })
 }

@@ -14,7 +14,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
-use crate::domain::{accounts, api_keys, checks, credits, jobs, ledger};
+use crate::domain::{accounts, api_keys, checks, credits, idempotency, jobs, ledger};
 use crate::domain::{reconciliation, reservations, types};
 use crate::error::{ApiError, Problem, ProblemCode};
 use crate::routes;
@@ -40,6 +40,7 @@ use crate::routes;
         routes::docs::swagger_ui,
         routes::docs::swagger_ui_asset,
         routes::accounts::create_account,
+        routes::accounts::list_accounts,
         routes::accounts::get_account,
         routes::accounts::update_account,
         routes::accounts::create_kiosk_key,
@@ -62,7 +63,9 @@ use crate::routes;
         Problem,
         ProblemCode,
         accounts::AccountView,
+        accounts::AccountPage,
         api_keys::CreatedApiKey,
+        idempotency::ReplayedApiKey,
         api_keys::Scope,
         credits::CreditView,
         credits::AdjustmentView,
@@ -89,7 +92,7 @@ use crate::routes;
         types::Reason,
         types::Note,
     )),
-    modifiers(&BearerScheme),
+    modifiers(&BearerScheme, &Links),
     tags(
         (name = "accounts", description = "Accounts, their balances and their ledger"),
         (name = "api-keys", description = "Admin, finance and kiosk keys"),
@@ -179,13 +182,211 @@ impl Modify for BearerScheme {
     }
 }
 
+/// OpenAPI links: from what a creation answers to the operations that take
+/// it next (a reservation → get, commit, release, extend; a job → its
+/// status; an account → its balance, credits, keys, ledger; a key → its
+/// revocation), so that generated clients and stateful testers can follow
+/// them. Each entry: (path, method, statuses, link name, target operation
+/// id, [(target parameter, runtime expression)]).
+type LinkSpec = (
+    &'static str,
+    &'static str,
+    &'static [&'static str],
+    &'static str,
+    &'static str,
+    &'static [(&'static str, &'static str)],
+);
+
+const ACCOUNT_FROM_BODY: (&str, &str) = ("account_id", "$response.body#/account_id");
+const RESERVATION_FROM_BODY: [(&str, &str); 2] = [
+    ACCOUNT_FROM_BODY,
+    ("reservation_id", "$response.body#/reservation_id"),
+];
+const KEY_FROM_BODY: [(&str, &str); 1] = [("key_id", "$response.body#/key_id")];
+
+pub const LINKS: &[LinkSpec] = &[
+    (
+        "/v1/accounts/{account_id}/reservations",
+        "post",
+        &["201", "200"],
+        "GetReservation",
+        "get_reservation",
+        &RESERVATION_FROM_BODY,
+    ),
+    (
+        "/v1/accounts/{account_id}/reservations",
+        "post",
+        &["201", "200"],
+        "CommitReservation",
+        "commit_reservation",
+        &RESERVATION_FROM_BODY,
+    ),
+    (
+        "/v1/accounts/{account_id}/reservations",
+        "post",
+        &["201", "200"],
+        "ReleaseReservation",
+        "release_reservation",
+        &RESERVATION_FROM_BODY,
+    ),
+    (
+        "/v1/accounts/{account_id}/reservations",
+        "post",
+        &["201", "200"],
+        "ExtendReservation",
+        "extend_reservation",
+        &RESERVATION_FROM_BODY,
+    ),
+    (
+        "/v1/accounts/{account_id}/jobs",
+        "post",
+        &["201", "200"],
+        "GetJob",
+        "get_job",
+        &[
+            ACCOUNT_FROM_BODY,
+            ("request_id", "$response.body#/request_id"),
+        ],
+    ),
+    (
+        "/v1/accounts",
+        "post",
+        &["201", "200"],
+        "GetAccount",
+        "get_account",
+        &[ACCOUNT_FROM_BODY],
+    ),
+    (
+        "/v1/accounts",
+        "post",
+        &["201", "200"],
+        "UpdateAccount",
+        "update_account",
+        &[ACCOUNT_FROM_BODY],
+    ),
+    (
+        "/v1/accounts",
+        "post",
+        &["201", "200"],
+        "CreateCredit",
+        "create_credit",
+        &[ACCOUNT_FROM_BODY],
+    ),
+    (
+        "/v1/accounts",
+        "post",
+        &["201", "200"],
+        "CreateKioskKey",
+        "create_kiosk_key",
+        &[ACCOUNT_FROM_BODY],
+    ),
+    (
+        "/v1/accounts",
+        "post",
+        &["201", "200"],
+        "ListLedger",
+        "list_ledger",
+        &[ACCOUNT_FROM_BODY],
+    ),
+    (
+        "/v1/api-keys",
+        "post",
+        &["201", "200"],
+        "RevokeKey",
+        "revoke_key",
+        &KEY_FROM_BODY,
+    ),
+    (
+        "/v1/accounts/{account_id}/api-keys",
+        "post",
+        &["201", "200"],
+        "RevokeKey",
+        "revoke_key",
+        &KEY_FROM_BODY,
+    ),
+];
+
+struct Links;
+
+impl Modify for Links {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::link::LinkBuilder;
+        use utoipa::openapi::RefOr;
+        for (path, method, statuses, name, target, parameters) in LINKS {
+            let Some(item) = openapi.paths.paths.get_mut(*path) else {
+                continue;
+            };
+            let operation = match *method {
+                "post" => item.post.as_mut(),
+                "get" => item.get.as_mut(),
+                _ => None,
+            };
+            let Some(operation) = operation else {
+                continue;
+            };
+            for status in *statuses {
+                if let Some(RefOr::T(response)) = operation.responses.responses.get_mut(*status) {
+                    let link = parameters
+                        .iter()
+                        .fold(
+                            LinkBuilder::new().operation_id(*target),
+                            |link, (parameter, expression)| link.parameter(*parameter, *expression),
+                        )
+                        .build();
+                    response.links.insert((*name).to_owned(), RefOr::T(link));
+                }
+            }
+        }
+    }
+}
+
 /// The document is the same for the life of the process: built and
 /// serialized once, on first request.
 static DOCUMENT: LazyLock<Result<String, String>> = LazyLock::new(|| {
-    ApiDoc::openapi()
-        .to_json()
-        .map_err(|error| error.to_string())
+    let mut document =
+        serde_json::to_value(ApiDoc::openapi()).map_err(|error| error.to_string())?;
+    camel_case_links(&mut document);
+    // An adjustment is never 0; utoipa's schema builder has no `not`.
+    if let Some(signed) = document
+        .pointer_mut("/components/schemas/SignedTokens")
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        signed.insert("not".to_owned(), serde_json::json!({"const": 0}));
+    }
+    serde_json::to_string(&document).map_err(|error| error.to_string())
 });
+
+/// utoipa 5 writes a Link Object's fields in snake case (`operation_id`);
+/// OpenAPI names them `operationId`, `operationRef`, `requestBody`.
+fn camel_case_links(document: &mut serde_json::Value) {
+    let Some(paths) = document
+        .get_mut("paths")
+        .and_then(serde_json::Value::as_object_mut)
+    else {
+        return;
+    };
+    let links = paths
+        .values_mut()
+        .filter_map(serde_json::Value::as_object_mut)
+        .flat_map(|item| item.values_mut())
+        .filter_map(|operation| operation.get_mut("responses"))
+        .filter_map(serde_json::Value::as_object_mut)
+        .flat_map(|responses| responses.values_mut())
+        .filter_map(|response| response.get_mut("links").and_then(|l| l.as_object_mut()))
+        .flat_map(|links| links.values_mut())
+        .filter_map(serde_json::Value::as_object_mut);
+    for link in links {
+        for (snake, camel) in [
+            ("operation_id", "operationId"),
+            ("operation_ref", "operationRef"),
+            ("request_body", "requestBody"),
+        ] {
+            if let Some(value) = link.remove(snake) {
+                link.insert(camel.to_owned(), value);
+            }
+        }
+    }
+}
 
 /// Path templates and their methods, for telling 405 from 404.
 static ROUTES: LazyLock<Vec<(Vec<String>, Vec<&'static str>)>> = LazyLock::new(|| {
@@ -228,6 +429,21 @@ pub fn allowed_methods(path: &str) -> Option<Vec<&'static str>> {
             });
         matches.then(|| methods.clone())
     })
+}
+
+/// The document as this replica serves it: a job's `kind` is one of the
+/// kinds of its `PRICE_LIST`, which only the running service knows.
+pub fn document_with_prices(prices: &crate::config::PriceList) -> Result<String, ApiError> {
+    let mut document: serde_json::Value = serde_json::from_str(document_json()?)
+        .map_err(|error| ApiError::Internal(format!("reading the OpenAPI document: {error}")))?;
+    if let Some(kind) = document
+        .pointer_mut("/components/schemas/CreateJob/properties/kind")
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        kind.insert("enum".to_owned(), prices.keys().cloned().collect());
+    }
+    serde_json::to_string(&document)
+        .map_err(|error| ApiError::Internal(format!("serializing the OpenAPI document: {error}")))
 }
 
 /// The serialized document, for `GET /openapi.json`.
@@ -293,6 +509,67 @@ mod tests {
             as_i64(&wait["schema"]["maximum"]),
             i64::try_from(JOB_WAIT_SECONDS_MAX).expect("small")
         );
+    }
+
+    /// Every link leads from an operation that exists to one that exists,
+    /// filling exactly the target's path parameters from fields the
+    /// response has.
+    #[test]
+    fn links_lead_to_real_operations_and_parameters() {
+        let doc = document();
+        let mut targets = std::collections::BTreeMap::new();
+        for (path, item) in doc["paths"].as_object().expect("paths") {
+            for operation in item.as_object().expect("item").values() {
+                if let Some(id) = operation["operationId"].as_str() {
+                    let parameters: Vec<String> = operation["parameters"]
+                        .as_array()
+                        .map(|parameters| {
+                            parameters
+                                .iter()
+                                .filter(|p| p["in"] == "path")
+                                .map(|p| p["name"].as_str().expect("name").to_owned())
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    targets.insert(id.to_owned(), (path.clone(), parameters));
+                }
+            }
+        }
+        let mut checked = 0;
+        for (path, method, statuses, name, target, parameters) in LINKS {
+            let (_, wanted) = targets
+                .get(*target)
+                .unwrap_or_else(|| panic!("{name}: no operation {target}"));
+            let mut given: Vec<String> = parameters.iter().map(|(p, _)| (*p).to_owned()).collect();
+            given.sort();
+            let mut wanted = wanted.clone();
+            wanted.sort();
+            assert_eq!(
+                given, wanted,
+                "{name} fills the path parameters of {target}"
+            );
+            for status in *statuses {
+                let response = &doc["paths"][path][method]["responses"][status];
+                let link = &response["links"][name];
+                assert_eq!(
+                    link["operationId"], *target,
+                    "{method} {path} {status} {name}"
+                );
+                let schema_name = response["content"]["application/json"]["schema"]["$ref"]
+                    .as_str()
+                    .and_then(|r| r.rsplit('/').next())
+                    .unwrap_or_else(|| panic!("{method} {path} {status} has a JSON body"));
+                for (_, expression) in *parameters {
+                    let field = expression.trim_start_matches("$response.body#/");
+                    assert!(
+                        doc["components"]["schemas"][schema_name]["properties"][field].is_object(),
+                        "{name}: {schema_name} has no {field}"
+                    );
+                }
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 24);
     }
 
     #[test]

@@ -1,13 +1,16 @@
 //! Logging and request ids.
 //!
-//! Logs are human-readable text by default, JSON lines with
-//! `LOG_FORMAT=json`; `RUST_LOG` overrides the filter. Every request gets an
+//! Logs go to stderr, so that a command's result alone is on stdout. They
+//! are human-readable text by default, coloured only when stderr is a
+//! terminal and `NO_COLOR` is unset, JSON lines with `LOG_FORMAT=json`;
+//! `RUST_LOG` overrides the filter. Every request gets an
 //! id — the client's `X-Request-Id` when it is a sane token, else a new
 //! UUID — which is echoed in the `X-Request-Id` response header, written
 //! into problem+json bodies, and carried by the request's log span. Logs
 //! never contain headers, so no API key or secret reaches them.
 
 use std::future::Future;
+use std::io::IsTerminal;
 
 use tracing_subscriber::EnvFilter;
 use uuid::Uuid;
@@ -26,12 +29,23 @@ pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(colour_wanted(
+            std::io::stderr().is_terminal(),
+            std::env::var_os("NO_COLOR"),
+        ))
         .with_target(true);
     // A second init (tests, embedding) keeps the first subscriber.
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
+}
+
+/// Colour only on a terminal, and never when `NO_COLOR` is set to anything
+/// but the empty string (<https://no-color.org>).
+pub fn colour_wanted(terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    terminal && no_color.is_none_or(|value| value.is_empty())
 }
 
 /// The id of the request being served on this task, if any.
@@ -84,6 +98,14 @@ mod tests {
             assert!(Uuid::parse_str(&id).is_ok());
         }
         assert!(Uuid::parse_str(&request_id_from(None)).is_ok());
+    }
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(colour_wanted(true, None));
+        assert!(colour_wanted(true, Some("".into())));
+        assert!(!colour_wanted(true, Some("1".into())));
+        assert!(!colour_wanted(false, None));
     }
 
     #[tokio::test]

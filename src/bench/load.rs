@@ -1,4 +1,4 @@
-//! `token-billing bench load`: simulated kiosk fleets over real HTTP with
+//! `token-billing-tools bench load`: simulated kiosk fleets over real HTTP with
 //! keep-alive, against a running service. Scenarios:
 //! - `spread`: reserve → commit cycles over many accounts (a kiosk key each);
 //! - `hot`: the same cycles, all on one account;

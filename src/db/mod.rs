@@ -111,6 +111,45 @@ pub fn create_database_if_missing(database_url: &str) -> anyhow::Result<bool> {
     }
 }
 
+/// Connects to a database that `serve` or `migrate` has prepared, for the
+/// management commands: they never create or migrate a database themselves,
+/// so a missing or unmigrated one is an error that says what to run.
+pub fn connect_prepared(database_url: &str) -> anyhow::Result<PgConnection> {
+    let mut conn = match PgConnection::establish(database_url) {
+        Ok(conn) => conn,
+        Err(error) => {
+            let text = error.to_string();
+            if text.contains("does not exist") && text.contains("database") {
+                let name = split_database_url(database_url)
+                    .map(|(name, _)| name)
+                    .unwrap_or_default();
+                anyhow::bail!(
+                    "the database {name:?} does not exist: create and migrate it first with \
+                     `token-billing migrate` (or start `token-billing serve`), using the same \
+                     --database-url / DATABASE_URL"
+                );
+            }
+            anyhow::bail!("cannot connect to the database (--database-url / DATABASE_URL): {text}");
+        }
+    };
+    // Asking diesel about pending migrations would create its bookkeeping
+    // table in an empty database: look for it first.
+    let bookkept: bool = diesel::select(diesel::dsl::sql::<diesel::sql_types::Bool>(
+        "to_regclass('__diesel_schema_migrations') IS NOT NULL",
+    ))
+    .get_result(&mut conn)?;
+    let pending = !bookkept
+        || conn
+            .has_pending_migration(MIGRATIONS)
+            .map_err(|error| anyhow::anyhow!("reading the database's migrations: {error}"))?;
+    anyhow::ensure!(
+        !pending,
+        "the database is not migrated to this version: run `token-billing migrate` (or start \
+                     `token-billing serve`) first"
+    );
+    Ok(conn)
+}
+
 diesel::table! {
     pg_database (datname) {
         datname -> Text,

@@ -10,10 +10,126 @@ use crate::db::schema::accounts;
 use crate::domain::types::{AccountId, Name};
 use crate::error::ApiError;
 
-/// Default `max_active_reservations` of a new account (DESIGN §2).
+/// Default `max_active_reservations` of a new account (docs/api.md).
 pub const DEFAULT_MAX_ACTIVE_RESERVATIONS: i32 = 10;
 /// Upper bound on `max_active_reservations` (0 means unlimited).
 pub const MAX_ACTIVE_RESERVATIONS_LIMIT: i32 = 100_000;
+/// Page sizes of the account list.
+pub const ACCOUNT_PAGE_DEFAULT: i64 = 100;
+pub const ACCOUNT_PAGE_MAX: i64 = 1_000;
+/// Longest `q` of the account list, in characters (a name is at most 200).
+pub const ACCOUNT_QUERY_LENGTH_MAX: usize = 200;
+
+/// One page of the account list, oldest first; `next_after` is the cursor
+/// of the next page (`null` on the last one).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct AccountPage {
+    pub accounts: Vec<AccountView>,
+    pub next_after: Option<AccountId>,
+}
+
+/// What to list: validated by `AccountFilter::parse`.
+#[derive(Clone, Debug)]
+pub struct AccountFilter {
+    pub after: Option<AccountId>,
+    pub limit: i64,
+    /// `%q%` for ILIKE, with the wildcards of `q` escaped.
+    name_pattern: Option<String>,
+    pub status: Option<String>,
+}
+
+impl AccountFilter {
+    pub fn parse(
+        after: Option<Uuid>,
+        limit: Option<i64>,
+        q: Option<&str>,
+        status: Option<&str>,
+    ) -> Result<AccountFilter, ApiError> {
+        let limit = limit.unwrap_or(ACCOUNT_PAGE_DEFAULT);
+        if !(1..=ACCOUNT_PAGE_MAX).contains(&limit) {
+            return Err(ApiError::InvalidRequest(format!(
+                "limit must be between 1 and {ACCOUNT_PAGE_MAX}, got {limit}"
+            )));
+        }
+        if let Some(status) = status {
+            if status != "active" && status != "suspended" {
+                return Err(ApiError::InvalidRequest(format!(
+                    "status must be \"active\" or \"suspended\", got {status:?}"
+                )));
+            }
+        }
+        let name_pattern = match q {
+            None => None,
+            Some(q) => {
+                if q.is_empty() || q.chars().count() > ACCOUNT_QUERY_LENGTH_MAX {
+                    return Err(ApiError::InvalidRequest(format!(
+                        "q must be 1 to {ACCOUNT_QUERY_LENGTH_MAX} characters"
+                    )));
+                }
+                if q.chars().any(char::is_control) {
+                    return Err(ApiError::InvalidRequest(
+                        "q must not contain control characters".into(),
+                    ));
+                }
+                Some(like_contains(q))
+            }
+        };
+        Ok(AccountFilter {
+            after: after.map(AccountId),
+            limit,
+            name_pattern,
+            status: status.map(str::to_owned),
+        })
+    }
+}
+
+/// `%text%` for `ILIKE … ESCAPE '\'`, with `%`, `_` and `\` of the text
+/// matching themselves.
+fn like_contains(text: &str) -> String {
+    let mut pattern = String::with_capacity(text.len() + 2);
+    pattern.push('%');
+    for c in text.chars() {
+        if matches!(c, '%' | '_' | '\\') {
+            pattern.push('\\');
+        }
+        pattern.push(c);
+    }
+    pattern.push('%');
+    pattern
+}
+
+/// Accounts in id order (ids are UUIDv7: creation order), after the cursor.
+pub fn list_accounts(
+    conn: &mut PgConnection,
+    filter: &AccountFilter,
+) -> Result<AccountPage, ApiError> {
+    let mut query = accounts::table
+        .select(AccountRow::as_select())
+        .order(accounts::id.asc())
+        .limit(filter.limit + 1)
+        .into_boxed();
+    if let Some(after) = filter.after {
+        query = query.filter(accounts::id.gt(after.0));
+    }
+    if let Some(status) = &filter.status {
+        query = query.filter(accounts::status.eq(status.clone()));
+    }
+    if let Some(pattern) = &filter.name_pattern {
+        query = query.filter(accounts::name.ilike(pattern.clone()).escape('\\'));
+    }
+    let mut rows: Vec<AccountRow> = query.load(conn)?;
+    let more = rows.len() > usize::try_from(filter.limit).unwrap_or(usize::MAX);
+    rows.truncate(usize::try_from(filter.limit).unwrap_or(usize::MAX));
+    let next_after = if more {
+        rows.last().map(|row| AccountId(row.id))
+    } else {
+        None
+    };
+    Ok(AccountPage {
+        accounts: rows.into_iter().map(AccountView::from).collect(),
+        next_after,
+    })
+}
 
 #[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct AccountView {
@@ -117,4 +233,30 @@ pub fn update_account(
         .get_result(conn)
         .optional()?;
     row.ok_or(ApiError::NotFound("account"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn like_wildcards_match_themselves() {
+        assert_eq!(like_contains("a_b%c\\d"), "%a\\_b\\%c\\\\d%");
+        assert_eq!(like_contains("Müller"), "%Müller%");
+    }
+
+    #[test]
+    fn bad_filters_are_refused() {
+        assert!(AccountFilter::parse(None, Some(0), None, None).is_err());
+        assert!(AccountFilter::parse(None, Some(1001), None, None).is_err());
+        assert!(AccountFilter::parse(None, None, Some(""), None).is_err());
+        assert!(AccountFilter::parse(None, None, None, Some("gone")).is_err());
+        assert!(AccountFilter::parse(None, None, Some("a\u{7}"), None).is_err());
+        assert_eq!(
+            AccountFilter::parse(None, None, Some("x"), Some("active"))
+                .expect("valid")
+                .limit,
+            ACCOUNT_PAGE_DEFAULT
+        );
+    }
 }

@@ -1,5 +1,5 @@
-//! The invariants of DESIGN §6.4, checked in one set-based query: never a
-//! silent repair. Used by the reaper (which counts and logs violations)
+//! The token invariants (docs/architecture.md), checked in one set-based
+//! query: never a silent repair. Used by the reaper (which counts and logs violations)
 //! and by reconciliation (which reports them).
 
 use diesel::prelude::*;

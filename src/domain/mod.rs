@@ -4,6 +4,7 @@ pub mod accounts;
 pub mod api_keys;
 pub mod checks;
 pub mod credits;
+pub mod idempotency;
 pub mod job_leases;
 pub mod jobs;
 pub mod ledger;

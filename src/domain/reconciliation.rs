@@ -2,8 +2,8 @@
 //! roll-forward `opening + credited + adjusted − committed = closing`
 //! (opening and closing = available + reserved, from the ledger's
 //! balances-after), the movements of the period, succeeded jobs against
-//! their commit entries, and the invariant checks of DESIGN §6.4. One pass
-//! of set-based SQL; the rows come ordered by account id, so the same
+//! their commit entries, and the invariant checks of `checks`. One pass of
+//! set-based SQL; the rows come ordered by account id, so the same
 //! period over the same data gives the same report, byte for byte.
 
 use chrono::{DateTime, SecondsFormat, Utc};

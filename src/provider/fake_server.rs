@@ -1,4 +1,4 @@
-//! `token-billing fake-provider`: the fake backend served over the `http`
+//! `token-billing-tools fake-provider`: the fake backend served over the `http`
 //! provider protocol, with real network faults (a 503, a request that never
 //! answers, a connection dropped after the prediction was created).
 

@@ -6,7 +6,7 @@
 //!   `GET /predictions/{id}`), `Idempotency-Key: <job_id>`;
 //! - `simulated`: in-process, the default, so the service runs out of the box;
 //! - `fake`: the shared fault-injection backend of `simulated` and of the
-//!   stand-alone `token-billing fake-provider` server.
+//!   stand-alone `token-billing-tools fake-provider` server.
 
 pub mod fake;
 pub mod fake_server;

@@ -5,11 +5,14 @@ use actix_web::{get, patch, post, web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::{created, JsonObject, State};
+use super::{created, idempotency_key, replayed, JsonObject, State};
 use crate::config::{LEDGER_PAGE_DEFAULT, LEDGER_PAGE_MAX};
 use crate::db::run_blocking;
-use crate::domain::accounts::{self, parse_max_active_reservations, AccountView};
+use crate::domain::accounts::{
+    self, parse_max_active_reservations, AccountFilter, AccountPage, AccountView,
+};
 use crate::domain::api_keys::{create_api_key, Caller, CreatedApiKey, Scope};
+use crate::domain::idempotency::{self, Claim, Created, ReplayedApiKey};
 use crate::domain::ledger::{self, LedgerPage};
 use crate::domain::types::{AccountId, Label, Name};
 use crate::error::{ApiError, Problem};
@@ -17,6 +20,7 @@ use crate::error::{ApiError, Problem};
 pub fn configure(config: &mut web::ServiceConfig) {
     config
         .service(create_account)
+        .service(list_accounts)
         .service(get_account)
         .service(update_account)
         .service(create_kiosk_key)
@@ -33,17 +37,31 @@ struct CreateAccount {
 }
 
 /// Creates an account with no tokens (admin).
+///
+/// With an `Idempotency-Key` header, a retry with the same key and body
+/// answers 200 with the account the first request created.
 #[utoipa::path(
     tag = "accounts",
+    params(
+        ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 200,
+         pattern = "^[\\x20-\\x7E]+$",
+         description = "1–200 printable ASCII characters chosen by the client; a retry \
+                        with the same key and body creates nothing and answers 200"),
+    ),
     request_body = CreateAccount,
     responses(
         (status = 201, description = "The new account", body = AccountView,
          headers(("Location" = String, description = "The account's URL"))),
-        (status = 400, description = "Invalid JSON, field or limit",
+        (status = 200, description = "A replay: the account created earlier with this \
+                                      `Idempotency-Key`", body = AccountView,
+         headers(("Idempotent-Replayed" = String, description = "`true`"))),
+        (status = 400, description = "Invalid JSON, field, limit or Idempotency-Key",
          body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Not an admin key",
          body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body larger than 64 KiB",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "This Idempotency-Key was used with another body",
          body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = [])),
@@ -52,6 +70,7 @@ struct CreateAccount {
 async fn create_account(
     caller: Caller,
     state: State,
+    request: HttpRequest,
     body: JsonObject<CreateAccount>,
 ) -> Result<HttpResponse, ApiError> {
     caller.authorize_admin()?;
@@ -60,12 +79,88 @@ async fn create_account(
         max_active_reservations,
     } = body.into_inner();
     let limit = parse_max_active_reservations(max_active_reservations)?;
-    let row = run_blocking(&state.pool, move |conn| {
-        accounts::create_account(conn, &name, limit)
+    let claim = idempotency_key(&request)?
+        .map(|key| {
+            let canonical =
+                serde_json::json!({"name": name.as_str(), "max_active_reservations": limit});
+            Claim::new(caller.actor(), request.path().to_owned(), &key, &canonical)
+        })
+        .transpose()?;
+    let (view, replay) = run_blocking(&state.pool, move |conn| {
+        let create = |conn: &mut diesel::PgConnection| {
+            accounts::create_account(conn, &name, limit).map(|row| (row.id, row))
+        };
+        match claim {
+            None => create(conn).map(|(_, row)| (AccountView::from(row), false)),
+            Some(claim) => match idempotency::create_once(conn, &claim, create)? {
+                Created::New(row) => Ok((AccountView::from(row), false)),
+                Created::Existing(id) => accounts::get_account(conn, AccountId(id))
+                    .map(|row| (AccountView::from(row), true)),
+            },
+        }
     })
     .await?;
-    let view = AccountView::from(row);
+    if replay {
+        return Ok(replayed(&view));
+    }
     Ok(created(format!("/v1/accounts/{}", view.account_id), &view))
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+struct AccountListQuery {
+    /// Accounts after this account id: the previous page's `next_after`.
+    after: Option<Uuid>,
+    /// Accounts per page, default 100.
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<i64>,
+    /// Only accounts whose name contains this text, case-insensitively
+    /// (`%` and `_` match themselves).
+    #[param(
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]+$"
+    )]
+    q: Option<String>,
+    /// Only accounts in this status.
+    #[param(pattern = "^(active|suspended)$")]
+    status: Option<String>,
+}
+
+/// Lists accounts, oldest first, and finds them by name (admin, finance).
+#[utoipa::path(
+    tag = "accounts",
+    params(AccountListQuery),
+    responses(
+        (status = 200, description = "One page of accounts; `next_after` is the next \
+                                      page's `after`, null on the last page", body = AccountPage),
+        (status = 400, description = "Invalid cursor, limit, q or status",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "A kiosk key",
+         body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])),
+)]
+#[get("/v1/accounts")]
+async fn list_accounts(
+    caller: Caller,
+    state: State,
+    query: web::Query<AccountListQuery>,
+) -> Result<HttpResponse, ApiError> {
+    caller.authorize_finance()?;
+    let AccountListQuery {
+        after,
+        limit,
+        q,
+        status,
+    } = query.into_inner();
+    let filter = AccountFilter::parse(after, limit, q.as_deref(), status.as_deref())?;
+    let page = run_blocking(&state.pool, move |conn| {
+        accounts::list_accounts(conn, &filter)
+    })
+    .await?;
+    Ok(HttpResponse::Ok().json(page))
 }
 
 /// Balances, with the version as `ETag` (`If-None-Match` answers 304).
@@ -175,22 +270,46 @@ async fn update_account(
     Ok(HttpResponse::Ok().json(AccountView::from(row)))
 }
 
+/// The only scope of a key created on an account.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+enum KioskScope {
+    Kiosk,
+}
+
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CreateKioskKey {
-    /// Must be `kiosk` here.
-    scope: Scope,
+    /// Always `kiosk` here: admin and finance keys are not bound to an account.
+    scope: KioskScope,
     label: Label,
 }
 
 /// A kiosk key bound to this account; the key is in this answer only.
+///
+/// With an `Idempotency-Key` header, a retry with the same key and body
+/// answers 200 with the key created earlier — without its secret, which
+/// is never shown again: a client that lost it revokes that key and
+/// creates a new one.
 #[utoipa::path(
     tag = "api-keys",
-    params(("account_id" = Uuid, Path, description = "The account the key spends from")),
+    params(
+        ("account_id" = Uuid, Path, description = "The account the key spends from"),
+        ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 200,
+         pattern = "^[\\x20-\\x7E]+$",
+         description = "1–200 printable ASCII characters chosen by the client; a retry \
+                        with the same key and body creates nothing and answers 200"),
+    ),
     request_body = CreateKioskKey,
     responses(
         (status = 201, description = "The new key, with its secret (shown only now)",
          body = CreatedApiKey),
+        (status = 200, description = "A replay: the key created earlier with this \
+                                      `Idempotency-Key`, without its secret (`key` is null)",
+         body = ReplayedApiKey,
+         headers(("Idempotent-Replayed" = String, description = "`true`"))),
+        (status = 422, description = "This Idempotency-Key was used with another body",
+         body = Problem, content_type = "application/problem+json"),
         (status = 400, description = "Invalid JSON, path or label, or a scope other than kiosk",
          body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Not an admin key",
@@ -207,21 +326,49 @@ async fn create_kiosk_key(
     caller: Caller,
     state: State,
     path: web::Path<Uuid>,
+    request: HttpRequest,
     body: JsonObject<CreateKioskKey>,
 ) -> Result<HttpResponse, ApiError> {
     let account = AccountId(path.into_inner());
     caller.authorize_admin_on(account)?;
-    let CreateKioskKey { scope, label } = body.into_inner();
-    if scope != Scope::Kiosk {
-        return Err(ApiError::InvalidRequest(
-            "keys created on an account have scope \"kiosk\"; use POST /v1/api-keys for admin and finance keys".into(),
-        ));
-    }
-    let key = run_blocking(&state.pool, move |conn| {
+    let CreateKioskKey {
+        scope: KioskScope::Kiosk,
+        label,
+    } = body.into_inner();
+    let scope = Scope::Kiosk;
+    let claim = idempotency_key(&request)?
+        .map(|key| {
+            let canonical = serde_json::json!({"scope": "kiosk", "label": label.as_str()});
+            Claim::new(caller.actor(), request.path().to_owned(), &key, &canonical)
+        })
+        .transpose()?;
+    create_key_once(&state, claim, move |conn| {
         create_api_key(conn, scope, Some(account), &label)
     })
+    .await
+}
+
+/// Creates a key, once per `Idempotency-Key` when there is one: 201 with
+/// the secret, or 200 with the earlier key and no secret.
+pub(super) async fn create_key_once(
+    state: &State,
+    claim: Option<Claim>,
+    create: impl FnOnce(&mut diesel::PgConnection) -> Result<CreatedApiKey, ApiError> + Send + 'static,
+) -> Result<HttpResponse, ApiError> {
+    let outcome = run_blocking(&state.pool, move |conn| match claim {
+        None => create(conn).map(Created::New),
+        Some(claim) => match idempotency::create_once(conn, &claim, |conn| {
+            create(conn).map(|key| (key.key_id.0, key))
+        })? {
+            Created::New(key) => Ok(Created::New(key)),
+            Created::Existing(id) => idempotency::replayed_api_key(conn, id).map(Created::Existing),
+        },
+    })
     .await?;
-    Ok(HttpResponse::Created().json(key))
+    Ok(match outcome {
+        Created::New(key) => HttpResponse::Created().json(key),
+        Created::Existing(key) => replayed(&key),
+    })
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]

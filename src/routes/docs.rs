@@ -28,10 +28,10 @@ pub fn configure(config: &mut web::ServiceConfig) {
     ),
 )]
 #[get("/openapi.json")]
-async fn openapi_json() -> Result<HttpResponse, ApiError> {
+async fn openapi_json(state: super::State) -> Result<HttpResponse, ApiError> {
     Ok(HttpResponse::Ok()
         .content_type("application/json")
-        .body(openapi::document_json()?))
+        .body(openapi::document_with_prices(&state.prices)?))
 }
 
 /// Swagger UI reads `/openapi.json`; `validatorUrl: null` because the

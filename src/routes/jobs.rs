@@ -29,9 +29,12 @@ pub fn configure(config: &mut web::ServiceConfig) {
 struct CreateJob {
     /// The kiosk's idempotency key: the same id, kind and params replay.
     request_id: Uuid,
-    /// A kind from the service's price list; its price is the job's cost.
+    /// A kind from the service's price list (`PRICE_LIST`); its price is the
+    /// job's cost. `/openapi.json` lists this replica's kinds.
     kind: String,
-    /// The provider's parameters, at most 16 KiB of JSON.
+    /// The provider's parameters, handed over as sent: a JSON object of at
+    /// most 16 KiB serialized, at most 32 levels deep, with no U+0000
+    /// anywhere.
     #[schema(value_type = Object)]
     params: Value,
 }

@@ -1,5 +1,11 @@
-//! Thin HTTP handlers: extract and validate input, call one domain function
-//! inside `run_blocking`, map the result to JSON. No SQL here.
+//! Thin HTTP handlers: extract and validate input, hand the work to the
+//! domain, map the result to JSON. No SQL here.
+//!
+//! Most handlers make one `run_blocking` call (a domain function on a pooled
+//! connection). The spending requests of an account — reserve, commit,
+//! release — go through `state.coalescer` instead, which joins concurrent
+//! ones into one transaction; a job's wait (`wait_seconds`) holds no
+//! connection while it waits and reads the job before and after.
 
 // `pub(crate)` so that `crate::openapi` can name each handler's
 // `#[utoipa::path]` in the document.
@@ -61,6 +67,23 @@ pub fn created(location: String, body: &impl Serialize) -> HttpResponse {
         .json(body)
 }
 
+/// The request's `Idempotency-Key`, if it sent one; validated by
+/// `domain::idempotency::Claim::new`.
+pub fn idempotency_key(request: &actix_web::HttpRequest) -> Result<Option<String>, ApiError> {
+    use crate::domain::idempotency::IDEMPOTENCY_KEY_HEADER;
+    request
+        .headers()
+        .get(IDEMPOTENCY_KEY_HEADER)
+        .map(|value| {
+            value.to_str().map(str::to_owned).map_err(|_| {
+                ApiError::InvalidRequest(format!(
+                    "the {IDEMPOTENCY_KEY_HEADER} header must be printable ASCII"
+                ))
+            })
+        })
+        .transpose()
+}
+
 pub fn replayed(body: &impl Serialize) -> HttpResponse {
     HttpResponse::Ok()
         .insert_header((IDEMPOTENT_REPLAYED, "true"))
@@ -87,13 +110,59 @@ impl<T: serde::de::DeserializeOwned + 'static> FromRequest for JsonObject<T> {
         let object =
             web::Json::<serde_json::Map<String, serde_json::Value>>::from_request(request, payload);
         Box::pin(async move {
-            let object = object.await?.into_inner();
+            let object = integral_numbers(object.await?.into_inner());
+            if object
+                .iter()
+                .any(|(key, value)| key.contains('\0') || has_nul(value))
+            {
+                return Err(ApiError::InvalidRequest(
+                    "the JSON body must not contain the character U+0000 (\\u0000) anywhere".into(),
+                )
+                .into());
+            }
             serde_json::from_value(serde_json::Value::Object(object))
                 .map(JsonObject)
                 .map_err(|error| {
                     ApiError::InvalidRequest(format!("invalid JSON body: {error}")).into()
                 })
         })
+    }
+}
+
+/// A number without a fraction written with one (`5.0`) is the integer 5, as
+/// JSON Schema and so the OpenAPI document say; serde would refuse it for
+/// an integer field. Only the body's own fields are read this way: nested
+/// values (a job's `params`) reach the provider exactly as sent. A number
+/// with a fraction (`5.5`) stays what it is, and is refused as before.
+fn integral_numbers(
+    mut object: serde_json::Map<String, serde_json::Value>,
+) -> serde_json::Map<String, serde_json::Value> {
+    for value in object.values_mut() {
+        let integral = value
+            .as_f64()
+            .filter(|_| !value.is_i64() && !value.is_u64())
+            .filter(|number| number.fract() == 0.0 && number.abs() < 9.0e15);
+        if let Some(number) = integral {
+            // Exact: |number| < 2^53, and it has no fraction.
+            #[allow(clippy::cast_possible_truncation)]
+            let integer = number as i64;
+            *value = serde_json::Value::from(integer);
+        }
+    }
+    object
+}
+
+/// True when a string or a key anywhere in `value` holds U+0000, which
+/// PostgreSQL cannot store (in `text` or `jsonb`): refused up front as a
+/// bad request rather than failing at the database.
+fn has_nul(value: &serde_json::Value) -> bool {
+    match value {
+        serde_json::Value::String(text) => text.contains('\0'),
+        serde_json::Value::Array(items) => items.iter().any(has_nul),
+        serde_json::Value::Object(object) => object
+            .iter()
+            .any(|(key, value)| key.contains('\0') || has_nul(value)),
+        _ => false,
     }
 }
 
@@ -109,12 +178,12 @@ pub fn optional_json_body<T: serde::de::DeserializeOwned + Default>(
     let invalid =
         |error: serde_json::Error| ApiError::InvalidRequest(format!("invalid JSON body: {error}"));
     let value: serde_json::Value = serde_json::from_slice(body).map_err(invalid)?;
-    if !value.is_object() {
+    let serde_json::Value::Object(object) = value else {
         return Err(ApiError::InvalidRequest(
             "the JSON body must be an object".into(),
         ));
-    }
-    serde_json::from_value(value).map_err(invalid)
+    };
+    serde_json::from_value(serde_json::Value::Object(integral_numbers(object))).map_err(invalid)
 }
 
 /// `Authorization: Bearer <key>` → the presented credentials, without a

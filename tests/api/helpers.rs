@@ -145,6 +145,7 @@ pub fn test_config(database_url: &str) -> Config {
         "token-billing",
         "--database-url",
         database_url,
+        "serve",
         "--bind-addr",
         "127.0.0.1:0",
         "--db-pool-size",
@@ -163,7 +164,7 @@ pub fn test_config(database_url: &str) -> Config {
         "0",
     ])
     .expect("test arguments parse");
-    cli.config
+    cli.serve_config().expect("serve defaults parse")
 }
 
 pub struct TestApp {

@@ -3,9 +3,11 @@
 
 mod helpers;
 
+mod account_directory;
 mod accounts;
 mod auth;
 mod bad_input;
+mod cli;
 mod coalescing;
 mod concurrency;
 mod crash;
@@ -13,6 +15,7 @@ mod credits;
 mod differential;
 mod fencing;
 mod jobs;
+mod json_numbers;
 mod ledger_property;
 mod model;
 mod openapi;

@@ -131,7 +131,7 @@ async fn every_metric_of_the_design_the_alerts_and_the_dashboard_is_exported() {
     for name in design {
         assert!(
             exported.contains(&format!("token_billing_{name}")),
-            "DESIGN §8 metric token_billing_{name} missing"
+            "metric token_billing_{name} of docs/api.md missing"
         );
     }
     for file in ["prometheus/alerts.yml", "grafana/dashboard.json"] {
@@ -204,8 +204,11 @@ fn the_compose_file_agrees_with_the_code_and_the_repository() {
     let service = &services["token-billing"];
 
     // Environment names are the service's configuration variables.
-    let known: BTreeSet<String> = Cli::command()
+    let command = Cli::command();
+    let serve = command.find_subcommand("serve").expect("serve");
+    let known: BTreeSet<String> = command
         .get_arguments()
+        .chain(serve.get_arguments())
         .filter_map(|argument| {
             argument
                 .get_env()
@@ -370,4 +373,71 @@ async fn each_api_key_is_rate_limited_on_its_own() {
         .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
         .count();
     assert!(limited >= 7 - regained.min(7), "{statuses:?}");
+}
+
+/// A newcomer's compose: the service can be scaled (no fixed host port in
+/// the base file), the fixed-port override parses, the README's admin key
+/// works against compose as it is, and the build context leaves out the
+/// repository's history and build output.
+#[test]
+fn compose_scales_and_tells_one_admin_key_story() {
+    let compose = yaml("docker-compose.yml");
+    let service = &compose["services"]["token-billing"];
+    for port in strings(&service["ports"]) {
+        assert!(
+            !port.contains(':'),
+            "token-billing publishes a fixed host port ({port}): replicas of a scaled service would collide"
+        );
+    }
+    let fixed = yaml("docker-compose.fixed-port.yml");
+    assert_eq!(
+        strings(&fixed["services"]["token-billing"]["ports"]),
+        vec!["127.0.0.1:8080:8080".to_owned()]
+    );
+
+    let admin_key = service["environment"]["ADMIN_API_KEY"]
+        .as_str()
+        .expect("ADMIN_API_KEY");
+    let default = admin_key
+        .strip_prefix("${ADMIN_API_KEY:-")
+        .and_then(|rest| rest.strip_suffix('}'))
+        .unwrap_or_else(|| panic!("ADMIN_API_KEY has an overridable default: {admin_key}"));
+    let readme = read("README.md");
+    assert!(
+        readme.contains(&format!(
+            "ADMIN_API_KEY={default} cargo run --release -- serve"
+        )) && readme.contains(&format!("Authorization: Bearer {default}")),
+        "the README's admin key is not compose's default ({default})"
+    );
+
+    let ignored: Vec<String> = read(".dockerignore")
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
+        .map(str::to_owned)
+        .collect();
+    for needed in [".git", "target/"] {
+        assert!(
+            ignored.iter().any(|line| line == needed),
+            ".dockerignore lacks {needed}"
+        );
+    }
+    // What the Dockerfile copies must not be ignored.
+    for line in read("Dockerfile").lines() {
+        if let Some(sources) = line
+            .strip_prefix("COPY ")
+            .filter(|l| !l.starts_with("--from"))
+        {
+            let mut parts: Vec<&str> = sources.split_whitespace().collect();
+            parts.pop();
+            for source in parts {
+                assert!(
+                    !ignored
+                        .iter()
+                        .any(|line| line.trim_end_matches('/') == source),
+                    ".dockerignore leaves out {source}, which the Dockerfile copies"
+                );
+            }
+        }
+    }
 }

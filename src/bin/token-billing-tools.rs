@@ -1,0 +1,162 @@
+//! `token-billing-tools`: the test and operations tools of token-billing,
+//! kept out of the service binary and its image — the chaos run (which
+//! recreates databases and restarts PostgreSQL), the load generators and
+//! the fake provider. Results go to stdout, logs to stderr.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+
+use token_billing::config::{LogFormat, DEFAULT_DATABASE_URL};
+use token_billing::provider::fake::FakeBackend;
+use token_billing::provider::fake_server::build_fake_provider;
+use token_billing::telemetry;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "token-billing-tools",
+    version,
+    about = "Test and operations tools of token-billing (not shipped in the service image)"
+)]
+struct Cli {
+    /// PostgreSQL connection URL (`chaos`, `bench reconciliation`).
+    #[arg(long, env = "DATABASE_URL", global = true, default_value = DEFAULT_DATABASE_URL)]
+    database_url: String,
+
+    /// Log format (logs go to stderr; `RUST_LOG` sets the filter).
+    #[arg(long, env = "LOG_FORMAT", global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+
+    #[command(subcommand)]
+    command: Tool,
+}
+
+#[derive(Debug, Subcommand)]
+enum Tool {
+    /// Seeded fault run: replicas of `token-billing`, the fake provider, a
+    /// kiosk workload, SIGKILL / SIGSTOP / PostgreSQL restarts, then the books
+    /// are checked (exit 1 on a violation). The database must be a scratch
+    /// one named `tb_chaos…`: it is recreated.
+    #[command(after_help = "Example:\n  \
+        token-billing-tools --database-url postgres://postgres@127.0.0.1:5432/tb_chaos \\\n    \
+        chaos --seed 42 --seconds 60 --restart-postgres --skewed-clock")]
+    Chaos(token_billing::chaos::ChaosArgs),
+    /// Load generators against a running service.
+    Bench {
+        #[command(subcommand)]
+        target: BenchCommand,
+    },
+    /// Serve the fake provider (the `http` provider protocol, with fault injection).
+    #[command(after_help = "Example:\n  \
+        token-billing-tools fake-provider --bind 127.0.0.1:9090")]
+    FakeProvider {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:9090")]
+        bind: String,
+        /// Mean latency of a generation, in milliseconds (±50 %).
+        #[arg(long, env = "SIMULATED_LATENCY_MS", default_value_t = 500)]
+        latency_ms: u64,
+        /// Share of generations that fail (0.0 … 1.0).
+        #[arg(long, env = "SIMULATED_FAILURE_RATE", default_value_t = 0.0)]
+        failure_rate: f64,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// Job pipeline overhead beyond provider time.
+    #[command(after_help = "Example:\n  \
+        token-billing-tools bench jobs --admin-key dev-admin-key-change-me --jobs 500 --concurrency 8")]
+    Jobs(token_billing::bench::JobBenchArgs),
+    /// Kiosk fleets: reserve→commit cycles (spread, hot) or jobs.
+    Load(token_billing::bench::load::LoadArgs),
+    /// Print the pgbench twin of a kiosk cycle (the service's own SQL).
+    PgbenchScript,
+    /// Seed a scratch database (--database-url) and time reconciliation reports.
+    Reconciliation(token_billing::bench::ReconciliationBenchArgs),
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    telemetry::init(cli.log_format);
+    let result = match cli.command {
+        // On SIGINT / SIGTERM the run is dropped: its replicas (each in its
+        // own process group) are killed by the cluster's guard.
+        Tool::Chaos(args) => tokio::select! {
+            outcome = token_billing::chaos::run(&cli.database_url, args) => match outcome {
+                Ok(true) => Ok(()),
+                Ok(false) => return ExitCode::FAILURE,
+                Err(error) => Err(error),
+            },
+            signal = shutdown_signal() => Err(anyhow::anyhow!("chaos run stopped by {signal}")),
+        },
+        Tool::Bench {
+            target: BenchCommand::Load(args),
+        } => token_billing::bench::load::run_load(args).await,
+        Tool::Bench {
+            target: BenchCommand::Reconciliation(args),
+        } => {
+            let url = cli.database_url.clone();
+            tokio::task::spawn_blocking(move || {
+                token_billing::bench::run_reconciliation_bench(&url, &args)
+            })
+            .await
+            .map_err(anyhow::Error::from)
+            .and_then(|result| result)
+        }
+        Tool::Bench {
+            target: BenchCommand::PgbenchScript,
+        } => {
+            print!("{}", token_billing::bench::pgbench_script());
+            Ok(())
+        }
+        Tool::Bench {
+            target: BenchCommand::Jobs(args),
+        } => token_billing::bench::run_job_bench(args).await,
+        Tool::FakeProvider {
+            bind,
+            latency_ms,
+            failure_rate,
+        } => fake_provider(&bind, latency_ms, failure_rate).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("token-billing-tools: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn fake_provider(bind: &str, latency_ms: u64, failure_rate: f64) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&failure_rate),
+        "--failure-rate must be between 0.0 and 1.0"
+    );
+    let backend = Arc::new(FakeBackend::new(latency_ms, failure_rate));
+    let (server, address) = build_fake_provider(bind, backend)?;
+    tracing::info!(%address, "fake provider serving");
+    let handle = server.handle();
+    let server = tokio::spawn(server);
+    let signal = shutdown_signal().await;
+    tracing::info!(signal, "fake provider stopping");
+    handle.stop(true).await;
+    server.await??;
+    Ok(())
+}
+
+async fn shutdown_signal() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut terminate), Ok(mut interrupt)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = terminate.recv() => "SIGTERM",
+        _ = interrupt.recv() => "SIGINT",
+    }
+}
