@@ -288,7 +288,7 @@ impl Metrics {
     /// A reservation this process just moved out of `held`.
     pub fn resolved(&self, reservation: &crate::db::models::ReservationRow) {
         self.resolution(
-            &reservation.state,
+            reservation.state.as_str(),
             reservation.committed_amount,
             reservation.amount - reservation.committed_amount,
         );

@@ -21,6 +21,7 @@ use crate::db::models::JobRow;
 use crate::db::DbPool;
 use crate::domain::job_leases::{self, Fenced, JobError};
 use crate::domain::jobs::terminal_among;
+use crate::domain::states::JobStatus;
 use crate::error::ApiError;
 use crate::job_watch::JobSignals;
 use crate::metrics::Metrics;
@@ -242,7 +243,7 @@ impl Worker {
                 let (job_ref, metrics) = (job.clone(), Arc::clone(&self.context.metrics));
                 blocking(&self.context.pool, move |conn| {
                     let finish = job_leases::finish_success(conn, &job_ref, token, &result)?;
-                    record_finish(&metrics, &job_ref, &finish, "succeeded");
+                    record_finish(&metrics, &job_ref, &finish, JobStatus::Succeeded);
                     Ok(finish.fenced)
                 })
                 .await
@@ -279,7 +280,7 @@ impl Worker {
         let metrics = Arc::clone(&self.context.metrics);
         let result = blocking(&self.context.pool, move |conn| {
             let finish = job_leases::finish_failure(conn, &job_ref, token, &error)?;
-            record_finish(&metrics, &job_ref, &finish, "failed");
+            record_finish(&metrics, &job_ref, &finish, JobStatus::Failed);
             Ok(finish.fenced)
         })
         .await;
@@ -433,10 +434,10 @@ impl Worker {
 /// Counts a job that reached a terminal status (inside the committing closure).
 /// Counts a fenced finish (inside the blocking closure, after its commit):
 /// the job's final status and the tokens its reservation moved.
-fn record_finish(metrics: &Metrics, job: &JobRow, finish: &job_leases::Finish, status: &str) {
+fn record_finish(metrics: &Metrics, job: &JobRow, finish: &job_leases::Finish, status: JobStatus) {
     match finish.fenced {
         Fenced::Done => record_finished(metrics, job, status),
-        Fenced::ReservationLost => record_finished(metrics, job, "failed"),
+        Fenced::ReservationLost => record_finished(metrics, job, JobStatus::Failed),
         Fenced::LeaseLost => return,
     }
     if let Some(reservation) = &finish.resolved {
@@ -444,8 +445,11 @@ fn record_finish(metrics: &Metrics, job: &JobRow, finish: &job_leases::Finish, s
     }
 }
 
-fn record_finished(metrics: &Metrics, job: &JobRow, status: &str) {
-    metrics.jobs_total.with_label_values(&[status]).inc();
+fn record_finished(metrics: &Metrics, job: &JobRow, status: JobStatus) {
+    metrics
+        .jobs_total
+        .with_label_values(&[status.as_str()])
+        .inc();
     let elapsed = chrono::Utc::now().signed_duration_since(job.created_at);
     metrics
         .job_duration_seconds

@@ -5,6 +5,8 @@ use chrono::{DateTime, Utc};
 use diesel::prelude::*;
 use uuid::Uuid;
 
+use crate::domain::states::{AccountStatus, JobStatus, ReservationState};
+
 use super::schema::{
     accounts, adjustments, api_keys, credits, generation_jobs, ledger_entries, reservations,
 };
@@ -14,7 +16,7 @@ use super::schema::{
 pub struct AccountRow {
     pub id: Uuid,
     pub name: String,
-    pub status: String,
+    pub status: AccountStatus,
     pub available: i64,
     pub reserved: i64,
     pub used: i64,
@@ -93,7 +95,7 @@ pub struct ReservationRow {
     pub request_id: Uuid,
     pub amount: i64,
     pub requested_ttl_seconds: Option<i32>,
-    pub state: String,
+    pub state: ReservationState,
     pub committed_amount: i64,
     pub expires_at: DateTime<Utc>,
     pub job_id: Option<Uuid>,
@@ -129,7 +131,7 @@ pub struct JobRow {
     pub kind: String,
     pub params: serde_json::Value,
     pub cost: i64,
-    pub status: String,
+    pub status: JobStatus,
     pub reservation_id: Uuid,
     pub lease_owner: Option<String>,
     pub lease_token: i64,

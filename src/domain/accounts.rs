@@ -7,6 +7,7 @@ use uuid::Uuid;
 
 use crate::db::models::{AccountRow, NewAccount};
 use crate::db::schema::accounts;
+use crate::domain::states::{parse_param, AccountStatus};
 use crate::domain::types::{AccountId, Name};
 use crate::error::ApiError;
 
@@ -35,7 +36,7 @@ pub struct AccountFilter {
     pub limit: i64,
     /// `%q%` for ILIKE, with the wildcards of `q` escaped.
     name_pattern: Option<String>,
-    pub status: Option<String>,
+    pub status: Option<AccountStatus>,
 }
 
 impl AccountFilter {
@@ -51,13 +52,9 @@ impl AccountFilter {
                 "limit must be between 1 and {ACCOUNT_PAGE_MAX}, got {limit}"
             )));
         }
-        if let Some(status) = status {
-            if status != "active" && status != "suspended" {
-                return Err(ApiError::InvalidRequest(format!(
-                    "status must be \"active\" or \"suspended\", got {status:?}"
-                )));
-            }
-        }
+        let status = status
+            .map(|status| parse_param("status", status, AccountStatus::ALL, AccountStatus::parse))
+            .transpose()?;
         let name_pattern = match q {
             None => None,
             Some(q) => {
@@ -78,7 +75,7 @@ impl AccountFilter {
             after: after.map(AccountId),
             limit,
             name_pattern,
-            status: status.map(str::to_owned),
+            status,
         })
     }
 }
@@ -112,7 +109,7 @@ pub fn list_accounts(
         query = query.filter(accounts::id.gt(after.0));
     }
     if let Some(status) = &filter.status {
-        query = query.filter(accounts::status.eq(status.clone()));
+        query = query.filter(accounts::status.eq(*status));
     }
     if let Some(pattern) = &filter.name_pattern {
         query = query.filter(accounts::name.ilike(pattern.clone()).escape('\\'));
@@ -136,7 +133,8 @@ pub struct AccountView {
     pub account_id: AccountId,
     pub name: String,
     /// `active` or `suspended`.
-    pub status: String,
+    #[schema(value_type = String, example = "active")]
+    pub status: AccountStatus,
     pub available: i64,
     pub reserved: i64,
     pub used: i64,
@@ -215,13 +213,9 @@ pub fn update_account(
     status: Option<&str>,
     max_active_reservations: Option<i32>,
 ) -> Result<AccountRow, ApiError> {
-    if let Some(status) = status {
-        if status != "active" && status != "suspended" {
-            return Err(ApiError::InvalidRequest(format!(
-                "status must be \"active\" or \"suspended\", got {status:?}"
-            )));
-        }
-    }
+    let status = status
+        .map(|status| parse_param("status", status, AccountStatus::ALL, AccountStatus::parse))
+        .transpose()?;
     let row = diesel::update(accounts::table.find(account.0))
         .set((
             status.map(|status| accounts::status.eq(status)),

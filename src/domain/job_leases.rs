@@ -13,6 +13,7 @@ use uuid::Uuid;
 
 use crate::db::models::{JobRow, ReservationRow};
 use crate::db::prepared;
+use crate::domain::states::JobStatus;
 use crate::error::ApiError;
 
 /// The ledger `actor` of movements made by workers and the reaper.
@@ -226,8 +227,8 @@ pub fn finish_job(
         Fence::Exhausted(attempts) => json!({"exhausted": attempts}),
     };
     let (status, result, error) = match outcome {
-        Ok(result) => ("succeeded", Some(result.clone()), None),
-        Err(error) => ("failed", None, Some(error.to_json())),
+        Ok(result) => (JobStatus::Succeeded, Some(result.clone()), None),
+        Err(error) => (JobStatus::Failed, None, Some(error.to_json())),
     };
     let row: Row = prepared(
         "SELECT outcome, to_jsonb(reservation) AS reservation, resolved \
@@ -235,7 +236,7 @@ pub fn finish_job(
     )
     .bind::<SqlUuid, _>(job_id)
     .bind::<Jsonb, _>(fence)
-    .bind::<Text, _>(status)
+    .bind::<Text, _>(status.as_str())
     .bind::<Nullable<Jsonb>, _>(result)
     .bind::<Nullable<Jsonb>, _>(error)
     .bind::<Nullable<Text>, _>(reason)

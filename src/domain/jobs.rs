@@ -12,10 +12,9 @@ use crate::config::{JOB_PARAMS_DEPTH_MAX, JOB_PARAMS_MAX_BYTES};
 use crate::db::models::JobRow;
 use crate::db::schema::{generation_jobs, reservations};
 use crate::domain::api_keys::sha256;
+use crate::domain::states::{JobStatus, ReservationState};
 use crate::domain::types::{AccountId, RequestId};
 use crate::error::ApiError;
-
-pub const TERMINAL_STATUSES: [&str; 2] = ["succeeded", "failed"];
 
 /// A validated job request: a known kind and an object of bounded size.
 #[derive(Clone, Debug)]
@@ -142,7 +141,7 @@ pub struct JobJson {
     request_id: Uuid,
     kind: String,
     cost: i64,
-    status: String,
+    status: JobStatus,
     reservation_id: Uuid,
     attempts: i32,
     result: Option<Value>,
@@ -150,7 +149,7 @@ pub struct JobJson {
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
     finished_at: Option<DateTime<Utc>>,
-    reservation_state: String,
+    reservation_state: ReservationState,
     reservation_expires_at: DateTime<Utc>,
 }
 
@@ -196,7 +195,8 @@ pub fn find_job(
 pub struct JobReservation {
     pub reservation_id: Uuid,
     /// `held`, `committed`, `released` or `expired`.
-    pub state: String,
+    #[schema(value_type = String, example = "held")]
+    pub state: ReservationState,
     pub expires_at: DateTime<Utc>,
 }
 
@@ -207,7 +207,8 @@ pub struct JobView {
     pub account_id: AccountId,
     pub kind: String,
     /// `queued`, `running`, `succeeded` or `failed`.
-    pub status: String,
+    #[schema(value_type = String, example = "queued")]
+    pub status: JobStatus,
     pub cost: i64,
     pub attempts: i32,
     pub reservation: JobReservation,
@@ -224,10 +225,10 @@ pub struct JobView {
 
 impl JobView {
     pub fn is_terminal(&self) -> bool {
-        TERMINAL_STATUSES.contains(&self.status.as_str())
+        self.status.is_terminal()
     }
 
-    fn new(job: JobRow, reservation: (String, DateTime<Utc>)) -> JobView {
+    fn new(job: JobRow, reservation: (ReservationState, DateTime<Utc>)) -> JobView {
         JobView {
             job_id: job.id,
             request_id: RequestId(job.request_id),
@@ -252,17 +253,18 @@ impl JobView {
 
 fn with_reservations(conn: &mut PgConnection, jobs: Vec<JobRow>) -> Result<Vec<JobView>, ApiError> {
     let ids: Vec<Uuid> = jobs.iter().map(|job| job.reservation_id).collect();
-    let states: std::collections::HashMap<Uuid, (String, DateTime<Utc>)> = reservations::table
-        .filter(reservations::id.eq_any(&ids))
-        .select((
-            reservations::id,
-            reservations::state,
-            reservations::expires_at,
-        ))
-        .load::<(Uuid, String, DateTime<Utc>)>(conn)?
-        .into_iter()
-        .map(|(id, state, expires_at)| (id, (state, expires_at)))
-        .collect();
+    let states: std::collections::HashMap<Uuid, (ReservationState, DateTime<Utc>)> =
+        reservations::table
+            .filter(reservations::id.eq_any(&ids))
+            .select((
+                reservations::id,
+                reservations::state,
+                reservations::expires_at,
+            ))
+            .load::<(Uuid, ReservationState, DateTime<Utc>)>(conn)?
+            .into_iter()
+            .map(|(id, state, expires_at)| (id, (state, expires_at)))
+            .collect();
     jobs.into_iter()
         .map(|job| {
             let reservation = states
@@ -300,7 +302,7 @@ pub struct JobPage {
 pub fn list_jobs(
     conn: &mut PgConnection,
     account: AccountId,
-    status: Option<&str>,
+    status: Option<JobStatus>,
     after: Option<Uuid>,
     limit: i64,
 ) -> Result<JobPage, ApiError> {
@@ -311,7 +313,7 @@ pub fn list_jobs(
         .limit(limit)
         .into_boxed();
     if let Some(status) = status {
-        query = query.filter(generation_jobs::status.eq(status.to_owned()));
+        query = query.filter(generation_jobs::status.eq(status));
     }
     if let Some(after) = after {
         query = query.filter(generation_jobs::id.lt(after));
@@ -333,7 +335,7 @@ pub fn list_jobs(
 pub fn terminal_among(conn: &mut PgConnection, ids: &[Uuid]) -> Result<Vec<Uuid>, ApiError> {
     Ok(generation_jobs::table
         .filter(generation_jobs::id.eq_any(ids))
-        .filter(generation_jobs::status.eq_any(TERMINAL_STATUSES))
+        .filter(generation_jobs::status.eq_any(JobStatus::TERMINAL))
         .select(generation_jobs::id)
         .load(conn)?)
 }

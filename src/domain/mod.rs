@@ -11,4 +11,5 @@ pub mod ledger;
 pub mod reaper;
 pub mod reconciliation;
 pub mod reservations;
+pub mod states;
 pub mod types;

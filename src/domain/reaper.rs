@@ -16,6 +16,8 @@ use uuid::Uuid;
 use crate::db::schema::{generation_jobs, reservations};
 use crate::domain::checks::{find_violations, Discrepancy};
 use crate::domain::job_leases::{finish_job, Fence, Fenced, JobError};
+use crate::domain::states::{JobStatus, ReservationState};
+use crate::engine::Outcome;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 
@@ -208,7 +210,7 @@ fn fail_exhausted_leases(
     report: &mut PassReport,
 ) -> Result<(), ApiError> {
     let candidates: Vec<Uuid> = generation_jobs::table
-        .filter(generation_jobs::status.eq("running"))
+        .filter(generation_jobs::status.eq(JobStatus::Running))
         .filter(generation_jobs::lease_expires_at.lt(diesel::dsl::now))
         .filter(generation_jobs::attempts.ge(settings.job_max_attempts))
         .filter(generation_jobs::provider_job_id.is_null())
@@ -258,8 +260,8 @@ fn fix_held_reservations_of_finished_jobs(
     }
     let candidates: Vec<Uuid> = generation_jobs::table
         .inner_join(reservations::table.on(reservations::id.eq(generation_jobs::reservation_id)))
-        .filter(generation_jobs::status.eq_any(["succeeded", "failed"]))
-        .filter(reservations::state.eq("held"))
+        .filter(generation_jobs::status.eq_any(JobStatus::TERMINAL))
+        .filter(reservations::state.eq(ReservationState::Held))
         .order(generation_jobs::id)
         .limit(settings.batch)
         .select(generation_jobs::id)
@@ -268,12 +270,12 @@ fn fix_held_reservations_of_finished_jobs(
         let fixed: Fixed = diesel::sql_query("SELECT outcome, amount FROM engine_fixup($1)")
             .bind::<SqlUuid, _>(job_id)
             .get_result(conn)?;
-        let committed = match fixed.outcome.as_str() {
-            "committed" => {
+        let committed = match Outcome::parse(&fixed.outcome)? {
+            Outcome::Committed => {
                 report.fixup_commits += 1;
                 fixed.amount
             }
-            "released" => {
+            Outcome::Released => {
                 report.fixup_releases += 1;
                 0
             }

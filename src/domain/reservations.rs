@@ -11,6 +11,7 @@ use uuid::Uuid;
 
 use crate::db::models::ReservationRow;
 use crate::db::schema::reservations;
+use crate::domain::states::ReservationState;
 use crate::domain::types::{AccountId, RequestId, ReservationId};
 use crate::error::ApiError;
 
@@ -21,7 +22,8 @@ pub struct ReservationView {
     pub request_id: RequestId,
     pub amount: i64,
     /// `held`, `committed`, `released` or `expired`.
-    pub state: String,
+    #[schema(value_type = String, example = "held")]
+    pub state: ReservationState,
     pub committed_amount: i64,
     pub expires_at: DateTime<Utc>,
     pub job_id: Option<Uuid>,

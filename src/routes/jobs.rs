@@ -13,6 +13,7 @@ use crate::config::{JOB_PAGE_DEFAULT, JOB_PAGE_MAX, JOB_WAIT_SECONDS_MAX};
 use crate::db::run_blocking;
 use crate::domain::api_keys::{Caller, Credentials};
 use crate::domain::jobs::{self, JobPage, JobRequest, JobView};
+use crate::domain::states::{parse_param, JobStatus};
 use crate::domain::types::{AccountId, RequestId};
 use crate::engine::{Authority, Op, Operation, Replay};
 use crate::error::{ApiError, Problem};
@@ -230,13 +231,9 @@ async fn list_jobs(
         limit,
         after,
     } = query.into_inner();
-    if let Some(status) = &status {
-        if !["queued", "running", "succeeded", "failed"].contains(&status.as_str()) {
-            return Err(ApiError::InvalidRequest(format!(
-                "status must be queued, running, succeeded or failed, got {status:?}"
-            )));
-        }
-    }
+    let status = status
+        .map(|status| parse_param("status", &status, JobStatus::ALL, JobStatus::parse))
+        .transpose()?;
     let limit = limit.unwrap_or(JOB_PAGE_DEFAULT);
     if !(1..=JOB_PAGE_MAX).contains(&limit) {
         return Err(ApiError::InvalidRequest(format!(
@@ -245,7 +242,7 @@ async fn list_jobs(
     }
     let page = run_blocking(&state.pool, move |conn| {
         crate::domain::accounts::get_account(conn, account)?;
-        jobs::list_jobs(conn, account, status.as_deref(), after, limit)
+        jobs::list_jobs(conn, account, status, after, limit)
     })
     .await?;
     Ok(HttpResponse::Ok().json(page))

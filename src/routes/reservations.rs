@@ -207,37 +207,11 @@ async fn commit_reservation(
     let body = after_key_check(&state, &credentials, body).await?;
     let amount = optional_json_body::<CommitBody>(&body).map_err(actix_web::Error::from);
     let amount = after_key_check(&state, &credentials, amount).await?.amount;
-    resolve(
-        state,
-        credentials,
-        AccountId(account),
-        ReservationId(reservation),
+    let op = Op::Commit {
+        reservation: ReservationId(reservation),
         amount,
-        false,
-    )
-    .await
-}
-
-/// A commit or a release: one statement in the common case (or one
-/// transaction for concurrent ones on the account), the full path (which
-/// answers replays and explains refusals) otherwise.
-async fn resolve(
-    state: State,
-    credentials: Credentials,
-    account: AccountId,
-    reservation: ReservationId,
-    amount: Option<Tokens>,
-    release: bool,
-) -> Result<HttpResponse, actix_web::Error> {
-    let op = if release {
-        Op::Release { reservation }
-    } else {
-        Op::Commit {
-            reservation,
-            amount,
-        }
     };
-    let (row, replay) = spend(&state, credentials, account, op).await?;
+    let (row, replay) = spend(&state, credentials, AccountId(account), op).await?;
     Ok(respond(row, replay))
 }
 
@@ -272,15 +246,11 @@ async fn release_reservation(
     let (account, reservation) = after_key_check(&state, &credentials, path)
         .await?
         .into_inner();
-    resolve(
-        state,
-        credentials,
-        AccountId(account),
-        ReservationId(reservation),
-        None,
-        true,
-    )
-    .await
+    let op = Op::Release {
+        reservation: ReservationId(reservation),
+    };
+    let (row, replay) = spend(&state, credentials, AccountId(account), op).await?;
+    Ok(respond(row, replay))
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
