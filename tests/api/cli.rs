@@ -231,4 +231,27 @@ fn each_command_has_its_own_help_and_no_test_tools() {
         !chaos.status.success(),
         "`token-billing chaos` still exists"
     );
+
+    // The tools live in their own binary, which the image does not ship.
+    let tools = Command::new(env!("CARGO_BIN_EXE_token-billing-tools"))
+        .arg("--help")
+        .output()
+        .expect("the tools binary runs");
+    let tools = text(&tools.stdout);
+    for tool in ["chaos", "bench", "fake-provider"] {
+        assert!(
+            tools.contains(tool),
+            "token-billing-tools lacks {tool}:\n{tools}"
+        );
+    }
+    let dockerfile = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Dockerfile"))
+        .expect("Dockerfile");
+    assert!(
+        dockerfile.contains("--bin token-billing\n"),
+        "the image builds the service"
+    );
+    assert!(
+        !dockerfile.contains("token-billing-tools"),
+        "the image ships the tools"
+    );
 }
