@@ -94,7 +94,7 @@ pub struct Config {
 
     /// Engine batches each replica keeps in flight at once; a request that
     /// arrives while all are busy joins the next batch.
-    #[arg(long, env = "COALESCE_MAX_IN_FLIGHT", default_value_t = 4)]
+    #[arg(long, env = "COALESCE_MAX_IN_FLIGHT", default_value_t = 2)]
     pub coalesce_max_in_flight: u32,
 
     /// When set, this key has `admin` scope (bootstrap).

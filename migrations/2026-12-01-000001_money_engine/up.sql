@@ -497,8 +497,9 @@ DECLARE
     authorized text;
     r record;
 BEGIN
+    -- An array, so the accounts are found by index whatever the plan.
     PERFORM 1 FROM accounts
-    WHERE id IN (SELECT (o->>'account')::uuid FROM jsonb_array_elements(p_ops) o)
+    WHERE id = ANY (ARRAY(SELECT DISTINCT (o->>'account')::uuid FROM jsonb_array_elements(p_ops) o))
     ORDER BY id FOR NO KEY UPDATE;
     op_position := 0;
     FOR op IN SELECT value FROM jsonb_array_elements(p_ops) LOOP
