@@ -13,7 +13,7 @@ use token_billing::config::Config;
 use token_billing::db;
 use token_billing::domain::{accounts, api_keys, types};
 use token_billing::provider::AnyProvider;
-use token_billing::startup::{start_replica, AppState};
+use token_billing::startup::{shutdown_signal, start_replica, AppState};
 use token_billing::telemetry;
 
 #[tokio::main]
@@ -105,20 +105,6 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     server.await??;
     tracing::info!("stopped");
     Ok(())
-}
-
-async fn shutdown_signal() -> &'static str {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut terminate), Ok(mut interrupt)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = terminate.recv() => "SIGTERM",
-        _ = interrupt.recv() => "SIGINT",
-    }
 }
 
 /// Prints the report; exit 0 when `ok`, 3 on `mismatch`, 1 on error.

@@ -278,3 +278,19 @@ pub async fn start_replica(
         scheduler,
     })
 }
+
+/// Waits for SIGTERM or SIGINT and names it (never returns when the
+/// handlers cannot be installed).
+pub async fn shutdown_signal() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut terminate), Ok(mut interrupt)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = terminate.recv() => "SIGTERM",
+        _ = interrupt.recv() => "SIGINT",
+    }
+}

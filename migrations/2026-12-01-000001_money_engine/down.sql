@@ -9,6 +9,7 @@ DROP FUNCTION engine_create_job(uuid, uuid, uuid, uuid, bytea, text, jsonb, bigi
 DROP FUNCTION engine_job_json(generation_jobs);
 DROP FUNCTION engine_extend(uuid, uuid, double precision, uuid, text);
 DROP FUNCTION engine_resolve(uuid, uuid, text, bigint, uuid, text, text, timestamptz);
+DROP FUNCTION engine_reservation_for(uuid, uuid, uuid);
 DROP FUNCTION engine_reserve(uuid, uuid, bigint, integer, integer, uuid, uuid, text);
 DROP FUNCTION engine_move(uuid, text, bigint, integer, uuid, uuid, text, text, text, timestamptz);
 DROP FUNCTION engine_authorize_spend(jsonb, uuid);

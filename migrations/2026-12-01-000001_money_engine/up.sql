@@ -5,6 +5,8 @@
 --                        row, and the one ledger INSERT (balances after it);
 --   engine_reserve       who may spend: account active, enough available,
 --                        under the active-reservation limit; replays;
+--   engine_reservation_for  who may touch a reservation (its account, its
+--                        owner: the API or the job);
 --   engine_resolve       when a reservation may leave `held` (commit, partial
 --                        commit, release, expire) and the settle arithmetic;
 --   engine_extend        when a held reservation may be extended;
@@ -155,6 +157,27 @@ BEGIN
 END;
 $$;
 
+-- Who may touch a reservation: it must be this account's, and its owner's
+-- (`p_job`: the job acting; NULL for the API, which may not touch a job's
+-- reservation). Locks the row. Outcomes: ok, not_found, owned_by_job.
+CREATE FUNCTION engine_reservation_for(
+    p_account uuid, p_reservation uuid, p_job uuid,
+    OUT outcome text, OUT detail jsonb, OUT reservation reservations
+)
+LANGUAGE plpgsql AS $$
+BEGIN
+    SELECT * INTO reservation FROM reservations
+    WHERE id = p_reservation AND account_id = p_account FOR UPDATE;
+    IF NOT FOUND THEN
+        outcome := 'not_found'; detail := '{"what": "reservation"}';
+    ELSIF reservation.job_id IS DISTINCT FROM p_job THEN
+        outcome := 'owned_by_job';
+    ELSE
+        outcome := 'ok';
+    END IF;
+END;
+$$;
+
 -- When a reservation may leave `held`, and the settle arithmetic.
 -- `p_action`: commit (`p_amount` tokens, NULL = all held; the rest goes
 -- back to available), release, or expire. `p_job` is the job acting (its
@@ -173,20 +196,17 @@ CREATE FUNCTION engine_resolve(
 )
 LANGUAGE plpgsql AS $$
 DECLARE
+    found record;
     action text := p_action;
     reason text := p_reason;
     committed bigint;
     returned bigint;
 BEGIN
     resolved := false;
-    SELECT * INTO reservation FROM reservations
-    WHERE id = p_reservation AND account_id = p_account FOR UPDATE;
-    IF NOT FOUND THEN
-        outcome := 'not_found'; detail := '{"what": "reservation"}';
-        RETURN;
-    END IF;
-    IF reservation.job_id IS DISTINCT FROM p_job THEN
-        outcome := 'owned_by_job';
+    SELECT * INTO found FROM engine_reservation_for(p_account, p_reservation, p_job);
+    reservation := found.reservation;
+    IF found.outcome <> 'ok' THEN
+        outcome := found.outcome; detail := found.detail;
         RETURN;
     END IF;
     IF reservation.state <> 'held' THEN
@@ -253,15 +273,13 @@ CREATE FUNCTION engine_extend(
 )
 LANGUAGE plpgsql AS $$
 DECLARE
+    found record;
     expired record;
 BEGIN
-    SELECT * INTO reservation FROM reservations
-    WHERE id = p_reservation AND account_id = p_account FOR UPDATE;
-    IF NOT FOUND THEN
-        outcome := 'not_found'; detail := '{"what": "reservation"}';
-        RETURN;
-    ELSIF reservation.job_id IS DISTINCT FROM p_job THEN
-        outcome := 'owned_by_job';
+    SELECT * INTO found FROM engine_reservation_for(p_account, p_reservation, p_job);
+    reservation := found.reservation;
+    IF found.outcome <> 'ok' THEN
+        outcome := found.outcome; detail := found.detail;
         RETURN;
     ELSIF reservation.state = 'held' AND reservation.expires_at <= now() THEN
         -- Expiry dominates: the same rule as a commit or release.

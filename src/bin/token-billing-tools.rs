@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 use token_billing::config::{LogFormat, DEFAULT_DATABASE_URL};
 use token_billing::provider::fake::FakeBackend;
 use token_billing::provider::fake_server::build_fake_provider;
+use token_billing::startup::shutdown_signal;
 use token_billing::telemetry;
 
 #[derive(Debug, Parser)]
@@ -145,18 +146,4 @@ async fn fake_provider(bind: &str, latency_ms: u64, failure_rate: f64) -> anyhow
     handle.stop(true).await;
     server.await??;
     Ok(())
-}
-
-async fn shutdown_signal() -> &'static str {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut terminate), Ok(mut interrupt)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = terminate.recv() => "SIGTERM",
-        _ = interrupt.recv() => "SIGINT",
-    }
 }

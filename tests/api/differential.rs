@@ -15,11 +15,11 @@ use proptest::test_runner::{Config as ProptestConfig, TestRunner};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use token_billing::db::schema::{accounts, generation_jobs, ledger_entries, reservations};
+use token_billing::db::schema::{accounts, generation_jobs, reservations};
 use token_billing::domain::job_leases::{finish_failure, finish_success, JobError};
 use token_billing::domain::reaper::{run_pass, ReaperSettings};
 
-use crate::helpers::{TestApp, ADMIN_KEY};
+use crate::helpers::{ledger_of, TestApp, ADMIN_KEY};
 use crate::model::{JobStatus, Model, Reply};
 
 const ACCOUNTS: usize = 3;
@@ -524,18 +524,7 @@ fn compare_final(model: &Model, real: &Real, conn: &mut PgConnection) {
         "job finishes stamped apart from their entries"
     );
     for (index, expected) in model.ledger.iter().enumerate() {
-        let entries: Vec<(String, i64, i64, i64, i64)> = ledger_entries::table
-            .filter(ledger_entries::account_id.eq(real.accounts[index]))
-            .order(ledger_entries::id)
-            .select((
-                ledger_entries::kind,
-                ledger_entries::amount,
-                ledger_entries::available_after,
-                ledger_entries::reserved_after,
-                ledger_entries::used_after,
-            ))
-            .load(conn)
-            .expect("ledger");
+        let entries = ledger_of(conn, real.accounts[index]);
         let expected: Vec<(String, i64, i64, i64, i64)> = expected
             .iter()
             .map(|&(kind, amount, a, r, u)| (kind.to_owned(), amount, a, r, u))

@@ -465,8 +465,26 @@ impl TestApp {
 /// `credited + adjusted = available + reserved + used`, `reserved` = sum
 /// of held reservations, `active_reservations` = their count, and the
 /// ledger replays to the balance columns with each entry's balances-after.
+/// An account's ledger in order: (kind, amount, available, reserved, used
+/// after).
+pub fn ledger_of(conn: &mut PgConnection, account: Uuid) -> Vec<(String, i64, i64, i64, i64)> {
+    use token_billing::db::schema::ledger_entries;
+    ledger_entries::table
+        .filter(ledger_entries::account_id.eq(account))
+        .order(ledger_entries::id.asc())
+        .select((
+            ledger_entries::kind,
+            ledger_entries::amount,
+            ledger_entries::available_after,
+            ledger_entries::reserved_after,
+            ledger_entries::used_after,
+        ))
+        .load(conn)
+        .expect("ledger")
+}
+
 pub fn assert_account_invariants(conn: &mut PgConnection, account: Uuid) -> Balances {
-    use token_billing::db::schema::{accounts, ledger_entries, reservations};
+    use token_billing::db::schema::{accounts, reservations};
     let (available, reserved, used, credited, adjusted, active): (i64, i64, i64, i64, i64, i32) =
         accounts::table
             .find(account)
@@ -506,18 +524,7 @@ pub fn assert_account_invariants(conn: &mut PgConnection, account: Uuid) -> Bala
         active,
         "active_reservations = held count"
     );
-    let entries: Vec<(String, i64, i64, i64, i64)> = ledger_entries::table
-        .filter(ledger_entries::account_id.eq(account))
-        .order(ledger_entries::id.asc())
-        .select((
-            ledger_entries::kind,
-            ledger_entries::amount,
-            ledger_entries::available_after,
-            ledger_entries::reserved_after,
-            ledger_entries::used_after,
-        ))
-        .load(conn)
-        .expect("ledger");
+    let entries = ledger_of(conn, account);
     let mut running = Balances::default();
     for (kind, amount, available_after, reserved_after, used_after) in &entries {
         running = replay_step(running, kind, *amount);
