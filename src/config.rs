@@ -162,6 +162,20 @@ pub struct Config {
     #[arg(long, env = "RATE_LIMIT_BURST", default_value_t = 100)]
     pub rate_limit_burst: u32,
 
+    /// Authentication failures (401) a client address may cause at once
+    /// before it is answered 429 without any lookup (0: no such limit).
+    #[arg(long, env = "AUTH_FAILURE_BURST", default_value_t = 20)]
+    pub auth_failure_burst: u32,
+
+    /// Authentication failures per minute a client address regains.
+    #[arg(long, env = "AUTH_FAILURES_PER_MINUTE", default_value_t = 10)]
+    pub auth_failures_per_minute: u32,
+
+    /// Proxies whose `X-Forwarded-For` is believed, as comma-separated CIDRs
+    /// (e.g. `10.0.0.0/8,192.168.1.10/32`); empty: the peer is the client.
+    #[arg(long, env = "TRUSTED_PROXIES", default_value = "")]
+    pub trusted_proxies: String,
+
     /// Log format; a global option too (`cli::GlobalArgs`).
     #[arg(skip = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -171,8 +185,23 @@ pub struct Config {
 pub type PriceList = BTreeMap<String, i64>;
 
 impl Config {
+    /// `TRUSTED_PROXIES` parsed.
+    pub fn trusted_proxy_networks(&self) -> Result<Vec<ipnet::IpNet>, String> {
+        self.trusted_proxies
+            .split(',')
+            .map(str::trim)
+            .filter(|cidr| !cidr.is_empty())
+            .map(|cidr| {
+                cidr.parse::<ipnet::IpNet>()
+                    .or_else(|_| cidr.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                    .map_err(|_| format!("TRUSTED_PROXIES: {cidr:?} is not a CIDR or an address"))
+            })
+            .collect()
+    }
+
     /// Checks every cross-field rule; the error names the variable to fix.
     pub fn validate(&self) -> Result<(), String> {
+        self.trusted_proxy_networks()?;
         if !(1..=1000).contains(&self.coalesce_max_batch) {
             return Err("COALESCE_MAX_BATCH must be between 1 and 1000".into());
         }

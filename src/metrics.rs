@@ -32,6 +32,7 @@ pub struct Metrics {
     pub provider_requests_total: IntCounterVec,
     pub provider_request_duration_seconds: Histogram,
     pub reaper_runs_total: IntCounterVec,
+    pub auth_failures_total: IntCounterVec,
     pub reaper_last_success_timestamp_seconds: Gauge,
     pub consistency_repairs_total: IntCounterVec,
     pub invariant_violations: IntGauge,
@@ -90,6 +91,12 @@ impl Metrics {
             "reaper_runs_total",
             "Reaper passes, by result.",
             &["result"],
+        )?;
+        let auth_failures_total = counter(
+            "auth_failures_total",
+            "Requests refused for their key (unauthorized), and those refused \
+             before any lookup because their address kept failing (throttled).",
+            &["outcome"],
         )?;
         let consistency_repairs_total = counter(
             "consistency_repairs_total",
@@ -176,7 +183,7 @@ impl Metrics {
             .set(1);
         // Every fixed label value exists from the start (at 0), so rates and
         // alerts see a series before the first event.
-        let known: [(&IntCounterVec, &[&str]); 7] = [
+        let known: [(&IntCounterVec, &[&str]); 8] = [
             (&reservations_total, &["created", "insufficient", "limited"]),
             (
                 &reservation_resolutions_total,
@@ -205,6 +212,7 @@ impl Metrics {
                 ],
             ),
             (&reaper_runs_total, &["ok", "error"]),
+            (&auth_failures_total, &["unauthorized", "throttled"]),
             (
                 &consistency_repairs_total,
                 &[
@@ -243,6 +251,7 @@ impl Metrics {
             provider_requests_total,
             provider_request_duration_seconds,
             reaper_runs_total,
+            auth_failures_total,
             reaper_last_success_timestamp_seconds,
             consistency_repairs_total,
             invariant_violations,

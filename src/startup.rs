@@ -20,7 +20,7 @@ use crate::error::ApiError;
 use crate::job_watch::JobSignals;
 use crate::metrics::Metrics;
 use crate::provider::AnyProvider;
-use crate::rate_limit::KeyRateLimiter;
+use crate::rate_limit::{key_id_of, AuthFailureGuard, KeyRateLimiter};
 use crate::routes;
 use crate::scheduler;
 use crate::telemetry;
@@ -41,6 +41,8 @@ pub struct AppState {
     pub signals: Arc<JobSignals>,
     pub metrics: Arc<Metrics>,
     pub rate_limiter: Arc<KeyRateLimiter>,
+    /// Authentication failures per client address.
+    pub auth_guard: Arc<AuthFailureGuard>,
     /// Group commit of each account's concurrent spending requests.
     pub coalescer: Arc<Coalescer>,
 }
@@ -51,6 +53,11 @@ impl AppState {
         let rate_limiter = Arc::new(KeyRateLimiter::new(
             config.rate_limit_per_second,
             config.rate_limit_burst,
+        ));
+        let auth_guard = Arc::new(AuthFailureGuard::new(
+            config.auth_failure_burst,
+            config.auth_failures_per_minute,
+            config.trusted_proxy_networks()?,
         ));
         let admin_key_hash = config
             .admin_api_key
@@ -72,8 +79,16 @@ impl AppState {
             signals: Arc::new(JobSignals::default()),
             metrics,
             rate_limiter,
+            auth_guard,
             coalescer,
         }))
+    }
+
+    /// Whether `presented` is `ADMIN_API_KEY` (compared in constant time).
+    pub fn is_bootstrap_key(&self, presented: &str) -> bool {
+        use subtle::ConstantTimeEq;
+        self.admin_key_hash
+            .is_some_and(|hash| bool::from(sha256(presented.as_bytes()).ct_eq(&hash)))
     }
 
     pub fn is_accepting(&self) -> bool {
@@ -135,6 +150,78 @@ fn problem_json_for_framework_errors<B>(
     ))
 }
 
+/// Authentication failures per client address (`AuthFailureGuard`): a
+/// blocked client is answered 429 before any handler runs (so before any
+/// database lookup); every `/v1` answer is recorded afterwards (401 counts
+/// against the address, a success marks the key as verified). The
+/// bootstrap admin key is never throttled here.
+fn guard_authentication_failures<S>(
+    request: actix_web::dev::ServiceRequest,
+    service: &S,
+) -> futures_util::future::LocalBoxFuture<'static, Result<ServiceResponse, actix_web::Error>>
+where
+    S: actix_web::dev::Service<
+        actix_web::dev::ServiceRequest,
+        Response = ServiceResponse,
+        Error = actix_web::Error,
+    >,
+    S::Future: 'static,
+{
+    use futures_util::FutureExt;
+    let state = request.app_data::<web::Data<AppState>>().cloned();
+    let guarded = state
+        .filter(|_| request.path().starts_with("/v1/"))
+        .and_then(|state| {
+            let presented = request
+                .headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|value| value.to_str().ok())
+                .and_then(|value| value.split_once(' ').map(|(_, key)| key.trim().to_owned()));
+            let bootstrap = presented
+                .as_deref()
+                .is_some_and(|key| state.is_bootstrap_key(key));
+            let forwarded_for = request
+                .headers()
+                .get("x-forwarded-for")
+                .and_then(|value| value.to_str().ok());
+            let client = state
+                .auth_guard
+                .client_address(request.peer_addr().map(|peer| peer.ip()), forwarded_for)?;
+            let key_id = presented.as_deref().and_then(key_id_of).map(str::to_owned);
+            (!bootstrap).then_some((state, client, key_id))
+        });
+    let Some((state, client, key_id)) = guarded else {
+        return service.call(request).boxed_local();
+    };
+    if let Err(retry_after_seconds) = state.auth_guard.admit(client, key_id.as_deref()) {
+        state
+            .metrics
+            .auth_failures_total
+            .with_label_values(&["throttled"])
+            .inc();
+        let response = ApiError::RateLimited {
+            retry_after_seconds,
+        }
+        .error_response();
+        return std::future::ready(Ok(request.into_response(response))).boxed_local();
+    }
+    let response = service.call(request);
+    async move {
+        let response = response.await?;
+        let status = response.status().as_u16();
+        if status == 401 {
+            state
+                .metrics
+                .auth_failures_total
+                .with_label_values(&["unauthorized"])
+                .inc();
+        }
+        state.auth_guard.record(client, key_id.as_deref(), status);
+        Ok(response)
+    }
+    .boxed_local()
+}
+
 fn path_error(error: PathError, _request: &HttpRequest) -> actix_web::Error {
     ApiError::InvalidRequest(format!("invalid path parameter: {error}")).into()
 }
@@ -154,6 +241,7 @@ pub fn build_server(state: Arc<AppState>, workers: usize) -> anyhow::Result<(Ser
     let data = web::Data::from(state);
     let server = HttpServer::new(move || {
         App::new()
+            .wrap_fn(guard_authentication_failures)
             .wrap(ErrorHandlers::new().default_handler(problem_json_for_framework_errors))
             .wrap_fn(|request, service| {
                 // Request id, log line and metrics; metrics are labelled by
@@ -257,6 +345,7 @@ pub async fn start_replica(
         signals: Arc::clone(&state.signals),
         metrics: Arc::clone(&state.metrics),
         rate_limiter: Arc::clone(&state.rate_limiter),
+        auth_guard: Arc::clone(&state.auth_guard),
         replica: format!(
             "replica-{}",
             &uuid::Uuid::new_v4().simple().to_string()[..8]

@@ -38,6 +38,7 @@ pub struct WorkerContext {
     pub signals: Arc<JobSignals>,
     pub metrics: Arc<Metrics>,
     pub rate_limiter: Arc<KeyRateLimiter>,
+    pub auth_guard: Arc<crate::rate_limit::AuthFailureGuard>,
     /// Identifies this replica in `lease_owner`.
     pub replica: String,
 }
@@ -124,6 +125,7 @@ async fn refresh_gauges(context: Arc<WorkerContext>, mut shutdown: watch::Receiv
             tracing::warn!(?error, "refreshing gauges failed");
         }
         context.rate_limiter.forget_idle();
+        context.auth_guard.forget_idle();
         tokio::select! {
             _ = shutdown.changed() => return,
             () = sleep(GAUGE_REFRESH) => {}

@@ -24,10 +24,9 @@ use std::pin::Pin;
 use actix_web::http::header;
 use actix_web::{web, FromRequest, HttpRequest, HttpResponse};
 use serde::Serialize;
-use subtle::ConstantTimeEq;
 
 use crate::db::run_blocking;
-use crate::domain::api_keys::{sha256, Caller, Credentials};
+use crate::domain::api_keys::{Caller, Credentials};
 use crate::error::ApiError;
 use crate::rate_limit;
 use crate::startup::AppState;
@@ -221,11 +220,9 @@ fn credentials_of(request: &HttpRequest) -> Result<Credentials, ApiError> {
                 retry_after_seconds,
             })
     };
-    if let Some(admin_hash) = state.admin_key_hash {
-        if bool::from(sha256(presented.as_bytes()).ct_eq(&admin_hash)) {
-            limit("bootstrap-admin")?;
-            return Ok(Credentials::Bootstrap);
-        }
+    if state.is_bootstrap_key(presented) {
+        limit("bootstrap-admin")?;
+        return Ok(Credentials::Bootstrap);
     }
     limit(&rate_limit::bucket_of(presented))?;
     Credentials::parse(presented).ok_or(ApiError::Unauthorized)

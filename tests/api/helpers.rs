@@ -162,6 +162,9 @@ pub fn test_config(database_url: &str) -> Config {
         // the limit itself has its own test.
         "--rate-limit-per-second",
         "0",
+        // Likewise for authentication failures per address (own test).
+        "--auth-failure-burst",
+        "0",
     ])
     .expect("test arguments parse");
     cli.serve_config().expect("serve defaults parse")

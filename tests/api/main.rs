@@ -6,6 +6,7 @@ mod helpers;
 mod account_directory;
 mod accounts;
 mod auth;
+mod auth_throttle;
 mod bad_input;
 mod cli;
 mod coalescing;
