@@ -7,6 +7,7 @@
 //! would lose or freeze tokens at run time, with a message that names the
 //! variable to fix.
 
+use secrecy::{ExposeSecret, SecretString};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -97,9 +98,10 @@ pub struct Config {
     #[arg(long, env = "COALESCE_MAX_IN_FLIGHT", default_value_t = 2)]
     pub coalesce_max_in_flight: u32,
 
-    /// When set, this key has `admin` scope (bootstrap).
-    #[arg(long, env = "ADMIN_API_KEY", hide_env_values = true)]
-    pub admin_api_key: Option<String>,
+    /// When set, this key has `admin` scope (bootstrap). Held as a secret:
+    /// it never appears in `Debug` output or logs.
+    #[arg(long, env = "ADMIN_API_KEY", hide_env_values = true, value_parser = parse_secret)]
+    pub admin_api_key: Option<SecretString>,
 
     /// Job prices per kind, e.g. `standard=1,hd=2`.
     #[arg(long, env = "PRICE_LIST", default_value = "standard=1")]
@@ -179,6 +181,10 @@ pub struct Config {
     /// Log format; a global option too (`cli::GlobalArgs`).
     #[arg(skip = LogFormat::Text)]
     pub log_format: LogFormat,
+}
+
+fn parse_secret(value: &str) -> Result<SecretString, String> {
+    Ok(SecretString::from(value.to_owned()))
 }
 
 /// A parsed `PRICE_LIST`: job kind → cost in tokens.
@@ -266,7 +272,7 @@ impl Config {
             ));
         }
         if let Some(key) = &self.admin_api_key {
-            if key.len() < 16 {
+            if key.expose_secret().len() < 16 {
                 return Err("ADMIN_API_KEY must be at least 16 characters".into());
             }
         }

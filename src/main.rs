@@ -71,9 +71,31 @@ fn prepare_database(database_url: &str) -> anyhow::Result<PgConnection> {
     Ok(conn)
 }
 
+/// A loud start: without `ADMIN_API_KEY` and without any usable admin key
+/// in the database, nobody can administer the service; say how to fix it.
+fn warn_without_admin(conn: &mut PgConnection, bootstrap: bool) -> anyhow::Result<()> {
+    if bootstrap {
+        return Ok(());
+    }
+    if !api_keys::usable_admin_key_exists(conn)? {
+        tracing::warn!(
+            "no admin key: ADMIN_API_KEY is not set and the database holds no usable admin key, \
+             so every /v1 call will be answered 401. Create one with \
+             `token-billing api-key create --scope admin --label ops` (printed once), \
+             or start with ADMIN_API_KEY set (at least 16 characters)"
+        );
+    }
+    Ok(())
+}
+
 async fn serve(config: Config) -> anyhow::Result<()> {
     let database_url = config.database_url.clone();
-    tokio::task::spawn_blocking(move || prepare_database(&database_url)).await??;
+    let bootstrap = config.admin_api_key.is_some();
+    tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+        let mut conn = prepare_database(&database_url)?;
+        warn_without_admin(&mut conn, bootstrap)
+    })
+    .await??;
     let provider = AnyProvider::from_config(&config)?;
     let grace = Duration::from_secs(config.shutdown_grace_seconds);
     let pool = db::build_pool(&config.database_url, config.db_pool_size);

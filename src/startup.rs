@@ -61,8 +61,8 @@ impl AppState {
         ));
         let admin_key_hash = config
             .admin_api_key
-            .as_deref()
-            .map(|key| sha256(key.as_bytes()));
+            .as_ref()
+            .map(|key| sha256(secrecy::ExposeSecret::expose_secret(key).as_bytes()));
         let metrics = Arc::new(Metrics::new().map_err(|error| error.to_string())?);
         let coalescer = Arc::new(Coalescer::new(
             pool.clone(),

@@ -78,7 +78,12 @@ pub fn split_database_url(database_url: &str) -> anyhow::Result<(String, String)
         .filter(|(server, name)| {
             server.contains("://") && !server.ends_with('/') && !name.is_empty()
         })
-        .ok_or_else(|| anyhow::anyhow!("DATABASE_URL must name a database: {base}"))?;
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "DATABASE_URL must name a database: {}",
+                redact_database_url(base)
+            )
+        })?;
     let maintenance = match query {
         Some(query) => format!("{server}/postgres?{query}"),
         None => format!("{server}/postgres"),
@@ -86,11 +91,45 @@ pub fn split_database_url(database_url: &str) -> anyhow::Result<(String, String)
     Ok((name.to_owned(), maintenance))
 }
 
+/// `database_url` fit to print: the password of a URL's user
+/// (`postgres://user:secret@…`) and any `password=` parameter replaced by
+/// `***`.
+pub fn redact_database_url(database_url: &str) -> String {
+    let mut text = database_url.to_owned();
+    if let Some(scheme_end) = text.find("://") {
+        let rest = &text[scheme_end + 3..];
+        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+        if let Some(at) = rest[..authority_end].rfind('@') {
+            if let Some(colon) = rest[..at].find(':') {
+                let (start, end) = (scheme_end + 3 + colon + 1, scheme_end + 3 + at);
+                text.replace_range(start..end, "***");
+            }
+        }
+    }
+    let mut redacted = String::with_capacity(text.len());
+    let mut rest = text.as_str();
+    while let Some(found) = rest.find("password=") {
+        let value_start = found + "password=".len();
+        redacted.push_str(&rest[..value_start]);
+        redacted.push_str("***");
+        let value_end = rest[value_start..]
+            .find(['&', ' '])
+            .map_or(rest.len(), |end| value_start + end);
+        rest = &rest[value_end..];
+    }
+    redacted.push_str(rest);
+    redacted
+}
+
 /// Creates the database named in `database_url` when it does not exist.
 pub fn create_database_if_missing(database_url: &str) -> anyhow::Result<bool> {
     let (name, maintenance_url) = split_database_url(database_url)?;
-    let mut conn = PgConnection::establish(&maintenance_url)
-        .map_err(|error| anyhow::anyhow!("connecting to {maintenance_url}: {error}"))?;
+    let mut conn = PgConnection::establish(&maintenance_url).map_err(|error| {
+        anyhow::anyhow!(
+            "connecting to {}: {error}",
+            redact_database_url(&maintenance_url)
+        )
+    })?;
     let exists: bool = diesel::select(diesel::dsl::exists(
         pg_database::table.filter(pg_database::datname.eq(&name)),
     ))
@@ -178,6 +217,27 @@ where
 #[cfg(test)]
 mod tests {
     use super::split_database_url;
+
+    #[test]
+    fn redacts_passwords() {
+        use super::redact_database_url;
+        assert_eq!(
+            redact_database_url("postgres://u:hunter2@h:5432/db?sslmode=disable"),
+            "postgres://u:***@h:5432/db?sslmode=disable"
+        );
+        assert_eq!(
+            redact_database_url("postgres://u@h1:5432,h2:5433/db?password=hunter2&x=1"),
+            "postgres://u@h1:5432,h2:5433/db?password=***&x=1"
+        );
+        assert_eq!(
+            redact_database_url("host=h user=u password=hunter2 dbname=db"),
+            "host=h user=u password=*** dbname=db"
+        );
+        assert_eq!(
+            redact_database_url("postgres://u@h/db"),
+            "postgres://u@h/db"
+        );
+    }
 
     #[test]
     fn splits_database_urls() {

@@ -217,6 +217,16 @@ pub fn verify_many(
         .collect())
 }
 
+/// Whether any admin key can still be used (not revoked).
+pub fn usable_admin_key_exists(conn: &mut PgConnection) -> Result<bool, ApiError> {
+    Ok(diesel::select(diesel::dsl::exists(
+        api_keys::table
+            .filter(api_keys::scope.eq(Scope::Admin.as_str()))
+            .filter(api_keys::revoked_at.is_null()),
+    ))
+    .get_result(conn)?)
+}
+
 /// A freshly created key: the only time the secret is ever visible.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct CreatedApiKey {

@@ -24,3 +24,4 @@ mod operate;
 mod reaper;
 mod reconciliation;
 mod reservations;
+mod secrets;
