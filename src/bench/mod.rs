@@ -5,6 +5,7 @@
 //! overhead is the wall time minus that delay. It prints medians and
 //! percentiles, never asserts on time.
 
+pub mod flood;
 pub mod load;
 
 use std::sync::Arc;

@@ -74,6 +74,12 @@ enum BenchCommand {
     Load(token_billing::bench::load::LoadArgs),
     /// Print the pgbench twin of a kiosk cycle (the service's own SQL).
     PgbenchScript,
+    /// A flood of made-up keys from new addresses; the service's RSS before and after.
+    #[command(
+        after_help = "Example (the service started with TRUSTED_PROXIES=127.0.0.1/32):\n  \
+        token-billing-tools bench auth-flood --requests 1000000 --service-pid $(pgrep -f 'token-billing serve')"
+    )]
+    AuthFlood(token_billing::bench::flood::FloodArgs),
     /// Seed a scratch database (--database-url) and time reconciliation reports.
     Reconciliation(token_billing::bench::ReconciliationBenchArgs),
 }
@@ -96,6 +102,9 @@ async fn main() -> ExitCode {
         Tool::Bench {
             target: BenchCommand::Load(args),
         } => token_billing::bench::load::run_load(args).await,
+        Tool::Bench {
+            target: BenchCommand::AuthFlood(args),
+        } => token_billing::bench::flood::run_flood(args).await,
         Tool::Bench {
             target: BenchCommand::Reconciliation(args),
         } => {
