@@ -38,6 +38,8 @@ enum Step {
     Credit(usize, i64, Option<usize>),
     Adjust(usize, i64, Option<usize>),
     /// `replay`: an earlier request_id of the account, with this amount.
+    /// TTLs are long (≥ 10 min) so nothing expires by the clock during a
+    /// history: expiry is the explicit `Age` step, which the model sees.
     Reserve(usize, i64, Option<i32>, Option<usize>, Key),
     /// Commit the n-th reservation through account `a` (maybe not its
     /// own), optionally partially.
@@ -71,7 +73,7 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(|(a, n, r)| Step::Credit(a, n, r)),
         1 => (account.clone(), prop_oneof![-6..0i64, 1..4i64], prop::option::weighted(0.2, 0..20usize))
             .prop_map(|(a, n, r)| Step::Adjust(a, n, r)),
-        6 => (account.clone(), 1..4i64, prop::option::weighted(0.2, 1..100i32),
+        6 => (account.clone(), 1..4i64, prop::option::weighted(0.2, 600..86_400i32),
               prop::option::weighted(0.2, 0..20usize), key)
             .prop_map(|(a, n, t, r, k)| Step::Reserve(a, n, t, r, k)),
         4 => (account.clone(), 0..40usize, prop::option::weighted(0.3, 1..4i64))
