@@ -511,6 +511,32 @@ mod tests {
     }
 
     #[test]
+    fn expiry_is_an_rfc3339_instant_in_the_future() {
+        assert_eq!(parse_expires_at(None).expect("absent"), None);
+        let tomorrow = Utc::now() + chrono::Duration::days(1);
+        let parsed = parse_expires_at(Some(&tomorrow.to_rfc3339()))
+            .expect("future")
+            .expect("some");
+        assert_eq!(parsed, tomorrow);
+        let past = (Utc::now() - chrono::Duration::seconds(1)).to_rfc3339();
+        for bad in [
+            past.as_str(),
+            "tomorrow",
+            "2030-01-01",
+            "2030-13-01T00:00:00Z",
+            "",
+        ] {
+            assert!(
+                matches!(
+                    parse_expires_at(Some(bad)),
+                    Err(ApiError::InvalidRequest(_))
+                ),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
     fn kiosk_sees_only_its_account() {
         let own = AccountId(Uuid::new_v4());
         let other = AccountId(Uuid::new_v4());
