@@ -14,7 +14,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
-use crate::domain::{accounts, api_keys, checks, credits, idempotency, jobs, ledger};
+use crate::domain::{accounts, api_keys, audit, checks, credits, idempotency, jobs, ledger};
 use crate::domain::{reconciliation, reservations, types};
 use crate::error::{ApiError, Problem, ProblemCode};
 use crate::routes;
@@ -46,7 +46,9 @@ use crate::routes;
         routes::accounts::create_kiosk_key,
         routes::accounts::list_ledger,
         routes::api_keys::create_key,
+        routes::api_keys::list_keys,
         routes::api_keys::revoke_key,
+        routes::audit::list_audit_events,
         routes::credits::create_credit,
         routes::credits::create_adjustment,
         routes::reservations::create_reservation,
@@ -67,6 +69,10 @@ use crate::routes;
         api_keys::CreatedApiKey,
         idempotency::ReplayedApiKey,
         api_keys::Scope,
+        api_keys::ApiKeyView,
+        api_keys::ApiKeyPage,
+        audit::AuditEventView,
+        audit::AuditPage,
         credits::CreditView,
         credits::AdjustmentView,
         ledger::LedgerPage,
@@ -97,6 +103,7 @@ use crate::routes;
         (name = "accounts", description = "Accounts, their balances and their ledger"),
         (name = "api-keys", description = "Admin, finance and kiosk keys"),
         (name = "credits", description = "Top-ups and adjustments (admin)"),
+        (name = "audit", description = "Who changed what (admin, finance)"),
         (name = "reservations", description = "Reserve, commit, release, extend"),
         (name = "jobs", description = "Generation jobs paid from a reservation"),
         (name = "reconciliation", description = "Finance reports"),

@@ -27,25 +27,41 @@
 -- The authorisation of a presented key to spend on an account. `key` is
 -- {"bootstrap": true} (verified by the service against ADMIN_API_KEY) or
 -- {"id": uuid, "secret_hash": hex}. Outcomes: ok, unauthorized (unknown,
--- wrong secret, revoked), forbidden (finance), not_found (a kiosk key of
--- another account: another account's ids are 404, not 403).
+-- wrong secret, revoked, expired), forbidden (finance), not_found (a kiosk
+-- key of another account: another account's ids are 404, not 403).
+-- A valid key's last_used_at is brought up to date when it is older than a
+-- minute: at most one write a minute per key (hence not STABLE).
+-- expires_at and last_used_at are added by migration
+-- 2026-12-01-000020_key_expiry_and_audit (PL/pgSQL is checked at call time).
 CREATE FUNCTION engine_authorize_spend(p_key jsonb, p_account uuid) RETURNS text
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
     found_scope text;
     found_account uuid;
+    found_last_used timestamptz;
 BEGIN
     IF (p_key->>'bootstrap')::boolean IS TRUE THEN
         RETURN 'ok';
     END IF;
-    SELECT scope, account_id INTO found_scope, found_account
+    SELECT scope, account_id, last_used_at INTO found_scope, found_account, found_last_used
     FROM api_keys
     WHERE id = (p_key->>'id')::uuid
       AND secret_hash = decode(p_key->>'secret_hash', 'hex')
-      AND revoked_at IS NULL;
+      AND revoked_at IS NULL
+      AND (expires_at IS NULL OR expires_at > now());
     IF NOT FOUND THEN
         RETURN 'unauthorized';
-    ELSIF found_scope = 'admin' THEN
+    END IF;
+    -- SKIP LOCKED: a key row locked by another transaction is being
+    -- touched (or revoked) there; never wait for it, never deadlock on it.
+    IF found_last_used IS NULL OR found_last_used < now() - interval '1 minute' THEN
+        UPDATE api_keys SET last_used_at = now()
+        WHERE id = (SELECT id FROM api_keys
+                    WHERE id = (p_key->>'id')::uuid
+                      AND (last_used_at IS NULL OR last_used_at < now() - interval '1 minute')
+                    FOR UPDATE SKIP LOCKED);
+    END IF;
+    IF found_scope = 'admin' THEN
         RETURN 'ok';
     ELSIF found_scope = 'kiosk' AND found_account = p_account THEN
         RETURN 'ok';
@@ -342,9 +358,13 @@ END;
 $$;
 
 -- A top-up, idempotent on external_ref. Outcomes: created, replayed,
--- idempotency_key_reused, not_found.
+-- idempotency_key_reused, not_found. A created credit writes its audit
+-- event (credit.created; `p_request_id` is the HTTP request's id, if any);
+-- a replay or a refusal writes none. audit_events is created by migration
+-- 2026-12-01-000020_key_expiry_and_audit.
 CREATE FUNCTION engine_credit(
     p_account uuid, p_credit uuid, p_amount bigint, p_external_ref text, p_note text, p_actor text,
+    p_request_id text,
     OUT outcome text, OUT detail jsonb, OUT credit credits, OUT entry ledger_entries
 )
 LANGUAGE plpgsql AS $$
@@ -361,6 +381,13 @@ BEGIN
     IF FOUND THEN
         entry := engine_move(p_account, 'credit', p_amount, 0, NULL, NULL, p_external_ref, NULL,
             p_actor, clock_timestamp());
+        INSERT INTO audit_events (actor, action, target, before, after, request_id)
+        VALUES (p_actor, 'credit.created', 'account:' || p_account, NULL,
+            jsonb_build_object('credit_id', credit.id, 'amount', p_amount,
+                'external_ref', p_external_ref, 'note', p_note,
+                'available', entry.available_after, 'reserved', entry.reserved_after,
+                'used', entry.used_after),
+            p_request_id);
         outcome := 'created';
         RETURN;
     END IF;
@@ -378,9 +405,11 @@ $$;
 
 -- A signed adjustment, idempotent on external_ref; never drives available
 -- below zero (insufficient_tokens {available, reserved}, nothing recorded).
+-- A created adjustment writes its audit event (adjustment.created), like
+-- engine_credit.
 CREATE FUNCTION engine_adjust(
     p_account uuid, p_adjustment uuid, p_amount bigint, p_reason text, p_external_ref text,
-    p_actor text,
+    p_actor text, p_request_id text,
     OUT outcome text, OUT detail jsonb, OUT adjustment adjustments, OUT entry ledger_entries
 )
 LANGUAGE plpgsql AS $$
@@ -406,6 +435,13 @@ BEGIN
         IF FOUND THEN
             entry := engine_move(p_account, 'adjustment', p_amount, 0, NULL, NULL, p_external_ref,
                 p_reason, p_actor, clock_timestamp());
+            INSERT INTO audit_events (actor, action, target, before, after, request_id)
+            VALUES (p_actor, 'adjustment.created', 'account:' || p_account, NULL,
+                jsonb_build_object('adjustment_id', adjustment.id, 'amount', p_amount,
+                    'reason', p_reason, 'external_ref', p_external_ref,
+                    'available', entry.available_after, 'reserved', entry.reserved_after,
+                    'used', entry.used_after),
+                p_request_id);
             outcome := 'created';
             RETURN;
         END IF;
@@ -503,6 +539,8 @@ $$;
 --    "external_ref", "note"?}
 --   {"op": "adjust", "account", "actor", "adjustment_id", "amount", "reason",
 --    "external_ref"}
+-- Credits and adjustments may carry "http_request_id" (the audit event's
+-- request_id).
 -- `key` (spending ops) is verified here (engine_authorize_spend); credits and
 -- adjustments are authorised by the caller (admin only). Returns one row per
 -- op, in order: the outcome, its detail and the object (JSON).
@@ -559,13 +597,15 @@ BEGIN
             object := CASE WHEN (r.job).id IS NOT NULL THEN engine_job_json(r.job) END;
         WHEN 'credit' THEN
             SELECT * INTO r FROM engine_credit(acct, (op->>'credit_id')::uuid,
-                (op->>'amount')::bigint, op->>'external_ref', op->>'note', op->>'actor');
+                (op->>'amount')::bigint, op->>'external_ref', op->>'note', op->>'actor',
+                op->>'http_request_id');
             outcome := r.outcome; detail := r.detail;
             object := CASE WHEN (r.credit).id IS NOT NULL
                            THEN jsonb_build_object('credit', to_jsonb(r.credit), 'entry', to_jsonb(r.entry)) END;
         WHEN 'adjust' THEN
             SELECT * INTO r FROM engine_adjust(acct, (op->>'adjustment_id')::uuid,
-                (op->>'amount')::bigint, op->>'reason', op->>'external_ref', op->>'actor');
+                (op->>'amount')::bigint, op->>'reason', op->>'external_ref', op->>'actor',
+                op->>'http_request_id');
             outcome := r.outcome; detail := r.detail;
             object := CASE WHEN (r.adjustment).id IS NOT NULL
                            THEN jsonb_build_object('adjustment', to_jsonb(r.adjustment), 'entry', to_jsonb(r.entry)) END;

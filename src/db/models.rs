@@ -8,7 +8,8 @@ use uuid::Uuid;
 use crate::domain::states::{AccountStatus, JobStatus, ReservationState};
 
 use super::schema::{
-    accounts, adjustments, api_keys, credits, generation_jobs, ledger_entries, reservations,
+    accounts, adjustments, api_keys, audit_events, credits, generation_jobs, ledger_entries,
+    reservations,
 };
 
 #[derive(Clone, Debug, Queryable, Selectable, QueryableByName)]
@@ -47,6 +48,8 @@ pub struct ApiKeyRow {
     pub label: String,
     pub created_at: DateTime<Utc>,
     pub revoked_at: Option<DateTime<Utc>>,
+    pub expires_at: Option<DateTime<Utc>>,
+    pub last_used_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Insertable)]
@@ -57,6 +60,32 @@ pub struct NewApiKey<'a> {
     pub scope: &'a str,
     pub account_id: Option<Uuid>,
     pub label: &'a str,
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Clone, Debug, Queryable, Selectable)]
+#[diesel(table_name = audit_events, check_for_backend(diesel::pg::Pg))]
+pub struct AuditEventRow {
+    pub id: i64,
+    pub event_id: Uuid,
+    pub actor: String,
+    pub action: String,
+    pub target: String,
+    pub before: Option<serde_json::Value>,
+    pub after: Option<serde_json::Value>,
+    pub request_id: Option<String>,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Insertable)]
+#[diesel(table_name = audit_events)]
+pub struct NewAuditEvent<'a> {
+    pub actor: &'a str,
+    pub action: &'a str,
+    pub target: &'a str,
+    pub before: Option<serde_json::Value>,
+    pub after: Option<serde_json::Value>,
+    pub request_id: Option<&'a str>,
 }
 
 #[derive(Clone, Debug, serde::Deserialize, Queryable, Selectable, Insertable)]

@@ -39,6 +39,22 @@ diesel::table! {
         label -> Text,
         created_at -> Timestamptz,
         revoked_at -> Nullable<Timestamptz>,
+        expires_at -> Nullable<Timestamptz>,
+        last_used_at -> Nullable<Timestamptz>,
+    }
+}
+
+diesel::table! {
+    audit_events (id) {
+        id -> Int8,
+        event_id -> Uuid,
+        actor -> Text,
+        action -> Text,
+        target -> Text,
+        before -> Nullable<Jsonb>,
+        after -> Nullable<Jsonb>,
+        request_id -> Nullable<Text>,
+        created_at -> Timestamptz,
     }
 }
 
@@ -131,6 +147,7 @@ diesel::joinable!(ledger_entries -> reservations (reservation_id));
 diesel::joinable!(reservations -> accounts (account_id));
 
 diesel::allow_tables_to_appear_in_same_query!(
+    audit_events,
     accounts,
     adjustments,
     api_keys,

@@ -7,6 +7,7 @@ use uuid::Uuid;
 
 use crate::db::models::{AccountRow, NewAccount};
 use crate::db::schema::accounts;
+use crate::domain::audit::{self, Audit};
 use crate::domain::states::{parse_param, AccountStatus};
 use crate::domain::types::{AccountId, Name};
 use crate::error::ApiError;
@@ -180,19 +181,46 @@ pub fn parse_max_active_reservations(value: Option<i64>) -> Result<i32, ApiError
         })
 }
 
+/// Creates an account on behalf of the CLI (audit actor `cli`).
 pub fn create_account(
     conn: &mut PgConnection,
     name: &Name,
     max_active_reservations: i32,
 ) -> Result<AccountRow, ApiError> {
-    Ok(diesel::insert_into(accounts::table)
-        .values(NewAccount {
-            id: Uuid::now_v7(),
-            name: name.as_str(),
-            max_active_reservations,
-        })
-        .returning(AccountRow::as_returning())
-        .get_result(conn)?)
+    create_account_by(conn, &Audit::local(), name, max_active_reservations)
+}
+
+/// Creates an account and its audit event (`account.created`) in one
+/// transaction.
+pub fn create_account_by(
+    conn: &mut PgConnection,
+    by: &Audit,
+    name: &Name,
+    max_active_reservations: i32,
+) -> Result<AccountRow, ApiError> {
+    conn.transaction(|conn| {
+        let row = diesel::insert_into(accounts::table)
+            .values(NewAccount {
+                id: Uuid::now_v7(),
+                name: name.as_str(),
+                max_active_reservations,
+            })
+            .returning(AccountRow::as_returning())
+            .get_result(conn)?;
+        audit::record(
+            conn,
+            by,
+            "account.created",
+            &format!("account:{}", row.id),
+            None,
+            Some(serde_json::json!({
+                "name": row.name,
+                "status": row.status,
+                "max_active_reservations": row.max_active_reservations,
+            })),
+        )?;
+        Ok(row)
+    })
 }
 
 pub fn get_account(conn: &mut PgConnection, account: AccountId) -> Result<AccountRow, ApiError> {
@@ -206,9 +234,11 @@ pub fn get_account(conn: &mut PgConnection, account: AccountId) -> Result<Accoun
 
 /// Changes status and/or the reservation limit. Suspending stops new
 /// reservations; reservations already held can still be committed or
-/// released, so no token is stranded.
+/// released, so no token is stranded. The audit event (`account.updated`)
+/// holds the given fields before and after, in the same transaction.
 pub fn update_account(
     conn: &mut PgConnection,
+    by: &Audit,
     account: AccountId,
     status: Option<&str>,
     max_active_reservations: Option<i32>,
@@ -216,17 +246,48 @@ pub fn update_account(
     let status = status
         .map(|status| parse_param("status", status, AccountStatus::ALL, AccountStatus::parse))
         .transpose()?;
-    let row = diesel::update(accounts::table.find(account.0))
-        .set((
-            status.map(|status| accounts::status.eq(status)),
-            max_active_reservations.map(|limit| accounts::max_active_reservations.eq(limit)),
-            accounts::version.eq(accounts::version + 1),
-            accounts::updated_at.eq(diesel::dsl::now),
-        ))
-        .returning(AccountRow::as_returning())
-        .get_result(conn)
-        .optional()?;
-    row.ok_or(ApiError::NotFound("account"))
+    conn.transaction(|conn| {
+        let before: AccountRow = accounts::table
+            .find(account.0)
+            .select(AccountRow::as_select())
+            .for_no_key_update()
+            .first(conn)
+            .optional()?
+            .ok_or(ApiError::NotFound("account"))?;
+        let row = diesel::update(accounts::table.find(account.0))
+            .set((
+                status.map(|status| accounts::status.eq(status)),
+                max_active_reservations.map(|limit| accounts::max_active_reservations.eq(limit)),
+                accounts::version.eq(accounts::version + 1),
+                accounts::updated_at.eq(diesel::dsl::now),
+            ))
+            .returning(AccountRow::as_returning())
+            .get_result(conn)?;
+        let (mut old, mut new) = (serde_json::Map::new(), serde_json::Map::new());
+        if status.is_some() {
+            old.insert("status".into(), serde_json::json!(before.status));
+            new.insert("status".into(), serde_json::json!(row.status));
+        }
+        if max_active_reservations.is_some() {
+            old.insert(
+                "max_active_reservations".into(),
+                before.max_active_reservations.into(),
+            );
+            new.insert(
+                "max_active_reservations".into(),
+                row.max_active_reservations.into(),
+            );
+        }
+        audit::record(
+            conn,
+            by,
+            "account.updated",
+            &format!("account:{}", account.0),
+            Some(old.into()),
+            Some(new.into()),
+        )?;
+        Ok(row)
+    })
 }
 
 #[cfg(test)]

@@ -2,9 +2,15 @@
 //!
 //! A key reads `tbk_<key id, 32 hex>_<secret, 64 hex>`. Only SHA-256 of the
 //! secret is stored; a presented key is looked up by its id and its secret
-//! compared in constant time. Revocation is a column read on every request,
-//! so it takes effect at once on every replica.
+//! compared in constant time. Revocation and expiry are column reads on
+//! every request, so they take effect at once on every replica; an expired
+//! key is refused exactly like a revoked one (401).
+//!
+//! `last_used_at` is written at most once a minute per key: only when the
+//! stored value is older than [`LAST_USED_RESOLUTION_SECONDS`], by a
+//! conditional UPDATE that skips a row another transaction holds.
 
+use chrono::{DateTime, Utc};
 use diesel::prelude::*;
 use diesel::IntoSql;
 use rand::RngCore;
@@ -15,10 +21,17 @@ use uuid::Uuid;
 
 use crate::db::models::{ApiKeyRow, NewApiKey};
 use crate::db::schema::{accounts, api_keys};
+use crate::domain::audit::{self, Audit};
 use crate::domain::types::{AccountId, ApiKeyId, Label};
 use crate::error::ApiError;
 
 const KEY_PREFIX: &str = "tbk_";
+/// `last_used_at` is brought up to date when it is older than this (the
+/// same minute is hard-coded in `engine_authorize_spend`).
+pub const LAST_USED_RESOLUTION_SECONDS: i64 = 60;
+/// Page sizes of the key list.
+pub const KEY_PAGE_DEFAULT: i64 = 100;
+pub const KEY_PAGE_MAX: i64 = 1_000;
 /// Who is acting when the bootstrap `ADMIN_API_KEY` is used.
 pub const BOOTSTRAP_ACTOR: &str = "bootstrap-admin";
 
@@ -166,8 +179,8 @@ impl Credentials {
         }
     }
 
-    /// Looks the key up: the caller, or 401 for an unknown, wrong or
-    /// revoked key.
+    /// Looks the key up: the caller, or 401 for an unknown, wrong,
+    /// revoked or expired key.
     pub fn verify(&self, conn: &mut PgConnection) -> Result<Caller, ApiError> {
         verify_many(conn, &[self])?
             .pop()
@@ -177,7 +190,9 @@ impl Credentials {
 }
 
 /// [`Credentials::verify`] for many requests in one query: the caller of
-/// each, or `None` for an unknown, wrong or revoked key.
+/// each, or `None` for an unknown, wrong, revoked or expired key. Keys
+/// verified here whose `last_used_at` is more than a minute old are
+/// touched by one more statement (at most once a minute per key).
 pub fn verify_many(
     conn: &mut PgConnection,
     presented: &[&Credentials],
@@ -194,10 +209,15 @@ pub fn verify_many(
     } else {
         api_keys::table
             .filter(api_keys::id.eq_any(&ids))
+            .filter(
+                api_keys::expires_at
+                    .is_null()
+                    .or(api_keys::expires_at.gt(diesel::dsl::now)),
+            )
             .select(ApiKeyRow::as_select())
             .load(conn)?
     };
-    Ok(presented
+    let callers: Vec<Option<Caller>> = presented
         .iter()
         .map(|credentials| match credentials {
             Credentials::Bootstrap => Some(Caller::bootstrap_admin()),
@@ -214,7 +234,115 @@ pub fn verify_many(
                 })
             }
         })
-        .collect())
+        .collect();
+    let stale_before = Utc::now() - chrono::Duration::seconds(LAST_USED_RESOLUTION_SECONDS);
+    let mut stale: Vec<Uuid> = callers
+        .iter()
+        .flatten()
+        .filter_map(|caller| caller.key_id)
+        .filter(|id| {
+            rows.iter()
+                .find(|row| row.id == id.0)
+                .is_some_and(|row| row.last_used_at.is_none_or(|at| at < stale_before))
+        })
+        .map(|id| id.0)
+        .collect();
+    stale.sort_unstable();
+    stale.dedup();
+    if !stale.is_empty() {
+        touch_last_used(conn, &stale)?;
+    }
+    Ok(callers)
+}
+
+/// Sets `last_used_at` of these keys to now where it is more than a minute
+/// old. Rows another transaction holds are skipped, not waited for.
+fn touch_last_used(conn: &mut PgConnection, keys: &[Uuid]) -> Result<(), ApiError> {
+    diesel::sql_query(
+        "UPDATE api_keys SET last_used_at = now() \
+         WHERE id IN (SELECT id FROM api_keys \
+                      WHERE id = ANY($1) \
+                        AND (last_used_at IS NULL \
+                             OR last_used_at < now() - make_interval(secs => $2)) \
+                      ORDER BY id FOR UPDATE SKIP LOCKED)",
+    )
+    .bind::<diesel::sql_types::Array<diesel::sql_types::Uuid>, _>(keys)
+    .bind::<diesel::sql_types::Double, _>(LAST_USED_RESOLUTION_SECONDS as f64)
+    .execute(conn)?;
+    Ok(())
+}
+
+/// A key as the key list shows it: never its secret nor its hash.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct ApiKeyView {
+    pub key_id: ApiKeyId,
+    pub scope: Scope,
+    pub account_id: Option<AccountId>,
+    pub label: String,
+    pub created_at: DateTime<Utc>,
+    /// Within a minute: updated at most once a minute per key.
+    pub last_used_at: Option<DateTime<Utc>>,
+    pub expires_at: Option<DateTime<Utc>>,
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+/// One page of the key list, in key id order; `next_after` is the cursor
+/// of the next page (`null` on the last one).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ApiKeyPage {
+    pub keys: Vec<ApiKeyView>,
+    pub next_after: Option<ApiKeyId>,
+}
+
+/// Keys in id order after the cursor, optionally of one account.
+pub fn list_api_keys(
+    conn: &mut PgConnection,
+    after: Option<ApiKeyId>,
+    limit: i64,
+    account: Option<AccountId>,
+) -> Result<ApiKeyPage, ApiError> {
+    if !(1..=KEY_PAGE_MAX).contains(&limit) {
+        return Err(ApiError::InvalidRequest(format!(
+            "limit must be between 1 and {KEY_PAGE_MAX}, got {limit}"
+        )));
+    }
+    let mut query = api_keys::table
+        .select(ApiKeyRow::as_select())
+        .order(api_keys::id.asc())
+        .limit(limit + 1)
+        .into_boxed();
+    if let Some(after) = after {
+        query = query.filter(api_keys::id.gt(after.0));
+    }
+    if let Some(account) = account {
+        query = query.filter(api_keys::account_id.eq(account.0));
+    }
+    let mut rows: Vec<ApiKeyRow> = query.load(conn)?;
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    let more = rows.len() > limit;
+    rows.truncate(limit);
+    let next_after = if more {
+        rows.last().map(|row| ApiKeyId(row.id))
+    } else {
+        None
+    };
+    let keys = rows
+        .into_iter()
+        .map(|row| {
+            Ok(ApiKeyView {
+                key_id: ApiKeyId(row.id),
+                scope: Scope::parse(&row.scope)
+                    .ok_or_else(|| ApiError::Internal(format!("unknown scope {}", row.scope)))?,
+                account_id: row.account_id.map(AccountId),
+                label: row.label,
+                created_at: row.created_at,
+                last_used_at: row.last_used_at,
+                expires_at: row.expires_at,
+                revoked_at: row.revoked_at,
+            })
+        })
+        .collect::<Result<_, ApiError>>()?;
+    Ok(ApiKeyPage { keys, next_after })
 }
 
 /// Whether any admin key can still be used (not revoked).
@@ -236,15 +364,50 @@ pub struct CreatedApiKey {
     pub account_id: Option<AccountId>,
     pub label: String,
     pub created_at: chrono::DateTime<chrono::Utc>,
+    /// When the key stops working (401 from then on); null: never.
+    pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
-/// Creates a key. Kiosk keys must name an existing account; admin and
-/// finance keys must not name one.
+/// Creates a key that never expires on behalf of the CLI (audit actor `cli`).
 pub fn create_api_key(
     conn: &mut PgConnection,
     scope: Scope,
     account: Option<AccountId>,
     label: &Label,
+) -> Result<CreatedApiKey, ApiError> {
+    create_api_key_by(conn, &Audit::local(), scope, account, label, None)
+}
+
+/// Parses an optional `expires_at` (RFC 3339), which must be in the future.
+pub fn parse_expires_at(text: Option<&str>) -> Result<Option<DateTime<Utc>>, ApiError> {
+    let Some(text) = text else {
+        return Ok(None);
+    };
+    let at = DateTime::parse_from_rfc3339(text)
+        .map_err(|_| {
+            ApiError::InvalidRequest(
+                "expires_at must be an RFC 3339 date-time, e.g. 2027-01-31T00:00:00Z".into(),
+            )
+        })?
+        .with_timezone(&Utc);
+    if at <= Utc::now() {
+        return Err(ApiError::InvalidRequest(
+            "expires_at must be in the future".into(),
+        ));
+    }
+    Ok(Some(at))
+}
+
+/// Creates a key and its audit event (`api_key.created`) in one
+/// transaction. Kiosk keys must name an existing account; admin and
+/// finance keys must not name one.
+pub fn create_api_key_by(
+    conn: &mut PgConnection,
+    by: &Audit,
+    scope: Scope,
+    account: Option<AccountId>,
+    label: &Label,
+    expires_at: Option<DateTime<Utc>>,
 ) -> Result<CreatedApiKey, ApiError> {
     if (scope == Scope::Kiosk) != account.is_some() {
         return Err(ApiError::InvalidRequest(
@@ -262,16 +425,33 @@ pub fn create_api_key(
     let mut secret_bytes = [0u8; 32];
     rand::rngs::OsRng.fill_bytes(&mut secret_bytes);
     let secret = hex::encode(secret_bytes);
-    let row: ApiKeyRow = diesel::insert_into(api_keys::table)
-        .values(NewApiKey {
-            id: key_id,
-            secret_hash: &sha256(secret.as_bytes()),
-            scope: scope.as_str(),
-            account_id: account.map(|a| a.0),
-            label: label.as_str(),
-        })
-        .returning(ApiKeyRow::as_returning())
-        .get_result(conn)?;
+    let row: ApiKeyRow = conn.transaction(|conn| {
+        let row: ApiKeyRow = diesel::insert_into(api_keys::table)
+            .values(NewApiKey {
+                id: key_id,
+                secret_hash: &sha256(secret.as_bytes()),
+                scope: scope.as_str(),
+                account_id: account.map(|a| a.0),
+                label: label.as_str(),
+                expires_at,
+            })
+            .returning(ApiKeyRow::as_returning())
+            .get_result(conn)?;
+        audit::record(
+            conn,
+            by,
+            "api_key.created",
+            &format!("api_key:{}", row.id),
+            None,
+            Some(serde_json::json!({
+                "scope": row.scope,
+                "account_id": row.account_id,
+                "label": row.label,
+                "expires_at": row.expires_at,
+            })),
+        )?;
+        Ok::<_, ApiError>(row)
+    })?;
     Ok(CreatedApiKey {
         key_id: ApiKeyId(row.id),
         key: format!("{KEY_PREFIX}{}_{secret}", key_id.simple()),
@@ -279,20 +459,38 @@ pub fn create_api_key(
         account_id: account,
         label: row.label,
         created_at: row.created_at,
+        expires_at: row.expires_at,
     })
 }
 
-/// Revokes a key; revoking a revoked key again is a no-op (idempotent).
-pub fn revoke_api_key(conn: &mut PgConnection, key: ApiKeyId) -> Result<(), ApiError> {
-    let found = diesel::update(api_keys::table.find(key.0))
-        .set(
-            api_keys::revoked_at.eq(diesel::dsl::now
-                .into_sql::<diesel::sql_types::Timestamptz>()
-                .nullable()),
-        )
-        .filter(api_keys::revoked_at.is_null())
-        .execute(conn)?;
-    if found == 1 {
+/// Revokes a key; revoking a revoked key again is a no-op (idempotent, and
+/// no second audit event). The audit event (`api_key.revoked`) is written
+/// in the revocation's transaction.
+pub fn revoke_api_key(conn: &mut PgConnection, by: &Audit, key: ApiKeyId) -> Result<(), ApiError> {
+    let revoked = conn.transaction(|conn| {
+        let revoked_at: Option<Option<DateTime<Utc>>> = diesel::update(api_keys::table.find(key.0))
+            .set(
+                api_keys::revoked_at.eq(diesel::dsl::now
+                    .into_sql::<diesel::sql_types::Timestamptz>()
+                    .nullable()),
+            )
+            .filter(api_keys::revoked_at.is_null())
+            .returning(api_keys::revoked_at)
+            .get_result(conn)
+            .optional()?;
+        if let Some(revoked_at) = revoked_at {
+            audit::record(
+                conn,
+                by,
+                "api_key.revoked",
+                &format!("api_key:{}", key.0),
+                Some(serde_json::json!({"revoked_at": null})),
+                Some(serde_json::json!({"revoked_at": revoked_at})),
+            )?;
+        }
+        Ok::<_, ApiError>(revoked_at.is_some())
+    })?;
+    if revoked {
         return Ok(());
     }
     let exists: bool =
@@ -320,6 +518,32 @@ mod tests {
             None
         );
         assert_eq!(parse_key("tbk_"), None);
+    }
+
+    #[test]
+    fn expiry_is_an_rfc3339_instant_in_the_future() {
+        assert_eq!(parse_expires_at(None).expect("absent"), None);
+        let tomorrow = Utc::now() + chrono::Duration::days(1);
+        let parsed = parse_expires_at(Some(&tomorrow.to_rfc3339()))
+            .expect("future")
+            .expect("some");
+        assert_eq!(parsed, tomorrow);
+        let past = (Utc::now() - chrono::Duration::seconds(1)).to_rfc3339();
+        for bad in [
+            past.as_str(),
+            "tomorrow",
+            "2030-01-01",
+            "2030-13-01T00:00:00Z",
+            "",
+        ] {
+            assert!(
+                matches!(
+                    parse_expires_at(Some(bad)),
+                    Err(ApiError::InvalidRequest(_))
+                ),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

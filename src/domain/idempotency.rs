@@ -174,6 +174,8 @@ pub struct ReplayedApiKey {
     pub created_at: chrono::DateTime<chrono::Utc>,
     /// When the key was revoked, if it was.
     pub revoked_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// When the key stops working; null: never.
+    pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// The replay of an API key created earlier.
@@ -192,6 +194,7 @@ pub fn replayed_api_key(conn: &mut PgConnection, key_id: Uuid) -> Result<Replaye
         label: row.label,
         created_at: row.created_at,
         revoked_at: row.revoked_at,
+        expires_at: row.expires_at,
     })
 }
 

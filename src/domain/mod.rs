@@ -2,6 +2,7 @@
 
 pub mod accounts;
 pub mod api_keys;
+pub mod audit;
 pub mod checks;
 pub mod credits;
 pub mod idempotency;

@@ -74,18 +74,26 @@ pub enum Op {
 
 /// Who asks: a presented key the engine verifies in the same statement
 /// (spending endpoints), or a caller the service has already authorised
-/// (admin endpoints, workers, the reaper) with its ledger actor.
+/// (admin endpoints, workers, the reaper) with its ledger actor, or an
+/// authorised HTTP request with its request id (the audit event's
+/// `request_id` of a credit or an adjustment).
 #[derive(Clone, Debug)]
 pub enum Authority {
     Key(Credentials),
-    Verified { actor: String },
+    Verified {
+        actor: String,
+    },
+    Request {
+        actor: String,
+        request_id: Option<String>,
+    },
 }
 
 impl Authority {
     fn actor(&self) -> String {
         match self {
             Authority::Key(credentials) => credentials.actor(),
-            Authority::Verified { actor } => actor.clone(),
+            Authority::Verified { actor } | Authority::Request { actor, .. } => actor.clone(),
         }
     }
 }
@@ -173,6 +181,13 @@ impl Operation {
         };
         object["account"] = json!(self.account.0);
         object["actor"] = json!(self.authority.actor());
+        if let Authority::Request {
+            request_id: Some(request_id),
+            ..
+        } = &self.authority
+        {
+            object["http_request_id"] = json!(request_id);
+        }
         if let Authority::Key(credentials) = &self.authority {
             object["key"] = match credentials {
                 Credentials::Bootstrap => json!({"bootstrap": true}),

@@ -11,7 +11,8 @@ use crate::db::run_blocking;
 use crate::domain::accounts::{
     self, parse_max_active_reservations, AccountFilter, AccountPage, AccountView,
 };
-use crate::domain::api_keys::{create_api_key, Caller, CreatedApiKey, Scope};
+use crate::domain::api_keys::{create_api_key_by, parse_expires_at, Caller, CreatedApiKey, Scope};
+use crate::domain::audit::Audit;
 use crate::domain::idempotency::{self, Claim, Created, ReplayedApiKey};
 use crate::domain::ledger::{self, LedgerPage};
 use crate::domain::types::{AccountId, Label, Name};
@@ -86,9 +87,10 @@ async fn create_account(
             Claim::new(caller.actor(), request.path().to_owned(), &key, &canonical)
         })
         .transpose()?;
+    let by = Audit::of(&caller);
     let (view, replay) = run_blocking(&state.pool, move |conn| {
         let create = |conn: &mut diesel::PgConnection| {
-            accounts::create_account(conn, &name, limit).map(|row| (row.id, row))
+            accounts::create_account_by(conn, &by, &name, limit).map(|row| (row.id, row))
         };
         match claim {
             None => create(conn).map(|(_, row)| (AccountView::from(row), false)),
@@ -263,8 +265,9 @@ async fn update_account(
     let limit = max_active_reservations
         .map(|limit| parse_max_active_reservations(Some(limit)))
         .transpose()?;
+    let by = Audit::of(&caller);
     let row = run_blocking(&state.pool, move |conn| {
-        accounts::update_account(conn, account, status.as_deref(), limit)
+        accounts::update_account(conn, &by, account, status.as_deref(), limit)
     })
     .await?;
     Ok(HttpResponse::Ok().json(AccountView::from(row)))
@@ -283,6 +286,9 @@ struct CreateKioskKey {
     /// Always `kiosk` here: admin and finance keys are not bound to an account.
     scope: KioskScope,
     label: Label,
+    /// When the key stops working (RFC 3339, in the future); absent: never.
+    #[schema(format = DateTime, value_type = Option<String>)]
+    expires_at: Option<String>,
 }
 
 /// A kiosk key bound to this account; the key is in this answer only.
@@ -310,7 +316,8 @@ struct CreateKioskKey {
          headers(("Idempotent-Replayed" = String, description = "`true`"))),
         (status = 422, description = "This Idempotency-Key was used with another body",
          body = Problem, content_type = "application/problem+json"),
-        (status = 400, description = "Invalid JSON, path or label, or a scope other than kiosk",
+        (status = 400, description = "Invalid JSON, path, label or expires_at, or a scope \
+                                      other than kiosk",
          body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Not an admin key",
          body = Problem, content_type = "application/problem+json"),
@@ -334,16 +341,19 @@ async fn create_kiosk_key(
     let CreateKioskKey {
         scope: KioskScope::Kiosk,
         label,
+        expires_at,
     } = body.into_inner();
     let scope = Scope::Kiosk;
+    let expires_at = parse_expires_at(expires_at.as_deref())?;
     let claim = idempotency_key(&request)?
         .map(|key| {
-            let canonical = serde_json::json!({"scope": "kiosk", "label": label.as_str()});
+            let canonical = super::api_keys::key_canonical(scope, &label, expires_at);
             Claim::new(caller.actor(), request.path().to_owned(), &key, &canonical)
         })
         .transpose()?;
+    let by = Audit::of(&caller);
     create_key_once(&state, claim, move |conn| {
-        create_api_key(conn, scope, Some(account), &label)
+        create_api_key_by(conn, &by, scope, Some(account), &label, expires_at)
     })
     .await
 }

@@ -1,19 +1,40 @@
-//! Admin and finance keys; revocation of any key.
+//! Admin and finance keys; the key list; revocation of any key.
 
-use actix_web::{delete, post, web, HttpRequest, HttpResponse};
+use actix_web::{delete, get, post, web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 use uuid::Uuid;
 
 use super::accounts::create_key_once;
 use super::{idempotency_key, JsonObject, State};
 use crate::db::run_blocking;
-use crate::domain::api_keys::{create_api_key, revoke_api_key, Caller, CreatedApiKey, Scope};
+use crate::domain::api_keys::{
+    self, create_api_key_by, parse_expires_at, revoke_api_key, ApiKeyPage, Caller, CreatedApiKey,
+    Scope, KEY_PAGE_DEFAULT,
+};
+use crate::domain::audit::Audit;
 use crate::domain::idempotency::{Claim, ReplayedApiKey};
+use crate::domain::types::AccountId;
 use crate::domain::types::{ApiKeyId, Label};
 use crate::error::{ApiError, Problem};
 
 pub fn configure(config: &mut web::ServiceConfig) {
-    config.service(create_key).service(revoke_key);
+    config
+        .service(create_key)
+        .service(list_keys)
+        .service(revoke_key);
+}
+
+/// The canonical request of a key creation, for its `Idempotency-Key`.
+pub(super) fn key_canonical(
+    scope: Scope,
+    label: &Label,
+    expires_at: Option<chrono::DateTime<chrono::Utc>>,
+) -> serde_json::Value {
+    let mut canonical = serde_json::json!({"scope": scope.as_str(), "label": label.as_str()});
+    if let Some(expires_at) = expires_at {
+        canonical["expires_at"] = serde_json::json!(expires_at);
+    }
+    canonical
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -23,6 +44,9 @@ struct CreateKey {
     /// (`POST /v1/accounts/{account_id}/api-keys`).
     scope: UnboundScope,
     label: Label,
+    /// When the key stops working (RFC 3339, in the future); absent: never.
+    #[schema(format = DateTime, value_type = Option<String>)]
+    expires_at: Option<String>,
 }
 
 /// The scopes of a key not bound to an account.
@@ -57,7 +81,8 @@ enum UnboundScope {
          headers(("Idempotent-Replayed" = String, description = "`true`"))),
         (status = 422, description = "This Idempotency-Key was used with another body",
          body = Problem, content_type = "application/problem+json"),
-        (status = 400, description = "Invalid JSON or label, or a scope other than admin or finance",
+        (status = 400, description = "Invalid JSON, label or expires_at, or a scope other \
+                                      than admin or finance",
          body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Not an admin key",
          body = Problem, content_type = "application/problem+json"),
@@ -74,21 +99,76 @@ async fn create_key(
     body: JsonObject<CreateKey>,
 ) -> Result<HttpResponse, ApiError> {
     caller.authorize_admin()?;
-    let CreateKey { scope, label } = body.into_inner();
+    let CreateKey {
+        scope,
+        label,
+        expires_at,
+    } = body.into_inner();
     let scope = match scope {
         UnboundScope::Admin => Scope::Admin,
         UnboundScope::Finance => Scope::Finance,
     };
+    let expires_at = parse_expires_at(expires_at.as_deref())?;
     let claim = idempotency_key(&request)?
         .map(|key| {
-            let canonical = serde_json::json!({"scope": scope.as_str(), "label": label.as_str()});
+            let canonical = key_canonical(scope, &label, expires_at);
             Claim::new(caller.actor(), request.path().to_owned(), &key, &canonical)
         })
         .transpose()?;
+    let by = Audit::of(&caller);
     create_key_once(&state, claim, move |conn| {
-        create_api_key(conn, scope, None, &label)
+        create_api_key_by(conn, &by, scope, None, &label, expires_at)
     })
     .await
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+struct KeyListQuery {
+    /// Keys after this key id: the previous page's `next_after`.
+    after: Option<Uuid>,
+    /// Keys per page, default 100.
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<i64>,
+    /// Only the kiosk keys of this account.
+    account_id: Option<Uuid>,
+}
+
+/// Lists keys, without their secrets, in key id order (admin): what an
+/// operator needs to rotate a key — create the new one, move the kiosk,
+/// revoke the old one.
+#[utoipa::path(
+    tag = "api-keys",
+    params(KeyListQuery),
+    responses(
+        (status = 200, description = "One page of keys; `next_after` is the next page's \
+                                      `after`, null on the last page", body = ApiKeyPage),
+        (status = 400, description = "Invalid cursor, limit or account id",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Not an admin key",
+         body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])),
+)]
+#[get("/v1/api-keys")]
+async fn list_keys(
+    caller: Caller,
+    state: State,
+    query: web::Query<KeyListQuery>,
+) -> Result<HttpResponse, ApiError> {
+    caller.authorize_admin()?;
+    let KeyListQuery {
+        after,
+        limit,
+        account_id,
+    } = query.into_inner();
+    let limit = limit.unwrap_or(KEY_PAGE_DEFAULT);
+    let page = run_blocking(&state.pool, move |conn| {
+        api_keys::list_api_keys(conn, after.map(ApiKeyId), limit, account_id.map(AccountId))
+    })
+    .await?;
+    Ok(HttpResponse::Ok().json(page))
 }
 
 /// Revokes a key; every replica refuses it from the next request on.
@@ -116,6 +196,7 @@ async fn revoke_key(
 ) -> Result<HttpResponse, ApiError> {
     caller.authorize_admin()?;
     let key = ApiKeyId(path.into_inner());
-    run_blocking(&state.pool, move |conn| revoke_api_key(conn, key)).await?;
+    let by = Audit::of(&caller);
+    run_blocking(&state.pool, move |conn| revoke_api_key(conn, &by, key)).await?;
     Ok(HttpResponse::NoContent().finish())
 }

@@ -76,12 +76,13 @@ async fn create_credit(
 }
 
 /// An operation of an admin already authorised here (its key verified by
-/// the `Caller` extractor).
+/// the `Caller` extractor), with this request's id for its audit event.
 fn admin_operation(caller: &Caller, account: AccountId, op: Op) -> Operation {
     Operation {
         account,
-        authority: Authority::Verified {
+        authority: Authority::Request {
             actor: caller.actor(),
+            request_id: crate::telemetry::current_request_id(),
         },
         op,
     }

@@ -11,6 +11,7 @@
 // `#[utoipa::path]` in the document.
 pub(crate) mod accounts;
 pub(crate) mod api_keys;
+pub(crate) mod audit;
 pub(crate) mod credits;
 pub(crate) mod docs;
 pub(crate) mod health;
@@ -43,6 +44,7 @@ pub fn configure(config: &mut web::ServiceConfig) {
     accounts::configure(config);
     credits::configure(config);
     api_keys::configure(config);
+    audit::configure(config);
     reconciliation::configure(config);
     health::configure(config);
     docs::configure(config);

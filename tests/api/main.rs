@@ -17,6 +17,7 @@ mod differential;
 mod fencing;
 mod jobs;
 mod json_numbers;
+mod keys_audit;
 mod ledger_property;
 mod model;
 mod openapi;
