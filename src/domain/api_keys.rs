@@ -345,12 +345,17 @@ pub fn list_api_keys(
     Ok(ApiKeyPage { keys, next_after })
 }
 
-/// Whether any admin key can still be used (not revoked).
+/// Whether any admin key can still be used (neither revoked nor expired).
 pub fn usable_admin_key_exists(conn: &mut PgConnection) -> Result<bool, ApiError> {
     Ok(diesel::select(diesel::dsl::exists(
         api_keys::table
             .filter(api_keys::scope.eq(Scope::Admin.as_str()))
-            .filter(api_keys::revoked_at.is_null()),
+            .filter(api_keys::revoked_at.is_null())
+            .filter(
+                api_keys::expires_at
+                    .is_null()
+                    .or(api_keys::expires_at.gt(diesel::dsl::now)),
+            ),
     ))
     .get_result(conn)?)
 }
