@@ -360,8 +360,9 @@ pub fn usable_admin_key_exists(conn: &mut PgConnection) -> Result<bool, ApiError
     .get_result(conn)?)
 }
 
-/// A freshly created key: the only time the secret is ever visible.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+/// A freshly created key: the only time the secret is ever visible. Its
+/// `Debug` leaves the key out, so no log line can carry it.
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct CreatedApiKey {
     pub key_id: ApiKeyId,
     pub key: String,
@@ -371,6 +372,19 @@ pub struct CreatedApiKey {
     pub created_at: chrono::DateTime<chrono::Utc>,
     /// When the key stops working (401 from then on); null: never.
     pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl std::fmt::Debug for CreatedApiKey {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("CreatedApiKey")
+            .field("key_id", &self.key_id)
+            .field("key", &"[redacted]")
+            .field("scope", &self.scope)
+            .field("account_id", &self.account_id)
+            .field("label", &self.label)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Creates a key that never expires on behalf of the CLI (audit actor `cli`).
@@ -549,6 +563,20 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_created_key_does_not_print_its_secret() {
+        let created = CreatedApiKey {
+            key_id: ApiKeyId(Uuid::nil()),
+            key: "tbk_0_the-secret-part".into(),
+            scope: Scope::Kiosk,
+            account_id: None,
+            label: "booth".into(),
+            created_at: chrono::Utc::now(),
+            expires_at: None,
+        };
+        assert!(!format!("{created:?}").contains("the-secret-part"));
     }
 
     #[test]

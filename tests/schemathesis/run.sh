@@ -48,8 +48,11 @@ kiosk="$(curl -fsS -H "Authorization: Bearer $admin" -H 'content-type: applicati
   -d '{"scope":"kiosk","label":"schemathesis"}' "$base/v1/accounts/$account/api-keys" \
   | python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])')"
 checks="not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance,response_schema_conformance,negative_data_rejection,positive_data_acceptance,unsupported_method,allow_header_conformance"
+# One worker: with two, Hypothesis (on CPython 3.11) now and then fails
+# inside its own ast.parse ("AST constructor recursion depth mismatch"), a
+# runtime error of the tool that says nothing about the service.
 for key in "$admin" "$kiosk"; do
   schemathesis --config-file tests/schemathesis/schemathesis.toml \
     run "$base/openapi.json" -H "Authorization: Bearer $key" \
-    --checks "$checks" --max-examples "$examples" --workers 2 --seed 20261129 --no-color
+    --checks "$checks" --max-examples "$examples" --workers 1 --seed 20261129 --no-color
 done
