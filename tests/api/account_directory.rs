@@ -9,16 +9,7 @@ use uuid::Uuid;
 use crate::helpers::{problem, TestApp, ADMIN_KEY};
 
 async fn create_named(app: &TestApp, name: &str) -> Uuid {
-    let response = app
-        .post("/v1/accounts", ADMIN_KEY, &json!({"name": name}))
-        .await;
-    assert_eq!(response.status(), StatusCode::CREATED);
-    let body: Value = response.json().await.expect("json");
-    body["account_id"]
-        .as_str()
-        .expect("id")
-        .parse()
-        .expect("uuid")
+    app.create_account_from(&json!({"name": name})).await
 }
 
 async fn list(app: &TestApp, key: &str, query: &str) -> Value {
@@ -104,13 +95,12 @@ async fn accounts_are_listed_in_pages_and_found_by_name() {
 
     // status
     let suspend = app
-        .client
-        .patch(app.url(&format!("/v1/accounts/{}", created[2])))
-        .bearer_auth(ADMIN_KEY)
-        .json(&json!({"status": "suspended"}))
-        .send()
-        .await
-        .expect("sent");
+        .patch(
+            &format!("/v1/accounts/{}", created[2]),
+            ADMIN_KEY,
+            &json!({"status": "suspended"}),
+        )
+        .await;
     assert_eq!(suspend.status(), StatusCode::OK);
     assert_eq!(
         names(&list(&app, ADMIN_KEY, "?status=suspended").await),

@@ -101,24 +101,13 @@ async fn suspended_account_refuses_new_reservations_but_settles_held_ones() {
         .json()
         .await
         .expect("json");
+    let path = format!("/v1/accounts/{account}");
     let suspend = app
-        .client
-        .patch(app.url(&format!("/v1/accounts/{account}")))
-        .bearer_auth(ADMIN_KEY)
-        .json(&json!({"status": "suspended"}))
-        .send()
-        .await
-        .expect("sent");
+        .patch(&path, ADMIN_KEY, &json!({"status": "suspended"}))
+        .await;
     assert_eq!(suspend.status(), StatusCode::OK);
     // An array is not an object, even if serde could read one by position.
-    let positional = app
-        .client
-        .patch(app.url(&format!("/v1/accounts/{account}")))
-        .bearer_auth(ADMIN_KEY)
-        .json(&json!([null, null]))
-        .send()
-        .await
-        .expect("sent");
+    let positional = app.patch(&path, ADMIN_KEY, &json!([null, null])).await;
     assert_eq!(problem(positional).await.0, StatusCode::BAD_REQUEST);
     let before = app.snapshot(account);
     let (status, body) = problem(app.reserve(account, ADMIN_KEY, Uuid::new_v4(), 1).await).await;

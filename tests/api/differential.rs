@@ -290,30 +290,16 @@ async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut Pg
         }
         Step::Suspend(account, suspended) => {
             let status = if suspended { "suspended" } else { "active" };
-            let response = real
-                .app
-                .client
-                .patch(real.app.url(&path(real, account)))
-                .bearer_auth(ADMIN_KEY)
-                .json(&json!({"status": status}))
-                .send()
-                .await
-                .expect("patch");
+            let body = json!({"status": status});
+            let response = real.app.patch(&path(real, account), ADMIN_KEY, &body).await;
             (
                 model.set_status(account, suspended),
                 reply(response).await.0,
             )
         }
         Step::Limit(account, limit) => {
-            let response = real
-                .app
-                .client
-                .patch(real.app.url(&path(real, account)))
-                .bearer_auth(ADMIN_KEY)
-                .json(&json!({"max_active_reservations": limit}))
-                .send()
-                .await
-                .expect("patch");
+            let body = json!({"max_active_reservations": limit});
+            let response = real.app.patch(&path(real, account), ADMIN_KEY, &body).await;
             (model.set_limit(account, limit), reply(response).await.0)
         }
         Step::Job(account, replay, seed) => {

@@ -283,14 +283,26 @@ impl TestApp {
             .expect("request sent")
     }
 
+    pub async fn patch(&self, path: &str, key: &str, body: &Value) -> Response {
+        self.client
+            .patch(self.url(path))
+            .bearer_auth(key)
+            .json(body)
+            .send()
+            .await
+            .expect("request sent")
+    }
+
     pub async fn create_account(&self, max_active_reservations: i64) -> Uuid {
-        let response = self
-            .post(
-                "/v1/accounts",
-                ADMIN_KEY,
-                &json!({"name": "kiosk fleet", "max_active_reservations": max_active_reservations}),
-            )
-            .await;
+        self.create_account_from(
+            &json!({"name": "kiosk fleet", "max_active_reservations": max_active_reservations}),
+        )
+        .await
+    }
+
+    /// Creates an account (admin) from `body`; its id.
+    pub async fn create_account_from(&self, body: &Value) -> Uuid {
+        let response = self.post("/v1/accounts", ADMIN_KEY, body).await;
         assert_eq!(response.status(), StatusCode::CREATED);
         let body: Value = response.json().await.expect("json");
         body["account_id"]
