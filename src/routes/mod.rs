@@ -14,10 +14,12 @@ pub(crate) mod api_keys;
 pub(crate) mod audit;
 pub(crate) mod credits;
 pub(crate) mod docs;
+pub(crate) mod events;
 pub(crate) mod health;
 pub(crate) mod jobs;
 pub(crate) mod reconciliation;
 pub(crate) mod reservations;
+pub(crate) mod webhooks;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -45,6 +47,8 @@ pub fn configure(config: &mut web::ServiceConfig) {
     credits::configure(config);
     api_keys::configure(config);
     audit::configure(config);
+    events::configure(config);
+    webhooks::configure(config);
     reconciliation::configure(config);
     health::configure(config);
     docs::configure(config);

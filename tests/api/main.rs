@@ -23,6 +23,8 @@ mod model;
 mod openapi;
 mod operate;
 mod reaper;
+mod receiver;
 mod reconciliation;
 mod reservations;
 mod secrets;
+mod webhooks;

@@ -1,0 +1,543 @@
+//! Delivery: the relay turns committed events into deliveries; delivery
+//! tasks on every replica claim due deliveries with a lease (`FOR UPDATE
+//! SKIP LOCKED`, committed before the HTTP call, so no lock is held while a
+//! receiver thinks), send them, and record the attempt fenced on the lease.
+//! A replica killed mid-delivery leaves a lease that runs out; another
+//! replica sends the event again with the same `webhook-id`. At least once,
+//! in no promised order.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Double, Integer, Nullable, Text, Timestamptz, Uuid as SqlUuid};
+use futures_util::StreamExt;
+use rand::Rng;
+use reqwest::header::{HeaderMap, RETRY_AFTER};
+use secrecy::SecretString;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use uuid::Uuid;
+
+use crate::db::{run_blocking, DbPool};
+use crate::domain::events::{self, EventView};
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+
+use super::signing::signature_header;
+use super::url_guard::{is_public, GuardedResolver};
+
+/// How often an idle relay or delivery task looks for work.
+pub const WEBHOOK_POLL: Duration = Duration::from_millis(250);
+/// Events fanned out per relay transaction.
+const RELAY_BATCH: i32 = 500;
+/// Bytes of a receiver's answer read at most (the rest is dropped).
+const RESPONSE_BODY_LIMIT: usize = 16 * 1024;
+/// A lease outlives the HTTP timeout by this much.
+const LEASE_MARGIN: Duration = Duration::from_secs(5);
+/// Longest wait a `Retry-After` can impose.
+const RETRY_AFTER_MAX: Duration = Duration::from_secs(24 * 3_600);
+
+/// The delivery settings (`WEBHOOK_*`).
+#[derive(Clone, Debug)]
+pub struct WebhookSettings {
+    pub timeout: Duration,
+    /// Delay before attempt n (0-based); its length is the attempts.
+    pub schedule: Vec<Duration>,
+    pub disable_after: Duration,
+    pub allow_private: bool,
+    pub concurrency: u32,
+}
+
+impl WebhookSettings {
+    /// The delay after `attempts` failed attempts, with ±20 % jitter and at
+    /// least `Retry-After`; `None` when no attempt is left.
+    pub fn next_delay(&self, attempts: i32, retry_after: Option<Duration>) -> Option<Duration> {
+        let base = *self.schedule.get(usize::try_from(attempts).ok()?)?;
+        let jittered = base.mul_f64(rand::thread_rng().gen_range(0.8..=1.2));
+        Some(retry_after.map_or(jittered, |wait| jittered.max(wait.min(RETRY_AFTER_MAX))))
+    }
+}
+
+/// Parses `WEBHOOK_RETRY_SCHEDULE`: seconds, comma-separated, ≥ 1 entry.
+pub fn parse_schedule(text: &str) -> Result<Vec<Duration>, String> {
+    let schedule: Vec<Duration> = text
+        .split(',')
+        .map(str::trim)
+        .map(|item| {
+            item.parse::<f64>()
+                .ok()
+                .filter(|seconds| seconds.is_finite() && (0.0..=604_800.0).contains(seconds))
+                .map(Duration::from_secs_f64)
+                .ok_or_else(|| {
+                    format!(
+                        "WEBHOOK_RETRY_SCHEDULE: {item:?} is not a number of seconds \
+                         between 0 and 604800"
+                    )
+                })
+        })
+        .collect::<Result<_, _>>()?;
+    if schedule.is_empty() || schedule.len() > 50 {
+        return Err("WEBHOOK_RETRY_SCHEDULE must list 1 to 50 delays".into());
+    }
+    Ok(schedule)
+}
+
+/// Starts the relay and `concurrency` delivery tasks (none when 0).
+pub fn start(
+    pool: DbPool,
+    metrics: Arc<Metrics>,
+    settings: WebhookSettings,
+    shutdown: &watch::Receiver<bool>,
+) -> Result<Vec<JoinHandle<()>>, reqwest::Error> {
+    if settings.concurrency == 0 {
+        return Ok(Vec::new());
+    }
+    let mut builder = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(settings.timeout)
+        .user_agent(concat!(
+            "token-billing-webhooks/",
+            env!("CARGO_PKG_VERSION")
+        ));
+    if !settings.allow_private {
+        builder = builder.dns_resolver(Arc::new(GuardedResolver));
+    }
+    let client = builder.build()?;
+    let context = Arc::new(Context {
+        pool,
+        metrics,
+        settings,
+        client,
+    });
+    let mut tasks = vec![tokio::spawn(relay(Arc::clone(&context), shutdown.clone()))];
+    for _ in 0..context.settings.concurrency {
+        tasks.push(tokio::spawn(deliver_loop(
+            Arc::clone(&context),
+            shutdown.clone(),
+        )));
+    }
+    Ok(tasks)
+}
+
+struct Context {
+    pool: DbPool,
+    metrics: Arc<Metrics>,
+    settings: WebhookSettings,
+    client: reqwest::Client,
+}
+
+async fn pause(shutdown: &mut watch::Receiver<bool>) -> bool {
+    tokio::select! {
+        _ = shutdown.changed() => false,
+        () = tokio::time::sleep(WEBHOOK_POLL) => true,
+    }
+}
+
+/// Fans out committed events into deliveries (one replica at a time).
+async fn relay(context: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        match run_blocking(&context.pool, relay_step).await {
+            Ok(Some(handled)) if handled >= RELAY_BATCH => continue,
+            Ok(_) => {}
+            Err(error) => tracing::warn!(?error, "webhook relay step failed"),
+        }
+        if !pause(&mut shutdown).await {
+            return;
+        }
+    }
+}
+
+/// One relay transaction; the number of events handled, `None` when
+/// another replica is relaying.
+pub fn relay_step(conn: &mut PgConnection) -> Result<Option<i32>, ApiError> {
+    #[derive(QueryableByName)]
+    struct Step {
+        #[diesel(sql_type = Nullable<Integer>)]
+        handled: Option<i32>,
+    }
+    let step: Step = diesel::sql_query("SELECT webhook_relay_step($1) AS handled")
+        .bind::<Integer, _>(RELAY_BATCH)
+        .get_result(conn)?;
+    Ok(step.handled)
+}
+
+async fn deliver_loop(context: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        let lease = context.settings.timeout + LEASE_MARGIN;
+        match run_blocking(&context.pool, move |conn| claim(conn, lease)).await {
+            Ok(Some(claimed)) => {
+                deliver(&context, claimed).await;
+                continue;
+            }
+            Ok(None) => {}
+            Err(error) => tracing::warn!(?error, "claiming a webhook delivery failed"),
+        }
+        if !pause(&mut shutdown).await {
+            return;
+        }
+    }
+}
+
+/// A claimed delivery with what it needs to be sent.
+#[derive(QueryableByName)]
+pub struct Claimed {
+    #[diesel(sql_type = SqlUuid)]
+    pub delivery_id: Uuid,
+    #[diesel(sql_type = SqlUuid)]
+    pub endpoint_id: Uuid,
+    #[diesel(sql_type = Integer)]
+    pub attempts: i32,
+    #[diesel(sql_type = BigInt)]
+    pub lease_token: i64,
+    #[diesel(sql_type = Text)]
+    url: String,
+    #[diesel(sql_type = Text)]
+    secret: String,
+    #[diesel(sql_type = Nullable<Text>)]
+    previous_secret: Option<String>,
+    #[diesel(embed)]
+    event: EventView,
+}
+
+/// Claims the most overdue delivery of an enabled endpoint, with a lease.
+pub fn claim(conn: &mut PgConnection, lease: Duration) -> Result<Option<Claimed>, ApiError> {
+    Ok(diesel::sql_query(
+        "WITH claimed AS ( \
+           UPDATE webhook_deliveries d \
+           SET lease_token = d.lease_token + 1, attempts = d.attempts + 1, \
+               leased_until = now() + make_interval(secs => $1) \
+           WHERE d.id = ( \
+             SELECT d2.id FROM webhook_deliveries d2 \
+             JOIN webhook_endpoints w ON w.id = d2.endpoint_id \
+             WHERE d2.status = 'pending' AND d2.next_attempt_at <= now() \
+               AND (d2.leased_until IS NULL OR d2.leased_until < now()) \
+               AND w.enabled AND w.deleted_at IS NULL \
+             ORDER BY d2.next_attempt_at LIMIT 1 \
+             FOR UPDATE OF d2 SKIP LOCKED) \
+           RETURNING d.id, d.endpoint_id, d.event_id, d.attempts, d.lease_token) \
+         SELECT c.id AS delivery_id, c.endpoint_id, c.attempts, c.lease_token, w.url, w.secret, \
+           CASE WHEN w.previous_secret_expires_at > now() THEN w.previous_secret END \
+             AS previous_secret, \
+           e.id, e.type AS type_, e.created_at, e.data \
+         FROM claimed c JOIN webhook_endpoints w ON w.id = c.endpoint_id \
+         JOIN events e ON e.id = c.event_id",
+    )
+    .bind::<Double, _>(lease.as_secs_f64())
+    .get_result(conn)
+    .optional()?)
+}
+
+/// How one attempt ended, before it is recorded.
+pub struct Sent {
+    pub status_code: Option<u16>,
+    pub error: Option<String>,
+    pub retry_after: Option<Duration>,
+    pub latency: Duration,
+    pub attempted_at: DateTime<Utc>,
+}
+
+async fn deliver(context: &Context, claimed: Claimed) {
+    let sent = send(context, &claimed).await;
+    let outcome = outcome_of(&sent);
+    context
+        .metrics
+        .webhook_delivery_seconds
+        .observe(sent.latency.as_secs_f64());
+    let settings = context.settings.clone();
+    let recorded = run_blocking(&context.pool, move |conn| {
+        record(conn, &settings, &claimed, &sent, outcome)
+    })
+    .await;
+    match recorded {
+        Ok(label) => context
+            .metrics
+            .webhook_deliveries_total
+            .with_label_values(&[label])
+            .inc(),
+        Err(error) => tracing::warn!(?error, "recording a webhook attempt failed"),
+    }
+}
+
+/// What an attempt's answer means.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Answer {
+    Delivered,
+    Failed,
+    Gone,
+}
+
+fn outcome_of(sent: &Sent) -> Answer {
+    match sent.status_code {
+        Some(code) if (200..300).contains(&code) => Answer::Delivered,
+        Some(410) => Answer::Gone,
+        _ => Answer::Failed,
+    }
+}
+
+async fn send(context: &Context, claimed: &Claimed) -> Sent {
+    let attempted_at = Utc::now();
+    let started = Instant::now();
+    let failed = |error: String| Sent {
+        status_code: None,
+        error: Some(error),
+        retry_after: None,
+        latency: started.elapsed(),
+        attempted_at,
+    };
+    let body = match serde_json::to_vec(&claimed.event) {
+        Ok(body) => body,
+        Err(error) => return failed(format!("the event could not be serialized: {error}")),
+    };
+    let url = match reqwest::Url::parse(&claimed.url) {
+        Ok(url) => url,
+        Err(error) => return failed(format!("invalid url: {error}")),
+    };
+    // An address literal never reaches the resolver: check it here.
+    if !context.settings.allow_private {
+        let literal = url
+            .host_str()
+            .map(|host| host.trim_start_matches('[').trim_end_matches(']'))
+            .and_then(|host| host.parse::<std::net::IpAddr>().ok());
+        if literal.is_some_and(|address| !is_public(address)) {
+            return failed("refused: the url's address is not public".into());
+        }
+    }
+    let id = claimed.event.id.to_string();
+    let timestamp = attempted_at.timestamp();
+    let current = SecretString::from(claimed.secret.clone());
+    let previous = claimed.previous_secret.clone().map(SecretString::from);
+    let mut secrets = vec![&current];
+    secrets.extend(previous.as_ref());
+    let signature = signature_header(&secrets, &id, timestamp, &body);
+    let response = context
+        .client
+        .post(url)
+        .header("content-type", "application/json")
+        .header("webhook-id", &id)
+        .header("webhook-timestamp", timestamp.to_string())
+        .header("webhook-signature", signature)
+        .body(body)
+        .send()
+        .await;
+    match response {
+        Err(error) => failed(describe(error)),
+        Ok(response) => {
+            let status_code = response.status().as_u16();
+            let retry_after = if matches!(status_code, 429 | 503) {
+                retry_after(response.headers())
+            } else {
+                None
+            };
+            // Read a little of the answer (lets the connection be reused),
+            // never more.
+            let mut stream = response.bytes_stream();
+            let mut read = 0usize;
+            while read < RESPONSE_BODY_LIMIT {
+                match stream.next().await {
+                    Some(Ok(chunk)) => read += chunk.len(),
+                    _ => break,
+                }
+            }
+            Sent {
+                status_code: Some(status_code),
+                error: None,
+                retry_after,
+                latency: started.elapsed(),
+                attempted_at,
+            }
+        }
+    }
+}
+
+/// A short, secret-free description of a transport error.
+fn describe(error: reqwest::Error) -> String {
+    if error.is_timeout() {
+        "timeout".into()
+    } else if error.is_connect() {
+        let mut source: Option<&dyn std::error::Error> = Some(&error);
+        let mut deepest = String::from("connection failed");
+        while let Some(inner) = source {
+            deepest = inner.to_string();
+            source = inner.source();
+        }
+        format!("connection failed: {deepest}")
+    } else {
+        format!("request failed: {}", error.without_url())
+    }
+}
+
+/// `Retry-After` as seconds or an HTTP date.
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let date = DateTime::parse_from_rfc2822(value).ok()?;
+    (date.with_timezone(&Utc) - Utc::now()).to_std().ok()
+}
+
+/// Records one attempt: the attempt row always; the delivery's new state
+/// only if this replica still holds its lease; the endpoint's health; and
+/// the endpoint's disabling (410, or failing for too long) with its
+/// `endpoint.disabled` event, once. Returns the metric's outcome label.
+pub fn record(
+    conn: &mut PgConnection,
+    settings: &WebhookSettings,
+    claimed: &Claimed,
+    sent: &Sent,
+    answer: Answer,
+) -> Result<&'static str, ApiError> {
+    let next_delay = match answer {
+        Answer::Delivered => None,
+        Answer::Failed | Answer::Gone => settings.next_delay(claimed.attempts, sent.retry_after),
+    };
+    let label = match (answer, next_delay) {
+        (Answer::Delivered, _) => "delivered",
+        (Answer::Gone, _) => "endpoint_gone",
+        (Answer::Failed, Some(_)) => "retrying",
+        (Answer::Failed, None) => "exhausted",
+    };
+    conn.transaction(|conn| {
+        // Gone keeps the delivery pending: re-enabling the endpoint resumes it.
+        let (status, retry_in) = match (answer, next_delay) {
+            (Answer::Delivered, _) => ("delivered", 0.0),
+            (Answer::Gone, delay) => ("pending", delay.unwrap_or(Duration::ZERO).as_secs_f64()),
+            (Answer::Failed, Some(delay)) => ("pending", delay.as_secs_f64()),
+            (Answer::Failed, None) => ("failed", 0.0),
+        };
+        diesel::sql_query(
+            "UPDATE webhook_deliveries SET status = $3, leased_until = NULL, \
+               next_attempt_at = now() + make_interval(secs => $4), \
+               delivered_at = CASE WHEN $3 = 'delivered' THEN now() END \
+             WHERE id = $1 AND lease_token = $2",
+        )
+        .bind::<SqlUuid, _>(claimed.delivery_id)
+        .bind::<BigInt, _>(claimed.lease_token)
+        .bind::<Text, _>(status)
+        .bind::<Double, _>(retry_in)
+        .execute(conn)?;
+        diesel::sql_query(
+            "INSERT INTO webhook_attempts (delivery_id, endpoint_id, event_id, attempt, \
+               attempted_at, status_code, error, latency_ms, outcome) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        )
+        .bind::<SqlUuid, _>(claimed.delivery_id)
+        .bind::<SqlUuid, _>(claimed.endpoint_id)
+        .bind::<SqlUuid, _>(claimed.event.id)
+        .bind::<Integer, _>(claimed.attempts)
+        .bind::<Timestamptz, _>(sent.attempted_at)
+        .bind::<Nullable<Integer>, _>(sent.status_code.map(i32::from))
+        .bind::<Nullable<Text>, _>(sent.error.as_deref())
+        .bind::<Double, _>(sent.latency.as_secs_f64() * 1_000.0)
+        .bind::<Text, _>(label)
+        .execute(conn)?;
+        if answer == Answer::Delivered {
+            diesel::sql_query(
+                "UPDATE webhook_endpoints SET failing_since = NULL, last_success_at = now() \
+                 WHERE id = $1",
+            )
+            .bind::<SqlUuid, _>(claimed.endpoint_id)
+            .execute(conn)?;
+            return Ok(label);
+        }
+        #[derive(QueryableByName)]
+        struct Health {
+            #[diesel(sql_type = Text)]
+            url: String,
+            #[diesel(sql_type = diesel::sql_types::Bool)]
+            just_disabled: bool,
+            #[diesel(sql_type = Nullable<Text>)]
+            disabled_reason: Option<String>,
+            #[diesel(sql_type = Nullable<Timestamptz>)]
+            failing_since: Option<DateTime<Utc>>,
+        }
+        // The row lock makes exactly one attempt the one that disables it.
+        let health: Option<Health> = diesel::sql_query(
+            "WITH before AS (SELECT enabled FROM webhook_endpoints WHERE id = $1 FOR UPDATE), \
+             verdict AS (SELECT $2 OR COALESCE(w.failing_since, now()) \
+                                <= now() - make_interval(secs => $3) AS disable \
+                         FROM webhook_endpoints w WHERE w.id = $1) \
+             UPDATE webhook_endpoints w \
+             SET failing_since = COALESCE(w.failing_since, now()), \
+                 enabled = w.enabled AND NOT verdict.disable, \
+                 disabled_reason = CASE WHEN w.enabled AND verdict.disable \
+                                        THEN CASE WHEN $2 THEN 'gone' ELSE 'failing' END \
+                                        ELSE w.disabled_reason END, \
+                 updated_at = now() \
+             FROM before, verdict \
+             WHERE w.id = $1 \
+             RETURNING w.url, before.enabled AND NOT w.enabled AS just_disabled, \
+               w.disabled_reason, w.failing_since",
+        )
+        .bind::<SqlUuid, _>(claimed.endpoint_id)
+        .bind::<diesel::sql_types::Bool, _>(answer == Answer::Gone)
+        .bind::<Double, _>(settings.disable_after.as_secs_f64())
+        .get_result(conn)
+        .optional()?;
+        if let Some(health) = health.filter(|health| health.just_disabled) {
+            events::emit(
+                conn,
+                "endpoint.disabled",
+                None,
+                &serde_json::json!({
+                    "endpoint_id": claimed.endpoint_id,
+                    "url": health.url,
+                    "reason": health.disabled_reason,
+                    "failing_since": health.failing_since,
+                    "last_status_code": sent.status_code,
+                    "last_error": sent.error,
+                }),
+            )?;
+        }
+        Ok(label)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedules_parse_and_end() {
+        let schedule = parse_schedule("0,5,300").expect("valid");
+        assert_eq!(schedule.len(), 3);
+        assert!(parse_schedule("").is_err());
+        assert!(parse_schedule("1,x").is_err());
+        assert!(parse_schedule("-1").is_err());
+        let settings = WebhookSettings {
+            timeout: Duration::from_secs(1),
+            schedule,
+            disable_after: Duration::from_secs(3_600),
+            allow_private: false,
+            concurrency: 1,
+        };
+        // After the first attempt: 5 s ± 20 %.
+        let delay = settings.next_delay(1, None).expect("attempts left");
+        assert!((4.0..=6.0).contains(&delay.as_secs_f64()), "{delay:?}");
+        // Retry-After above the schedule wins.
+        let delay = settings
+            .next_delay(1, Some(Duration::from_secs(60)))
+            .expect("attempts left");
+        assert_eq!(delay, Duration::from_secs(60));
+        assert!(settings.next_delay(3, None).is_none());
+    }
+
+    #[test]
+    fn retry_after_reads_seconds_and_dates() {
+        let mut headers = HeaderMap::new();
+        headers.insert(RETRY_AFTER, "120".parse().expect("header"));
+        assert_eq!(retry_after(&headers), Some(Duration::from_secs(120)));
+        let later = (Utc::now() + chrono::Duration::seconds(90)).to_rfc2822();
+        headers.insert(RETRY_AFTER, later.parse().expect("header"));
+        let wait = retry_after(&headers).expect("a date");
+        assert!((80..=90).contains(&wait.as_secs()), "{wait:?}");
+    }
+}
