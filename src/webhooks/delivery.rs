@@ -440,9 +440,11 @@ pub fn record(
         .bind::<Text, _>(label)
         .execute(conn)?;
         if answer == Answer::Delivered {
+            // At most one write a second per endpoint on the happy path.
             diesel::sql_query(
                 "UPDATE webhook_endpoints SET failing_since = NULL, last_success_at = now() \
-                 WHERE id = $1",
+                 WHERE id = $1 AND (failing_since IS NOT NULL OR last_success_at IS NULL \
+                                    OR last_success_at < now() - interval '1 second')",
             )
             .bind::<SqlUuid, _>(claimed.endpoint_id)
             .execute(conn)?;
@@ -460,8 +462,11 @@ pub fn record(
             failing_since: Option<DateTime<Utc>>,
         }
         // The row lock makes exactly one attempt the one that disables it.
+        // NO KEY UPDATE, like the UPDATE itself: it does not conflict with
+        // the key-share locks that the attempt's foreign keys take (FOR
+        // UPDATE would, and two attempts would deadlock).
         let health: Option<Health> = diesel::sql_query(
-            "WITH before AS (SELECT enabled FROM webhook_endpoints WHERE id = $1 FOR UPDATE), \
+            "WITH before AS (SELECT enabled FROM webhook_endpoints WHERE id = $1 FOR NO KEY UPDATE), \
              verdict AS (SELECT $2 OR COALESCE(w.failing_since, now()) \
                                 <= now() - make_interval(secs => $3) AS disable \
                          FROM webhook_endpoints w WHERE w.id = $1) \

@@ -27,4 +27,5 @@ mod receiver;
 mod reconciliation;
 mod reservations;
 mod secrets;
+mod webhook_durability;
 mod webhooks;
