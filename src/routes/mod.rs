@@ -18,6 +18,8 @@ pub(crate) mod health;
 pub(crate) mod jobs;
 pub(crate) mod reconciliation;
 pub(crate) mod reservations;
+pub(crate) mod system;
+pub(crate) mod console;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -46,8 +48,10 @@ pub fn configure(config: &mut web::ServiceConfig) {
     api_keys::configure(config);
     audit::configure(config);
     reconciliation::configure(config);
+    system::configure(config);
     health::configure(config);
     docs::configure(config);
+    console::configure(config);
 }
 
 /// No route matched: 405 with `Allow` when the path exists with other
