@@ -12,7 +12,9 @@ import {
 import { lowMarker, statusBadge } from "./accounts.js";
 
 const PERIODS = [
+  ["15m", "last 15 minutes", 900],
   ["1h", "last hour", 3600],
+  ["6h", "last 6 hours", 6 * 3600],
   ["24h", "last 24 hours", 86400],
   ["7d", "last 7 days", 7 * 86400],
   ["30d", "last 30 days", 30 * 86400],
@@ -23,7 +25,7 @@ const LEDGER_ROWS_PER_PAGE = 20;
 
 export async function renderAccount(container, context, accountId) {
   const base = `/v1/accounts/${encodeURIComponent(accountId)}`;
-  const state = { period: "24h", ledgerPage: 0 };
+  const state = { period: "1h", ledgerPage: 0 };
   const sections = {
     header: h("div"),
     balances: h("section", { class: "card", "aria-labelledby": "balances-title" }),

@@ -50,13 +50,12 @@ export function pointsOf(entries, from, to, current) {
   return points;
 }
 
-function niceMax(value) {
-  if (value <= 4) return 4;
-  const magnitude = 10 ** Math.floor(Math.log10(value));
-  for (const step of [1, 2, 2.5, 5, 10]) {
-    if (step * magnitude >= value) return step * magnitude;
-  }
-  return 10 * magnitude;
+/** A round tick step giving at most 5 steps up to `value`, and the axis top. */
+function axis(value) {
+  const rough = Math.max(1, value / 5);
+  const magnitude = 10 ** Math.floor(Math.log10(rough));
+  const step = [1, 2, 5, 10].map((factor) => factor * magnitude).find((candidate) => candidate >= rough);
+  return { step, top: Math.max(step, Math.ceil(value / step) * step) };
 }
 
 function label(date, spanMs) {
@@ -67,15 +66,14 @@ function label(date, spanMs) {
 /** The chart as a <figure>; `summary` is its caption (read by people and tests). */
 export function balanceChart(points, from, to, summary) {
   const span = Math.max(1, to - from);
-  const max = niceMax(Math.max(1, ...points.flatMap((point) => SERIES.map((name) => point[name]))));
+  const { step, top: max } = axis(Math.max(1, ...points.flatMap((point) => SERIES.map((name) => point[name]))));
   const innerWidth = WIDTH - MARGIN.left - MARGIN.right;
   const innerHeight = HEIGHT - MARGIN.top - MARGIN.bottom;
   const x = (time) => MARGIN.left + ((time - from) / span) * innerWidth;
   const y = (value) => MARGIN.top + innerHeight - (value / max) * innerHeight;
 
   const grid = [];
-  for (let tick = 0; tick <= 4; tick += 1) {
-    const value = (max / 4) * tick;
+  for (let value = 0; value <= max; value += step) {
     grid.push(
       svg("line", { class: "grid", x1: MARGIN.left, x2: WIDTH - MARGIN.right, y1: y(value), y2: y(value) }),
       svg("text", { class: "axis", x: MARGIN.left - 6, y: y(value) + 4, "text-anchor": "end" }, String(Math.round(value))),

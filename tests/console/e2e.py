@@ -13,6 +13,7 @@ control, try a kiosk key and be refused. At 1280x800 and at a tablet width
 control must have a label. Every wait polls a condition (WebDriverWait).
 """
 
+import base64
 import csv
 import glob
 import json
@@ -28,7 +29,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support import expected_conditions as EC
-from selenium.webdriver.support.ui import WebDriverWait
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 TB_URL = os.environ["TB_URL"].rstrip("/")
 ADMIN_KEY = os.environ["TB_ADMIN_KEY"]
@@ -110,8 +111,16 @@ def wait_text(driver, css, expected, seconds=15):
 
 
 def shot(driver, name):
+    """The whole page, not only the viewport (Chromium's DevTools protocol)."""
     path = os.path.join(SHOTS, f"{name}.png")
-    driver.save_screenshot(path)
+    width, height = driver.execute_script(
+        "return [window.innerWidth, document.documentElement.scrollHeight]")
+    image = driver.execute_cdp_cmd("Page.captureScreenshot", {
+        "format": "png", "captureBeyondViewport": True,
+        "clip": {"x": 0, "y": 0, "width": width, "height": height, "scale": 1},
+    })
+    with open(path, "wb") as handle:
+        handle.write(base64.b64decode(image["data"]))
     screenshots.append(path)
 
 
@@ -284,8 +293,11 @@ def scenario(driver):
     status, ledger = api("GET", f"/v1/accounts/{account_id}/ledger?limit=1000", ADMIN_KEY)
     entries = len(ledger["entries"])
     check(entries == 7, f"ledger {ledger}")
-    wait_text(driver, "#balance-chart figcaption", f"{entries} ledger entries")
+    wait_text(driver, "#balance-chart figcaption", f"{entries} ledger entries in the last hour")
     wait_text(driver, "#balance-chart figcaption", "at the end: available 44, reserved 2, used 4")
+    # The period picker reads the ledger again for the new period.
+    Select(driver.find_element(By.ID, "chart-period")).select_by_visible_text("last 15 minutes")
+    wait_text(driver, "#balance-chart figcaption", f"{entries} ledger entries in the last 15 minutes")
     chart_after = driver.find_element(By.CSS_SELECTOR, "path[data-series=available]").get_attribute("d")
     check(chart_after != chart_before and chart_after.count("V") > chart_before.count("V"),
           f"the chart did not change: {chart_before} → {chart_after}")
