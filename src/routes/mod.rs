@@ -12,6 +12,7 @@
 pub(crate) mod accounts;
 pub(crate) mod api_keys;
 pub(crate) mod audit;
+pub(crate) mod console;
 pub(crate) mod credits;
 pub(crate) mod docs;
 pub(crate) mod health;
@@ -19,7 +20,6 @@ pub(crate) mod jobs;
 pub(crate) mod reconciliation;
 pub(crate) mod reservations;
 pub(crate) mod system;
-pub(crate) mod console;
 
 use std::future::Future;
 use std::pin::Pin;

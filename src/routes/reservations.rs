@@ -6,10 +6,10 @@ use uuid::Uuid;
 
 use super::{after_key_check, created, optional_json_body, replayed, JsonObject, State};
 
+use crate::config::{RESERVATION_PAGE_DEFAULT, RESERVATION_PAGE_MAX};
 use crate::db::models::ReservationRow;
 use crate::db::run_blocking;
 use crate::domain::api_keys::{Caller, Credentials};
-use crate::config::{RESERVATION_PAGE_DEFAULT, RESERVATION_PAGE_MAX};
 use crate::domain::reservations::{self, ReservationPage, ReservationView};
 use crate::domain::states::{parse_param, ReservationState};
 use crate::domain::types::{AccountId, RequestId, ReservationId, Tokens, TtlSeconds};
@@ -207,7 +207,14 @@ async fn list_reservations(
         after,
     } = query.into_inner();
     let wanted = wanted
-        .map(|text| parse_param("state", &text, ReservationState::ALL, ReservationState::parse))
+        .map(|text| {
+            parse_param(
+                "state",
+                &text,
+                ReservationState::ALL,
+                ReservationState::parse,
+            )
+        })
         .transpose()?;
     let limit = limit.unwrap_or(RESERVATION_PAGE_DEFAULT);
     if !(1..=RESERVATION_PAGE_MAX).contains(&limit) {

@@ -46,7 +46,10 @@ fn assert_strict_policy(policy: &str, what: &str) {
     }
     assert!(!policy.contains("unsafe-inline"), "{what}: {policy}");
     assert!(!policy.contains("unsafe-eval"), "{what}: {policy}");
-    assert!(!policy.contains("http"), "{what} allows another origin: {policy}");
+    assert!(
+        !policy.contains("http"),
+        "{what} allows another origin: {policy}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -140,7 +143,10 @@ async fn me_tells_the_scope_of_each_kind_of_key() {
     assert_eq!(finance_me["account_id"], Value::Null);
 
     let (status, body) = problem(app.get("/v1/me", "tb_not-a-key").await).await;
-    assert_eq!((status, body["code"].as_str()), (StatusCode::UNAUTHORIZED, Some("unauthorized")));
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::UNAUTHORIZED, Some("unauthorized"))
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -151,7 +157,10 @@ async fn system_summary_is_for_finance_and_admin_and_counts_what_is_in_flight() 
     let finance = app.finance_key().await;
 
     let (status, body) = problem(app.get("/v1/system/summary", &kiosk).await).await;
-    assert_eq!((status, body["code"].as_str()), (StatusCode::FORBIDDEN, Some("forbidden")));
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::FORBIDDEN, Some("forbidden"))
+    );
     let (status, _) = problem(app.get("/v1/system/summary", "tb_not-a-key").await).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
 
@@ -200,7 +209,12 @@ async fn system_summary_is_for_finance_and_admin_and_counts_what_is_in_flight() 
     assert_eq!(database["reserved_tokens"], 7);
     assert_eq!(database["accounts_suspended"], 1);
     assert!(database["next_expiry_at"].is_string(), "{after}");
-    assert!(database["oldest_reservation_age_seconds"].as_f64().expect("age") >= 0.0);
+    assert!(
+        database["oldest_reservation_age_seconds"]
+            .as_f64()
+            .expect("age")
+            >= 0.0
+    );
     assert!(database["reaper_last_success_at"].is_string(), "{after}");
     assert_eq!(database["invariant_violations"], 0);
     assert_eq!(after["invariant_status"], "ok");
@@ -262,8 +276,11 @@ async fn reservations_list_newest_first_by_state_with_a_cursor() {
 
     for bad in ["?state=pending", "?limit=0", "?limit=501", "?after=x"] {
         let (status, body) = problem(
-            app.get(&format!("/v1/accounts/{account}/reservations{bad}"), ADMIN_KEY)
-                .await,
+            app.get(
+                &format!("/v1/accounts/{account}/reservations{bad}"),
+                ADMIN_KEY,
+            )
+            .await,
         )
         .await;
         assert_eq!(
