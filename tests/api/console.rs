@@ -180,10 +180,22 @@ async fn system_summary_is_for_finance_and_admin_and_counts_what_is_in_flight() 
     assert_eq!(before["database"]["next_expiry_at"], Value::Null);
     assert_eq!(before["database"]["accounts"], 1);
 
-    for amount in [3, 4] {
+    let mut reservations = Vec::new();
+    for amount in [3, 4, 5] {
         let response = app.reserve(account, &kiosk, Uuid::new_v4(), amount).await;
         assert_eq!(response.status(), StatusCode::CREATED);
+        let body: Value = response.json().await.expect("json");
+        reservations.push(body["reservation_id"].as_str().expect("id").to_owned());
     }
+    // A released reservation holds nothing: it is not in flight.
+    let released = app
+        .post(
+            &format!("/v1/accounts/{account}/reservations/{}/release", reservations[2]),
+            &kiosk,
+            &json!({}),
+        )
+        .await;
+    assert_eq!(released.status(), StatusCode::OK);
     app.patch(
         &format!("/v1/accounts/{account}"),
         ADMIN_KEY,
