@@ -119,6 +119,8 @@ async function start() {
       $("api-key").value = "";
       $("sign-in-error").hidden = true;
       showSignedIn(me);
+      // The sign-in form is gone: keyboard and screen reader users go on from the page.
+      $("main").focus({ preventScroll: true });
     } catch (error) {
       showSignedOut(error.message);
     } finally {

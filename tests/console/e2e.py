@@ -220,6 +220,18 @@ def scenario(driver):
     check(driver.execute_script("return document.cookie") == "", "a cookie was set")
     check(ADMIN_KEY not in driver.current_url, "the key is in the URL")
 
+    # Keyboard: on a fresh load (the key stays in the tab), Tab reaches the
+    # skip link, then the pages.
+    wait(driver).until(EC.visibility_of_element_located((By.ID, "create-account")))
+    driver.refresh()
+    wait(driver).until(EC.visibility_of_element_located((By.ID, "create-account")))
+    wait_text(driver, "#who-text", "admin key")
+    focused = []
+    for _ in range(3):
+        webdriver.ActionChains(driver).send_keys(Keys.TAB).perform()
+        focused.append(driver.execute_script("return document.activeElement.textContent.trim()"))
+    check(focused == ["Skip to content", "Accounts", "Reconciliation"], f"tab order {focused}")
+
     # Create an account with the form.
     wait(driver).until(EC.visibility_of_element_located((By.ID, "create-account")))
     form = driver.find_element(By.ID, "create-account")
