@@ -190,7 +190,10 @@ async fn system_summary_is_for_finance_and_admin_and_counts_what_is_in_flight() 
     // A released reservation holds nothing: it is not in flight.
     let released = app
         .post(
-            &format!("/v1/accounts/{account}/reservations/{}/release", reservations[2]),
+            &format!(
+                "/v1/accounts/{account}/reservations/{}/release",
+                reservations[2]
+            ),
             &kiosk,
             &json!({}),
         )
