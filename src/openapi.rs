@@ -15,7 +15,7 @@ use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use crate::domain::{accounts, api_keys, audit, checks, credits, idempotency, jobs, ledger};
-use crate::domain::{reconciliation, reservations, types};
+use crate::domain::{reconciliation, reservations, system, types};
 use crate::error::{ApiError, Problem, ProblemCode};
 use crate::routes;
 
@@ -60,6 +60,11 @@ use crate::routes;
         routes::jobs::get_job,
         routes::jobs::list_jobs,
         routes::reconciliation::get_reconciliation,
+        routes::reservations::list_reservations,
+        routes::system::system_summary,
+        routes::system::who_am_i,
+        routes::console::console_page,
+        routes::console::console_asset,
     ),
     components(schemas(
         Problem,
@@ -78,6 +83,11 @@ use crate::routes;
         ledger::LedgerPage,
         ledger::LedgerEntryView,
         reservations::ReservationView,
+        reservations::ReservationPage,
+        system::DatabaseSummary,
+        routes::system::SystemSummary,
+        routes::system::ReplicaSummary,
+        routes::system::WhoAmI,
         jobs::JobView,
         jobs::JobReservation,
         jobs::JobPage,
@@ -107,6 +117,8 @@ use crate::routes;
         (name = "reservations", description = "Reserve, commit, release, extend"),
         (name = "jobs", description = "Generation jobs paid from a reservation"),
         (name = "reconciliation", description = "Finance reports"),
+        (name = "system", description = "The state of the service (admin, finance)"),
+        (name = "console", description = "The operator and finance console, no key to load it"),
         (name = "health", description = "Probes and metrics, no key"),
         (name = "docs", description = "This document and Swagger UI, no key"),
     ),

@@ -12,12 +12,14 @@
 pub(crate) mod accounts;
 pub(crate) mod api_keys;
 pub(crate) mod audit;
+pub(crate) mod console;
 pub(crate) mod credits;
 pub(crate) mod docs;
 pub(crate) mod health;
 pub(crate) mod jobs;
 pub(crate) mod reconciliation;
 pub(crate) mod reservations;
+pub(crate) mod system;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -46,8 +48,10 @@ pub fn configure(config: &mut web::ServiceConfig) {
     api_keys::configure(config);
     audit::configure(config);
     reconciliation::configure(config);
+    system::configure(config);
     health::configure(config);
     docs::configure(config);
+    console::configure(config);
 }
 
 /// No route matched: 405 with `Allow` when the path exists with other
