@@ -45,6 +45,9 @@ pub const JOB_WAIT_SECONDS_MAX: u64 = 30;
 /// Job list page sizes.
 pub const JOB_PAGE_DEFAULT: i64 = 50;
 pub const JOB_PAGE_MAX: i64 = 500;
+/// Reservation list page sizes.
+pub const RESERVATION_PAGE_DEFAULT: i64 = 50;
+pub const RESERVATION_PAGE_MAX: i64 = 500;
 /// An idle worker looks for jobs queued by other replicas this often; jobs
 /// queued by its own replica wake it at once.
 pub const WORKER_IDLE_POLL: Duration = Duration::from_millis(500);

@@ -377,6 +377,24 @@ impl Metrics {
         }
     }
 
+    /// The values of a counter with one label, by label value (for the
+    /// system summary; the same numbers as `/metrics`).
+    pub fn counts_by_label(
+        &self,
+        counter: &IntCounterVec,
+    ) -> std::collections::BTreeMap<String, u64> {
+        use prometheus::core::Collector;
+        counter
+            .collect()
+            .iter()
+            .flat_map(|family| family.get_metric())
+            .filter_map(|metric| {
+                let label = metric.get_label().first()?.value().to_owned();
+                Some((label, metric.get_counter().get_value() as u64))
+            })
+            .collect()
+    }
+
     /// Refreshes the gauges that come from the database, in one query.
     pub fn refresh_database_gauges(&self, conn: &mut PgConnection) -> Result<(), ApiError> {
         #[derive(QueryableByName)]

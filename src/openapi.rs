@@ -17,7 +17,7 @@ use utoipa::{Modify, OpenApi};
 use crate::domain::{
     accounts, api_keys, audit, checks, credits, events, idempotency, jobs, ledger,
 };
-use crate::domain::{reconciliation, reservations, types};
+use crate::domain::{reconciliation, reservations, system, types};
 use crate::error::{ApiError, Problem, ProblemCode};
 use crate::routes;
 use crate::webhooks::endpoints;
@@ -72,6 +72,11 @@ use crate::webhooks::endpoints;
         routes::webhooks::rotate_secret,
         routes::webhooks::list_attempts,
         routes::webhooks::redeliver,
+        routes::reservations::list_reservations,
+        routes::system::system_summary,
+        routes::system::who_am_i,
+        routes::console::console_page,
+        routes::console::console_asset,
     ),
     components(schemas(
         Problem,
@@ -90,6 +95,11 @@ use crate::webhooks::endpoints;
         ledger::LedgerPage,
         ledger::LedgerEntryView,
         reservations::ReservationView,
+        reservations::ReservationPage,
+        system::DatabaseSummary,
+        routes::system::SystemSummary,
+        routes::system::ReplicaSummary,
+        routes::system::WhoAmI,
         jobs::JobView,
         jobs::JobReservation,
         jobs::JobPage,
@@ -129,6 +139,8 @@ use crate::webhooks::endpoints;
         (name = "reservations", description = "Reserve, commit, release, extend"),
         (name = "jobs", description = "Generation jobs paid from a reservation"),
         (name = "reconciliation", description = "Finance reports"),
+        (name = "system", description = "The state of the service (admin, finance)"),
+        (name = "console", description = "The operator and finance console, no key to load it"),
         (name = "health", description = "Probes and metrics, no key"),
         (name = "docs", description = "This document and Swagger UI, no key"),
     ),

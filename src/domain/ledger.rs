@@ -140,20 +140,26 @@ pub struct LedgerPage {
     pub next_after: Option<i64>,
 }
 
-/// One page of an account's ledger, oldest first, after the cursor.
+/// One page of an account's ledger, oldest first, after the cursor, and
+/// only entries written at or after `since` when it is given.
 pub fn list_entries(
     conn: &mut PgConnection,
     account: AccountId,
     after: Option<i64>,
+    since: Option<DateTime<Utc>>,
     limit: i64,
 ) -> Result<LedgerPage, ApiError> {
-    let rows: Vec<LedgerEntryRow> = ledger_entries::table
+    let mut query = ledger_entries::table
         .filter(ledger_entries::account_id.eq(account.0))
         .filter(ledger_entries::id.gt(after.unwrap_or(0)))
         .order(ledger_entries::id.asc())
         .limit(limit)
         .select(LedgerEntryRow::as_select())
-        .load(conn)?;
+        .into_boxed();
+    if let Some(since) = since {
+        query = query.filter(ledger_entries::created_at.ge(since));
+    }
+    let rows: Vec<LedgerEntryRow> = query.load(conn)?;
     let next_after = if i64::try_from(rows.len()).ok() == Some(limit) {
         rows.last().map(|row| row.id)
     } else {

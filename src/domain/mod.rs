@@ -14,4 +14,5 @@ pub mod reaper;
 pub mod reconciliation;
 pub mod reservations;
 pub mod states;
+pub mod system;
 pub mod types;

@@ -61,3 +61,43 @@ pub fn get_reservation(
         .optional()?
         .ok_or(ApiError::NotFound("reservation"))
 }
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ReservationPage {
+    pub reservations: Vec<ReservationView>,
+    /// The next page's `after`; null on the last page.
+    pub next_after: Option<Uuid>,
+}
+
+/// An account's reservations, newest first (ids are UUIDv7, so id order is
+/// creation order); `after` is the last reservation_id of the previous page.
+pub fn list_reservations(
+    conn: &mut PgConnection,
+    account: AccountId,
+    state: Option<ReservationState>,
+    after: Option<Uuid>,
+    limit: i64,
+) -> Result<ReservationPage, ApiError> {
+    let mut query = reservations::table
+        .filter(reservations::account_id.eq(account.0))
+        .select(ReservationRow::as_select())
+        .order(reservations::id.desc())
+        .limit(limit)
+        .into_boxed();
+    if let Some(state) = state {
+        query = query.filter(reservations::state.eq(state));
+    }
+    if let Some(after) = after {
+        query = query.filter(reservations::id.lt(after));
+    }
+    let rows = query.load(conn)?;
+    let next_after = if i64::try_from(rows.len()).ok() == Some(limit) {
+        rows.last().map(|row| row.id)
+    } else {
+        None
+    };
+    Ok(ReservationPage {
+        reservations: rows.into_iter().map(ReservationView::from).collect(),
+        next_after,
+    })
+}

@@ -410,6 +410,10 @@ struct LedgerQuery {
     /// Entries per page, default 100.
     #[param(minimum = 1, maximum = 1000)]
     limit: Option<i64>,
+    /// Only entries written at or after this instant (RFC 3339), e.g. the
+    /// start of a chart's period.
+    #[param(format = DateTime)]
+    since: Option<String>,
 }
 
 /// The account's ledger, oldest first; `next_after` is the next cursor.
@@ -418,7 +422,7 @@ struct LedgerQuery {
     params(("account_id" = Uuid, Path, description = "The account"), LedgerQuery),
     responses(
         (status = 200, description = "One page of entries", body = LedgerPage),
-        (status = 400, description = "Invalid path, `after` or `limit`",
+        (status = 400, description = "Invalid path, `after`, `limit` or `since`",
          body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such account, or not this kiosk's",
          body = Problem, content_type = "application/problem+json"),
@@ -446,9 +450,22 @@ async fn list_ledger(
             "after must be a non-negative entry id".into(),
         ));
     }
+    let since = query
+        .since
+        .as_deref()
+        .map(|text| {
+            chrono::DateTime::parse_from_rfc3339(text)
+                .map(|instant| instant.with_timezone(&chrono::Utc))
+                .map_err(|error| {
+                    ApiError::InvalidRequest(format!(
+                        "since must be an RFC 3339 timestamp: {error}"
+                    ))
+                })
+        })
+        .transpose()?;
     let page = run_blocking(&state.pool, move |conn| {
         accounts::get_account(conn, account)?;
-        ledger::list_entries(conn, account, after, limit)
+        ledger::list_entries(conn, account, after, since, limit)
     })
     .await?;
     Ok(HttpResponse::Ok().json(page))

@@ -12,6 +12,7 @@
 pub(crate) mod accounts;
 pub(crate) mod api_keys;
 pub(crate) mod audit;
+pub(crate) mod console;
 pub(crate) mod credits;
 pub(crate) mod docs;
 pub(crate) mod events;
@@ -19,6 +20,7 @@ pub(crate) mod health;
 pub(crate) mod jobs;
 pub(crate) mod reconciliation;
 pub(crate) mod reservations;
+pub(crate) mod system;
 pub(crate) mod webhooks;
 
 use std::future::Future;
@@ -50,8 +52,10 @@ pub fn configure(config: &mut web::ServiceConfig) {
     events::configure(config);
     webhooks::configure(config);
     reconciliation::configure(config);
+    system::configure(config);
     health::configure(config);
     docs::configure(config);
+    console::configure(config);
 }
 
 /// No route matched: 405 with `Allow` when the path exists with other

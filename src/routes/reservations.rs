@@ -6,10 +6,12 @@ use uuid::Uuid;
 
 use super::{after_key_check, created, optional_json_body, replayed, JsonObject, State};
 
+use crate::config::{RESERVATION_PAGE_DEFAULT, RESERVATION_PAGE_MAX};
 use crate::db::models::ReservationRow;
 use crate::db::run_blocking;
 use crate::domain::api_keys::{Caller, Credentials};
-use crate::domain::reservations::{self, ReservationView};
+use crate::domain::reservations::{self, ReservationPage, ReservationView};
+use crate::domain::states::{parse_param, ReservationState};
 use crate::domain::types::{AccountId, RequestId, ReservationId, Tokens, TtlSeconds};
 use crate::engine::{Authority, Op, Operation, Replay};
 use crate::error::{ApiError, Problem};
@@ -18,6 +20,7 @@ pub fn configure(config: &mut web::ServiceConfig) {
     config
         .service(create_reservation)
         .service(get_reservation)
+        .service(list_reservations)
         .service(commit_reservation)
         .service(release_reservation)
         .service(extend_reservation);
@@ -158,6 +161,73 @@ async fn get_reservation(
     })
     .await?;
     Ok(HttpResponse::Ok().json(ReservationView::from(row)))
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    /// Only reservations in this state: `held`, `committed`, `released` or `expired`.
+    #[param(pattern = "^(held|committed|released|expired)$")]
+    state: Option<String>,
+    /// Reservations per page, default 50.
+    #[param(minimum = 1, maximum = 500)]
+    limit: Option<i64>,
+    /// Reservations older than this `reservation_id`: the previous page's `next_after`.
+    after: Option<Uuid>,
+}
+
+/// The account's reservations, newest first; `next_after` continues the list.
+///
+/// `state=held` lists the tokens in flight with their `expires_at`.
+#[utoipa::path(
+    tag = "reservations",
+    params(("account_id" = Uuid, Path, description = "The account"), ListQuery),
+    responses(
+        (status = 200, description = "One page of reservations", body = ReservationPage),
+        (status = 400, description = "Invalid path, `state`, `limit` or `after`",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such account, or not this kiosk's",
+         body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])),
+)]
+#[get("/v1/accounts/{account_id}/reservations")]
+async fn list_reservations(
+    caller: Caller,
+    state: State,
+    path: web::Path<Uuid>,
+    query: web::Query<ListQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let account = AccountId(path.into_inner());
+    caller.authorize_read(account)?;
+    let ListQuery {
+        state: wanted,
+        limit,
+        after,
+    } = query.into_inner();
+    let wanted = wanted
+        .map(|text| {
+            parse_param(
+                "state",
+                &text,
+                ReservationState::ALL,
+                ReservationState::parse,
+            )
+        })
+        .transpose()?;
+    let limit = limit.unwrap_or(RESERVATION_PAGE_DEFAULT);
+    if !(1..=RESERVATION_PAGE_MAX).contains(&limit) {
+        return Err(ApiError::InvalidRequest(format!(
+            "limit must be between 1 and {RESERVATION_PAGE_MAX}"
+        )));
+    }
+    let page = run_blocking(&state.pool, move |conn| {
+        crate::domain::accounts::get_account(conn, account)?;
+        reservations::list_reservations(conn, account, wanted, after, limit)
+    })
+    .await?;
+    Ok(HttpResponse::Ok().json(page))
 }
 
 #[derive(Deserialize, Default, utoipa::ToSchema)]

@@ -11,6 +11,7 @@ mod bad_input;
 mod cli;
 mod coalescing;
 mod concurrency;
+mod console;
 mod crash;
 mod credits;
 mod differential;

@@ -1,0 +1,474 @@
+// One account: balances and the invariant, the balance chart over a
+// period, reservations in flight, recent jobs, the ledger, and (admin)
+// kiosk keys, credit, adjustment, suspend/reactivate and limits.
+// Five requests: the account, the period's ledger, held reservations,
+// recent jobs, and (admin) the account's keys.
+
+import { freshId, get, query, request } from "./api.js";
+import { balanceChart, pointsOf } from "./chart.js";
+import {
+  busyButton, clear, countdown, field, h, messageArea, onSubmit, table, time, tokens,
+} from "./dom.js";
+import { lowMarker, statusBadge } from "./accounts.js";
+
+const PERIODS = [
+  ["15m", "last 15 minutes", 900],
+  ["1h", "last hour", 3600],
+  ["6h", "last 6 hours", 6 * 3600],
+  ["24h", "last 24 hours", 86400],
+  ["7d", "last 7 days", 7 * 86400],
+  ["30d", "last 30 days", 30 * 86400],
+];
+/** The chart reads at most this many ledger pages of 1,000 entries. */
+const LEDGER_PAGES_MAX = 5;
+const LEDGER_ROWS_PER_PAGE = 20;
+
+export async function renderAccount(container, context, accountId) {
+  const base = `/v1/accounts/${encodeURIComponent(accountId)}`;
+  const state = { period: "1h", ledgerPage: 0 };
+  const sections = {
+    header: h("div"),
+    balances: h("section", { class: "card", "aria-labelledby": "balances-title" }),
+    chart: h("section", { class: "card", "aria-labelledby": "chart-title" }),
+    inFlight: h("section", { class: "card", "aria-labelledby": "in-flight-title" }),
+    jobs: h("section", { class: "card", "aria-labelledby": "jobs-title" }),
+    ledger: h("section", { class: "card", "aria-labelledby": "ledger-title" }),
+    keys: h("section", { class: "card", "aria-labelledby": "keys-title" }),
+    admin: h("div", { class: "admin-grid" }),
+  };
+  container.append(
+    h("p", {}, h("a", { href: "#/accounts" }, "← All accounts")),
+    sections.header,
+    sections.balances,
+    sections.chart,
+    sections.inFlight,
+    sections.jobs,
+    sections.ledger,
+  );
+  if (context.canWrite) container.append(sections.admin, sections.keys);
+
+  let account = await get(base);
+  let entries = [];
+  let period = null;
+
+  const showAccount = () => {
+    clear(sections.header).append(
+      h("h1", { id: "account-name" }, account.name, " ", statusBadge(account.status), " ", lowMarker(account)),
+      h("p", { class: "muted" }, `Account ${account.account_id} · created ${time(account.created_at)}`),
+    );
+    const inflow = account.credited + account.adjusted;
+    const held = account.available + account.reserved + account.used;
+    const holds = inflow === held;
+    const figure = (name, value) =>
+      h("div", { class: "figure" }, h("span", { class: "figure-label" }, name), h("span", { class: "figure-value", id: `balance-${name}` }, tokens(value)));
+    clear(sections.balances).append(
+      h("h2", { id: "balances-title" }, "Balances"),
+      h(
+        "div",
+        { class: "figures" },
+        figure("available", account.available),
+        figure("reserved", account.reserved),
+        figure("used", account.used),
+        figure("credited", account.credited),
+        figure("adjusted", account.adjusted),
+      ),
+      h(
+        "p",
+        { id: "invariant", class: holds ? "invariant ok" : "invariant broken" },
+        `credited ${tokens(account.credited)} + adjusted ${tokens(account.adjusted)} = ${tokens(inflow)}`,
+        holds ? " = " : " ≠ ",
+        `available ${tokens(account.available)} + reserved ${tokens(account.reserved)} + used ${tokens(account.used)} = ${tokens(held)}`,
+        holds ? " ✓ holds" : " ✗ broken",
+      ),
+      h(
+        "p",
+        { class: "muted" },
+        `${account.active_reservations} held reservation(s) of at most ${account.max_active_reservations || "unlimited"}`,
+        typeof account.low_balance_threshold === "number"
+          ? ` · low-balance threshold ${account.low_balance_threshold || "off"}`
+          : "",
+      ),
+    );
+  };
+
+  const loadLedger = async () => {
+    const seconds = PERIODS.find(([id]) => id === state.period)[2];
+    const to = new Date();
+    const from = new Date(to.getTime() - seconds * 1000);
+    const loaded = [];
+    let after = null;
+    let truncated = false;
+    for (let page = 0; page < LEDGER_PAGES_MAX; page += 1) {
+      const data = await get(`${base}/ledger${query({ since: from.toISOString(), limit: 1000, after })}`);
+      loaded.push(...data.entries);
+      after = data.next_after;
+      if (!after) break;
+      truncated = page === LEDGER_PAGES_MAX - 1;
+    }
+    entries = loaded;
+    period = { from, to, truncated };
+  };
+
+  const showChart = () => {
+    const picker = field(
+      "Period",
+      { id: "chart-period" },
+      "select",
+      PERIODS.map(([id, text]) => h("option", { value: id, selected: id === state.period }, text)),
+    );
+    picker.control.addEventListener("change", async () => {
+      state.period = picker.control.value;
+      state.ledgerPage = 0;
+      try {
+        await loadLedger();
+        showChart();
+        showLedger();
+      } catch (error) {
+        context.flash(error.message);
+      }
+    });
+    const points = pointsOf(entries, period.from, period.to, account);
+    const last = points[points.length - 1];
+    const summary =
+      `${entries.length} ledger entries in the ${PERIODS.find(([id]) => id === state.period)[1]}; ` +
+      `at the end: available ${last.available}, reserved ${last.reserved}, used ${last.used}` +
+      (period.truncated ? " (the first 5,000 entries of the period only)" : "");
+    clear(sections.chart).append(
+      h("h2", { id: "chart-title" }, "Balances over time"),
+      h("div", { class: "toolbar" }, picker.element),
+      balanceChart(points, period.from, period.to, summary),
+    );
+  };
+
+  const showLedger = () => {
+    const newestFirst = [...entries].reverse();
+    const pages = Math.max(1, Math.ceil(newestFirst.length / LEDGER_ROWS_PER_PAGE));
+    state.ledgerPage = Math.min(state.ledgerPage, pages - 1);
+    const shown = newestFirst.slice(state.ledgerPage * LEDGER_ROWS_PER_PAGE, (state.ledgerPage + 1) * LEDGER_ROWS_PER_PAGE);
+    clear(sections.ledger).append(
+      h("h2", { id: "ledger-title" }, "Ledger"),
+      h("p", { class: "muted" }, "Entries of the chart's period, newest first."),
+      table(
+        "Ledger entries",
+        ["Entry", "Time", "Kind", "Amount", "Available after", "Reserved after", "Used after", "Reference", "Actor"],
+        shown.map((entry) =>
+          h(
+            "tr",
+            { "data-kind": entry.kind },
+            h("td", { class: "number" }, entry.entry_id),
+            h("td", {}, time(entry.created_at)),
+            h("td", {}, entry.kind),
+            h("td", { class: "number" }, tokens(entry.amount)),
+            h("td", { class: "number" }, tokens(entry.available_after)),
+            h("td", { class: "number" }, tokens(entry.reserved_after)),
+            h("td", { class: "number" }, tokens(entry.used_after)),
+            h("td", {}, entry.external_ref || entry.reason || entry.reservation_id || ""),
+            h("td", {}, entry.actor),
+          ),
+        ),
+        { id: "ledger-table" },
+      ),
+      h(
+        "div",
+        { class: "pager" },
+        h("button", { type: "button", disabled: state.ledgerPage === 0, onclick: () => { state.ledgerPage -= 1; showLedger(); } }, "Newer"),
+        h("span", {}, ` Page ${state.ledgerPage + 1} of ${pages} `),
+        h("button", { type: "button", disabled: state.ledgerPage >= pages - 1, onclick: () => { state.ledgerPage += 1; showLedger(); } }, "Older"),
+      ),
+    );
+  };
+
+  let held = [];
+  const countdowns = [];
+  const showInFlight = () => {
+    countdowns.length = 0;
+    const rows = held.map((reservation) => {
+      const cell = h("td", { "data-expires-at": reservation.expires_at }, countdown(reservation.expires_at));
+      countdowns.push(cell);
+      return h(
+        "tr",
+        {},
+        h("td", {}, reservation.reservation_id),
+        h("td", { class: "number" }, tokens(reservation.amount)),
+        h("td", {}, time(reservation.created_at)),
+        cell,
+        h("td", {}, reservation.job_id || "—"),
+      );
+    });
+    clear(sections.inFlight).append(
+      h("h2", { id: "in-flight-title" }, "Reservations in flight"),
+      held.length
+        ? table("Held reservations", ["Reservation", "Tokens", "Created", "Expires", "Job"], rows, { id: "held-table" })
+        : h("p", { id: "held-none" }, "No tokens in flight."),
+    );
+  };
+  context.every(1000, () => {
+    const now = Date.now();
+    countdowns.forEach((cell) => {
+      cell.textContent = countdown(cell.dataset.expiresAt, now);
+    });
+  });
+
+  let jobs = [];
+  const showJobs = () => {
+    clear(sections.jobs).append(
+      h("h2", { id: "jobs-title" }, "Recent jobs"),
+      jobs.length
+        ? table(
+          "Recent jobs",
+          ["Request", "Kind", "Status", "Cost", "Attempts", "Created", "Error"],
+          jobs.map((job) =>
+            h(
+              "tr",
+              { class: job.status === "failed" ? "failed" : null },
+              h("td", {}, job.request_id),
+              h("td", {}, job.kind),
+              h("td", {}, h("span", { class: `badge ${job.status}` }, job.status)),
+              h("td", { class: "number" }, tokens(job.cost)),
+              h("td", { class: "number" }, job.attempts),
+              h("td", {}, time(job.created_at)),
+              h("td", {}, job.error ? `${job.error.code || ""} ${job.error.message || ""}`.trim() : ""),
+            ),
+          ),
+          { id: "jobs-table" },
+        )
+        : h("p", {}, "No jobs yet."),
+    );
+  };
+
+  const refresh = async () => {
+    const requests = [
+      get(base),
+      loadLedger(),
+      get(`${base}/reservations${query({ state: "held", limit: 100 })}`),
+      get(`${base}/jobs${query({ limit: 10 })}`),
+    ];
+    const [fresh, , reservations, jobPage] = await Promise.all(requests);
+    account = fresh;
+    held = reservations.reservations;
+    jobs = jobPage.jobs;
+    showAccount();
+    showChart();
+    showInFlight();
+    showJobs();
+    showLedger();
+    if (context.canWrite) await showKeys();
+  };
+
+  // `created`: a key just made, whose secret this render shows (once).
+  const showKeys = async (created) => {
+    const page = await get(`/v1/api-keys${query({ account_id: account.account_id, limit: 100 })}`);
+    const message = messageArea();
+    const label = field("Label", { name: "label", required: true, maxlength: 200, autocomplete: "off" });
+    const secret = h("div", { id: "new-key", "aria-live": "polite" });
+    const form = h("form", { class: "toolbar", id: "create-key", "aria-label": "New kiosk key" }, label.element, h("button", { type: "submit" }, "Create kiosk key"));
+    let idempotencyKey = freshId("console-key");
+    onSubmit(form, async () => {
+      message.clear();
+      try {
+        const { data } = await request(`${base}/api-keys`, {
+          method: "POST",
+          headers: { "Idempotency-Key": idempotencyKey },
+          body: { scope: "kiosk", label: label.control.value },
+        });
+        idempotencyKey = freshId("console-key");
+        await showKeys(data);
+      } catch (error) {
+        message.error(error);
+      }
+    });
+    const rows = page.keys.map((key) => {
+      const actions = h("td", {});
+      if (!key.revoked_at) {
+        actions.append(
+          h("button", {
+            type: "button",
+            class: "danger",
+            "aria-label": `Revoke key ${key.label}`,
+            onclick: () => {
+              clear(actions).append(
+                h("span", {}, "Revoke? The kiosk stops working at once. "),
+                busyButton("Yes, revoke", { class: "danger", "aria-label": `Confirm revoking key ${key.label}` }, async () => {
+                  try {
+                    await request(`/v1/api-keys/${key.key_id}`, { method: "DELETE" });
+                    context.flash(`Key “${key.label}” revoked.`);
+                    await showKeys();
+                  } catch (error) {
+                    message.error(error);
+                  }
+                }),
+                h("button", { type: "button", onclick: () => showKeys() }, "Cancel"),
+              );
+            },
+          }, "Revoke"),
+        );
+      }
+      return h(
+        "tr",
+        { "data-key-id": key.key_id },
+        h("td", {}, key.label),
+        h("td", {}, key.key_id),
+        h("td", {}, time(key.created_at)),
+        h("td", {}, time(key.last_used_at)),
+        h("td", {}, key.revoked_at ? `revoked ${time(key.revoked_at)}` : key.expires_at ? `expires ${time(key.expires_at)}` : "active"),
+        actions,
+      );
+    });
+    clear(sections.keys).append(
+      h("h2", { id: "keys-title" }, "Kiosk keys"),
+      form,
+      message.element,
+      secret,
+      table("Kiosk keys", ["Label", "Key id", "Created", "Last used", "State", "Actions"], rows, { id: "keys-table" }),
+    );
+    if (created) showSecret(created);
+    function showSecret(created) {
+      const value = h("code", { id: "new-key-secret" }, created.key);
+      const copied = h("span", { role: "status" });
+      clear(secret).append(
+        h(
+          "div",
+          { class: "secret" },
+          h("p", {}, h("strong", {}, "Copy this key now: it is shown only once."), ` Kiosk key “${created.label}”:`),
+          value,
+          " ",
+          h("button", {
+            type: "button",
+            id: "copy-key",
+            onclick: async () => {
+              try {
+                await navigator.clipboard.writeText(created.key);
+                copied.textContent = " Copied.";
+              } catch (_) {
+                getSelection().selectAllChildren(value);
+                copied.textContent = " Selected: press Ctrl+C to copy.";
+              }
+            },
+          }, "Copy"),
+          copied,
+        ),
+      );
+    }
+  };
+
+  if (context.canWrite) sections.admin.append(creditForm(), adjustForm(), statusCard(), limitsCard());
+
+  function afterChange(text) {
+    context.flash(text);
+    return refresh();
+  }
+
+  function moneyForm(title, id, fields, build, describe) {
+    const message = messageArea();
+    const reference = field("External reference (makes a retry safe)", { name: "external_ref", required: true, maxlength: 200 });
+    reference.control.value = freshId(`console-${id}`);
+    const form = h("form", { id, "aria-label": title }, ...fields.map((f) => f.element), reference.element, h("button", { type: "submit" }, title));
+    onSubmit(form, async () => {
+      message.clear();
+      try {
+        const { data, headers } = await request(`${base}/${id === "credit" ? "credits" : "adjustments"}`, {
+          method: "POST",
+          body: { ...build(), external_ref: reference.control.value },
+        });
+        const replayed = headers.get("Idempotent-Replayed") === "true";
+        message.ok(`${describe(data)}${replayed ? " (already done earlier with this reference: not applied twice)" : ""}; available now ${tokens(data.available)}.`);
+        // The next operation needs a new reference; this one is spent.
+        reference.control.value = freshId(`console-${id}`);
+        fields.forEach((f) => {
+          f.control.value = "";
+        });
+        await refresh();
+      } catch (error) {
+        message.error(error);
+      }
+    });
+    return h("section", { class: "card" }, h("h2", {}, title), form, message.element);
+  }
+
+  function creditForm() {
+    const amount = field("Tokens", { name: "amount", type: "number", min: 1, max: 1000000, required: true });
+    const note = field("Note (optional)", { name: "note", maxlength: 1000 });
+    return moneyForm(
+      "Credit",
+      "credit",
+      [amount, note],
+      () => ({ amount: Number(amount.control.value), ...(note.control.value ? { note: note.control.value } : {}) }),
+      (data) => `Credited ${tokens(data.amount)} tokens`,
+    );
+  }
+
+  function adjustForm() {
+    const amount = field("Tokens (negative takes away)", { name: "amount", type: "number", min: -1000000, max: 1000000, required: true });
+    const reason = field("Reason", { name: "reason", required: true, maxlength: 1000 });
+    return moneyForm(
+      "Adjust",
+      "adjustment",
+      [amount, reason],
+      () => ({ amount: Number(amount.control.value), reason: reason.control.value }),
+      (data) => `Adjusted by ${tokens(data.amount)} tokens`,
+    );
+  }
+
+  function statusCard() {
+    const card = h("section", { class: "card", id: "status-card" });
+    const message = messageArea();
+    const render = () => {
+      const next = account.status === "active" ? "suspended" : "active";
+      clear(card).append(
+        h("h2", {}, "Status"),
+        h("p", {}, "Now ", statusBadge(account.status), next === "suspended" ? ": kiosks can reserve." : ": kiosks cannot reserve."),
+        busyButton(next === "suspended" ? "Suspend account" : "Reactivate account", { id: "toggle-status", class: next === "suspended" ? "danger" : null }, async () => {
+          message.clear();
+          try {
+            account = (await request(base, { method: "PATCH", body: { status: next } })).data;
+            await afterChange(`Account ${next === "suspended" ? "suspended" : "reactivated"}.`);
+            render();
+          } catch (error) {
+            message.error(error);
+          }
+        }),
+        message.element,
+      );
+    };
+    render();
+    return card;
+  }
+
+  function limitsCard() {
+    const message = messageArea();
+    const maxHeld = field("Max. held reservations (0 = unlimited)", { name: "max_active_reservations", type: "number", min: 0, max: 100000, required: true });
+    maxHeld.control.value = account.max_active_reservations;
+    const fields = [maxHeld];
+    // Shown only when the service has the field (0 = off).
+    let threshold = null;
+    if (typeof account.low_balance_threshold === "number") {
+      threshold = field("Low-balance threshold (0 = off)", { name: "low_balance_threshold", type: "number", min: 0, required: true });
+      threshold.control.value = account.low_balance_threshold;
+      fields.push(threshold);
+    }
+    const form = h("form", { id: "limits", "aria-label": "Limits" }, ...fields.map((f) => f.element), h("button", { type: "submit" }, "Save limits"));
+    onSubmit(form, async () => {
+      message.clear();
+      const body = { max_active_reservations: Number(maxHeld.control.value) };
+      if (threshold) body.low_balance_threshold = Number(threshold.control.value);
+      try {
+        account = (await request(base, { method: "PATCH", body })).data;
+        message.ok("Limits saved.");
+        await afterChange("Limits saved.");
+      } catch (error) {
+        message.error(error);
+      }
+    });
+    return h("section", { class: "card" }, h("h2", {}, "Limits"), form, message.element);
+  }
+
+  const refreshButton = busyButton("Refresh", { id: "refresh-account" }, async () => {
+    try {
+      await refresh();
+    } catch (error) {
+      context.flash(error.message);
+    }
+  });
+  container.insertBefore(h("div", { class: "toolbar" }, refreshButton), sections.balances);
+  await refresh();
+}

@@ -1,0 +1,400 @@
+#!/usr/bin/env python3
+"""End-to-end test of the console in a real headless Chromium (Selenium).
+
+Driven by tests/console/run.sh, which starts the service on a fresh database
+and sets TB_URL, TB_ADMIN_KEY, CONSOLE_SCREENSHOTS and CONSOLE_DOWNLOADS.
+
+The scenario: sign in as admin, create an account, credit it, create a kiosk
+key (its secret shown once), reserve and commit through the API as the kiosk,
+see the balances and the chart change, download the reconciliation CSV and
+check its rows, see the system page, sign in as finance and find no write
+control, try a kiosk key and be refused. At 1280x800 and at a tablet width
+(820x1180) every page must fit without horizontal scrolling, and every form
+control must have a label. Every wait polls a condition (WebDriverWait).
+"""
+
+import base64
+import csv
+import glob
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+import uuid
+
+from selenium import webdriver
+from selenium.common.exceptions import TimeoutException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.support import expected_conditions as EC
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+TB_URL = os.environ["TB_URL"].rstrip("/")
+ADMIN_KEY = os.environ["TB_ADMIN_KEY"]
+SHOTS = os.environ["CONSOLE_SCREENSHOTS"]
+DOWNLOADS = os.environ["CONSOLE_DOWNLOADS"]
+STORAGE_KEY = "token-billing.console.api-key"
+SIZES = {"desktop": (1280, 800), "tablet": (820, 1180)}
+
+screenshots = []
+
+
+# --- the API, for what a kiosk does and for cross-checks -------------------
+
+def api(method, path, key, body=None, accept="application/json"):
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(TB_URL + path, data=data, method=method)
+    request.add_header("Authorization", f"Bearer {key}")
+    request.add_header("Accept", accept)
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=40) as response:
+            text = response.read().decode()
+            return response.status, (json.loads(text) if accept == "application/json" and text else text)
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read().decode() or "null")
+
+
+def check(condition, message):
+    if not condition:
+        raise AssertionError(message)
+
+
+# --- the browser --------------------------------------------------------------
+
+def start_browser():
+    options = webdriver.ChromeOptions()
+    options.binary_location = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                     "--disable-gpu", "--window-size=1280,800", "--lang=en-US"):
+        options.add_argument(argument)
+    os.makedirs(DOWNLOADS, exist_ok=True)
+    options.add_experimental_option("prefs", {
+        "download.default_directory": DOWNLOADS,
+        "download.prompt_for_download": False,
+    })
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    service = Service(os.environ.get("CHROMEDRIVER", "/usr/bin/chromedriver"))
+    driver = webdriver.Chrome(service=service, options=options)
+    driver.execute_cdp_cmd("Browser.setDownloadBehavior",
+                           {"behavior": "allow", "downloadPath": DOWNLOADS})
+    return driver
+
+
+def wait(driver, seconds=15):
+    return WebDriverWait(driver, seconds, poll_frequency=0.1)
+
+
+def set_size(driver, name):
+    width, height = SIZES[name]
+    driver.set_window_size(width, height)
+    # The viewport, not the window, must be this size: fix up the frame.
+    inner = driver.execute_script("return [window.innerWidth, window.innerHeight]")
+    driver.set_window_size(width + (width - inner[0]), height + (height - inner[1]))
+    wait(driver).until(lambda d: d.execute_script("return window.innerWidth") == width)
+
+
+def text_of(driver, css):
+    return driver.find_element(By.CSS_SELECTOR, css).text
+
+
+def wait_text(driver, css, expected, seconds=15):
+    """Waits until the element's text contains `expected`."""
+    try:
+        wait(driver, seconds).until(EC.text_to_be_present_in_element((By.CSS_SELECTOR, css), expected))
+    except TimeoutException:
+        found = driver.find_elements(By.CSS_SELECTOR, css)
+        raise AssertionError(f"{css}: wanted {expected!r}, found {[e.text for e in found]!r}")
+
+
+def shot(driver, name):
+    """The whole page, not only the viewport (Chromium's DevTools protocol)."""
+    path = os.path.join(SHOTS, f"{name}.png")
+    width, height = driver.execute_script(
+        "return [window.innerWidth, document.documentElement.scrollHeight]")
+    image = driver.execute_cdp_cmd("Page.captureScreenshot", {
+        "format": "png", "captureBeyondViewport": True,
+        "clip": {"x": 0, "y": 0, "width": width, "height": height, "scale": 1},
+    })
+    with open(path, "wb") as handle:
+        handle.write(base64.b64decode(image["data"]))
+    screenshots.append(path)
+
+
+def check_layout(driver, page):
+    """At both sizes: no horizontal overflow, every control labelled; a screenshot each."""
+    for size in ("desktop", "tablet"):
+        set_size(driver, size)
+        overflow = driver.execute_script(
+            "return document.documentElement.scrollWidth - window.innerWidth")
+        check(overflow <= 0, f"{page} at {size}: {overflow}px of horizontal overflow")
+        unlabelled = driver.execute_script("""
+            return [...document.querySelectorAll('input, select, textarea')]
+              .filter(e => e.offsetParent !== null)
+              .filter(e => !(e.labels && e.labels.length) && !e.getAttribute('aria-label'))
+              .map(e => e.outerHTML)""")
+        check(not unlabelled, f"{page}: controls without a label: {unlabelled}")
+        unnamed = driver.execute_script("""
+            return [...document.querySelectorAll('button, a[href]')]
+              .filter(e => e.offsetParent !== null && !(e.getAttribute('aria-label') || e.textContent.trim()))
+              .map(e => e.outerHTML)""")
+        check(not unnamed, f"{page}: buttons or links without a name: {unnamed}")
+        shot(driver, f"{page}-{size}")
+    set_size(driver, "desktop")
+
+
+def sign_in(driver, key, expect_ok=True):
+    field = wait(driver).until(EC.visibility_of_element_located((By.ID, "api-key")))
+    field.clear()
+    # Keyboard only: type the key and press Enter.
+    field.send_keys(key, Keys.ENTER)
+    if expect_ok:
+        wait(driver).until(EC.visibility_of_element_located((By.ID, "sign-out")))
+
+
+def sign_out(driver):
+    driver.find_element(By.ID, "sign-out").click()
+    wait(driver).until(EC.visibility_of_element_located((By.ID, "api-key")))
+    check(driver.execute_script(f"return sessionStorage.getItem('{STORAGE_KEY}')") is None,
+          "sign out left the key in sessionStorage")
+
+
+def go(driver, hash_route):
+    driver.execute_script("location.hash = arguments[0]", hash_route)
+
+
+def balances(driver):
+    return {name: int(text_of(driver, f"#balance-{name}").replace(",", ""))
+            for name in ("available", "reserved", "used")}
+
+
+def check_csp(path):
+    with urllib.request.urlopen(TB_URL + path) as response:
+        policy = response.headers.get("Content-Security-Policy", "")
+    check("script-src 'self'" in policy, f"{path}: CSP {policy!r}")
+    check("unsafe-inline" not in policy and "unsafe-eval" not in policy, f"{path}: CSP {policy!r}")
+
+
+def main():
+    os.makedirs(SHOTS, exist_ok=True)
+    check_csp("/console")
+    check_csp("/console/app.js")
+    driver = start_browser()
+    try:
+        scenario(driver)
+        logs = driver.get_log("browser")
+        severe = [entry for entry in logs if entry["level"] == "SEVERE"
+                  and "401" not in entry["message"] and "403" not in entry["message"]
+                  and "422" not in entry["message"]]
+        check(not severe, f"errors in the browser console: {severe}")
+    except Exception:
+        shot(driver, "failure")
+        print("page at failure:", driver.current_url, file=sys.stderr)
+        raise
+    finally:
+        driver.quit()
+        print("screenshots:")
+        for path in screenshots:
+            print(f"  {path}")
+    print("console e2e: ok")
+
+
+def scenario(driver):
+    suffix = uuid.uuid4().hex[:8]
+    account_name = f"Wedding Müller {suffix}"
+
+    # Sign-in page; a wrong key shows the API's problem detail.
+    driver.get(TB_URL + "/console")
+    sign_in(driver, "not-a-key", expect_ok=False)
+    wait_text(driver, "#sign-in-error", "key")
+    check_layout(driver, "01-sign-in")
+
+    # Admin: the key lives in sessionStorage, never in the URL or a cookie.
+    sign_in(driver, ADMIN_KEY)
+    wait_text(driver, "#who-text", "admin key")
+    check(driver.execute_script(f"return sessionStorage.getItem('{STORAGE_KEY}')") == ADMIN_KEY,
+          "the key is not in sessionStorage")
+    check(driver.execute_script("return document.cookie") == "", "a cookie was set")
+    check(ADMIN_KEY not in driver.current_url, "the key is in the URL")
+
+    # Keyboard: on a fresh load (the key stays in the tab), Tab reaches the
+    # skip link, then the pages.
+    wait(driver).until(EC.visibility_of_element_located((By.ID, "create-account")))
+    driver.refresh()
+    wait(driver).until(EC.visibility_of_element_located((By.ID, "create-account")))
+    wait_text(driver, "#who-text", "admin key")
+    focused = []
+    for _ in range(3):
+        webdriver.ActionChains(driver).send_keys(Keys.TAB).perform()
+        focused.append(driver.execute_script("return document.activeElement.textContent.trim()"))
+    check(focused == ["Skip to content", "Accounts", "Reconciliation"], f"tab order {focused}")
+
+    # Create an account with the form.
+    wait(driver).until(EC.visibility_of_element_located((By.ID, "create-account")))
+    form = driver.find_element(By.ID, "create-account")
+    form.find_element(By.NAME, "name").send_keys(account_name)
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    wait(driver).until(lambda d: d.current_url.split("#")[-1].startswith("/accounts/"))
+    account_id = driver.current_url.split("#/accounts/")[-1]
+    wait_text(driver, "#account-name", account_name)
+    wait_text(driver, "#balance-available", "0")
+
+    # Credit 50: two quick submits of the same form are one credit.
+    form = driver.find_element(By.ID, "credit")
+    form.find_element(By.NAME, "amount").send_keys("50")
+    form.find_element(By.NAME, "note").send_keys("invoice 0042")
+    first_reference = form.find_element(By.NAME, "external_ref").get_attribute("value")
+    driver.execute_script("arguments[0].requestSubmit(); arguments[0].requestSubmit();", form)
+    wait_text(driver, "#credit + .message, #credit ~ .message", "Credited 50 tokens")
+    wait_text(driver, "#balance-available", "50")
+    status, account = api("GET", f"/v1/accounts/{account_id}", ADMIN_KEY)
+    check(status == 200 and account["credited"] == 50, f"credited {account}")
+
+    # The same reference with another amount: the API's 422 detail is shown.
+    form = driver.find_element(By.ID, "credit")
+    form.find_element(By.NAME, "amount").send_keys("7")
+    reference = form.find_element(By.NAME, "external_ref")
+    reference.clear()
+    reference.send_keys(first_reference)
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    wait_text(driver, "#credit ~ .message", "idempotency_key_reused")
+    status, account = api("GET", f"/v1/accounts/{account_id}", ADMIN_KEY)
+    check(account["credited"] == 50, f"a refused credit changed the account: {account}")
+    wait_text(driver, "#balance-chart figcaption", "1 ledger entries")
+    wait_text(driver, "#invariant", "holds")
+    chart_before = driver.find_element(By.CSS_SELECTOR, "path[data-series=available]").get_attribute("d")
+
+    # A kiosk key: the secret is shown once, with a copy button.
+    form = driver.find_element(By.ID, "create-key")
+    form.find_element(By.NAME, "label").send_keys("booth 1")
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    secret = wait(driver).until(EC.visibility_of_element_located((By.ID, "new-key-secret"))).text
+    check(len(secret) >= 20, "no key secret shown")
+    check(driver.find_element(By.ID, "copy-key").is_displayed(), "no copy button")
+    wait_text(driver, "#keys-table", "booth 1")
+    status, me = api("GET", "/v1/me", secret)
+    check(status == 200 and me["scope"] == "kiosk" and me["account_id"] == account_id, f"kiosk key {me}")
+
+    # The kiosk, through the API: reserve 5 and commit 3 (2 go back), a job
+    # (1 token), and 2 tokens left held (in flight).
+    status, reservation = api("POST", f"/v1/accounts/{account_id}/reservations", secret,
+                              {"request_id": str(uuid.uuid4()), "amount": 5, "ttl_seconds": 600})
+    check(status == 201, f"reserve {status} {reservation}")
+    status, committed = api("POST", f"/v1/accounts/{account_id}/reservations/{reservation['reservation_id']}/commit",
+                            secret, {"amount": 3})
+    check(status == 200 and committed["committed_amount"] == 3, f"commit {status} {committed}")
+    job_request = str(uuid.uuid4())
+    status, job = api("POST", f"/v1/accounts/{account_id}/jobs", secret,
+                      {"request_id": job_request, "kind": "standard", "params": {"prompt": "astronauts"}})
+    check(status == 201, f"job {status} {job}")
+    status, job = api("GET", f"/v1/accounts/{account_id}/jobs/{job_request}?wait_seconds=30", secret)
+    check(job["status"] == "succeeded", f"job {job}")
+    status, held = api("POST", f"/v1/accounts/{account_id}/reservations", secret,
+                       {"request_id": str(uuid.uuid4()), "amount": 2, "ttl_seconds": 600})
+    check(status == 201, f"reserve {status} {held}")
+
+    # The console shows it: balances, the invariant, the chart, the held
+    # reservation with its countdown, the job.
+    driver.find_element(By.ID, "refresh-account").click()
+    wait_text(driver, "#balance-available", "44")
+    check(balances(driver) == {"available": 44, "reserved": 2, "used": 4}, f"balances {balances(driver)}")
+    wait_text(driver, "#invariant", "credited 50 + adjusted 0 = 50 = available 44 + reserved 2 + used 4 = 50 ✓ holds")
+    status, ledger = api("GET", f"/v1/accounts/{account_id}/ledger?limit=1000", ADMIN_KEY)
+    entries = len(ledger["entries"])
+    check(entries == 7, f"ledger {ledger}")
+    wait_text(driver, "#balance-chart figcaption", f"{entries} ledger entries in the last hour")
+    wait_text(driver, "#balance-chart figcaption", "at the end: available 44, reserved 2, used 4")
+    # The period picker reads the ledger again for the new period.
+    Select(driver.find_element(By.ID, "chart-period")).select_by_visible_text("last 15 minutes")
+    wait_text(driver, "#balance-chart figcaption", f"{entries} ledger entries in the last 15 minutes")
+    chart_after = driver.find_element(By.CSS_SELECTOR, "path[data-series=available]").get_attribute("d")
+    check(chart_after != chart_before and chart_after.count("V") > chart_before.count("V"),
+          f"the chart did not change: {chart_before} → {chart_after}")
+    check(driver.find_element(By.CSS_SELECTOR, "#balance-chart").get_attribute("data-points") == str(entries),
+          "chart points")
+    wait_text(driver, "#held-table", held["reservation_id"])
+    wait_text(driver, "#held-table", "in 9 min")
+    wait_text(driver, "#jobs-table", "succeeded")
+    wait_text(driver, "#ledger-table", "commit")
+    check(secret not in driver.page_source or driver.find_elements(By.ID, "new-key-secret"),
+          "the secret outlived its one showing")
+    check_layout(driver, "03-account-admin")
+    # After a reload the secret is gone for good (the service keeps only its hash).
+    driver.refresh()
+    wait_text(driver, "#balance-available", "44")
+    check(secret not in driver.page_source, "the key's secret is shown again after a reload")
+
+    # Accounts list: the account with its balances.
+    go(driver, "#/accounts")
+    search = wait(driver).until(EC.visibility_of_element_located((By.NAME, "q")))
+    search.send_keys(suffix, Keys.ENTER)
+    row = f"#accounts-table tr[data-account-id='{account_id}']"
+    wait_text(driver, row, account_name)
+    check(text_of(driver, f"{row} [data-field=available]") == "44", "list balance")
+    check_layout(driver, "02-accounts-admin")
+
+    # Reconciliation: the report and its CSV.
+    driver.find_element(By.CSS_SELECTOR, "#nav a[data-page=reconciliation]").click()
+    wait_text(driver, "#reconciliation-status", "ok")
+    wait_text(driver, "#reconciliation-table", account_id)
+    wait_text(driver, "[data-total=credited]", "50")
+    check_layout(driver, "04-reconciliation")
+    driver.find_element(By.ID, "download-csv").click()
+    wait(driver, 20).until(lambda d: [p for p in glob.glob(os.path.join(DOWNLOADS, "*.csv"))])
+    path = glob.glob(os.path.join(DOWNLOADS, "*.csv"))[0]
+    with open(path, newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    line = next((r for r in rows if r["account_id"] == account_id), None)
+    check(line is not None, f"the CSV has no line for the account: {rows}")
+    expected = {"status": "ok", "opening": "0", "credited": "50", "adjusted": "0", "committed": "4",
+                "closing": "46", "reserved": "8", "released": "2", "expired": "0",
+                "closing_available": "44", "closing_reserved": "2", "closing_used": "4",
+                "jobs_succeeded": "1", "job_commit_entries": "1", "failed_checks": ""}
+    wrong = {name: (line[name], value) for name, value in expected.items() if line[name] != value}
+    check(not wrong, f"CSV line (found, wanted): {wrong}")
+    print(f"downloaded {os.path.basename(path)}: {len(rows)} account line(s)")
+
+    # System.
+    driver.find_element(By.CSS_SELECTOR, "#nav a[data-page=system]").click()
+    wait_text(driver, "#system-readiness", "ready")
+    wait_text(driver, "#system-held", "1")
+    wait_text(driver, "#system-reserved", "2")
+    check_layout(driver, "05-system")
+
+    # Finance: everything readable, no write control anywhere.
+    status, finance = api("POST", "/v1/api-keys", ADMIN_KEY, {"scope": "finance", "label": "books"})
+    check(status == 201, f"finance key {status}")
+    sign_out(driver)
+    sign_in(driver, finance["key"])
+    wait_text(driver, "#who-text", "finance key (read only)")
+    go(driver, f"#/accounts/{account_id}")
+    wait_text(driver, "#balance-available", "44")
+    wait_text(driver, "#balance-chart figcaption", f"{entries} ledger entries")
+    write_controls = "#create-account, #credit, #adjustment, #limits, #create-key, #toggle-status, #keys-table, button.danger"
+    check(not driver.find_elements(By.CSS_SELECTOR, write_controls), "finance sees write controls")
+    buttons = [b.text for b in driver.find_elements(By.TAG_NAME, "button")]
+    check(set(buttons) <= {"Refresh", "Newer", "Older", "Sign out", "Sign in", ""}, f"finance buttons {buttons}")
+    check_layout(driver, "06-account-finance")
+    go(driver, "#/accounts")
+    wait_text(driver, "#accounts-table", account_name)
+    check(not driver.find_elements(By.CSS_SELECTOR, write_controls), "finance sees write controls")
+    # And the API refuses anyway.
+    status, refused = api("POST", f"/v1/accounts/{account_id}/credits", finance["key"],
+                          {"amount": 1, "external_ref": f"finance-{suffix}"})
+    check(status == 403, f"finance credit {status} {refused}")
+
+    # A kiosk key is refused with a clear message, and not kept.
+    sign_out(driver)
+    sign_in(driver, secret, expect_ok=False)
+    wait_text(driver, "#sign-in-error", "A kiosk key cannot use the console")
+    check(driver.execute_script(f"return sessionStorage.getItem('{STORAGE_KEY}')") is None,
+          "a kiosk key was kept")
+    check(not driver.find_element(By.ID, "nav").is_displayed(), "a kiosk key got the navigation")
+    shot(driver, "07-kiosk-refused")
+
+
+if __name__ == "__main__":
+    main()
