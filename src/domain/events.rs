@@ -12,32 +12,16 @@ use diesel::sql_types::{BigInt, Integer, Jsonb, Nullable, Text, Timestamptz, Uui
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::domain::states::parse_param;
+use crate::domain::states::{parse_param, EventType};
 use crate::error::ApiError;
-
-/// Every event type, in the order the docs list them.
-pub const EVENT_TYPES: &[&str] = &[
-    "account.balance_low",
-    "account.balance_recovered",
-    "account.balance_depleted",
-    "credit.created",
-    "adjustment.created",
-    "reservation.expired",
-    "job.succeeded",
-    "job.failed",
-    "invariant.violated",
-    "endpoint.disabled",
-];
 
 /// Page sizes of the feed.
 pub const EVENT_PAGE_DEFAULT: i64 = 100;
 pub const EVENT_PAGE_MAX: i64 = 1_000;
 
-/// An event type given by a client, checked against [`EVENT_TYPES`].
-pub fn parse_event_type(field: &str, value: &str) -> Result<&'static str, ApiError> {
-    parse_param(field, value, EVENT_TYPES, |value| {
-        EVENT_TYPES.iter().copied().find(|known| *known == value)
-    })
+/// An event type given by a client, with an error that lists the types.
+pub fn parse_event_type(field: &str, value: &str) -> Result<EventType, ApiError> {
+    parse_param(field, value, EventType::ALL, EventType::parse)
 }
 
 /// One event, as the feed and the webhooks send it.
@@ -75,7 +59,7 @@ pub struct EventPage {
 pub struct EventFilter {
     pub after: Option<Uuid>,
     pub limit: i64,
-    pub event_type: Option<&'static str>,
+    pub event_type: Option<EventType>,
     pub account: Option<Uuid>,
 }
 
@@ -143,7 +127,7 @@ pub fn list_events(conn: &mut PgConnection, filter: &EventFilter) -> Result<Even
     .bind::<BigInt, _>(txid)
     .bind::<BigInt, _>(seq)
     .bind::<Integer, _>(i32::try_from(filter.limit).unwrap_or(i32::MAX))
-    .bind::<Nullable<Text>, _>(filter.event_type)
+    .bind::<Nullable<Text>, _>(filter.event_type.map(EventType::as_str))
     .bind::<Nullable<SqlUuid>, _>(filter.account)
     .load(conn)?;
     let events: Vec<EventView> = rows.into_iter().map(|row| row.event).collect();
@@ -177,7 +161,7 @@ mod tests {
         assert!(EventFilter::parse(None, Some(1001), None, None).is_err());
         assert!(EventFilter::parse(None, None, Some("account.nope"), None).is_err());
         let filter = EventFilter::parse(None, None, Some("credit.created"), None).expect("valid");
-        assert_eq!(filter.event_type, Some("credit.created"));
+        assert_eq!(filter.event_type, Some(EventType::CreditCreated));
         assert_eq!(filter.limit, EVENT_PAGE_DEFAULT);
     }
 }

@@ -9,6 +9,7 @@ use super::{created, JsonObject, State};
 use crate::db::run_blocking;
 use crate::domain::api_keys::Caller;
 use crate::domain::audit::Audit;
+use crate::domain::states::EventType;
 use crate::error::{ApiError, Problem};
 use crate::webhooks::endpoints::{
     self, parse_description, parse_event_types, parse_limit, AttemptPage, DeliveryView,
@@ -37,7 +38,7 @@ struct CreateEndpoint {
     url: String,
     /// The event types to send, at least one.
     #[schema(min_items = 1, example = json!(["account.balance_low", "credit.created"]))]
-    events: Vec<String>,
+    events: Vec<EventType>,
     /// Only this account's events; absent: every account's.
     account_id: Option<Uuid>,
     #[schema(max_length = 500)]
@@ -165,7 +166,7 @@ struct UpdateEndpoint {
     #[schema(max_length = 2000)]
     url: Option<String>,
     #[schema(min_items = 1)]
-    events: Option<Vec<String>>,
+    events: Option<Vec<EventType>>,
     #[schema(max_length = 500)]
     description: Option<String>,
     /// false stops deliveries (they wait); true resumes them and forgets a

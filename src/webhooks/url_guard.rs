@@ -14,6 +14,8 @@ use reqwest::Url;
 
 /// Longest endpoint URL.
 pub const URL_LENGTH_MAX: usize = 2_000;
+/// How long the check of a new URL waits for its name to resolve.
+const RESOLVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Whether `address` is one a webhook may reach from the public internet.
 pub fn is_public(address: IpAddr) -> bool {
@@ -85,8 +87,10 @@ pub async fn check_url(text: &str, allow_private: bool) -> Result<Url, String> {
         .trim_start_matches('[')
         .trim_end_matches(']')
         .to_owned();
-    let addresses: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), port))
+    let lookup = tokio::net::lookup_host((host.as_str(), port));
+    let addresses: Vec<SocketAddr> = tokio::time::timeout(RESOLVE_TIMEOUT, lookup)
         .await
+        .map_err(|_| format!("url's host {host:?} did not resolve within {RESOLVE_TIMEOUT:?}"))?
         .map_err(|_| format!("url's host {host:?} does not resolve"))?
         .collect();
     if addresses.is_empty() {
