@@ -221,10 +221,11 @@ pub async fn run_load(args: LoadArgs) -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_secs(2)).await;
     measuring.store(true, Ordering::Relaxed);
     let started = Instant::now();
-    let side_load = args
-        .on_measure
-        .as_deref()
-        .map(|command| tokio::process::Command::new("sh").args(["-c", command]).status());
+    let side_load = args.on_measure.as_deref().map(|command| {
+        tokio::process::Command::new("sh")
+            .args(["-c", command])
+            .status()
+    });
     let side_load = side_load.map(tokio::spawn);
     tokio::time::sleep(Duration::from_secs(args.seconds)).await;
     measuring.store(false, Ordering::Relaxed);

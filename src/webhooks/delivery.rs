@@ -5,6 +5,15 @@
 //! A replica killed mid-delivery leaves a lease that runs out; another
 //! replica sends the event again with the same `webhook-id`. At least once,
 //! in no promised order.
+//!
+//! Each sender claims up to [`DELIVERY_BATCH`] due deliveries in one
+//! transaction, sends them concurrently, and records them in one
+//! transaction. This bookkeeping commits asynchronously
+//! (`synchronous_commit = off`): it never waits for a WAL flush, so the
+//! money path's commits keep the disk. A database crash can forget the
+//! last fraction of a second of it — a claim (the delivery is simply due
+//! again) or a recorded attempt (the event is sent again: at least once
+//! allows it) — never an event, which commits with its movement.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,6 +41,8 @@ use super::url_guard::{is_public, GuardedResolver};
 pub const WEBHOOK_POLL: Duration = Duration::from_millis(250);
 /// Events fanned out per relay transaction.
 const RELAY_BATCH: i32 = 500;
+/// Deliveries a sender claims, sends (concurrently) and records together.
+pub const DELIVERY_BATCH: i64 = 8;
 /// Bytes of a receiver's answer read at most (the rest is dropped).
 const RESPONSE_BODY_LIMIT: usize = 16 * 1024;
 /// A lease outlives the HTTP timeout by this much.
@@ -172,13 +183,17 @@ async fn deliver_loop(context: Arc<Context>, mut shutdown: watch::Receiver<bool>
             return;
         }
         let lease = context.settings.timeout + LEASE_MARGIN;
-        match run_blocking(&context.pool, move |conn| claim(conn, lease)).await {
-            Ok(Some(claimed)) => {
+        match run_blocking(&context.pool, move |conn| {
+            claim(conn, lease, DELIVERY_BATCH)
+        })
+        .await
+        {
+            Ok(claimed) if !claimed.is_empty() => {
                 deliver(&context, claimed).await;
                 continue;
             }
-            Ok(None) => {}
-            Err(error) => tracing::warn!(?error, "claiming a webhook delivery failed"),
+            Ok(_) => {}
+            Err(error) => tracing::warn!(?error, "claiming webhook deliveries failed"),
         }
         if !pause(&mut shutdown).await {
             return;
@@ -207,20 +222,27 @@ pub struct Claimed {
     event: EventView,
 }
 
-/// Claims the most overdue delivery of an enabled endpoint, with a lease.
-pub fn claim(conn: &mut PgConnection, lease: Duration) -> Result<Option<Claimed>, ApiError> {
-    Ok(diesel::sql_query(
-        "WITH claimed AS ( \
+/// Claims up to `limit` of the most overdue deliveries of enabled
+/// endpoints, each with a lease (committed asynchronously).
+pub fn claim(
+    conn: &mut PgConnection,
+    lease: Duration,
+    limit: i64,
+) -> Result<Vec<Claimed>, ApiError> {
+    conn.transaction(|conn| {
+        diesel::sql_query("SET LOCAL synchronous_commit = off").execute(conn)?;
+        Ok(diesel::sql_query(
+            "WITH claimed AS ( \
            UPDATE webhook_deliveries d \
            SET lease_token = d.lease_token + 1, attempts = d.attempts + 1, \
                leased_until = now() + make_interval(secs => $1) \
-           WHERE d.id = ( \
+           WHERE d.id IN ( \
              SELECT d2.id FROM webhook_deliveries d2 \
              JOIN webhook_endpoints w ON w.id = d2.endpoint_id \
              WHERE d2.status = 'pending' AND d2.next_attempt_at <= now() \
                AND (d2.leased_until IS NULL OR d2.leased_until < now()) \
                AND w.enabled AND w.deleted_at IS NULL \
-             ORDER BY d2.next_attempt_at LIMIT 1 \
+             ORDER BY d2.next_attempt_at LIMIT $2 \
              FOR UPDATE OF d2 SKIP LOCKED) \
            RETURNING d.id, d.endpoint_id, d.event_id, d.attempts, d.lease_token) \
          SELECT c.id AS delivery_id, c.endpoint_id, c.attempts, c.lease_token, w.url, w.secret, \
@@ -229,10 +251,11 @@ pub fn claim(conn: &mut PgConnection, lease: Duration) -> Result<Option<Claimed>
            e.id, e.type AS type_, e.created_at, e.data \
          FROM claimed c JOIN webhook_endpoints w ON w.id = c.endpoint_id \
          JOIN events e ON e.id = c.event_id",
-    )
-    .bind::<Double, _>(lease.as_secs_f64())
-    .get_result(conn)
-    .optional()?)
+        )
+        .bind::<Double, _>(lease.as_secs_f64())
+        .bind::<BigInt, _>(limit)
+        .load(conn)?)
+    })
 }
 
 /// How one attempt ended, before it is recorded.
@@ -244,25 +267,42 @@ pub struct Sent {
     pub attempted_at: DateTime<Utc>,
 }
 
-async fn deliver(context: &Context, claimed: Claimed) {
-    let sent = send(context, &claimed).await;
-    let outcome = outcome_of(&sent);
-    context
-        .metrics
-        .webhook_delivery_seconds
-        .observe(sent.latency.as_secs_f64());
+async fn deliver(context: &Context, claimed: Vec<Claimed>) {
+    let sent = futures_util::future::join_all(claimed.iter().map(|one| send(context, one))).await;
+    let attempts: Vec<(Claimed, Sent, Answer)> = claimed
+        .into_iter()
+        .zip(sent)
+        .map(|(claimed, sent)| {
+            context
+                .metrics
+                .webhook_delivery_seconds
+                .observe(sent.latency.as_secs_f64());
+            let answer = outcome_of(&sent);
+            (claimed, sent, answer)
+        })
+        .collect();
     let settings = context.settings.clone();
     let recorded = run_blocking(&context.pool, move |conn| {
-        record(conn, &settings, &claimed, &sent, outcome)
+        conn.transaction(|conn| {
+            diesel::sql_query("SET LOCAL synchronous_commit = off").execute(conn)?;
+            attempts
+                .iter()
+                .map(|(claimed, sent, answer)| record(conn, &settings, claimed, sent, *answer))
+                .collect::<Result<Vec<_>, ApiError>>()
+        })
     })
     .await;
     match recorded {
-        Ok(label) => context
-            .metrics
-            .webhook_deliveries_total
-            .with_label_values(&[label])
-            .inc(),
-        Err(error) => tracing::warn!(?error, "recording a webhook attempt failed"),
+        Ok(labels) => {
+            for label in labels {
+                context
+                    .metrics
+                    .webhook_deliveries_total
+                    .with_label_values(&[label])
+                    .inc();
+            }
+        }
+        Err(error) => tracing::warn!(?error, "recording webhook attempts failed"),
     }
 }
 
@@ -384,10 +424,11 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     (date.with_timezone(&Utc) - Utc::now()).to_std().ok()
 }
 
-/// Records one attempt: the attempt row always; the delivery's new state
-/// only if this replica still holds its lease; the endpoint's health; and
-/// the endpoint's disabling (410, or failing for too long) with its
-/// `endpoint.disabled` event, once. Returns the metric's outcome label.
+/// Records one attempt (inside the caller's transaction): the attempt row
+/// always; the delivery's new state only if this replica still holds its
+/// lease; the endpoint's health; and the endpoint's disabling (410, or
+/// failing for too long) with its `endpoint.disabled` event, once. Returns
+/// the metric's outcome label.
 pub fn record(
     conn: &mut PgConnection,
     settings: &WebhookSettings,
@@ -405,7 +446,7 @@ pub fn record(
         (Answer::Failed, Some(_)) => "retrying",
         (Answer::Failed, None) => "exhausted",
     };
-    conn.transaction(|conn| {
+    {
         // Gone keeps the delivery pending: re-enabling the endpoint resumes it.
         let (status, retry_in) = match (answer, next_delay) {
             (Answer::Delivered, _) => ("delivered", 0.0),
@@ -503,7 +544,7 @@ pub fn record(
             )?;
         }
         Ok(label)
-    })
+    }
 }
 
 #[cfg(test)]
