@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use diesel::prelude::*;
-use diesel::sql_types::{BigInt, Double, Integer, Nullable, Text, Timestamptz, Uuid as SqlUuid};
+use diesel::sql_types::{
+    Array, BigInt, Double, Integer, Nullable, Text, Timestamptz, Uuid as SqlUuid,
+};
 use futures_util::StreamExt;
 use rand::Rng;
 use reqwest::header::{HeaderMap, RETRY_AFTER};
@@ -285,10 +287,7 @@ async fn deliver(context: &Context, claimed: Vec<Claimed>) {
     let recorded = run_blocking(&context.pool, move |conn| {
         conn.transaction(|conn| {
             diesel::sql_query("SET LOCAL synchronous_commit = off").execute(conn)?;
-            attempts
-                .iter()
-                .map(|(claimed, sent, answer)| record(conn, &settings, claimed, sent, *answer))
-                .collect::<Result<Vec<_>, ApiError>>()
+            record(conn, &settings, &attempts)
         })
     })
     .await;
@@ -424,127 +423,201 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     (date.with_timezone(&Utc) - Utc::now()).to_std().ok()
 }
 
-/// Records one attempt (inside the caller's transaction): the attempt row
-/// always; the delivery's new state only if this replica still holds its
-/// lease; the endpoint's health; and the endpoint's disabling (410, or
-/// failing for too long) with its `endpoint.disabled` event, once. Returns
-/// the metric's outcome label.
-pub fn record(
-    conn: &mut PgConnection,
+/// What one attempt decides: the metric label, the delivery's new status
+/// and when it is due again.
+fn verdict(
     settings: &WebhookSettings,
     claimed: &Claimed,
     sent: &Sent,
     answer: Answer,
-) -> Result<&'static str, ApiError> {
+) -> (&'static str, &'static str, f64) {
     let next_delay = match answer {
         Answer::Delivered => None,
         Answer::Failed | Answer::Gone => settings.next_delay(claimed.attempts, sent.retry_after),
     };
-    let label = match (answer, next_delay) {
-        (Answer::Delivered, _) => "delivered",
-        (Answer::Gone, _) => "endpoint_gone",
-        (Answer::Failed, Some(_)) => "retrying",
-        (Answer::Failed, None) => "exhausted",
-    };
-    {
-        // Gone keeps the delivery pending: re-enabling the endpoint resumes it.
-        let (status, retry_in) = match (answer, next_delay) {
-            (Answer::Delivered, _) => ("delivered", 0.0),
-            (Answer::Gone, delay) => ("pending", delay.unwrap_or(Duration::ZERO).as_secs_f64()),
-            (Answer::Failed, Some(delay)) => ("pending", delay.as_secs_f64()),
-            (Answer::Failed, None) => ("failed", 0.0),
-        };
-        diesel::sql_query(
-            "UPDATE webhook_deliveries SET status = $3, leased_until = NULL, \
-               next_attempt_at = now() + make_interval(secs => $4), \
-               delivered_at = CASE WHEN $3 = 'delivered' THEN now() END \
-             WHERE id = $1 AND lease_token = $2",
-        )
-        .bind::<SqlUuid, _>(claimed.delivery_id)
-        .bind::<BigInt, _>(claimed.lease_token)
-        .bind::<Text, _>(status)
-        .bind::<Double, _>(retry_in)
-        .execute(conn)?;
-        diesel::sql_query(
-            "INSERT INTO webhook_attempts (delivery_id, endpoint_id, event_id, attempt, \
-               attempted_at, status_code, error, latency_ms, outcome) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-        )
-        .bind::<SqlUuid, _>(claimed.delivery_id)
-        .bind::<SqlUuid, _>(claimed.endpoint_id)
-        .bind::<SqlUuid, _>(claimed.event.id)
-        .bind::<Integer, _>(claimed.attempts)
-        .bind::<Timestamptz, _>(sent.attempted_at)
-        .bind::<Nullable<Integer>, _>(sent.status_code.map(i32::from))
-        .bind::<Nullable<Text>, _>(sent.error.as_deref())
-        .bind::<Double, _>(sent.latency.as_secs_f64() * 1_000.0)
-        .bind::<Text, _>(label)
-        .execute(conn)?;
-        if answer == Answer::Delivered {
-            // At most one write a second per endpoint on the happy path.
-            diesel::sql_query(
-                "UPDATE webhook_endpoints SET failing_since = NULL, last_success_at = now() \
-                 WHERE id = $1 AND (failing_since IS NOT NULL OR last_success_at IS NULL \
-                                    OR last_success_at < now() - interval '1 second')",
-            )
-            .bind::<SqlUuid, _>(claimed.endpoint_id)
-            .execute(conn)?;
-            return Ok(label);
-        }
-        #[derive(QueryableByName)]
-        struct Health {
-            #[diesel(sql_type = Text)]
-            url: String,
-            #[diesel(sql_type = diesel::sql_types::Bool)]
-            just_disabled: bool,
-            #[diesel(sql_type = Nullable<Text>)]
-            disabled_reason: Option<String>,
-            #[diesel(sql_type = Nullable<Timestamptz>)]
-            failing_since: Option<DateTime<Utc>>,
-        }
-        // The row lock makes exactly one attempt the one that disables it.
-        // NO KEY UPDATE, like the UPDATE itself: it does not conflict with
-        // the key-share locks that the attempt's foreign keys take (FOR
-        // UPDATE would, and two attempts would deadlock).
-        let health: Option<Health> = diesel::sql_query(
-            "WITH before AS (SELECT enabled FROM webhook_endpoints WHERE id = $1 FOR NO KEY UPDATE), \
-             verdict AS (SELECT $2 OR COALESCE(w.failing_since, now()) \
-                                <= now() - make_interval(secs => $3) AS disable \
-                         FROM webhook_endpoints w WHERE w.id = $1) \
-             UPDATE webhook_endpoints w \
-             SET failing_since = COALESCE(w.failing_since, now()), \
-                 enabled = w.enabled AND NOT verdict.disable, \
-                 disabled_reason = CASE WHEN w.enabled AND verdict.disable \
-                                        THEN CASE WHEN $2 THEN 'gone' ELSE 'failing' END \
-                                        ELSE w.disabled_reason END, \
-                 updated_at = now() \
-             FROM before, verdict \
-             WHERE w.id = $1 \
-             RETURNING w.url, before.enabled AND NOT w.enabled AS just_disabled, \
-               w.disabled_reason, w.failing_since",
-        )
-        .bind::<SqlUuid, _>(claimed.endpoint_id)
-        .bind::<diesel::sql_types::Bool, _>(answer == Answer::Gone)
-        .bind::<Double, _>(settings.disable_after.as_secs_f64())
-        .get_result(conn)
-        .optional()?;
-        if let Some(health) = health.filter(|health| health.just_disabled) {
-            events::emit(
-                conn,
-                "endpoint.disabled",
-                None,
-                &serde_json::json!({
-                    "endpoint_id": claimed.endpoint_id,
-                    "url": health.url,
-                    "reason": health.disabled_reason,
-                    "failing_since": health.failing_since,
-                    "last_status_code": sent.status_code,
-                    "last_error": sent.error,
-                }),
-            )?;
-        }
-        Ok(label)
+    // Gone keeps the delivery pending: re-enabling the endpoint resumes it.
+    match (answer, next_delay) {
+        (Answer::Delivered, _) => ("delivered", "delivered", 0.0),
+        (Answer::Gone, delay) => (
+            "endpoint_gone",
+            "pending",
+            delay.unwrap_or(Duration::ZERO).as_secs_f64(),
+        ),
+        (Answer::Failed, Some(delay)) => ("retrying", "pending", delay.as_secs_f64()),
+        (Answer::Failed, None) => ("exhausted", "failed", 0.0),
     }
+}
+
+/// Records a batch of attempts (inside the caller's transaction), set-based:
+/// every attempt row; each delivery's new state only where this replica
+/// still holds its lease; then each endpoint's health from its last
+/// attempt of the batch (a 410 wins) — a success clears the failure streak, a failure
+/// starts or continues it, and 410 or a streak longer than
+/// `WEBHOOK_DISABLE_AFTER_HOURS` disables the endpoint with its
+/// `endpoint.disabled` event, once. Returns the metric labels.
+pub fn record(
+    conn: &mut PgConnection,
+    settings: &WebhookSettings,
+    attempts: &[(Claimed, Sent, Answer)],
+) -> Result<Vec<&'static str>, ApiError> {
+    let verdicts: Vec<(&'static str, &'static str, f64)> = attempts
+        .iter()
+        .map(|(claimed, sent, answer)| verdict(settings, claimed, sent, *answer))
+        .collect();
+    let column = |pick: fn(&(Claimed, Sent, Answer)) -> Uuid| -> Vec<Uuid> {
+        attempts.iter().map(pick).collect()
+    };
+    let delivery_ids = column(|(claimed, ..)| claimed.delivery_id);
+    diesel::sql_query(
+        "UPDATE webhook_deliveries d SET status = input.status, leased_until = NULL, \
+           next_attempt_at = now() + make_interval(secs => input.retry_in), \
+           delivered_at = CASE WHEN input.status = 'delivered' THEN now() END \
+         FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::float8[]) \
+           AS input (id, lease_token, status, retry_in) \
+         WHERE d.id = input.id AND d.lease_token = input.lease_token",
+    )
+    .bind::<Array<SqlUuid>, _>(&delivery_ids)
+    .bind::<Array<BigInt>, _>(
+        attempts
+            .iter()
+            .map(|(claimed, ..)| claimed.lease_token)
+            .collect::<Vec<_>>(),
+    )
+    .bind::<Array<Text>, _>(verdicts.iter().map(|verdict| verdict.1).collect::<Vec<_>>())
+    .bind::<Array<Double>, _>(verdicts.iter().map(|verdict| verdict.2).collect::<Vec<_>>())
+    .execute(conn)?;
+    diesel::sql_query(
+        "INSERT INTO webhook_attempts (delivery_id, endpoint_id, event_id, attempt, \
+           attempted_at, status_code, error, latency_ms, outcome) \
+         SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::int[], \
+           $5::timestamptz[], $6::int[], $7::text[], $8::float8[], $9::text[])",
+    )
+    .bind::<Array<SqlUuid>, _>(&delivery_ids)
+    .bind::<Array<SqlUuid>, _>(column(|(claimed, ..)| claimed.endpoint_id))
+    .bind::<Array<SqlUuid>, _>(column(|(claimed, ..)| claimed.event.id))
+    .bind::<Array<Integer>, _>(
+        attempts
+            .iter()
+            .map(|(claimed, ..)| claimed.attempts)
+            .collect::<Vec<_>>(),
+    )
+    .bind::<Array<Timestamptz>, _>(
+        attempts
+            .iter()
+            .map(|(_, sent, _)| sent.attempted_at)
+            .collect::<Vec<_>>(),
+    )
+    .bind::<Array<Nullable<Integer>>, _>(
+        attempts
+            .iter()
+            .map(|(_, sent, _)| sent.status_code.map(i32::from))
+            .collect::<Vec<_>>(),
+    )
+    .bind::<Array<Nullable<Text>>, _>(
+        attempts
+            .iter()
+            .map(|(_, sent, _)| sent.error.clone())
+            .collect::<Vec<_>>(),
+    )
+    .bind::<Array<Double>, _>(
+        attempts
+            .iter()
+            .map(|(_, sent, _)| sent.latency.as_secs_f64() * 1_000.0)
+            .collect::<Vec<_>>(),
+    )
+    .bind::<Array<Text>, _>(verdicts.iter().map(|verdict| verdict.0).collect::<Vec<_>>())
+    .execute(conn)?;
+    // Each endpoint once, judged by its last attempt of the batch (or its 410).
+    let mut last: Vec<&(Claimed, Sent, Answer)> = Vec::new();
+    for attempt in attempts {
+        match last
+            .iter_mut()
+            .find(|seen| seen.0.endpoint_id == attempt.0.endpoint_id)
+        {
+            // A 410 stays the verdict: it disables at once.
+            Some(seen) if seen.2 != Answer::Gone => *seen = attempt,
+            Some(_) => {}
+            None => last.push(attempt),
+        }
+    }
+    for (claimed, sent, answer) in last {
+        endpoint_health(conn, settings, claimed.endpoint_id, sent, *answer)?;
+    }
+    Ok(verdicts.into_iter().map(|verdict| verdict.0).collect())
+}
+
+/// One endpoint's health after an attempt.
+fn endpoint_health(
+    conn: &mut PgConnection,
+    settings: &WebhookSettings,
+    endpoint: Uuid,
+    sent: &Sent,
+    answer: Answer,
+) -> Result<(), ApiError> {
+    if answer == Answer::Delivered {
+        // At most one write a second per endpoint on the happy path.
+        diesel::sql_query(
+            "UPDATE webhook_endpoints SET failing_since = NULL, last_success_at = now() \
+             WHERE id = $1 AND (failing_since IS NOT NULL OR last_success_at IS NULL \
+                                OR last_success_at < now() - interval '1 second')",
+        )
+        .bind::<SqlUuid, _>(endpoint)
+        .execute(conn)?;
+        return Ok(());
+    }
+    #[derive(QueryableByName)]
+    struct Health {
+        #[diesel(sql_type = Text)]
+        url: String,
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        just_disabled: bool,
+        #[diesel(sql_type = Nullable<Text>)]
+        disabled_reason: Option<String>,
+        #[diesel(sql_type = Nullable<Timestamptz>)]
+        failing_since: Option<DateTime<Utc>>,
+    }
+    // The row lock makes exactly one attempt the one that disables it.
+    // NO KEY UPDATE, like the UPDATE itself: it does not conflict with
+    // the key-share locks that the attempt's foreign keys take (FOR
+    // UPDATE would, and two attempts would deadlock).
+    let health: Option<Health> = diesel::sql_query(
+        "WITH before AS (SELECT enabled FROM webhook_endpoints WHERE id = $1 FOR NO KEY UPDATE), \
+         verdict AS (SELECT $2 OR COALESCE(w.failing_since, now()) \
+                            <= now() - make_interval(secs => $3) AS disable \
+                     FROM webhook_endpoints w WHERE w.id = $1) \
+         UPDATE webhook_endpoints w \
+         SET failing_since = COALESCE(w.failing_since, now()), \
+             enabled = w.enabled AND NOT verdict.disable, \
+             disabled_reason = CASE WHEN w.enabled AND verdict.disable \
+                                    THEN CASE WHEN $2 THEN 'gone' ELSE 'failing' END \
+                                    ELSE w.disabled_reason END, \
+             updated_at = now() \
+         FROM before, verdict \
+         WHERE w.id = $1 \
+         RETURNING w.url, before.enabled AND NOT w.enabled AS just_disabled, \
+           w.disabled_reason, w.failing_since",
+    )
+    .bind::<SqlUuid, _>(endpoint)
+    .bind::<diesel::sql_types::Bool, _>(answer == Answer::Gone)
+    .bind::<Double, _>(settings.disable_after.as_secs_f64())
+    .get_result(conn)
+    .optional()?;
+    if let Some(health) = health.filter(|health| health.just_disabled) {
+        events::emit(
+            conn,
+            "endpoint.disabled",
+            None,
+            &serde_json::json!({
+                "endpoint_id": endpoint,
+                "url": health.url,
+                "reason": health.disabled_reason,
+                "failing_since": health.failing_since,
+                "last_status_code": sent.status_code,
+                "last_error": sent.error,
+            }),
+        )?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
