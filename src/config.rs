@@ -216,6 +216,12 @@ pub struct Config {
     #[arg(long, env = "WEBHOOK_CONCURRENCY", default_value_t = 4)]
     pub webhook_concurrency: u32,
 
+    /// Webhook delivery attempts this replica starts per second at most
+    /// (0: no cap). Delivery is background work: the cap keeps a flood of
+    /// events from slowing the kiosks' reservations.
+    #[arg(long, env = "WEBHOOK_MAX_PER_SECOND", default_value_t = 200)]
+    pub webhook_max_per_second: u32,
+
     /// Log format; a global option too (`cli::GlobalArgs`).
     #[arg(skip = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -332,12 +338,16 @@ impl Config {
         if self.webhook_concurrency > 256 {
             return Err("WEBHOOK_CONCURRENCY must be between 0 and 256".into());
         }
+        if self.webhook_max_per_second > 100_000 {
+            return Err("WEBHOOK_MAX_PER_SECOND must be between 0 (no cap) and 100000".into());
+        }
         Ok(crate::webhooks::delivery::WebhookSettings {
             timeout: Duration::from_secs(self.webhook_timeout_seconds),
             schedule: crate::webhooks::delivery::parse_schedule(&self.webhook_retry_schedule)?,
             disable_after: Duration::from_secs_f64(self.webhook_disable_after_hours * 3_600.0),
             allow_private: self.webhook_allow_private_urls,
             concurrency: self.webhook_concurrency,
+            max_per_second: self.webhook_max_per_second,
         })
     }
 

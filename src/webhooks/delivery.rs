@@ -61,6 +61,8 @@ pub struct WebhookSettings {
     pub disable_after: Duration,
     pub allow_private: bool,
     pub concurrency: u32,
+    /// Attempts per second this replica starts at most (0: no cap).
+    pub max_per_second: u32,
 }
 
 impl WebhookSettings {
@@ -118,11 +120,18 @@ pub fn start(
         builder = builder.dns_resolver(Arc::new(GuardedResolver));
     }
     let client = builder.build()?;
+    // A burst of one batch, then `max_per_second` on average.
+    let burst = std::num::NonZeroU32::new(DELIVERY_BATCH.unsigned_abs().try_into().unwrap_or(8))
+        .unwrap_or(std::num::NonZeroU32::MIN);
+    let pace = std::num::NonZeroU32::new(settings.max_per_second).map(|rate| {
+        governor::RateLimiter::direct(governor::Quota::per_second(rate).allow_burst(burst))
+    });
     let context = Arc::new(Context {
         pool,
         metrics,
         settings,
         client,
+        pace,
     });
     let mut tasks = vec![tokio::spawn(relay(Arc::clone(&context), shutdown.clone()))];
     for _ in 0..context.settings.concurrency {
@@ -139,6 +148,9 @@ struct Context {
     metrics: Arc<Metrics>,
     settings: WebhookSettings,
     client: reqwest::Client,
+    /// `WEBHOOK_MAX_PER_SECOND`: delivery is background work and yields the
+    /// machine to the money path (docs/webhooks.md has the measurement).
+    pace: Option<governor::DefaultDirectRateLimiter>,
 }
 
 async fn pause(shutdown: &mut watch::Receiver<bool>) -> bool {
@@ -270,6 +282,11 @@ pub struct Sent {
 }
 
 async fn deliver(context: &Context, claimed: Vec<Claimed>) {
+    if let Some(pace) = &context.pace {
+        for _ in 0..claimed.len() {
+            pace.until_ready().await;
+        }
+    }
     let sent = futures_util::future::join_all(claimed.iter().map(|one| send(context, one))).await;
     let attempts: Vec<(Claimed, Sent, Answer)> = claimed
         .into_iter()
@@ -637,6 +654,7 @@ mod tests {
             disable_after: Duration::from_secs(3_600),
             allow_private: false,
             concurrency: 1,
+            max_per_second: 0,
         };
         // After the first attempt: 5 s ± 20 %.
         let delay = settings.next_delay(1, None).expect("attempts left");
