@@ -323,3 +323,15 @@ BEGIN
     RETURN handled;
 END;
 $$;
+
+-- Each table's role in the plan past one primary (docs/scaling.md).
+COMMENT ON TABLE events IS
+    'distribution: distributed by account_id, colocated with accounts (account-less events, endpoint.disabled, local to the coordinator; the feed then orders per shard)';
+COMMENT ON TABLE webhook_endpoints IS
+    'distribution: reference table (few rows, read by every shard''s relay)';
+COMMENT ON TABLE webhook_deliveries IS
+    'distribution: distributed by account_id, colocated with accounts (deliveries of account-less events local to the coordinator)';
+COMMENT ON TABLE webhook_attempts IS
+    'distribution: local to the coordinator (the delivery log, no account_id)';
+COMMENT ON TABLE webhook_relay IS
+    'distribution: local to the coordinator (one row; one relay cursor per shard under Citus)';
