@@ -219,7 +219,7 @@ pub struct Config {
     /// Webhook delivery attempts this replica starts per second at most
     /// (0: no cap). Delivery is background work: the cap keeps a flood of
     /// events from slowing the kiosks' reservations.
-    #[arg(long, env = "WEBHOOK_MAX_PER_SECOND", default_value_t = 200)]
+    #[arg(long, env = "WEBHOOK_MAX_PER_SECOND", default_value_t = 100)]
     pub webhook_max_per_second: u32,
 
     /// Log format; a global option too (`cli::GlobalArgs`).
