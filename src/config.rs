@@ -208,6 +208,7 @@ impl Config {
     /// Checks every cross-field rule; the error names the variable to fix.
     pub fn validate(&self) -> Result<(), String> {
         self.trusted_proxy_networks()?;
+        crate::db::check_multi_host(&self.database_url)?;
         if !(1..=1000).contains(&self.coalesce_max_batch) {
             return Err("COALESCE_MAX_BATCH must be between 1 and 1000".into());
         }

@@ -14,6 +14,7 @@ mod concurrency;
 mod crash;
 mod credits;
 mod differential;
+mod failover;
 mod fencing;
 mod jobs;
 mod json_numbers;
