@@ -14,6 +14,7 @@ mod concurrency;
 mod crash;
 mod credits;
 mod differential;
+mod distribution;
 mod failover;
 mod fencing;
 mod jobs;
