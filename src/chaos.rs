@@ -791,10 +791,7 @@ fn summary(seed: u64, journal: &Journal, violations: &[String], elapsed: Duratio
         journal.jobs_seen_succeeded.len(),
         journal.commits_seen.len()
     );
-    println!(
-        "answers 500: {}",
-        SERVER_ERRORS.load(Ordering::Relaxed)
-    );
+    println!("answers 500: {}", SERVER_ERRORS.load(Ordering::Relaxed));
     if let Some(recovered) = journal.first_reserve_after_failover {
         println!(
             "failover: first reservation accepted {:.0} ms after the failover command started (the kill)",
@@ -877,7 +874,9 @@ pub async fn run(database_url: &str, args: ChaosArgs) -> anyhow::Result<bool> {
     // The failover probe's own account: its reservations never compete
     // with the kiosks' few tokens.
     let probe_account = match args.failover_command {
-        Some(_) => set_up_accounts(&client, &cluster.url(0), 1, &mut rng).await?.pop(),
+        Some(_) => set_up_accounts(&client, &cluster.url(0), 1, &mut rng)
+            .await?
+            .pop(),
         None => None,
     };
     let faults = match (args.failover_command.clone(), probe_account) {

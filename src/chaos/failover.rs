@@ -44,12 +44,8 @@ pub(super) async fn fail_over_once(
         *journal.faults.entry("primary_failover").or_insert(0) += 1;
     }
     let started = Instant::now();
-    let failover = tokio::task::spawn_blocking(move || {
-        Command::new("sh").arg("-c").arg(&command).status()
-    });
-    // A reservation sent before the kill may still be accepted by the old
-    // primary: probe only once the command has had time to kill it.
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    let failover =
+        tokio::task::spawn_blocking(move || Command::new("sh").arg("-c").arg(&command).status());
     let recovered = probe_until_accepted(&probe, &journal).await;
     let status = failover.await??;
     anyhow::ensure!(status.success(), "the failover command failed ({status})");
@@ -60,11 +56,14 @@ pub(super) async fn fail_over_once(
 }
 
 /// Reserves 1 token every 50 ms (and releases it) until one is accepted
-/// or 60 s pass; the moment of the acceptance.
+/// after one has failed — an acceptance before the first failure may have
+/// come from the old primary, before the kill — or 60 s pass; the moment
+/// of that acceptance. Prints what the failures were.
 async fn probe_until_accepted(probe: &Probe, journal: &Shared) -> Option<Instant> {
     let (account, key) = &probe.account;
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut replica = 0;
+    let mut failures: std::collections::BTreeMap<u16, u64> = std::collections::BTreeMap::new();
     while Instant::now() < deadline {
         replica = (replica + 1) % probe.cluster.replicas.len();
         let base = probe.cluster.url(replica);
@@ -74,17 +73,24 @@ async fn probe_until_accepted(probe: &Probe, journal: &Shared) -> Option<Instant
             .post(format!("{base}/v1/accounts/{account}/reservations"))
             .bearer_auth(key)
             .json(&body);
-        let (seen, _, answer) = send(request).await;
+        let (seen, status, answer) = send(request).await;
         if let (Seen::Ok, Some(id)) = (seen, uuid_of(&answer, "reservation_id")) {
             let at = Instant::now();
             lock(journal).reservations_seen.push(id);
             let release = probe
                 .client
-                .post(format!("{base}/v1/accounts/{account}/reservations/{id}/release"))
+                .post(format!(
+                    "{base}/v1/accounts/{account}/reservations/{id}/release"
+                ))
                 .bearer_auth(key)
                 .json(&json!({}));
             let _ = send(release).await;
-            return Some(at);
+            if !failures.is_empty() {
+                println!("failover: the probe's reservations during the switch: {failures:?} (status: count; 0 = no answer within 5 s)");
+                return Some(at);
+            }
+        } else {
+            *failures.entry(status).or_insert(0) += 1;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -17,6 +17,7 @@ use crate::config::{DB_CHECKOUT_TIMEOUT, DB_STATEMENT_TIMEOUT_MS};
 use crate::error::ApiError;
 
 mod failover;
+pub mod read_replica;
 
 pub use failover::{connection_lost, lost_on_this_thread, FailoverAwareManager};
 
@@ -50,11 +51,20 @@ impl CustomizeConnection<PgConnection, diesel::r2d2::Error> for SessionLimits {
 /// it and checks the other idle ones before handing them out, so the pool
 /// moves to the new primary by itself (see `failover`).
 pub fn build_pool(database_url: &str, size: u32) -> DbPool {
+    build_pool_with(database_url, size, DB_CHECKOUT_TIMEOUT)
+}
+
+/// [`build_pool`] with its own checkout timeout.
+pub fn build_pool_with(
+    database_url: &str,
+    size: u32,
+    checkout_timeout: std::time::Duration,
+) -> DbPool {
     let manager = FailoverAwareManager::new(ConnectionManager::<PgConnection>::new(database_url));
     Pool::builder()
         .max_size(size)
         .min_idle(Some(size.min(2)))
-        .connection_timeout(DB_CHECKOUT_TIMEOUT)
+        .connection_timeout(checkout_timeout)
         // r2d2 calls `is_valid` on every checkout; the manager's costs
         // nothing (no `SELECT 1`) except shortly after a lost connection.
         .test_on_check_out(true)
@@ -110,7 +120,9 @@ pub fn database_hosts(database_url: &str) -> Vec<String> {
         Some((_, rest)) => {
             let end = rest.find(['/', '?']).unwrap_or(rest.len());
             let authority = &rest[..end];
-            authority.rsplit_once('@').map_or(authority, |(_, hosts)| hosts)
+            authority
+                .rsplit_once('@')
+                .map_or(authority, |(_, hosts)| hosts)
         }
         None => database_url
             .split_whitespace()
@@ -128,9 +140,12 @@ pub fn check_multi_host(database_url: &str) -> Result<(), String> {
     if database_hosts(database_url).len() < 2 {
         return Ok(());
     }
-    let asks_for_primary = ["target_session_attrs=read-write", "target_session_attrs=primary"]
-        .iter()
-        .any(|setting| database_url.contains(setting));
+    let asks_for_primary = [
+        "target_session_attrs=read-write",
+        "target_session_attrs=primary",
+    ]
+    .iter()
+    .any(|setting| database_url.contains(setting));
     if asks_for_primary {
         Ok(())
     } else {
@@ -302,12 +317,13 @@ mod tests {
         assert_eq!(database_hosts("postgres://h/db"), ["h"]);
         assert_eq!(database_hosts("host=a,b dbname=db"), ["a", "b"]);
         assert!(check_multi_host("postgres://u@h/db").is_ok());
-        assert!(
-            check_multi_host("postgres://u@h1,h2/db?target_session_attrs=read-write").is_ok()
-        );
+        assert!(check_multi_host("postgres://u@h1,h2/db?target_session_attrs=read-write").is_ok());
         assert!(check_multi_host("postgres://u@h1,h2/db?target_session_attrs=primary").is_ok());
         let refused = check_multi_host("postgres://u:hunter2@h1,h2/db").expect_err("refused");
-        assert!(refused.contains("target_session_attrs=read-write"), "{refused}");
+        assert!(
+            refused.contains("target_session_attrs=read-write"),
+            "{refused}"
+        );
         assert!(!refused.contains("hunter2"), "{refused}");
     }
 

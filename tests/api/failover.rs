@@ -42,7 +42,11 @@ async fn reserve(app: &TestApp, account: Uuid, key: &str) -> (StatusCode, Option
         .get("retry-after")
         .and_then(|value| value.to_str().ok())
         .map(str::to_owned);
-    (status, retry_after, response.json().await.unwrap_or(Value::Null))
+    (
+        status,
+        retry_after,
+        response.json().await.unwrap_or(Value::Null),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -60,7 +64,10 @@ async fn lost_connections_answer_503_then_the_pool_reconnects() {
             created += 1;
         }
         let killed = terminate_backends(&mut app.conn(), &app.database.name);
-        assert!(killed >= 2, "round {round}: only {killed} connections to kill");
+        assert!(
+            killed >= 2,
+            "round {round}: only {killed} connections to kill"
+        );
 
         // Concurrent requests meet the dead connections: 503 or success.
         let during: Vec<_> = (0..12).map(|_| reserve(&app, account, &key)).collect();
@@ -103,7 +110,10 @@ async fn workers_resume_after_their_connections_die() {
     let first = Uuid::new_v4();
     let response = app.create_job(account, &key, first, &json!({})).await;
     assert_eq!(response.status(), StatusCode::CREATED);
-    assert_eq!(app.wait_job(account, first, 10).await["status"], "succeeded");
+    assert_eq!(
+        app.wait_job(account, first, 10).await["status"],
+        "succeeded"
+    );
     terminate_backends(&mut app.conn(), &app.database.name);
     // A job created after the loss (its creation may meet a dead
     // connection and be answered 503: retry it, as a kiosk does).
@@ -127,7 +137,10 @@ async fn workers_resume_after_their_connections_die() {
         }
     }
     assert!(created, "no job could be created after the loss");
-    assert_eq!(app.wait_job(account, second, 15).await["status"], "succeeded");
+    assert_eq!(
+        app.wait_job(account, second, 15).await["status"],
+        "succeeded"
+    );
 }
 
 /// The service and the CLI take libpq's multi-host form: the first host
@@ -167,10 +180,7 @@ async fn a_multi_host_database_url_finds_the_primary() {
         .expect("run the CLI");
     assert!(listed.status.success());
     let accounts: Value = serde_json::from_slice(&listed.stdout).expect("JSON");
-    assert!(
-        accounts.to_string().contains("multi-host"),
-        "{accounts}"
-    );
+    assert!(accounts.to_string().contains("multi-host"), "{accounts}");
 
     // Several hosts without target_session_attrs: refused, clearly.
     let refused = Command::new(env!("CARGO_BIN_EXE_token-billing"))
@@ -183,7 +193,10 @@ async fn a_multi_host_database_url_finds_the_primary() {
         .expect("run the CLI");
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success());
-    assert!(stderr.contains("target_session_attrs=read-write"), "{stderr}");
+    assert!(
+        stderr.contains("target_session_attrs=read-write"),
+        "{stderr}"
+    );
     assert!(!stderr.contains("hunter2"), "{stderr}");
 }
 
@@ -192,22 +205,28 @@ struct DropDatabase(String);
 impl Drop for DropDatabase {
     fn drop(&mut self) {
         if let Ok(mut admin) = PgConnection::establish(&format!("{}/postgres", server_url())) {
-            let _ = diesel::sql_query(format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.0))
-                .execute(&mut admin);
+            let _ = diesel::sql_query(format!(
+                "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
+                self.0
+            ))
+            .execute(&mut admin);
         }
     }
 }
 
 /// Runs `tests/failover/run.sh` in `mode`; its report.
 fn failover_script(mode: &str) -> (bool, String) {
-    let output = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/failover/run.sh"))
-        .args(["--mode", mode, "--runs", "1", "--seconds", "20"])
-        // The standby falls 1.5 s behind just before the kill.
-        .args(["--standby-lag-ms", "1500"])
-        .env("TOOLS", env!("CARGO_BIN_EXE_token-billing-tools"))
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("run tests/failover/run.sh");
+    let output = Command::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/failover/run.sh"
+    ))
+    .args(["--mode", mode, "--runs", "1", "--seconds", "20"])
+    // The standby falls 1.5 s behind just before the kill.
+    .args(["--standby-lag-ms", "1500"])
+    .env("TOOLS", env!("CARGO_BIN_EXE_token-billing-tools"))
+    .stderr(Stdio::inherit())
+    .output()
+    .expect("run tests/failover/run.sh");
     let report = String::from_utf8_lossy(&output.stdout).into_owned();
     println!("{report}");
     (output.status.success(), report)
@@ -227,7 +246,13 @@ fn failover_with_private_clusters() {
     }
     let (passed, report) = failover_script("sync");
     assert!(passed, "synchronous failover failed:\n{report}");
-    for kind in ["reservations", "credits", "commits", "job creations", "job successes"] {
+    for kind in [
+        "reservations",
+        "credits",
+        "commits",
+        "job creations",
+        "job successes",
+    ] {
         assert!(
             report.contains(&format!("acknowledged {kind}: ")),
             "no count of acknowledged {kind}:\n{report}"
@@ -235,10 +260,7 @@ fn failover_with_private_clusters() {
     }
     assert_eq!(report.matches(", missing 0").count(), 5, "{report}");
     assert!(report.contains("answers 500: 0"), "{report}");
-    assert!(
-        report.contains("first reservation accepted"),
-        "{report}"
-    );
+    assert!(report.contains("first reservation accepted"), "{report}");
     let (_, report) = failover_script("async");
     assert!(report.contains("acknowledged reservations: "), "{report}");
 }

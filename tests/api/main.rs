@@ -24,6 +24,7 @@ mod ledger_property;
 mod model;
 mod openapi;
 mod operate;
+mod read_replica;
 mod reaper;
 mod reconciliation;
 mod reservations;
