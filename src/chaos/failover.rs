@@ -25,8 +25,8 @@ pub(super) struct Probe {
 
 /// Runs `command` (kill the primary, promote the standby) once, between a
 /// quarter and three fifths of the run, while a probe tries a reservation
-/// every 50 ms (alternating replicas) until one is accepted: the time from
-/// the command's start to that acceptance is the recovery time.
+/// every 50 ms (alternating replicas). The longest time between two
+/// accepted probes is the unavailability a kiosk saw.
 pub(super) async fn fail_over_once(
     command: String,
     journal: Shared,
@@ -43,31 +43,40 @@ pub(super) async fn fail_over_once(
         journal.failover_at = Some(Instant::now());
         *journal.faults.entry("primary_failover").or_insert(0) += 1;
     }
-    let started = Instant::now();
-    let failover =
-        tokio::task::spawn_blocking(move || Command::new("sh").arg("-c").arg(&command).status());
-    let recovered = probe_until_accepted(&probe, &journal).await;
-    let status = failover.await??;
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let probing = tokio::spawn(probe_during(probe, Arc::clone(&journal), Arc::clone(&done)));
+    let status =
+        tokio::task::spawn_blocking(move || Command::new("sh").arg("-c").arg(&command).status())
+            .await??;
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let gap = probing.await?;
     anyhow::ensure!(status.success(), "the failover command failed ({status})");
-    if let Some(at) = recovered {
-        lock(&journal).first_reserve_after_failover = Some(at.duration_since(started));
-    }
+    lock(&journal).first_reserve_after_failover = gap;
     Ok(())
 }
 
-/// Reserves 1 token every 50 ms (and releases it) until one is accepted
-/// after one has failed — an acceptance before the first failure may have
-/// come from the old primary, before the kill — or 60 s pass; the moment
-/// of that acceptance. Prints what the failures were.
-async fn probe_until_accepted(probe: &Probe, journal: &Shared) -> Option<Instant> {
+/// Reserves 1 token every 50 ms (releasing each) until `done` and one more
+/// is accepted (60 s at most). The longest time between two accepted
+/// reservations, counted from the probe's start; `None` when none was
+/// accepted after `done`. Prints how the others were answered.
+async fn probe_during(
+    probe: Probe,
+    journal: Shared,
+    done: Arc<std::sync::atomic::AtomicBool>,
+) -> Option<Duration> {
     let (account, key) = &probe.account;
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(60);
+    let mut last_accepted = started;
+    let mut longest = Duration::ZERO;
     let mut replica = 0;
-    let mut failures: std::collections::BTreeMap<u16, u64> = std::collections::BTreeMap::new();
+    let mut refused: std::collections::BTreeMap<u16, u64> = std::collections::BTreeMap::new();
+    let mut accepted = 0u64;
     while Instant::now() < deadline {
+        let finishing = done.load(std::sync::atomic::Ordering::Relaxed);
         replica = (replica + 1) % probe.cluster.replicas.len();
         let base = probe.cluster.url(replica);
-        let body = json!({"request_id": Uuid::new_v4(), "amount": 1, "ttl_seconds": 60});
+        let body = json!({"request_id": Uuid::new_v4(), "amount": 1, "ttl_seconds": 5});
         let request = probe
             .client
             .post(format!("{base}/v1/accounts/{account}/reservations"))
@@ -75,8 +84,11 @@ async fn probe_until_accepted(probe: &Probe, journal: &Shared) -> Option<Instant
             .json(&body);
         let (seen, status, answer) = send(request).await;
         if let (Seen::Ok, Some(id)) = (seen, uuid_of(&answer, "reservation_id")) {
-            let at = Instant::now();
-            lock(journal).reservations_seen.push(id);
+            let now = Instant::now();
+            longest = longest.max(now.duration_since(last_accepted));
+            last_accepted = now;
+            accepted += 1;
+            lock(&journal).reservations_seen.push(id);
             let release = probe
                 .client
                 .post(format!(
@@ -85,15 +97,19 @@ async fn probe_until_accepted(probe: &Probe, journal: &Shared) -> Option<Instant
                 .bearer_auth(key)
                 .json(&json!({}));
             let _ = send(release).await;
-            if !failures.is_empty() {
-                println!("failover: the probe's reservations during the switch: {failures:?} (status: count; 0 = no answer within 5 s)");
-                return Some(at);
+            if finishing {
+                println!(
+                    "failover: probe reservations: {accepted} accepted, others {refused:?} \
+                     (status: count; 0 = no answer within 5 s)"
+                );
+                return Some(longest);
             }
         } else {
-            *failures.entry(status).or_insert(0) += 1;
+            *refused.entry(status).or_insert(0) += 1;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    println!("failover: no probe reservation accepted after the switch: {refused:?}");
     None
 }
 

@@ -260,7 +260,10 @@ fn failover_with_private_clusters() {
     }
     assert_eq!(report.matches(", missing 0").count(), 5, "{report}");
     assert!(report.contains("answers 500: 0"), "{report}");
-    assert!(report.contains("first reservation accepted"), "{report}");
+    assert!(
+        report.contains("longest time without an accepted reservation"),
+        "{report}"
+    );
     let (_, report) = failover_script("async");
     assert!(report.contains("acknowledged reservations: "), "{report}");
 }

@@ -12,8 +12,8 @@
 # synchronous_commit is on, so every acknowledged commit is on both; the
 # run fails on any acknowledged movement missing. --mode async: the same
 # with asynchronous replication; lost acknowledged work is reported (and
-# does not fail the run). --standby-lag-ms N stops the standby's WAL
-# receiver for N ms just before the kill, as a slow network would: the
+# does not fail the run). --standby-lag-ms N stops the primary's WAL
+# sender for N ms just before the kill, as a slow network would: the
 # asynchronous primary goes on acknowledging what the standby never gets.
 #
 # Environment: TOOLS (the token-billing-tools binary; default: beside
@@ -26,16 +26,19 @@ if [[ "${1:-}" == "--kill-and-promote" ]]; then
     dir=$2
     pg_bin=$3
     lag_ms=${4:-0}
-    receiver=""
+    sender=""
     if (( lag_ms > 0 )); then
-        # A standby falling behind (a slow network): its WAL receiver stops
-        # for lag_ms before the primary dies.
-        standby=$(head -n 1 "$dir/standby/postmaster.pid")
-        for child in $(pgrep -P "$standby"); do
-            if grep -q "walreceiver" "/proc/$child/cmdline" 2>/dev/null; then receiver=$child; fi
+        # A standby falling behind (a slow network): the primary's WAL sender
+        # stops for lag_ms before the primary dies, so what the primary
+        # commits meanwhile never leaves it. (Stopping the standby's receiver
+        # instead would not do: the WAL already sent waits in the socket and
+        # is read after the primary's death.)
+        primary=$(head -n 1 "$dir/primary/postmaster.pid")
+        for child in $(pgrep -P "$primary"); do
+            if grep -q "walsender" "/proc/$child/cmdline" 2>/dev/null; then sender=$child; fi
         done
-        [[ -n "$receiver" ]] && kill -STOP "$receiver"
-        echo "failover: standby's WAL receiver ($receiver) stopped for $lag_ms ms" >&2
+        [[ -n "$sender" ]] && kill -STOP "$sender"
+        echo "failover: the primary's WAL sender ($sender) stopped for $lag_ms ms" >&2
         sleep "$(awk "BEGIN {print $lag_ms / 1000}")"
     fi
     pid=$(head -n 1 "$dir/primary/postmaster.pid")
@@ -43,7 +46,6 @@ if [[ "${1:-}" == "--kill-and-promote" ]]; then
     children=$(pgrep -P "$pid" || true)
     kill -KILL "$pid" $children 2>/dev/null || true
     echo "failover: SIGKILL to the primary (postmaster $pid)" >&2
-    [[ -n "$receiver" ]] && kill -CONT "$receiver"
     runuser -u postgres -- "$pg_bin/pg_ctl" promote -w -t 30 -D "$dir/standby" >/dev/null
     echo "failover: standby promoted" >&2
     exit 0
