@@ -406,6 +406,67 @@ mod tests {
         }
     }
 
+    /// A failover's errors are 503 and mark the connection for discarding;
+    /// a bug's are 500 and do not.
+    #[test]
+    fn connection_class_errors_are_unavailable_and_mark_the_connection() {
+        use diesel::result::{DatabaseErrorKind, Error};
+        let database =
+            |kind, message: &str| Error::DatabaseError(kind, Box::new(message.to_owned()));
+        // Each case on a thread of its own: the mark is per thread.
+        let classify = |error: Error| {
+            std::thread::spawn(move || {
+                let api = ApiError::from(error);
+                (api, crate::db::lost_on_this_thread())
+            })
+            .join()
+            .expect("thread")
+        };
+        let lost = [
+            database(
+                DatabaseErrorKind::ClosedConnection,
+                "server closed the connection unexpectedly",
+            ),
+            database(
+                DatabaseErrorKind::UnableToSendCommand,
+                "no connection to the server",
+            ),
+            database(
+                DatabaseErrorKind::ReadOnlyTransaction,
+                "cannot execute SELECT in a read-only transaction",
+            ),
+            database(
+                DatabaseErrorKind::Unknown,
+                "terminating connection due to administrator command",
+            ),
+            database(
+                DatabaseErrorKind::Unknown,
+                "the database system is in recovery mode",
+            ),
+            Error::RollbackErrorOnCommit {
+                rollback_error: Box::new(database(DatabaseErrorKind::UnableToSendCommand, "x")),
+                commit_error: Box::new(database(
+                    DatabaseErrorKind::ClosedConnection,
+                    "server closed the connection unexpectedly",
+                )),
+            },
+            Error::BrokenTransactionManager,
+        ];
+        for error in lost {
+            let text = format!("{error:?}");
+            let (api, marked) = classify(error);
+            assert!(matches!(api, ApiError::Unavailable(_)), "{text} → {api:?}");
+            assert!(marked, "{text} did not mark the connection");
+        }
+        let (api, marked) = classify(database(
+            DatabaseErrorKind::Unknown,
+            "canceling statement due to statement timeout",
+        ));
+        assert!(matches!(api, ApiError::Unavailable(_)) && !marked);
+        let (api, marked) = classify(database(DatabaseErrorKind::Unknown, "division by zero"));
+        assert!(matches!(api, ApiError::Internal(_)) && !marked, "{api:?}");
+    }
+
     fn schema_json<T: PartialSchema>() -> Value {
         serde_json::to_value(T::schema()).expect("schema serializes")
     }
