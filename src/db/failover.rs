@@ -12,10 +12,11 @@
 //!   mark and r2d2 discards it instead of handing it out again;
 //! - for [`SUSPICION`] after any loss, every checkout pings the idle
 //!   connection first (`is_valid`), so the other dead connections of the
-//!   pool are dropped without failing a request, and a new connection that
-//!   fails (no primary yet: the standby is being promoted) is tried again
-//!   every 100 ms for 2 s. Outside that window a checkout costs nothing
-//!   (no `SELECT 1` per request).
+//!   pool are dropped without failing a request. Outside that window a
+//!   checkout costs nothing (no `SELECT 1` per request);
+//! - a new connection that fails (no primary yet: the standby is being
+//!   promoted) is tried again every 100 ms for 3 s before the attempt
+//!   counts as failed.
 //!
 //! [`has_broken`]: r2d2::ManageConnection::has_broken
 
@@ -29,12 +30,12 @@ use diesel::r2d2::{ConnectionManager, R2D2Connection};
 
 /// How long after a lost connection every checkout is checked first.
 pub const SUSPICION: Duration = Duration::from_secs(10);
-/// Within `SUSPICION`, a failed connection attempt is repeated every
-/// `RECONNECT_POLL` for up to `RECONNECT_WINDOW` before it counts as
-/// failed: r2d2's own retries back off to 2.5 s apart, which would leave a
-/// promoted standby unused for seconds.
+/// A failed connection attempt is repeated every `RECONNECT_POLL` for up to
+/// `RECONNECT_WINDOW` before it counts as failed: r2d2's own retries back
+/// off to 2.5 s apart, which would leave a promoted standby unused for
+/// seconds, and requests waiting on the pool meanwhile.
 const RECONNECT_POLL: Duration = Duration::from_millis(100);
-const RECONNECT_WINDOW: Duration = Duration::from_secs(2);
+const RECONNECT_WINDOW: Duration = Duration::from_secs(3);
 
 thread_local! {
     /// Set when a statement on this thread failed because its connection
@@ -90,7 +91,7 @@ impl r2d2::ManageConnection for FailoverAwareManager {
         let deadline = Instant::now() + RECONNECT_WINDOW;
         loop {
             match self.inner.connect() {
-                Err(_) if recently_lost() && Instant::now() < deadline => {
+                Err(_) if Instant::now() < deadline => {
                     std::thread::sleep(RECONNECT_POLL);
                 }
                 connected => return connected,
