@@ -7,6 +7,12 @@
 //! `restart -m immediate`), lets the system recover, and then checks the
 //! books. It exits non-zero on any violation.
 //!
+//! With `--failover-command` the only fault is the loss of the primary:
+//! the command (`tests/failover/run.sh` passes one) kills the primary and
+//! promotes its standby at a random moment, and the checks add that every
+//! acknowledged reservation, commit, credit and job is on the new primary
+//! (`failover`).
+//!
 //! It leaves nothing behind: every replica runs in its own process group
 //! (the `faketime` wrapper forks the real process, so killing the wrapper
 //! alone would orphan it); stopping a replica signals the whole group,
@@ -28,6 +34,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 use uuid::Uuid;
+
+mod failover;
 
 use crate::provider::fake::FakeBackend;
 use crate::provider::fake_server::build_fake_provider;
@@ -64,6 +72,12 @@ pub struct ChaosArgs {
     /// this binary).
     #[arg(long)]
     pub service_binary: Option<PathBuf>,
+    /// A shell command that kills the database's primary and promotes its
+    /// standby (the database URL must list both hosts with
+    /// `target_session_attrs=read-write`). It runs once, at a moment drawn
+    /// from the seed, and replaces the other faults.
+    #[arg(long)]
+    pub failover_command: Option<String>,
 }
 
 /// How long a stopped replica's process group gets between SIGTERM and SIGKILL.
@@ -87,6 +101,15 @@ struct Journal {
     jobs_seen_succeeded: Vec<Uuid>,
     /// (reservation, committed amount) of every commit a kiosk saw succeed.
     commits_seen: Vec<(Uuid, i64)>,
+    /// Reservations a kiosk saw created.
+    reservations_seen: Vec<Uuid>,
+    /// Credits finance saw accepted.
+    credits_seen: Vec<Uuid>,
+    /// When the failover command started (the primary's kill).
+    failover_at: Option<Instant>,
+    /// The longest time between two reservations the failover probe saw
+    /// accepted (from the failover command's start until it is done).
+    first_reserve_after_failover: Option<Duration>,
     violations: Vec<String>,
     faults: BTreeMap<&'static str, u64>,
     recoveries_ms: Vec<(&'static str, f64)>,
@@ -305,11 +328,18 @@ fn record(shared: &Shared, kind: &'static str, seen: Seen, started: Instant) {
         .push(started.elapsed().as_secs_f64() * 1000.0);
 }
 
+/// Answers 500 seen by any client of the run (never expected: a database
+/// that is away is a 503).
+static SERVER_ERRORS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Sends one request; connection errors and timeouts are indeterminate.
 async fn send(request: reqwest::RequestBuilder) -> (Seen, u16, Value) {
     match request.timeout(Duration::from_secs(5)).send().await {
         Ok(response) => {
             let status = response.status().as_u16();
+            if status == 500 {
+                SERVER_ERRORS.fetch_add(1, Ordering::Relaxed);
+            }
             let body = response.json().await.unwrap_or(Value::Null);
             let seen = match status {
                 200..=299 => Seen::Ok,
@@ -464,6 +494,9 @@ impl Kiosk {
                 reservation = (seen == Seen::Ok)
                     .then(|| uuid_of(&answer, "reservation_id"))
                     .flatten();
+                if let Some(id) = reservation {
+                    lock(&self.journal).reservations_seen.push(id);
+                }
                 break;
             }
         }
@@ -514,8 +547,12 @@ async fn top_up(
                 let index = rng.gen_range(0..cluster.replicas.len());
                 let url = format!("{}/v1/accounts/{account}/credits", cluster.url(index));
                 let started = Instant::now();
-                let (seen, _, _) = send(client.post(url).bearer_auth(ADMIN_KEY).json(&body)).await;
+                let (seen, _, answer) =
+                    send(client.post(url).bearer_auth(ADMIN_KEY).json(&body)).await;
                 record(&journal, "credit", seen, started);
+                if let Some(credit) = uuid_of(&answer, "credit_id").filter(|_| seen == Seen::Ok) {
+                    lock(&journal).credits_seen.push(credit);
+                }
                 if seen != Seen::Indeterminate {
                     break;
                 }
@@ -654,6 +691,7 @@ fn check_books(conn: &mut PgConnection, journal: &Journal) -> anyhow::Result<Vec
             ));
         }
     }
+    violations.extend(failover::acknowledged_missing(conn, journal)?);
     for (reservation, amount) in &journal.commits_seen {
         let committed = diesel::sql_query(
             "SELECT count(*) AS count FROM reservations WHERE id = $1 AND state = 'committed' AND committed_amount = $2",
@@ -756,6 +794,15 @@ fn summary(seed: u64, journal: &Journal, violations: &[String], elapsed: Duratio
         journal.jobs_seen_succeeded.len(),
         journal.commits_seen.len()
     );
+    println!("answers 500: {}", SERVER_ERRORS.load(Ordering::Relaxed));
+    if let Some(recovered) = journal.first_reserve_after_failover {
+        println!(
+            "failover: longest time without an accepted reservation: {:.0} ms (probe every 50 ms)",
+            recovered.as_secs_f64() * 1000.0
+        );
+    } else if journal.failover_at.is_some() {
+        println!("failover: no reservation accepted after the primary's kill");
+    }
     if violations.is_empty() {
         println!("violations: 0");
     } else {
@@ -827,14 +874,35 @@ pub async fn run(database_url: &str, args: ChaosArgs) -> anyhow::Result<bool> {
     let started = Instant::now();
     let journal: Shared = Arc::new(Mutex::new(Journal::default()));
     let stop = Arc::new(AtomicBool::new(false));
-    let faults = tokio::spawn(inject_faults(
-        Arc::clone(&cluster),
-        Arc::clone(&journal),
-        client.clone(),
-        StdRng::seed_from_u64(seed ^ 0xFA17),
-        args.restart_postgres,
-        Arc::clone(&stop),
-    ));
+    // The failover probe's own account: its reservations never compete
+    // with the kiosks' few tokens.
+    let probe_account = match args.failover_command {
+        Some(_) => set_up_accounts(&client, &cluster.url(0), 1, &mut rng)
+            .await?
+            .pop(),
+        None => None,
+    };
+    let faults = match (args.failover_command.clone(), probe_account) {
+        (Some(command), Some(probe_account)) => tokio::spawn(failover::fail_over_once(
+            command,
+            Arc::clone(&journal),
+            StdRng::seed_from_u64(seed ^ 0xFA17),
+            args.seconds,
+            failover::Probe {
+                cluster: Arc::clone(&cluster),
+                account: probe_account,
+                client: client.clone(),
+            },
+        )),
+        _ => tokio::spawn(inject_faults(
+            Arc::clone(&cluster),
+            Arc::clone(&journal),
+            client.clone(),
+            StdRng::seed_from_u64(seed ^ 0xFA17),
+            args.restart_postgres,
+            Arc::clone(&stop),
+        )),
+    };
     let finance = tokio::spawn(top_up(
         Arc::clone(&cluster),
         Arc::clone(&accounts),
@@ -884,7 +952,13 @@ pub async fn run(database_url: &str, args: ChaosArgs) -> anyhow::Result<bool> {
         recovery_started.elapsed().as_secs_f64()
     );
     let journal = std::mem::take(&mut *lock(&journal));
-    let violations = check_books(&mut conn, &journal)?;
+    let mut violations = check_books(&mut conn, &journal)?;
+    if args.failover_command.is_some() {
+        violations.extend(failover::failover_violations(
+            &journal,
+            SERVER_ERRORS.load(Ordering::Relaxed),
+        ));
+    }
     cluster.stop_all();
     provider_handle.stop(false).await;
     summary(seed, &journal, &violations, started.elapsed());

@@ -17,6 +17,14 @@
 //! retried one operation at a time, so one request's trouble is never
 //! another's. A batch that panics is answered 500 and its connection given
 //! up; with no connection at all, what waits is answered 503.
+//!
+//! A batch whose connection turns out dead (the primary went away: a
+//! crash, a failover) is sent once more on another connection — which the
+//! pool makes to the primary of the moment — before anyone is answered
+//! 503. That is safe even if the first attempt committed before the
+//! connection broke: every operation is idempotent (request ids, external
+//! refs, reservation states), so the engine answers the second attempt as
+//! a replay.
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -36,6 +44,16 @@ pub type Answered = (Operation, Result<Answer, ApiError>);
 struct Queued {
     operation: Operation,
     reply: oneshot::Sender<Answered>,
+    /// Already sent once on a connection that turned out dead.
+    resent: bool,
+}
+
+/// How a run of batches on one connection ended.
+enum Drained {
+    /// Nothing waits any more.
+    Empty,
+    /// The connection died; what it was doing is queued again.
+    ConnectionLost,
 }
 
 #[derive(Default)]
@@ -72,24 +90,17 @@ impl Coalescer {
     /// Applies `operation`, alone or in a batch with concurrent ones.
     pub async fn submit(self: &Arc<Self>, operation: Operation) -> Answered {
         if self.max_batch == 1 {
-            // Group commit off: every request is its own statement.
-            let this = Arc::clone(self);
-            let copy = operation.clone();
-            let answered = run_blocking(&self.pool, move |conn| {
-                Ok(this.run_batch(conn, vec![operation]).pop())
-            })
-            .await;
-            return match answered {
-                Ok(Some(answered)) => answered,
-                Ok(None) => (copy, Err(dropped())),
-                Err(error) => (copy, Err(error)),
-            };
+            return self.submit_alone(operation).await;
         }
         let (reply, answer) = oneshot::channel();
         let copy = operation.clone();
         let start = {
             let mut queue = self.lock();
-            queue.waiting.push_back(Queued { operation, reply });
+            queue.waiting.push_back(Queued {
+                operation,
+                reply,
+                resent: false,
+            });
             let start = queue.in_flight < self.max_in_flight;
             if start {
                 queue.in_flight += 1;
@@ -100,6 +111,35 @@ impl Coalescer {
             tokio::spawn(Arc::clone(self).drain());
         }
         answer.await.unwrap_or_else(|_| (copy, Err(dropped())))
+    }
+
+    /// Group commit off: every request is its own statement, sent once
+    /// more on another connection when its connection turns out dead.
+    async fn submit_alone(self: &Arc<Self>, operation: Operation) -> Answered {
+        let mut answered = (operation.clone(), Err(dropped()));
+        for _ in 0..2 {
+            let this = Arc::clone(self);
+            let operation = operation.clone();
+            let attempt = run_blocking(&self.pool, move |conn| {
+                let answered = this.run_batch(conn, vec![operation]).pop();
+                Ok((answered, crate::db::lost_on_this_thread()))
+            })
+            .await;
+            match attempt {
+                Ok((Some(result), lost)) => {
+                    answered = result;
+                    if !(lost && matches!(answered.1, Err(ApiError::Unavailable(_)))) {
+                        break;
+                    }
+                }
+                Ok((None, _)) => break,
+                Err(error) => {
+                    answered.1 = Err(error);
+                    break;
+                }
+            }
+        }
+        answered
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
@@ -125,7 +165,9 @@ impl Coalescer {
             let this = Arc::clone(&self);
             let drained = run_blocking(&self.pool, move |conn| this.drain_on(conn)).await;
             match drained {
-                Ok(()) => return,
+                Ok(Drained::Empty) => return,
+                // Go on with another connection from the pool.
+                Ok(Drained::ConnectionLost) => {}
                 // No connection: what waits is answered 503 (nothing was
                 // done; a retry is safe), and this task stops.
                 Err(error @ ApiError::Unavailable(_)) => {
@@ -150,8 +192,9 @@ impl Coalescer {
         }
     }
 
-    fn drain_on(&self, conn: &mut PgConnection) -> Result<(), ApiError> {
+    fn drain_on(&self, conn: &mut PgConnection) -> Result<Drained, ApiError> {
         while let Some(batch) = self.take(self.max_batch) {
+            let resent: Vec<bool> = batch.iter().map(|queued| queued.resent).collect();
             let (operations, replies): (Vec<_>, Vec<_>) =
                 batch.into_iter().map(|q| (q.operation, q.reply)).unzip();
             let count = operations.len();
@@ -167,6 +210,10 @@ impl Coalescer {
             let lost_connection = answered
                 .iter()
                 .any(|(_, answer)| matches!(answer, Err(ApiError::Unavailable(_))));
+            if lost_connection && crate::db::lost_on_this_thread() {
+                self.resend_or_answer(replies, answered, resent);
+                return Ok(Drained::ConnectionLost);
+            }
             for (reply, answered) in replies.into_iter().zip(answered) {
                 // The client may have gone; its request is done regardless.
                 let _ = reply.send(answered);
@@ -177,7 +224,33 @@ impl Coalescer {
                 ));
             }
         }
-        Ok(())
+        Ok(Drained::Empty)
+    }
+
+    /// After a dead connection: operations sent only once go back to the
+    /// front of the queue, in order; the others are answered (503).
+    fn resend_or_answer(
+        &self,
+        replies: Vec<oneshot::Sender<Answered>>,
+        answered: Vec<Answered>,
+        resent: Vec<bool>,
+    ) {
+        let mut again = Vec::new();
+        for ((reply, answered), resent) in replies.into_iter().zip(answered).zip(resent) {
+            if resent || !matches!(answered.1, Err(ApiError::Unavailable(_))) {
+                let _ = reply.send(answered);
+            } else {
+                again.push(Queued {
+                    operation: answered.0,
+                    reply,
+                    resent: true,
+                });
+            }
+        }
+        let mut queue = self.lock();
+        for queued in again.into_iter().rev() {
+            queue.waiting.push_front(queued);
+        }
     }
 
     /// One batch: one statement; if it fails as a whole, each operation

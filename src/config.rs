@@ -82,6 +82,12 @@ pub struct Config {
     #[arg(skip = DEFAULT_DATABASE_URL.to_owned())]
     pub database_url: String,
 
+    /// A streaming replica for the reads where staleness is harmless
+    /// (reconciliation, admin and finance ledger pages); unset: they read
+    /// from the primary. When it cannot answer, they read from the primary.
+    #[arg(long, env = "DATABASE_READ_URL", hide_env_values = true)]
+    pub database_read_url: Option<String>,
+
     /// Address the HTTP server listens on (port 0 picks a free port).
     #[arg(long, env = "BIND_ADDR", default_value = "127.0.0.1:8080")]
     pub bind_addr: String,
@@ -252,6 +258,7 @@ impl Config {
     /// Checks every cross-field rule; the error names the variable to fix.
     pub fn validate(&self) -> Result<(), String> {
         self.trusted_proxy_networks()?;
+        crate::db::check_multi_host(&self.database_url)?;
         if !(1..=1000).contains(&self.coalesce_max_batch) {
             return Err("COALESCE_MAX_BATCH must be between 1 and 1000".into());
         }

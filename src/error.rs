@@ -102,7 +102,10 @@ impl ApiError {
                 format!("not enough available tokens ({available} available)")
             }
             ApiError::Unavailable(_) => {
-                "the database is unreachable; nothing was changed, retry later".to_owned()
+                "the database is unreachable or switching to a new primary; retry later: a retry \
+                 of the same request (same request_id, external_ref or Idempotency-Key) is \
+                 answered as the first attempt would have been and never applies anything twice"
+                    .to_owned()
             }
             ApiError::Internal(_) => "an internal error occurred; nothing was changed".to_owned(),
             other => other.to_string(),
@@ -199,7 +202,18 @@ impl From<diesel::result::Error> for ApiError {
         use diesel::result::{DatabaseErrorKind, Error};
         match error {
             Error::NotFound => ApiError::NotFound("resource"),
-            Error::DatabaseError(DatabaseErrorKind::ClosedConnection, info) => {
+            // The connection is dead (its server went away: a crash, a
+            // restart, a failover) or points at a server that no longer
+            // takes writes (a demoted primary). It is marked so the pool
+            // discards it; the next connection goes to the primary of the
+            // moment (`DATABASE_URL`'s `target_session_attrs=read-write`).
+            Error::DatabaseError(
+                DatabaseErrorKind::ClosedConnection
+                | DatabaseErrorKind::UnableToSendCommand
+                | DatabaseErrorKind::ReadOnlyTransaction,
+                info,
+            ) => {
+                crate::db::connection_lost();
                 ApiError::Unavailable(info.message().to_owned())
             }
             // A deadlock victim or a serialization failure was rolled back:
@@ -207,26 +221,55 @@ impl From<diesel::result::Error> for ApiError {
             Error::DatabaseError(DatabaseErrorKind::SerializationFailure, info) => {
                 ApiError::Unavailable(info.message().to_owned())
             }
-            // A statement cancelled by statement_timeout, or a server shutting
-            // down, rolled back: nothing was changed and a retry is safe.
+            Error::DatabaseError(DatabaseErrorKind::Unknown, ref info)
+                if is_connection_lost_message(info.message()) =>
+            {
+                crate::db::connection_lost();
+                ApiError::Unavailable(info.message().to_owned())
+            }
+            // A statement cancelled by statement_timeout, or a deadlock
+            // victim, rolled back: nothing was changed and a retry is safe.
             Error::DatabaseError(DatabaseErrorKind::Unknown, ref info)
                 if is_transient_message(info.message()) =>
             {
                 ApiError::Unavailable(info.message().to_owned())
+            }
+            // COMMIT failed and so did the ROLLBACK after it: what counts is
+            // why the commit failed (a lost connection, typically).
+            Error::RollbackErrorOnCommit { commit_error, .. } => ApiError::from(*commit_error),
+            // A transaction's connection broke under diesel's transaction
+            // manager; the pool discards such a connection.
+            Error::BrokenTransactionManager => {
+                crate::db::connection_lost();
+                ApiError::Unavailable("the connection's transaction state is broken".into())
             }
             other => ApiError::Internal(format!("{other:?}")),
         }
     }
 }
 
-fn is_transient_message(message: &str) -> bool {
-    const TRANSIENT: [&str; 6] = [
-        "canceling statement due to statement timeout",
-        "deadlock detected",
+/// Messages of a server that went away or is not (yet, or any longer) a
+/// primary: libpq's own when the socket breaks, and the server's when it
+/// shuts down, crashes, restarts or recovers.
+fn is_connection_lost_message(message: &str) -> bool {
+    const LOST: [&str; 8] = [
         "terminating connection",
         "server closed the connection",
-        "connection",
+        "no connection to the server",
+        "could not receive data from server",
+        "could not send data to server",
+        "connection to server",
         "the database system is",
+        "read-only transaction",
+    ];
+    LOST.iter().any(|needle| message.contains(needle))
+}
+
+fn is_transient_message(message: &str) -> bool {
+    const TRANSIENT: [&str; 3] = [
+        "canceling statement due to statement timeout",
+        "deadlock detected",
+        "connection",
     ];
     TRANSIENT.iter().any(|needle| message.contains(needle))
 }
@@ -361,6 +404,67 @@ mod tests {
             | ApiError::Unavailable(_)
             | ApiError::Internal(_) => {}
         }
+    }
+
+    /// A failover's errors are 503 and mark the connection for discarding;
+    /// a bug's are 500 and do not.
+    #[test]
+    fn connection_class_errors_are_unavailable_and_mark_the_connection() {
+        use diesel::result::{DatabaseErrorKind, Error};
+        let database =
+            |kind, message: &str| Error::DatabaseError(kind, Box::new(message.to_owned()));
+        // Each case on a thread of its own: the mark is per thread.
+        let classify = |error: Error| {
+            std::thread::spawn(move || {
+                let api = ApiError::from(error);
+                (api, crate::db::lost_on_this_thread())
+            })
+            .join()
+            .expect("thread")
+        };
+        let lost = [
+            database(
+                DatabaseErrorKind::ClosedConnection,
+                "server closed the connection unexpectedly",
+            ),
+            database(
+                DatabaseErrorKind::UnableToSendCommand,
+                "no connection to the server",
+            ),
+            database(
+                DatabaseErrorKind::ReadOnlyTransaction,
+                "cannot execute SELECT in a read-only transaction",
+            ),
+            database(
+                DatabaseErrorKind::Unknown,
+                "terminating connection due to administrator command",
+            ),
+            database(
+                DatabaseErrorKind::Unknown,
+                "the database system is in recovery mode",
+            ),
+            Error::RollbackErrorOnCommit {
+                rollback_error: Box::new(database(DatabaseErrorKind::UnableToSendCommand, "x")),
+                commit_error: Box::new(database(
+                    DatabaseErrorKind::ClosedConnection,
+                    "server closed the connection unexpectedly",
+                )),
+            },
+            Error::BrokenTransactionManager,
+        ];
+        for error in lost {
+            let text = format!("{error:?}");
+            let (api, marked) = classify(error);
+            assert!(matches!(api, ApiError::Unavailable(_)), "{text} → {api:?}");
+            assert!(marked, "{text} did not mark the connection");
+        }
+        let (api, marked) = classify(database(
+            DatabaseErrorKind::Unknown,
+            "canceling statement due to statement timeout",
+        ));
+        assert!(matches!(api, ApiError::Unavailable(_)) && !marked);
+        let (api, marked) = classify(database(DatabaseErrorKind::Unknown, "division by zero"));
+        assert!(matches!(api, ApiError::Internal(_)) && !marked, "{api:?}");
     }
 
     fn schema_json<T: PartialSchema>() -> Value {

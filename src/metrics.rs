@@ -26,6 +26,9 @@ pub struct Metrics {
     pub active_reservations: IntGauge,
     pub reserved_tokens: IntGauge,
     pub oldest_reservation_age_seconds: Gauge,
+    /// Replay lag of `DATABASE_READ_URL`'s replica; -1 when it cannot be
+    /// asked, 0 without one.
+    pub read_replica_lag_seconds: Gauge,
     pub jobs_total: IntCounterVec,
     pub jobs_in_flight: IntGaugeVec,
     pub job_duration_seconds: Histogram,
@@ -137,6 +140,10 @@ impl Metrics {
         let oldest_reservation_age_seconds = gauge(
             "oldest_reservation_age_seconds",
             "Age of the oldest held reservation (database).",
+        )?;
+        let read_replica_lag_seconds = gauge(
+            "read_replica_lag_seconds",
+            "Replay lag of the read replica (DATABASE_READ_URL), seconds; -1 when it cannot be reached, 0 without one.",
         )?;
         let reaper_last_success_timestamp_seconds = gauge(
             "reaper_last_success_timestamp_seconds",
@@ -271,6 +278,7 @@ impl Metrics {
             active_reservations,
             reserved_tokens,
             oldest_reservation_age_seconds,
+            read_replica_lag_seconds,
             jobs_total,
             jobs_in_flight,
             job_duration_seconds,

@@ -184,7 +184,7 @@ impl Modify for BearerScheme {
             ),
             (
                 "503",
-                problem("Database unreachable; nothing was changed, retry")
+                problem("Database unreachable or switching to a new primary; retry the same request (idempotent)")
                     .header("Retry-After", retry_after())
                     .build(),
             ),

@@ -14,6 +14,7 @@ use actix_web::{web, App, HttpRequest, HttpServer, ResponseError};
 
 use crate::coalesce::Coalescer;
 use crate::config::{Config, PriceList, BODY_LIMIT_BYTES};
+use crate::db::read_replica::ReadReplica;
 use crate::db::DbPool;
 use crate::domain::api_keys::sha256;
 use crate::error::ApiError;
@@ -31,6 +32,8 @@ use tracing::Instrument;
 /// What every handler can reach.
 pub struct AppState {
     pub pool: DbPool,
+    /// `DATABASE_READ_URL`'s pool, for reads where staleness is harmless.
+    pub read_replica: Option<Arc<ReadReplica>>,
     pub config: Config,
     pub prices: PriceList,
     /// SHA-256 of `ADMIN_API_KEY`, compared in constant time.
@@ -70,8 +73,13 @@ impl AppState {
             usize::try_from(config.coalesce_max_batch).unwrap_or(1),
             usize::try_from(config.coalesce_max_in_flight).unwrap_or(1),
         ));
+        let read_replica = config
+            .database_read_url
+            .as_deref()
+            .map(|url| Arc::new(ReadReplica::new(url)));
         Ok(Arc::new(AppState {
             pool,
+            read_replica,
             config,
             prices,
             admin_key_hash,
@@ -340,6 +348,7 @@ pub async fn start_replica(
     let _ = scheduler::reaper_pass(state.pool.clone(), settings, Arc::clone(&state.metrics)).await;
     let context = Arc::new(WorkerContext {
         pool: state.pool.clone(),
+        read_replica: state.read_replica.clone(),
         config: state.config.clone(),
         provider: Arc::new(provider),
         signals: Arc::clone(&state.signals),

@@ -33,6 +33,8 @@ use crate::rate_limit::KeyRateLimiter;
 /// Everything a worker needs.
 pub struct WorkerContext {
     pub pool: DbPool,
+    /// Only its lag is read here (`token_billing_read_replica_lag_seconds`).
+    pub read_replica: Option<Arc<crate::db::read_replica::ReadReplica>>,
     pub config: Config,
     pub provider: Arc<AnyProvider>,
     pub signals: Arc<JobSignals>,
@@ -137,6 +139,14 @@ async fn refresh_gauges(context: Arc<WorkerContext>, mut shutdown: watch::Receiv
         .await
         {
             tracing::warn!(?error, "refreshing gauges failed");
+        }
+        if let Some(replica) = &context.read_replica {
+            let lag = blocking(replica.pool(), crate::db::read_replica::replay_lag_seconds).await;
+            // -1: the replica cannot be asked (its reads go to the primary).
+            context
+                .metrics
+                .read_replica_lag_seconds
+                .set(lag.unwrap_or(-1.0));
         }
         context.rate_limiter.forget_idle();
         context.auth_guard.forget_idle();

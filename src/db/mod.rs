@@ -16,7 +16,12 @@ use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 use crate::config::{DB_CHECKOUT_TIMEOUT, DB_STATEMENT_TIMEOUT_MS};
 use crate::error::ApiError;
 
-pub type DbPool = Pool<ConnectionManager<PgConnection>>;
+mod failover;
+pub mod read_replica;
+
+pub use failover::{connection_lost, lost_on_this_thread, FailoverAwareManager};
+
+pub type DbPool = Pool<FailoverAwareManager>;
 
 pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations");
 
@@ -38,15 +43,31 @@ impl CustomizeConnection<PgConnection, diesel::r2d2::Error> for SessionLimits {
 
 /// Builds the pool without connecting: a bad `DATABASE_URL` must not block
 /// start-up for 30 s; it shows up at the first checkout as a 503.
+///
+/// `database_url` may list several hosts
+/// (`postgres://u@h1,h2/db?target_session_attrs=read-write`): every new
+/// connection goes to whichever of them is the primary then. After a
+/// connection is found dead (the primary went away), the manager discards
+/// it and checks the other idle ones before handing them out, so the pool
+/// moves to the new primary by itself (see `failover`).
 pub fn build_pool(database_url: &str, size: u32) -> DbPool {
-    let manager = ConnectionManager::<PgConnection>::new(database_url);
+    build_pool_with(database_url, size, DB_CHECKOUT_TIMEOUT)
+}
+
+/// [`build_pool`] with its own checkout timeout.
+pub fn build_pool_with(
+    database_url: &str,
+    size: u32,
+    checkout_timeout: std::time::Duration,
+) -> DbPool {
+    let manager = FailoverAwareManager::new(ConnectionManager::<PgConnection>::new(database_url));
     Pool::builder()
         .max_size(size)
         .min_idle(Some(size.min(2)))
-        .connection_timeout(DB_CHECKOUT_TIMEOUT)
-        // r2d2 would otherwise run `SELECT 1` on every checkout; a broken
-        // connection fails its first statement and is then discarded.
-        .test_on_check_out(false)
+        .connection_timeout(checkout_timeout)
+        // r2d2 calls `is_valid` on every checkout; the manager's costs
+        // nothing (no `SELECT 1`) except shortly after a lost connection.
+        .test_on_check_out(true)
         .connection_customizer(Box::new(SessionLimits))
         .build_unchecked(manager)
 }
@@ -91,6 +112,51 @@ pub fn split_database_url(database_url: &str) -> anyhow::Result<(String, String)
     Ok((name.to_owned(), maintenance))
 }
 
+/// The hosts a `DATABASE_URL` names: several in libpq's multi-host form
+/// (`postgres://u@h1:5432,h2:5433/db`, or `host=h1,h2` in the key=value
+/// form), one otherwise.
+pub fn database_hosts(database_url: &str) -> Vec<String> {
+    let authority = match database_url.split_once("://") {
+        Some((_, rest)) => {
+            let end = rest.find(['/', '?']).unwrap_or(rest.len());
+            let authority = &rest[..end];
+            authority
+                .rsplit_once('@')
+                .map_or(authority, |(_, hosts)| hosts)
+        }
+        None => database_url
+            .split_whitespace()
+            .find_map(|pair| pair.strip_prefix("host="))
+            .unwrap_or(""),
+    };
+    authority.split(',').map(str::to_owned).collect()
+}
+
+/// A `DATABASE_URL` listing several hosts must ask libpq for the one that
+/// takes writes (`target_session_attrs=read-write` or `primary`): without
+/// it, libpq takes the first host that answers, which after a failover may
+/// be a standby.
+pub fn check_multi_host(database_url: &str) -> Result<(), String> {
+    if database_hosts(database_url).len() < 2 {
+        return Ok(());
+    }
+    let asks_for_primary = [
+        "target_session_attrs=read-write",
+        "target_session_attrs=primary",
+    ]
+    .iter()
+    .any(|setting| database_url.contains(setting));
+    if asks_for_primary {
+        Ok(())
+    } else {
+        Err(format!(
+            "DATABASE_URL lists several hosts but not target_session_attrs=read-write, so \
+             writes could go to a standby: add ?target_session_attrs=read-write ({})",
+            redact_database_url(database_url)
+        ))
+    }
+}
+
 /// `database_url` fit to print: the password of a URL's user
 /// (`postgres://user:secret@…`) and any `password=` parameter replaced by
 /// `***`.
@@ -123,6 +189,7 @@ pub fn redact_database_url(database_url: &str) -> String {
 
 /// Creates the database named in `database_url` when it does not exist.
 pub fn create_database_if_missing(database_url: &str) -> anyhow::Result<bool> {
+    check_multi_host(database_url).map_err(anyhow::Error::msg)?;
     let (name, maintenance_url) = split_database_url(database_url)?;
     let mut conn = PgConnection::establish(&maintenance_url).map_err(|error| {
         anyhow::anyhow!(
@@ -154,6 +221,7 @@ pub fn create_database_if_missing(database_url: &str) -> anyhow::Result<bool> {
 /// management commands: they never create or migrate a database themselves,
 /// so a missing or unmigrated one is an error that says what to run.
 pub fn connect_prepared(database_url: &str) -> anyhow::Result<PgConnection> {
+    check_multi_host(database_url).map_err(anyhow::Error::msg)?;
     let mut conn = match PgConnection::establish(database_url) {
         Ok(conn) => conn,
         Err(error) => {
@@ -240,6 +308,26 @@ mod tests {
     }
 
     #[test]
+    fn multi_host_urls_must_ask_for_the_primary() {
+        use super::{check_multi_host, database_hosts};
+        assert_eq!(
+            database_hosts("postgres://u:p@h1:5441,h2:5442/db?x=1"),
+            ["h1:5441", "h2:5442"]
+        );
+        assert_eq!(database_hosts("postgres://h/db"), ["h"]);
+        assert_eq!(database_hosts("host=a,b dbname=db"), ["a", "b"]);
+        assert!(check_multi_host("postgres://u@h/db").is_ok());
+        assert!(check_multi_host("postgres://u@h1,h2/db?target_session_attrs=read-write").is_ok());
+        assert!(check_multi_host("postgres://u@h1,h2/db?target_session_attrs=primary").is_ok());
+        let refused = check_multi_host("postgres://u:hunter2@h1,h2/db").expect_err("refused");
+        assert!(
+            refused.contains("target_session_attrs=read-write"),
+            "{refused}"
+        );
+        assert!(!refused.contains("hunter2"), "{refused}");
+    }
+
+    #[test]
     fn splits_database_urls() {
         let (name, maintenance) =
             split_database_url("postgres://postgres@localhost:5432/token_billing").expect("valid");
@@ -250,6 +338,17 @@ mod tests {
         assert_eq!(
             (name.as_str(), maintenance.as_str()),
             ("db", "postgres://u:p@h/postgres?sslmode=disable")
+        );
+        let (name, maintenance) = split_database_url(
+            "postgres://u:p@h1:5432,h2:5433/db?target_session_attrs=read-write&connect_timeout=2",
+        )
+        .expect("valid");
+        assert_eq!(
+            (name.as_str(), maintenance.as_str()),
+            (
+                "db",
+                "postgres://u:p@h1:5432,h2:5433/postgres?target_session_attrs=read-write&connect_timeout=2"
+            )
         );
         assert!(split_database_url("postgres://localhost").is_err());
         assert!(split_database_url("postgres://localhost/").is_err());

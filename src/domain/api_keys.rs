@@ -91,6 +91,12 @@ impl Caller {
         self.scope != Scope::Kiosk || self.account_id == Some(account)
     }
 
+    /// A kiosk reads what it has just written (its balance, its ledger
+    /// after a commit): its reads stay on the primary, never on a replica.
+    pub fn reads_its_own_writes(&self) -> bool {
+        self.scope == Scope::Kiosk
+    }
+
     /// Reading an account's balance, ledger, reservations or jobs.
     pub fn authorize_read(&self, account: AccountId) -> Result<(), ApiError> {
         if self.sees(account) {

@@ -7,6 +7,7 @@ use uuid::Uuid;
 
 use super::{created, idempotency_key, replayed, JsonObject, State};
 use crate::config::{LEDGER_PAGE_DEFAULT, LEDGER_PAGE_MAX};
+use crate::db::read_replica::run_read_blocking;
 use crate::db::run_blocking;
 use crate::domain::accounts::{
     self, parse_low_balance_threshold, parse_max_active_reservations, AccountFilter, AccountPage,
@@ -463,10 +464,16 @@ async fn list_ledger(
                 })
         })
         .transpose()?;
-    let page = run_blocking(&state.pool, move |conn| {
+    let read = move |conn: &mut diesel::PgConnection| {
         accounts::get_account(conn, account)?;
         ledger::list_entries(conn, account, after, since, limit)
-    })
-    .await?;
+    };
+    // Admin and finance exports (the console's chart too) may read a
+    // replica; a kiosk's own ledger must show what it has just done.
+    let page = if caller.reads_its_own_writes() {
+        run_blocking(&state.pool, read).await?
+    } else {
+        run_read_blocking(&state.pool, state.read_replica.as_deref(), read).await?
+    };
     Ok(HttpResponse::Ok().json(page))
 }

@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use super::State;
 use crate::config::{RECONCILIATION_RANGE_DEFAULT, RECONCILIATION_RANGE_MAX};
-use crate::db::run_blocking;
+use crate::db::read_replica::run_read_blocking;
 use crate::domain::api_keys::Caller;
 use crate::domain::reconciliation::{parse_period, reconcile, to_csv, Report};
 use crate::error::{ApiError, Problem};
@@ -69,7 +69,8 @@ async fn get_reconciliation(
         RECONCILIATION_RANGE_DEFAULT,
         RECONCILIATION_RANGE_MAX,
     )?;
-    let report = run_blocking(&state.pool, move |conn| {
+    // Finance's report tolerates a replica's few seconds of lag.
+    let report = run_read_blocking(&state.pool, state.read_replica.as_deref(), move |conn| {
         reconcile(conn, from, to, account_id)
     })
     .await?;

@@ -1,0 +1,10 @@
+COMMENT ON TABLE accounts IS NULL;
+COMMENT ON TABLE reservations IS NULL;
+COMMENT ON TABLE ledger_entries IS NULL;
+COMMENT ON TABLE credits IS NULL;
+COMMENT ON TABLE adjustments IS NULL;
+COMMENT ON TABLE generation_jobs IS NULL;
+COMMENT ON TABLE api_keys IS NULL;
+COMMENT ON TABLE audit_events IS NULL;
+COMMENT ON TABLE idempotency_keys IS NULL;
+COMMENT ON TABLE reaper_status IS NULL;
