@@ -646,6 +646,9 @@ fn check_books(conn: &mut PgConnection, journal: &Journal) -> anyhow::Result<Vec
     for discrepancy in crate::domain::checks::find_violations(conn)? {
         violations.push(format!("invariant: {discrepancy:?}"));
     }
+    for disagreement in crate::domain::checks::events_disagreeing_with_books(conn)? {
+        violations.push(format!("events: {disagreement}"));
+    }
     let checks = [
         ("jobs charged twice", "SELECT count(*) AS count FROM (SELECT reservation_id FROM ledger_entries WHERE kind = 'commit' GROUP BY reservation_id HAVING count(*) > 1) twice"),
         ("held reservations past their expiry", "SELECT count(*) AS count FROM reservations WHERE state = 'held' AND expires_at < now()"),

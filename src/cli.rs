@@ -52,7 +52,7 @@ pub enum Command {
     /// Create the database if missing, migrate it, and serve the HTTP API (the default).
     #[command(after_help = "Example:\n  \
         ADMIN_API_KEY=dev-admin-key-change-me token-billing serve --bind-addr 127.0.0.1:8080")]
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Create the database if missing and apply pending migrations.
     #[command(after_help = "Example:\n  \
         token-billing --database-url postgres://postgres@localhost:5432/token_billing migrate")]

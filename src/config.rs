@@ -187,6 +187,47 @@ pub struct Config {
     #[arg(long, env = "TRUSTED_PROXIES", default_value = "")]
     pub trusted_proxies: String,
 
+    /// Send webhooks to loopback, private and link-local addresses too (for
+    /// development and tests only; production keeps the default, false).
+    #[arg(
+        long,
+        env = "WEBHOOK_ALLOW_PRIVATE_URLS",
+        default_value = "false",
+        action = clap::ArgAction::Set,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub webhook_allow_private_urls: bool,
+
+    /// Seconds a receiver has to answer a webhook before the attempt counts
+    /// as failed.
+    #[arg(long, env = "WEBHOOK_TIMEOUT_SECONDS", default_value_t = 15)]
+    pub webhook_timeout_seconds: u64,
+
+    /// Delays before each delivery attempt, seconds, comma-separated; the
+    /// first is the first attempt's (0: at once), their number the attempts.
+    #[arg(
+        long,
+        env = "WEBHOOK_RETRY_SCHEDULE",
+        default_value = "0,5,300,1800,7200,18000,36000,36000"
+    )]
+    pub webhook_retry_schedule: String,
+
+    /// An endpoint failing without a success for this many hours is
+    /// disabled (and `endpoint.disabled` is recorded).
+    #[arg(long, env = "WEBHOOK_DISABLE_AFTER_HOURS", default_value_t = 120.0)]
+    pub webhook_disable_after_hours: f64,
+
+    /// Webhook deliveries in flight at once on this replica (0: this
+    /// replica sends none).
+    #[arg(long, env = "WEBHOOK_CONCURRENCY", default_value_t = 4)]
+    pub webhook_concurrency: u32,
+
+    /// Webhook delivery attempts this replica starts per second at most
+    /// (0: no cap). Delivery is background work: the cap keeps a flood of
+    /// events from slowing the kiosks' reservations.
+    #[arg(long, env = "WEBHOOK_MAX_PER_SECOND", default_value_t = 100)]
+    pub webhook_max_per_second: u32,
+
     /// Log format; a global option too (`cli::GlobalArgs`).
     #[arg(skip = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -286,7 +327,35 @@ impl Config {
                 return Err("ADMIN_API_KEY must be at least 16 characters".into());
             }
         }
+        self.webhook_settings()?;
         self.prices().map(|_| ())
+    }
+
+    /// The `WEBHOOK_*` settings, checked.
+    pub fn webhook_settings(&self) -> Result<crate::webhooks::delivery::WebhookSettings, String> {
+        if !(1..=300).contains(&self.webhook_timeout_seconds) {
+            return Err("WEBHOOK_TIMEOUT_SECONDS must be between 1 and 300".into());
+        }
+        if !(self.webhook_disable_after_hours.is_finite()
+            && self.webhook_disable_after_hours > 0.0
+            && self.webhook_disable_after_hours <= 24.0 * 365.0)
+        {
+            return Err("WEBHOOK_DISABLE_AFTER_HOURS must be above 0 and at most 8760".into());
+        }
+        if self.webhook_concurrency > 256 {
+            return Err("WEBHOOK_CONCURRENCY must be between 0 and 256".into());
+        }
+        if self.webhook_max_per_second > 100_000 {
+            return Err("WEBHOOK_MAX_PER_SECOND must be between 0 (no cap) and 100000".into());
+        }
+        Ok(crate::webhooks::delivery::WebhookSettings {
+            timeout: Duration::from_secs(self.webhook_timeout_seconds),
+            schedule: crate::webhooks::delivery::parse_schedule(&self.webhook_retry_schedule)?,
+            disable_after: Duration::from_secs_f64(self.webhook_disable_after_hours * 3_600.0),
+            allow_private: self.webhook_allow_private_urls,
+            concurrency: self.webhook_concurrency,
+            max_per_second: self.webhook_max_per_second,
+        })
     }
 
     pub fn lease(&self) -> Duration {

@@ -18,4 +18,5 @@ pub mod routes;
 pub mod scheduler;
 pub mod startup;
 pub mod telemetry;
+pub mod webhooks;
 pub mod worker;

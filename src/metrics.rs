@@ -43,6 +43,10 @@ pub struct Metrics {
     pub http_request_duration_seconds: HistogramVec,
     pub build_info: IntGaugeVec,
     pub coalesced_batch_size: Histogram,
+    pub webhook_deliveries_total: IntCounterVec,
+    pub webhook_delivery_seconds: Histogram,
+    pub webhook_pending: IntGauge,
+    pub webhook_oldest_pending_seconds: Gauge,
 }
 
 fn opts(name: &str, help: &str) -> Opts {
@@ -111,6 +115,12 @@ impl Metrics {
             "HTTP requests by method, route pattern and status.",
             &["method", "route", "status"],
         )?;
+        let webhook_deliveries_total = counter(
+            "webhook_deliveries_total",
+            "Webhook delivery attempts, by outcome: delivered, retrying, exhausted \
+             (no attempt left), endpoint_gone (410).",
+            &["outcome"],
+        )?;
         let int_gauge = |name: &str, help: &str| -> Result<IntGauge, prometheus::Error> {
             let metric = IntGauge::with_opts(opts(name, help))?;
             registry.register(Box::new(metric.clone()))?;
@@ -139,6 +149,14 @@ impl Metrics {
             "reaper_last_success_timestamp_seconds",
             "Unix time of the last successful reaper pass.",
         )?;
+        let webhook_pending = int_gauge(
+            "webhook_pending",
+            "Webhook deliveries not yet delivered to enabled endpoints (database).",
+        )?;
+        let webhook_oldest_pending_seconds = gauge(
+            "webhook_oldest_pending_seconds",
+            "Age of the oldest event not yet delivered to an enabled endpoint (database).",
+        )?;
         let invariant_violations = int_gauge(
             "invariant_violations",
             "Accounts currently violating a token invariant.",
@@ -159,6 +177,10 @@ impl Metrics {
         };
         let job_duration_seconds =
             histogram("job_duration_seconds", "Job creation to terminal status.")?;
+        let webhook_delivery_seconds = histogram(
+            "webhook_delivery_seconds",
+            "Duration of one webhook delivery attempt.",
+        )?;
         let provider_request_duration_seconds = histogram(
             "provider_request_duration_seconds",
             "Duration of one provider request.",
@@ -190,7 +212,11 @@ impl Metrics {
             .set(1);
         // Every fixed label value exists from the start (at 0), so rates and
         // alerts see a series before the first event.
-        let known: [(&IntCounterVec, &[&str]); 8] = [
+        let known: [(&IntCounterVec, &[&str]); 9] = [
+            (
+                &webhook_deliveries_total,
+                &["delivered", "retrying", "exhausted", "endpoint_gone"],
+            ),
             (&reservations_total, &["created", "insufficient", "limited"]),
             (
                 &reservation_resolutions_total,
@@ -267,6 +293,10 @@ impl Metrics {
             http_request_duration_seconds,
             build_info,
             coalesced_batch_size,
+            webhook_deliveries_total,
+            webhook_delivery_seconds,
+            webhook_pending,
+            webhook_oldest_pending_seconds,
         })
     }
 
@@ -391,6 +421,10 @@ impl Metrics {
             reaper_last_success: Option<f64>,
             #[diesel(sql_type = diesel::sql_types::Nullable<BigInt>)]
             invariant_violations: Option<i64>,
+            #[diesel(sql_type = BigInt)]
+            webhook_pending: i64,
+            #[diesel(sql_type = Double)]
+            webhook_oldest_pending: f64,
         }
         let row: Row = diesel::sql_query(
             "SELECT \
@@ -401,10 +435,20 @@ impl Metrics {
                (SELECT count(*) FROM generation_jobs WHERE status = 'queued') AS queued, \
                (SELECT count(*) FROM generation_jobs WHERE status = 'running') AS running, \
                (SELECT EXTRACT(EPOCH FROM last_success_at)::float8 FROM reaper_status) AS reaper_last_success, \
-               (SELECT invariant_violations::bigint FROM reaper_status) AS invariant_violations",
+               (SELECT invariant_violations::bigint FROM reaper_status) AS invariant_violations, \
+               pending.count AS webhook_pending, pending.oldest AS webhook_oldest_pending \
+             FROM (SELECT count(*) AS count, \
+                          COALESCE(EXTRACT(EPOCH FROM now() - min(e.created_at)), 0)::float8 AS oldest \
+                   FROM webhook_deliveries d \
+                   JOIN webhook_endpoints w ON w.id = d.endpoint_id \
+                   JOIN events e ON e.id = d.event_id \
+                   WHERE d.status = 'pending' AND w.enabled AND w.deleted_at IS NULL) pending",
         )
         .get_result(conn)?;
         self.active_reservations.set(row.held);
+        self.webhook_pending.set(row.webhook_pending);
+        self.webhook_oldest_pending_seconds
+            .set(row.webhook_oldest_pending);
         self.reserved_tokens.set(row.reserved);
         self.oldest_reservation_age_seconds.set(row.oldest_age);
         self.jobs_in_flight

@@ -14,10 +14,13 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
-use crate::domain::{accounts, api_keys, audit, checks, credits, idempotency, jobs, ledger};
+use crate::domain::{
+    accounts, api_keys, audit, checks, credits, events, idempotency, jobs, ledger,
+};
 use crate::domain::{reconciliation, reservations, system, types};
 use crate::error::{ApiError, Problem, ProblemCode};
 use crate::routes;
+use crate::webhooks::endpoints;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -60,6 +63,15 @@ use crate::routes;
         routes::jobs::get_job,
         routes::jobs::list_jobs,
         routes::reconciliation::get_reconciliation,
+        routes::events::list_events,
+        routes::webhooks::create_endpoint,
+        routes::webhooks::list_endpoints,
+        routes::webhooks::get_endpoint,
+        routes::webhooks::update_endpoint,
+        routes::webhooks::delete_endpoint,
+        routes::webhooks::rotate_secret,
+        routes::webhooks::list_attempts,
+        routes::webhooks::redeliver,
         routes::reservations::list_reservations,
         routes::system::system_summary,
         routes::system::who_am_i,
@@ -95,6 +107,14 @@ use crate::routes;
         reconciliation::AccountLine,
         reconciliation::Totals,
         checks::Discrepancy,
+        events::EventView,
+        events::EventPage,
+        endpoints::EndpointView,
+        endpoints::EndpointWithSecret,
+        endpoints::EndpointPage,
+        endpoints::AttemptView,
+        endpoints::AttemptPage,
+        endpoints::DeliveryView,
         types::AccountId,
         types::ReservationId,
         types::RequestId,
@@ -112,6 +132,8 @@ use crate::routes;
     tags(
         (name = "accounts", description = "Accounts, their balances and their ledger"),
         (name = "api-keys", description = "Admin, finance and kiosk keys"),
+        (name = "events", description = "The event feed: what happened to the money"),
+        (name = "webhooks", description = "Webhook endpoints, signed deliveries, the delivery log"),
         (name = "credits", description = "Top-ups and adjustments (admin)"),
         (name = "audit", description = "Who changed what (admin, finance)"),
         (name = "reservations", description = "Reserve, commit, release, extend"),

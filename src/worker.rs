@@ -79,7 +79,8 @@ impl Background {
     }
 }
 
-/// Starts the workers and the job-watch poller.
+/// Starts the workers, the job-watch poller, the gauges and webhook
+/// delivery (the relay and `WEBHOOK_CONCURRENCY` senders).
 pub fn start(context: Arc<WorkerContext>) -> Background {
     let (shutdown, receiver) = watch::channel(false);
     let mut tasks: Vec<JoinHandle<()>> = (0..context.config.worker_concurrency)
@@ -96,6 +97,19 @@ pub fn start(context: Arc<WorkerContext>) -> Background {
         Arc::clone(&context),
         receiver.clone(),
     )));
+    // The settings were checked when the configuration was validated.
+    match context.config.webhook_settings().map(|settings| {
+        crate::webhooks::delivery::start(
+            context.pool.clone(),
+            Arc::clone(&context.metrics),
+            settings,
+            &receiver,
+        )
+    }) {
+        Ok(Ok(webhook_tasks)) => tasks.extend(webhook_tasks),
+        Ok(Err(error)) => tracing::error!(?error, "webhook delivery could not start"),
+        Err(error) => tracing::error!(%error, "webhook delivery could not start"),
+    }
     tasks.push(tokio::spawn(refresh_gauges(Arc::clone(&context), receiver)));
     Background { shutdown, tasks }
 }

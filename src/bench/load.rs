@@ -46,6 +46,10 @@ pub struct LoadArgs {
     /// PID of the service, to report its peak RSS (VmHWM).
     #[arg(long)]
     pub service_pid: Option<u32>,
+    /// A shell command started when the measured window opens (after the
+    /// warm-up), e.g. a flood of events; it must succeed.
+    #[arg(long)]
+    pub on_measure: Option<String>,
 }
 
 struct Fleet {
@@ -217,8 +221,18 @@ pub async fn run_load(args: LoadArgs) -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_secs(2)).await;
     measuring.store(true, Ordering::Relaxed);
     let started = Instant::now();
+    let side_load = args.on_measure.as_deref().map(|command| {
+        tokio::process::Command::new("sh")
+            .args(["-c", command])
+            .status()
+    });
+    let side_load = side_load.map(tokio::spawn);
     tokio::time::sleep(Duration::from_secs(args.seconds)).await;
     measuring.store(false, Ordering::Relaxed);
+    if let Some(side_load) = side_load {
+        let status = side_load.await??;
+        anyhow::ensure!(status.success(), "--on-measure failed: {status}");
+    }
     let elapsed = started.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
     let (mut cycles, mut latencies) = (0u64, Vec::new());

@@ -7,6 +7,7 @@
 
 pub mod flood;
 pub mod load;
+pub mod sink;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

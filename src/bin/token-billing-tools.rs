@@ -82,6 +82,14 @@ enum BenchCommand {
     AuthFlood(token_billing::bench::flood::FloodArgs),
     /// Seed a scratch database (--database-url) and time reconciliation reports.
     Reconciliation(token_billing::bench::ReconciliationBenchArgs),
+    /// A webhook receiver that answers 204 and counts (`GET /count`).
+    #[command(after_help = "Example:\n  \
+        token-billing-tools bench webhook-sink --bind 127.0.0.1:18099")]
+    WebhookSink {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:18099")]
+        bind: String,
+    },
 }
 
 #[tokio::main]
@@ -116,6 +124,9 @@ async fn main() -> ExitCode {
             .map_err(anyhow::Error::from)
             .and_then(|result| result)
         }
+        Tool::Bench {
+            target: BenchCommand::WebhookSink { bind },
+        } => token_billing::bench::sink::run_sink(&bind).await,
         Tool::Bench {
             target: BenchCommand::PgbenchScript,
         } => {

@@ -28,6 +28,8 @@ pub struct AccountRow {
     pub version: i64,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    pub low_balance_threshold: i64,
+    pub balance_low: bool,
 }
 
 #[derive(Insertable)]
@@ -36,6 +38,7 @@ pub struct NewAccount<'a> {
     pub id: Uuid,
     pub name: &'a str,
     pub max_active_reservations: i32,
+    pub low_balance_threshold: i64,
 }
 
 #[derive(Clone, Debug, Queryable, Selectable)]

@@ -15,6 +15,8 @@ diesel::table! {
         version -> Int8,
         created_at -> Timestamptz,
         updated_at -> Timestamptz,
+        low_balance_threshold -> Int8,
+        balance_low -> Bool,
     }
 }
 

@@ -143,6 +143,10 @@ pub struct AccountView {
     pub adjusted: i64,
     pub active_reservations: i32,
     pub max_active_reservations: i32,
+    /// `account.balance_low` is sent when `available` drops below this
+    /// (0 = off); `balance_low` says whether it is below now.
+    pub low_balance_threshold: i64,
+    pub balance_low: bool,
     pub version: i64,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
@@ -161,10 +165,28 @@ impl From<AccountRow> for AccountView {
             adjusted: row.adjusted,
             active_reservations: row.active_reservations,
             max_active_reservations: row.max_active_reservations,
+            low_balance_threshold: row.low_balance_threshold,
+            balance_low: row.balance_low,
             version: row.version,
             created_at: row.created_at,
             updated_at: row.updated_at,
         }
+    }
+}
+
+/// Largest `low_balance_threshold`.
+pub const LOW_BALANCE_THRESHOLD_MAX: i64 = 1_000_000_000_000;
+
+/// `low_balance_threshold`: 0 (off, the default) to
+/// [`LOW_BALANCE_THRESHOLD_MAX`].
+pub fn parse_low_balance_threshold(value: Option<i64>) -> Result<i64, ApiError> {
+    let value = value.unwrap_or(0);
+    if (0..=LOW_BALANCE_THRESHOLD_MAX).contains(&value) {
+        Ok(value)
+    } else {
+        Err(ApiError::InvalidRequest(format!(
+            "low_balance_threshold must be between 0 (off) and {LOW_BALANCE_THRESHOLD_MAX}, got {value}"
+        )))
     }
 }
 
@@ -187,7 +209,7 @@ pub fn create_account(
     name: &Name,
     max_active_reservations: i32,
 ) -> Result<AccountRow, ApiError> {
-    create_account_by(conn, &Audit::local(), name, max_active_reservations)
+    create_account_by(conn, &Audit::local(), name, max_active_reservations, 0)
 }
 
 /// Creates an account and its audit event (`account.created`) in one
@@ -197,6 +219,7 @@ pub fn create_account_by(
     by: &Audit,
     name: &Name,
     max_active_reservations: i32,
+    low_balance_threshold: i64,
 ) -> Result<AccountRow, ApiError> {
     conn.transaction(|conn| {
         let row = diesel::insert_into(accounts::table)
@@ -204,6 +227,7 @@ pub fn create_account_by(
                 id: Uuid::now_v7(),
                 name: name.as_str(),
                 max_active_reservations,
+                low_balance_threshold,
             })
             .returning(AccountRow::as_returning())
             .get_result(conn)?;
@@ -217,6 +241,7 @@ pub fn create_account_by(
                 "name": row.name,
                 "status": row.status,
                 "max_active_reservations": row.max_active_reservations,
+                "low_balance_threshold": row.low_balance_threshold,
             })),
         )?;
         Ok(row)
@@ -232,16 +257,20 @@ pub fn get_account(conn: &mut PgConnection, account: AccountId) -> Result<Accoun
         .ok_or(ApiError::NotFound("account"))
 }
 
-/// Changes status and/or the reservation limit. Suspending stops new
-/// reservations; reservations already held can still be committed or
-/// released, so no token is stranded. The audit event (`account.updated`)
-/// holds the given fields before and after, in the same transaction.
+/// Changes status, the reservation limit and/or the low-balance threshold.
+/// Suspending stops new reservations; reservations already held can still
+/// be committed or released, so no token is stranded. A new threshold is
+/// judged against the balance at once by the money engine's low-balance
+/// rule (`engine_low_balance`): raising it above `available` reports
+/// `account.balance_low`. The audit event (`account.updated`) holds the
+/// given fields before and after, in the same transaction.
 pub fn update_account(
     conn: &mut PgConnection,
     by: &Audit,
     account: AccountId,
     status: Option<&str>,
     max_active_reservations: Option<i32>,
+    low_balance_threshold: Option<i64>,
 ) -> Result<AccountRow, ApiError> {
     let status = status
         .map(|status| parse_param("status", status, AccountStatus::ALL, AccountStatus::parse))
@@ -258,11 +287,23 @@ pub fn update_account(
             .set((
                 status.map(|status| accounts::status.eq(status)),
                 max_active_reservations.map(|limit| accounts::max_active_reservations.eq(limit)),
+                low_balance_threshold
+                    .map(|threshold| accounts::low_balance_threshold.eq(threshold)),
                 accounts::version.eq(accounts::version + 1),
                 accounts::updated_at.eq(diesel::dsl::now),
             ))
             .returning(AccountRow::as_returning())
             .get_result(conn)?;
+        let row = if low_balance_threshold.is_some() {
+            diesel::sql_query(
+                "SELECT engine_low_balance(a, NULL, now()) FROM accounts a WHERE a.id = $1",
+            )
+            .bind::<diesel::sql_types::Uuid, _>(account.0)
+            .execute(conn)?;
+            get_account(conn, account)?
+        } else {
+            row
+        };
         let (mut old, mut new) = (serde_json::Map::new(), serde_json::Map::new());
         if status.is_some() {
             old.insert("status".into(), serde_json::json!(before.status));
@@ -276,6 +317,16 @@ pub fn update_account(
             new.insert(
                 "max_active_reservations".into(),
                 row.max_active_reservations.into(),
+            );
+        }
+        if low_balance_threshold.is_some() {
+            old.insert(
+                "low_balance_threshold".into(),
+                before.low_balance_threshold.into(),
+            );
+            new.insert(
+                "low_balance_threshold".into(),
+                row.low_balance_threshold.into(),
             );
         }
         audit::record(

@@ -124,3 +124,53 @@ pub fn accounts_violating(discrepancies: &[Discrepancy]) -> usize {
     accounts.dedup();
     accounts.len()
 }
+
+/// Events and books against each other, from the ledger and the jobs
+/// alone (window functions, not the engine's code): every credit,
+/// adjustment and expiry entry has exactly one `credit.created`,
+/// `adjustment.created` or `reservation.expired` event naming it; every
+/// entry that brought `available` from above 0 to 0 one
+/// `account.balance_depleted`; every finished job one `job.<status>`; and
+/// no such event without its entry or job. A full scan: for the chaos run
+/// and the tests, not for the reaper. One line per disagreement.
+pub fn events_disagreeing_with_books(conn: &mut PgConnection) -> Result<Vec<String>, ApiError> {
+    #[derive(QueryableByName)]
+    struct Disagreement {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        line: String,
+    }
+    let rows: Vec<Disagreement> = diesel::sql_query(
+        "WITH entries AS ( \
+           SELECT id, kind, available_after, \
+                  COALESCE(lag(available_after) OVER (PARTITION BY account_id ORDER BY id), 0) \
+                    AS available_before \
+           FROM ledger_entries), \
+         expected AS ( \
+           SELECT CASE kind WHEN 'credit' THEN 'credit.created' \
+                            WHEN 'adjustment' THEN 'adjustment.created' \
+                            ELSE 'reservation.expired' END AS type, id::text AS subject \
+           FROM entries WHERE kind IN ('credit', 'adjustment', 'expire') \
+           UNION ALL \
+           SELECT 'account.balance_depleted', id::text FROM entries \
+           WHERE available_after = 0 AND available_before > 0 \
+           UNION ALL \
+           SELECT 'job.' || status, id::text FROM generation_jobs \
+           WHERE status IN ('succeeded', 'failed')), \
+         found AS ( \
+           SELECT type, CASE WHEN type LIKE 'job.%' THEN data->'job'->>'id' \
+                             ELSE data->'entry'->>'id' END AS subject, count(*) AS times \
+           FROM events \
+           WHERE type IN ('credit.created', 'adjustment.created', 'reservation.expired', \
+                          'account.balance_depleted', 'job.succeeded', 'job.failed') \
+           GROUP BY 1, 2) \
+         SELECT COALESCE(e.type, f.type) || ' ' || COALESCE(e.subject, f.subject) || ': ' || \
+                CASE WHEN f.times IS NULL THEN 'no event' \
+                     WHEN e.subject IS NULL THEN 'an event without its movement' \
+                     ELSE f.times || ' events' END AS line \
+         FROM expected e FULL JOIN found f ON f.type = e.type AND f.subject = e.subject \
+         WHERE f.times IS DISTINCT FROM 1 OR e.subject IS NULL \
+         ORDER BY 1 LIMIT 100",
+    )
+    .load(conn)?;
+    Ok(rows.into_iter().map(|row| row.line).collect())
+}

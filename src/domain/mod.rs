@@ -5,6 +5,7 @@ pub mod api_keys;
 pub mod audit;
 pub mod checks;
 pub mod credits;
+pub mod events;
 pub mod idempotency;
 pub mod job_leases;
 pub mod jobs;

@@ -116,19 +116,55 @@ pub fn run_pass_exclusive(
     Ok(Some(report))
 }
 
-/// Records the pass in `reaper_status`, which every replica exports.
+/// Records the pass in `reaper_status`, which every replica exports. When
+/// the books go from balancing to not balancing, one `invariant.violated`
+/// event per violating account reports it (once per such transition, not
+/// on every pass; the alert `TokenInvariantViolated` keeps firing).
 fn record_success(conn: &mut PgConnection, report: &PassReport) -> Result<(), ApiError> {
+    #[derive(QueryableByName)]
+    struct Previous {
+        #[diesel(sql_type = Integer)]
+        invariant_violations: i32,
+    }
     let violating = i32::try_from(crate::domain::checks::accounts_violating(
         &report.violations,
     ))
     .unwrap_or(i32::MAX);
-    diesel::sql_query(
-        "INSERT INTO reaper_status (singleton, last_success_at, invariant_violations) VALUES (true, now(), $1) \
-         ON CONFLICT (singleton) DO UPDATE SET last_success_at = now(), invariant_violations = $1",
-    )
-    .bind::<Integer, _>(violating)
-    .execute(conn)?;
-    Ok(())
+    conn.transaction(|conn| {
+        let previous: Option<Previous> = diesel::sql_query(
+            "SELECT invariant_violations FROM reaper_status WHERE singleton FOR UPDATE",
+        )
+        .get_result(conn)
+        .optional()?;
+        diesel::sql_query(
+            "INSERT INTO reaper_status (singleton, last_success_at, invariant_violations) VALUES (true, now(), $1) \
+             ON CONFLICT (singleton) DO UPDATE SET last_success_at = now(), invariant_violations = $1",
+        )
+        .bind::<Integer, _>(violating)
+        .execute(conn)?;
+        if violating > 0 && previous.map_or(0, |row| row.invariant_violations) == 0 {
+            let mut by_account: std::collections::BTreeMap<Uuid, Vec<&Discrepancy>> =
+                std::collections::BTreeMap::new();
+            for discrepancy in &report.violations {
+                by_account
+                    .entry(discrepancy.account_id)
+                    .or_default()
+                    .push(discrepancy);
+            }
+            for (account, discrepancies) in by_account {
+                crate::domain::events::emit(
+                    conn,
+                    "invariant.violated",
+                    Some(account),
+                    &serde_json::json!({
+                        "account_id": account,
+                        "discrepancies": discrepancies,
+                    }),
+                )?;
+            }
+        }
+        Ok(())
+    })
 }
 
 /// Step 1: held reservations past `expires_at` → expired, tokens back to

@@ -131,6 +131,34 @@ text_enum! {
     }
 }
 
+text_enum! {
+    /// What an event reports (docs/webhooks.md).
+    EventType {
+        BalanceLow => "account.balance_low",
+        BalanceRecovered => "account.balance_recovered",
+        BalanceDepleted => "account.balance_depleted",
+        CreditCreated => "credit.created",
+        AdjustmentCreated => "adjustment.created",
+        ReservationExpired => "reservation.expired",
+        JobSucceeded => "job.succeeded",
+        JobFailed => "job.failed",
+        InvariantViolated => "invariant.violated",
+        EndpointDisabled => "endpoint.disabled",
+    }
+}
+
+/// In the OpenAPI document: a string, one of the types.
+impl utoipa::PartialSchema for EventType {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .enum_values(Some(EventType::ALL.iter().map(|value| value.as_str())))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for EventType {}
+
 #[cfg(test)]
 mod tests {
     use super::*;

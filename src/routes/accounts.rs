@@ -10,7 +10,8 @@ use crate::config::{LEDGER_PAGE_DEFAULT, LEDGER_PAGE_MAX};
 use crate::db::read_replica::run_read_blocking;
 use crate::db::run_blocking;
 use crate::domain::accounts::{
-    self, parse_max_active_reservations, AccountFilter, AccountPage, AccountView,
+    self, parse_low_balance_threshold, parse_max_active_reservations, AccountFilter, AccountPage,
+    AccountView,
 };
 use crate::domain::api_keys::{create_api_key_by, parse_expires_at, Caller, CreatedApiKey, Scope};
 use crate::domain::audit::Audit;
@@ -36,6 +37,11 @@ struct CreateAccount {
     /// Held reservations allowed at once; 0 means unlimited. Default 10.
     #[schema(minimum = 0, maximum = 100000)]
     max_active_reservations: Option<i64>,
+    /// Below this many available tokens the account's event feed and
+    /// webhooks get `account.balance_low` (once per crossing); 0 (the
+    /// default) is off.
+    #[schema(minimum = 0, maximum = 1000000000000_i64)]
+    low_balance_threshold: Option<i64>,
 }
 
 /// Creates an account with no tokens (admin).
@@ -79,19 +85,24 @@ async fn create_account(
     let CreateAccount {
         name,
         max_active_reservations,
+        low_balance_threshold,
     } = body.into_inner();
     let limit = parse_max_active_reservations(max_active_reservations)?;
+    let threshold = parse_low_balance_threshold(low_balance_threshold)?;
     let claim = idempotency_key(&request)?
         .map(|key| {
-            let canonical =
-                serde_json::json!({"name": name.as_str(), "max_active_reservations": limit});
+            let canonical = serde_json::json!({
+                "name": name.as_str(),
+                "max_active_reservations": limit,
+                "low_balance_threshold": threshold,
+            });
             Claim::new(caller.actor(), request.path().to_owned(), &key, &canonical)
         })
         .transpose()?;
     let by = Audit::of(&caller);
     let (view, replay) = run_blocking(&state.pool, move |conn| {
         let create = |conn: &mut diesel::PgConnection| {
-            accounts::create_account_by(conn, &by, &name, limit).map(|row| (row.id, row))
+            accounts::create_account_by(conn, &by, &name, limit, threshold).map(|row| (row.id, row))
         };
         match claim {
             None => create(conn).map(|(_, row)| (AccountView::from(row), false)),
@@ -230,9 +241,13 @@ struct UpdateAccount {
     /// Held reservations allowed at once; 0 means unlimited.
     #[schema(minimum = 0, maximum = 100000)]
     max_active_reservations: Option<i64>,
+    /// The low-balance threshold; 0 turns it off.
+    #[schema(minimum = 0, maximum = 1000000000000_i64)]
+    low_balance_threshold: Option<i64>,
 }
 
-/// Suspends or reactivates an account, or changes its reservation limit.
+/// Suspends or reactivates an account, or changes its reservation limit or
+/// low-balance threshold.
 #[utoipa::path(
     tag = "accounts",
     params(("account_id" = Uuid, Path, description = "The account")),
@@ -262,13 +277,17 @@ async fn update_account(
     let UpdateAccount {
         status,
         max_active_reservations,
+        low_balance_threshold,
     } = body.into_inner();
     let limit = max_active_reservations
         .map(|limit| parse_max_active_reservations(Some(limit)))
         .transpose()?;
+    let threshold = low_balance_threshold
+        .map(|threshold| parse_low_balance_threshold(Some(threshold)))
+        .transpose()?;
     let by = Audit::of(&caller);
     let row = run_blocking(&state.pool, move |conn| {
-        accounts::update_account(conn, &by, account, status.as_deref(), limit)
+        accounts::update_account(conn, &by, account, status.as_deref(), limit, threshold)
     })
     .await?;
     Ok(HttpResponse::Ok().json(AccountView::from(row)))

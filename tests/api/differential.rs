@@ -23,6 +23,8 @@ use crate::helpers::{ledger_of, TestApp, ADMIN_KEY};
 use crate::model::{JobStatus, Model, Reply};
 
 const ACCOUNTS: usize = 3;
+/// Each account's low-balance threshold (0: off).
+const THRESHOLDS: [i64; ACCOUNTS] = [0, 3, 20];
 
 #[derive(Clone, Debug)]
 enum Key {
@@ -519,6 +521,59 @@ fn compare_final(model: &Model, real: &Real, conn: &mut PgConnection) {
             .collect();
         assert_eq!(entries, expected, "ledger of account {index}");
     }
+    compare_events(model, real, conn);
+}
+
+/// The events the model's ledger implies — per entry: credit.created,
+/// adjustment.created or reservation.expired; then a low-balance crossing
+/// (the threshold is fixed per account) and a depletion — against the
+/// account's events in entry order; and every event against the books.
+fn compare_events(model: &Model, real: &Real, conn: &mut PgConnection) {
+    #[derive(QueryableByName)]
+    struct Event {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        r#type: String,
+    }
+    for (index, ledger) in model.ledger.iter().enumerate() {
+        let threshold = THRESHOLDS[index];
+        let (mut low, mut before) = (false, 0);
+        let mut expected = Vec::new();
+        for &(kind, _, available, _, _) in ledger {
+            match kind {
+                "credit" => expected.push("credit.created"),
+                "adjustment" => expected.push("adjustment.created"),
+                "expire" => expected.push("reservation.expired"),
+                _ => {}
+            }
+            let below = threshold > 0 && available < threshold;
+            if below != low {
+                low = below;
+                expected.push(if below {
+                    "account.balance_low"
+                } else {
+                    "account.balance_recovered"
+                });
+            }
+            if available == 0 && before > 0 {
+                expected.push("account.balance_depleted");
+            }
+            before = available;
+        }
+        let actual: Vec<String> = diesel::sql_query(
+            "SELECT type FROM events WHERE account_id = $1 AND type NOT LIKE 'job.%' \
+             ORDER BY (data->'entry'->>'id')::bigint, seq",
+        )
+        .bind::<SqlUuid, _>(real.accounts[index])
+        .load::<Event>(conn)
+        .expect("events")
+        .into_iter()
+        .map(|event| event.r#type)
+        .collect();
+        assert_eq!(actual, expected, "events of account {index}");
+    }
+    let disagreements =
+        token_billing::domain::checks::events_disagreeing_with_books(conn).expect("events check");
+    assert!(disagreements.is_empty(), "{disagreements:#?}");
 }
 
 async fn run_history(steps: Vec<Step>) {
@@ -527,8 +582,14 @@ async fn run_history(steps: Vec<Step>) {
     let limits = [0, 2, 3];
     let mut accounts = Vec::new();
     let mut kiosks = Vec::new();
-    for limit in limits {
-        let account = app.create_account(limit).await;
+    for (limit, threshold) in limits.into_iter().zip(THRESHOLDS) {
+        let account = app
+            .create_account_from(&json!({
+                "name": "differential",
+                "max_active_reservations": limit,
+                "low_balance_threshold": threshold,
+            }))
+            .await;
         model.create_account(limit);
         kiosks.push(app.kiosk_key(account).await);
         accounts.push(account);

@@ -165,6 +165,10 @@ pub fn test_config(database_url: &str) -> Config {
         // Likewise for authentication failures per address (own test).
         "--auth-failure-burst",
         "0",
+        // The tests' webhook receivers listen on loopback; the guard that
+        // refuses such addresses by default has its own test.
+        "--webhook-allow-private-urls",
+        "true",
     ])
     .expect("test arguments parse");
     cli.serve_config().expect("serve defaults parse")

@@ -8,7 +8,7 @@ use crate::helpers::{problem, TestApp, ADMIN_KEY};
 
 /// Every route the application registers, as actix spells the path. The
 /// document must list exactly these, and the app must answer each.
-const ROUTES: [(&str, &str); 32] = [
+const ROUTES: [(&str, &str); 41] = [
     ("get", "/healthz"),
     ("get", "/readyz"),
     ("get", "/metrics"),
@@ -48,6 +48,18 @@ const ROUTES: [(&str, &str); 32] = [
     ("get", "/v1/accounts/{account_id}/jobs/{request_id}"),
     ("get", "/v1/accounts/{account_id}/jobs"),
     ("get", "/v1/reconciliation"),
+    ("get", "/v1/events"),
+    ("post", "/v1/webhook-endpoints"),
+    ("get", "/v1/webhook-endpoints"),
+    ("get", "/v1/webhook-endpoints/{endpoint_id}"),
+    ("patch", "/v1/webhook-endpoints/{endpoint_id}"),
+    ("delete", "/v1/webhook-endpoints/{endpoint_id}"),
+    ("post", "/v1/webhook-endpoints/{endpoint_id}/rotate-secret"),
+    ("get", "/v1/webhook-endpoints/{endpoint_id}/deliveries"),
+    (
+        "post",
+        "/v1/webhook-endpoints/{endpoint_id}/events/{event_id}/redeliver",
+    ),
     ("get", "/v1/accounts/{account_id}/reservations"),
     ("get", "/v1/system/summary"),
     ("get", "/v1/me"),
@@ -206,7 +218,7 @@ async fn v1_operations_need_a_bearer_key_and_document_401() {
             "{method} {path} does not require the bearer scheme"
         );
     }
-    assert_eq!(checked, 24, "every /v1 operation was checked");
+    assert_eq!(checked, 33, "every /v1 operation was checked");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

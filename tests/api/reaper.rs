@@ -405,6 +405,41 @@ async fn a_corrupted_balance_is_detected_counted_and_not_fixed() {
         .expect("refresh");
     assert_eq!(other_replica.invariant_violations.get(), 1);
     assert!(other_replica.reaper_last_success_timestamp_seconds.get() > 1.0e9);
+    // One invariant.violated event for the account, on the transition from
+    // balancing to not; a second pass that finds the same adds none.
+    reaper_pass(
+        app.state.pool.clone(),
+        settings(&app.state.config),
+        Arc::clone(&app.state.metrics),
+    )
+    .await
+    .expect("pass")
+    .expect("lock free");
+    #[derive(QueryableByName)]
+    struct Violated {
+        #[diesel(sql_type = diesel::sql_types::Uuid)]
+        account_id: Uuid,
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        checks: String,
+    }
+    let events: Vec<Violated> = diesel::sql_query(
+        "SELECT account_id, (SELECT string_agg(d->>'check', ',' ORDER BY d->>'check') \
+                              FROM jsonb_array_elements(data->'discrepancies') d) AS checks \
+         FROM events WHERE type = 'invariant.violated'",
+    )
+    .load(&mut app.conn())
+    .expect("events");
+    let events: Vec<(Uuid, String)> = events
+        .into_iter()
+        .map(|event| (event.account_id, event.checks))
+        .collect();
+    assert_eq!(
+        events,
+        vec![(
+            account,
+            "balance_invariant,ledger_replay_available".to_owned()
+        )]
+    );
 }
 
 /// Builds `count` held, expired reservations of 1 token on one account,

@@ -1,0 +1,637 @@
+//! Events and webhooks: the feed, threshold crossings under concurrent
+//! spending, signed deliveries verified by an independent Standard
+//! Webhooks implementation, retries with one `webhook-id`, rotation, 410,
+//! the address guard.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use crate::helpers::{problem, TestApp, ADMIN_KEY};
+use crate::receiver::{verified_with, Receiver};
+
+async fn feed(app: &TestApp, key: &str, query: &str) -> Value {
+    let response = app.get(&format!("/v1/events?{query}"), key).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    response.json().await.expect("json")
+}
+
+/// The account's events from the feed, oldest first, following
+/// `next_after` and long-polling until `count` have come. (An event is
+/// listed once every transaction older than it has ended — normally
+/// milliseconds after its commit — so a read right after a write may not
+/// show it yet.)
+async fn feed_until(app: &TestApp, key: &str, filter: &str, count: usize) -> Vec<Value> {
+    let mut events = Vec::new();
+    let mut after: Option<String> = None;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while events.len() < count {
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {count} events: {events:#?}",
+            events.len()
+        );
+        let mut query = format!("{filter}&limit=7&wait_seconds=5");
+        if let Some(after) = &after {
+            query.push_str(&format!("&after={after}"));
+        }
+        let page = feed(app, key, &query).await;
+        after = page["next_after"].as_str().map(str::to_owned);
+        events.extend(page["events"].as_array().expect("events").iter().cloned());
+    }
+    events
+}
+
+/// The account's events as the table holds them, in feed order: the
+/// ground truth the feed must match exactly.
+fn events_in_table(app: &TestApp, account: Uuid) -> Vec<String> {
+    use diesel::prelude::*;
+    #[derive(QueryableByName)]
+    struct Row {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        r#type: String,
+    }
+    let rows: Vec<Row> =
+        diesel::sql_query("SELECT type FROM events WHERE account_id = $1 ORDER BY txid, seq")
+            .bind::<diesel::sql_types::Uuid, _>(account)
+            .load(&mut app.conn())
+            .expect("events");
+    rows.into_iter().map(|row| row.r#type).collect()
+}
+
+/// The account's events from the feed, checked against the table.
+async fn all_events(app: &TestApp, account: Uuid) -> Vec<Value> {
+    let expected = events_in_table(app, account);
+    let events = feed_until(
+        app,
+        ADMIN_KEY,
+        &format!("account_id={account}"),
+        expected.len(),
+    )
+    .await;
+    assert_eq!(
+        types_of(&events),
+        expected,
+        "the feed lists exactly the table's events"
+    );
+    events
+}
+
+fn types_of(events: &[Value]) -> Vec<&str> {
+    events
+        .iter()
+        .map(|event| event["type"].as_str().expect("type"))
+        .collect()
+}
+
+async fn create_endpoint(app: &TestApp, body: &Value) -> Value {
+    let response = app.post("/v1/webhook-endpoints", ADMIN_KEY, body).await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+    response.json().await.expect("json")
+}
+
+/// Concurrent reservations take the account across its threshold once and
+/// to zero once; concurrent releases bring it back once; spending again is
+/// a second crossing. Exactly one event per crossing, in that order, each
+/// with the balances after the movement that crossed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_balance_low_per_crossing_under_concurrent_spending() {
+    let app = Arc::new(TestApp::spawn().await);
+    let account = app
+        .create_account_from(&json!({"name": "wedding", "max_active_reservations": 0,
+                                     "low_balance_threshold": 50}))
+        .await;
+    app.credit(account, 100).await;
+    let kiosk = app.kiosk_key(account).await;
+
+    // 25 kiosks at once, 5 tokens each: 20 succeed (100 → 0), 5 are refused.
+    let spend = |count: usize| {
+        let tasks: Vec<_> = (0..count)
+            .map(|_| {
+                let (app, kiosk) = (Arc::clone(&app), kiosk.clone());
+                tokio::spawn(async move {
+                    let response = app.reserve(account, &kiosk, Uuid::new_v4(), 5).await;
+                    let status = response.status();
+                    let body: Value = response.json().await.expect("json");
+                    (status, body)
+                })
+            })
+            .collect();
+        async move {
+            let mut held = Vec::new();
+            for task in tasks {
+                let (status, body) = task.await.expect("task");
+                if status == StatusCode::CREATED {
+                    held.push(body["reservation_id"].as_str().expect("id").to_owned());
+                }
+            }
+            held
+        }
+    };
+    let held = spend(25).await;
+    assert_eq!(held.len(), 20);
+    let events = all_events(&app, account).await;
+    assert_eq!(
+        types_of(&events),
+        [
+            "credit.created",
+            "account.balance_low",
+            "account.balance_depleted"
+        ]
+    );
+    let low = &events[1];
+    assert_eq!(low["data"]["account_id"], json!(account));
+    assert_eq!(low["data"]["low_balance_threshold"], 50);
+    let available_at_low = low["data"]["balances"]["available"]
+        .as_i64()
+        .expect("available");
+    assert!((45..50).contains(&available_at_low), "{low}");
+    assert_eq!(low["data"]["entry"]["kind"], "reserve");
+    assert_eq!(events[2]["data"]["balances"]["available"], 0);
+
+    // Release 12 at once: 0 → 60, one recovery (at the crossing release).
+    let releases: Vec<_> = held[..12]
+        .iter()
+        .map(|reservation| {
+            let (app, kiosk, reservation) = (Arc::clone(&app), kiosk.clone(), reservation.clone());
+            tokio::spawn(async move {
+                app.post(
+                    &format!("/v1/accounts/{account}/reservations/{reservation}/release"),
+                    &kiosk,
+                    &json!({}),
+                )
+                .await
+                .status()
+            })
+        })
+        .collect();
+    for release in releases {
+        assert_eq!(release.await.expect("task"), StatusCode::OK);
+    }
+    // And spend again: 60 → 0, the second crossing.
+    assert_eq!(spend(14).await.len(), 12);
+    let events = all_events(&app, account).await;
+    assert_eq!(
+        types_of(&events),
+        [
+            "credit.created",
+            "account.balance_low",
+            "account.balance_depleted",
+            "account.balance_recovered",
+            "account.balance_low",
+            "account.balance_depleted",
+        ]
+    );
+    let recovered = events[3]["data"]["balances"]["available"]
+        .as_i64()
+        .expect("available");
+    assert!((50..55).contains(&recovered), "{}", events[3]);
+    // Admin's type filter and a kiosk's own feed agree.
+    let lows = feed_until(
+        &app,
+        ADMIN_KEY,
+        &format!("account_id={account}&type=account.balance_low"),
+        2,
+    )
+    .await;
+    assert_eq!(
+        types_of(&lows),
+        ["account.balance_low", "account.balance_low"]
+    );
+    let own = feed_until(&app, &kiosk, "type=account.balance_depleted", 2).await;
+    assert_eq!(
+        types_of(&own),
+        ["account.balance_depleted", "account.balance_depleted"]
+    );
+    app.assert_invariants(account);
+}
+
+/// A threshold set above the balance reports balance_low at once; set to 0
+/// it reports nothing.
+#[tokio::test]
+async fn raising_the_threshold_reports_balance_low() {
+    let app = TestApp::spawn().await;
+    let account = app.funded_account(30).await;
+    let patched = app
+        .patch(
+            &format!("/v1/accounts/{account}"),
+            ADMIN_KEY,
+            &json!({"low_balance_threshold": 40}),
+        )
+        .await;
+    assert_eq!(patched.status(), StatusCode::OK);
+    let view: Value = patched.json().await.expect("json");
+    assert_eq!(view["low_balance_threshold"], 40);
+    assert_eq!(view["balance_low"], true);
+    let off = app
+        .patch(
+            &format!("/v1/accounts/{account}"),
+            ADMIN_KEY,
+            &json!({"low_balance_threshold": 0}),
+        )
+        .await;
+    assert_eq!(off.status(), StatusCode::OK);
+    let types: Vec<String> = all_events(&app, account)
+        .await
+        .iter()
+        .map(|event| event["type"].as_str().expect("type").to_owned())
+        .collect();
+    assert_eq!(types, ["credit.created", "account.balance_low"]);
+    let bad = app
+        .patch(
+            &format!("/v1/accounts/{account}"),
+            ADMIN_KEY,
+            &json!({"low_balance_threshold": -1}),
+        )
+        .await;
+    let (status, body) = problem(bad).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body["detail"]
+        .as_str()
+        .expect("detail")
+        .contains("low_balance_threshold"));
+}
+
+/// The feed: kiosks see only their account, bad input is 400, and a long
+/// poll answers as soon as an event commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_feed_pages_filters_and_long_polls() {
+    let app = Arc::new(TestApp::spawn().await);
+    let ours = app.funded_account(10).await;
+    let theirs = app.funded_account(20).await;
+    let kiosk = app.kiosk_key(ours).await;
+    let all = feed_until(&app, ADMIN_KEY, "", 2).await;
+    assert_eq!(all.len(), 2);
+    let own_events = feed_until(&app, &kiosk, "", 1).await;
+    assert_eq!(own_events.len(), 1);
+    assert_eq!(own_events[0]["data"]["account_id"], json!(ours));
+    let other = app
+        .get(&format!("/v1/events?account_id={theirs}"), &kiosk)
+        .await;
+    assert_eq!(other.status(), StatusCode::NOT_FOUND);
+    for query in [
+        "type=account.nope",
+        "limit=0",
+        "wait_seconds=31",
+        "after=00000000-0000-0000-0000-000000000000",
+        "after=nope",
+    ] {
+        let response = app.get(&format!("/v1/events?{query}"), ADMIN_KEY).await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{query}");
+    }
+    // Long poll: nothing new yet; a credit 300 ms later ends the wait.
+    let cursor = all[1]["id"].as_str().expect("cursor").to_owned();
+    let waiter = {
+        let app = Arc::clone(&app);
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let page = feed(&app, ADMIN_KEY, &format!("after={cursor}&wait_seconds=20")).await;
+            (started.elapsed(), page)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    app.credit(theirs, 5).await;
+    let (elapsed, page) = waiter.await.expect("task");
+    assert!(elapsed < Duration::from_secs(10), "{elapsed:?}");
+    let events = page["events"].as_array().expect("events");
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0]["type"], "credit.created");
+    assert_eq!(events[0]["data"]["credit"]["amount"], 5);
+    // Nothing new: the same cursor comes back.
+    let again = feed(
+        &app,
+        ADMIN_KEY,
+        &format!("after={}", page["next_after"].as_str().expect("cursor")),
+    )
+    .await;
+    assert!(again["events"].as_array().expect("events").is_empty());
+    assert_eq!(again["next_after"], page["next_after"]);
+}
+
+/// A receiver that fails twice and then succeeds gets the same
+/// `webhook-id` three times, each signature verified by the independent
+/// library; the delivery log shows the three attempts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_keep_the_webhook_id_and_every_signature_verifies() {
+    let app = TestApp::spawn_with(|config| {
+        config.webhook_retry_schedule = "0,0.2,0.2,0.2".into();
+    })
+    .await;
+    let receiver = Receiver::start();
+    let account = app.create_account(0).await;
+    let endpoint = create_endpoint(
+        &app,
+        &json!({"url": receiver.hook("flaky", "fail=2"), "events": ["credit.created"],
+                "description": "finance top-ups"}),
+    )
+    .await;
+    let secret = endpoint["secret"].as_str().expect("secret");
+    assert!(secret.starts_with("whsec_"));
+    receiver.verify_with(&[secret]).await;
+    let endpoint_id = endpoint["endpoint_id"].as_str().expect("id");
+    // The secret is never shown again.
+    let read: Value = app
+        .get(&format!("/v1/webhook-endpoints/{endpoint_id}"), ADMIN_KEY)
+        .await
+        .json()
+        .await
+        .expect("json");
+    assert!(read.get("secret").is_none());
+    assert!(!read.to_string().contains(secret));
+
+    app.credit(account, 7).await;
+    let event = feed_until(&app, ADMIN_KEY, "type=credit.created", 1).await[0].clone();
+    let received = receiver
+        .wait_for("three attempts", Duration::from_secs(20), |received| {
+            received.len() >= 3
+        })
+        .await;
+    assert_eq!(received.len(), 3, "{received:#?}");
+    let statuses: Vec<i64> = received
+        .iter()
+        .map(|r| r["status"].as_i64().expect("status"))
+        .collect();
+    assert_eq!(statuses, [500, 500, 200]);
+    for delivery in &received {
+        assert_eq!(delivery["webhook_id"], event["id"]);
+        assert!(verified_with(delivery, secret), "{delivery:#}");
+        assert_eq!(delivery["body"], event, "the body is the feed's event");
+        assert_eq!(
+            delivery["signatures"].as_array().expect("signatures").len(),
+            1
+        );
+    }
+    let log: Value = app
+        .get(
+            &format!("/v1/webhook-endpoints/{endpoint_id}/deliveries"),
+            ADMIN_KEY,
+        )
+        .await
+        .json()
+        .await
+        .expect("json");
+    let attempts = log["attempts"].as_array().expect("attempts");
+    let summary: Vec<(i64, i64, &str)> = attempts
+        .iter()
+        .map(|attempt| {
+            (
+                attempt["attempt"].as_i64().expect("attempt"),
+                attempt["status_code"].as_i64().expect("status"),
+                attempt["outcome"].as_str().expect("outcome"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (1, 500, "retrying"),
+            (2, 500, "retrying"),
+            (3, 200, "delivered")
+        ]
+    );
+    assert!(attempts
+        .iter()
+        .all(|attempt| attempt["event_id"] == event["id"]));
+    let metrics = app.metrics_text().await;
+    assert!(metrics.contains("token_billing_webhook_deliveries_total{outcome=\"delivered\"} 1"));
+    assert!(metrics.contains("token_billing_webhook_deliveries_total{outcome=\"retrying\"} 2"));
+}
+
+/// After a rotation both secrets sign (two signatures), each verifying with
+/// the independent library; an event outside the endpoint's types or
+/// account is not sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotation_signs_with_both_secrets_and_filters_hold() {
+    let app = TestApp::spawn().await;
+    let receiver = Receiver::start();
+    let account = app.create_account(0).await;
+    let other = app.create_account(0).await;
+    let endpoint = create_endpoint(
+        &app,
+        &json!({"url": receiver.hook("rotating", ""), "events": ["adjustment.created"],
+                "account_id": account}),
+    )
+    .await;
+    let endpoint_id = endpoint["endpoint_id"].as_str().expect("id");
+    let old_secret = endpoint["secret"].as_str().expect("secret").to_owned();
+    let rotated = app
+        .post(
+            &format!("/v1/webhook-endpoints/{endpoint_id}/rotate-secret"),
+            ADMIN_KEY,
+            &json!({}),
+        )
+        .await;
+    assert_eq!(rotated.status(), StatusCode::OK);
+    let rotated: Value = rotated.json().await.expect("json");
+    let new_secret = rotated["secret"].as_str().expect("secret").to_owned();
+    assert_ne!(new_secret, old_secret);
+    assert!(rotated["previous_secret_expires_at"].is_string());
+    receiver.verify_with(&[&old_secret, &new_secret]).await;
+
+    app.credit(account, 10).await; // not subscribed: credit.created
+    app.credit(other, 10).await;
+    for target in [other, account] {
+        let response = app
+            .post(
+                &format!("/v1/accounts/{target}/adjustments"),
+                ADMIN_KEY,
+                &json!({"amount": -3, "reason": "test", "external_ref": Uuid::new_v4().to_string()}),
+            )
+            .await;
+        assert_eq!(response.status(), StatusCode::CREATED);
+    }
+    // Once the relay has fanned out every event, exactly one delivery exists.
+    let deliveries = crate::helpers::eventually(
+        "the relay past every event",
+        Duration::from_secs(10),
+        || {
+            use diesel::prelude::*;
+            #[derive(QueryableByName)]
+            struct Counts {
+                #[diesel(sql_type = diesel::sql_types::BigInt)]
+                behind: i64,
+                #[diesel(sql_type = diesel::sql_types::BigInt)]
+                deliveries: i64,
+            }
+            let counts: Counts = diesel::sql_query(
+                "SELECT (SELECT count(*) FROM events e, webhook_relay r \
+                     WHERE (e.txid, e.seq) > (r.after_txid, r.after_seq)) AS behind, \
+                    (SELECT count(*) FROM webhook_deliveries) AS deliveries",
+            )
+            .get_result(&mut app.conn())
+            .ok()?;
+            (counts.behind == 0).then_some(counts.deliveries)
+        },
+    )
+    .await;
+    assert_eq!(deliveries, 1);
+    let received = receiver
+        .wait_for("one delivery", Duration::from_secs(10), |received| {
+            !received.is_empty()
+        })
+        .await;
+    assert_eq!(received.len(), 1, "{received:#?}");
+    let delivery = &received[0];
+    assert_eq!(delivery["body"]["type"], "adjustment.created");
+    assert_eq!(delivery["body"]["data"]["account_id"], json!(account));
+    assert_eq!(
+        delivery["signatures"].as_array().expect("signatures").len(),
+        2
+    );
+    assert!(verified_with(delivery, &old_secret), "{delivery:#}");
+    assert!(verified_with(delivery, &new_secret), "{delivery:#}");
+}
+
+/// 410 disables the endpoint at once and records endpoint.disabled; the
+/// pending delivery resumes when an admin enables the endpoint again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gone_disables_the_endpoint_and_enabling_resumes() {
+    let app = TestApp::spawn_with(|config| {
+        config.webhook_retry_schedule = "0,0.2,0.2".into();
+    })
+    .await;
+    let receiver = Receiver::start();
+    let account = app.create_account(0).await;
+    let endpoint = create_endpoint(
+        &app,
+        &json!({"url": receiver.hook("gone", "fail=1&status=410"), "events": ["credit.created"]}),
+    )
+    .await;
+    let endpoint_id = endpoint["endpoint_id"].as_str().expect("id").to_owned();
+    receiver
+        .verify_with(&[endpoint["secret"].as_str().expect("secret")])
+        .await;
+    app.credit(account, 3).await;
+    receiver
+        .wait_for("the 410", Duration::from_secs(10), |received| {
+            !received.is_empty()
+        })
+        .await;
+    let disabled =
+        crate::helpers::eventually("the endpoint disabled", Duration::from_secs(10), || {
+            let mut conn = app.conn();
+            use diesel::prelude::*;
+            diesel::sql_query(
+                "SELECT 1 FROM webhook_endpoints WHERE NOT enabled AND disabled_reason = 'gone'",
+            )
+            .execute(&mut conn)
+            .ok()
+            .filter(|rows| *rows == 1)
+        })
+        .await;
+    assert_eq!(disabled, 1);
+    let view: Value = app
+        .get(&format!("/v1/webhook-endpoints/{endpoint_id}"), ADMIN_KEY)
+        .await
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(view["enabled"], false);
+    assert_eq!(view["disabled_reason"], "gone");
+    let events = feed_until(&app, ADMIN_KEY, "type=endpoint.disabled", 1).await;
+    assert_eq!(events[0]["data"]["endpoint_id"], json!(endpoint_id));
+    assert_eq!(events[0]["data"]["reason"], "gone");
+
+    let enabled = app
+        .patch(
+            &format!("/v1/webhook-endpoints/{endpoint_id}"),
+            ADMIN_KEY,
+            &json!({"enabled": true}),
+        )
+        .await;
+    assert_eq!(enabled.status(), StatusCode::OK);
+    let received = receiver
+        .wait_for("the redelivery", Duration::from_secs(10), |received| {
+            received.len() >= 2
+        })
+        .await;
+    assert_eq!(received[1]["status"], 200);
+    assert_eq!(received[0]["webhook_id"], received[1]["webhook_id"]);
+    // A manual redelivery sends it once more.
+    let event_id = received[0]["webhook_id"].as_str().expect("id");
+    let redelivered = app
+        .post(
+            &format!("/v1/webhook-endpoints/{endpoint_id}/events/{event_id}/redeliver"),
+            ADMIN_KEY,
+            &json!({}),
+        )
+        .await;
+    assert_eq!(redelivered.status(), StatusCode::ACCEPTED);
+    receiver
+        .wait_for(
+            "the manual redelivery",
+            Duration::from_secs(10),
+            |received| received.len() >= 3,
+        )
+        .await;
+    let deleted = app
+        .client
+        .delete(app.url(&format!("/v1/webhook-endpoints/{endpoint_id}")))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(deleted.status(), StatusCode::NO_CONTENT);
+    let gone = app
+        .get(&format!("/v1/webhook-endpoints/{endpoint_id}"), ADMIN_KEY)
+        .await;
+    assert_eq!(gone.status(), StatusCode::NOT_FOUND);
+}
+
+/// By default an endpoint on a loopback, private or metadata address is
+/// refused with a clear 400 and nothing is created; kiosk and finance keys
+/// may not manage endpoints.
+#[tokio::test]
+async fn private_addresses_and_non_admins_are_refused() {
+    let app = TestApp::spawn_with(|config| config.webhook_allow_private_urls = false).await;
+    for url in [
+        "http://127.0.0.1:9/hook",
+        "http://169.254.169.254/latest/meta-data",
+        "http://[::1]/hook",
+        "http://10.0.0.1/hook",
+        "http://localhost/hook",
+    ] {
+        let response = app
+            .post(
+                "/v1/webhook-endpoints",
+                ADMIN_KEY,
+                &json!({"url": url, "events": ["credit.created"]}),
+            )
+            .await;
+        let (status, body) = problem(response).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{url}");
+        assert!(
+            body["detail"]
+                .as_str()
+                .expect("detail")
+                .contains("non-public"),
+            "{body}"
+        );
+    }
+    for body in [
+        json!({"url": "https://example.com/x", "events": []}),
+        json!({"url": "https://example.com/x", "events": ["credit.nope"]}),
+        json!({"url": "ftp://example.com/x", "events": ["credit.created"]}),
+        json!({"url": "https://example.com/x", "events": ["credit.created"], "extra": 1}),
+    ] {
+        let response = app.post("/v1/webhook-endpoints", ADMIN_KEY, &body).await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{body}");
+    }
+    let list: Value = app
+        .get("/v1/webhook-endpoints", ADMIN_KEY)
+        .await
+        .json()
+        .await
+        .expect("json");
+    assert!(list["endpoints"].as_array().expect("endpoints").is_empty());
+    let account = app.create_account(0).await;
+    let kiosk = app.kiosk_key(account).await;
+    let finance = app.finance_key().await;
+    for key in [&kiosk, &finance] {
+        let response = app.get("/v1/webhook-endpoints", key).await;
+        assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    }
+}
