@@ -6,10 +6,15 @@
 # the primary waiting for the standby on every commit
 # (synchronous_standby_names = standby1) and once without, alternating.
 #
+# With BENCH_PROFILE=release it then measures the service itself the same
+# way: `token-billing-tools bench load --scenario spread` (1,000 accounts)
+# against a release build serving from the same primary, synchronous
+# standby vs none, alternating.
+#
 # Usage: bench/replication.sh [seconds per run, default 8] [concurrencies, default "8 32"] [rounds, default 3]
 # Needs: root (PostgreSQL's tools run as the postgres user), a build of the
-# service and the tools (debug is enough: the work measured is PostgreSQL's),
-# pgbench.
+# service and the tools (debug is enough for the pgbench part: the work
+# measured is PostgreSQL's; release for the service part), pgbench.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-8}"
@@ -62,6 +67,43 @@ for concurrency in $concurrencies; do
     sync_runs="$sync_runs $(run "$concurrency")"
     set_sync ""
     async_runs="$async_runs $(run "$concurrency")"
+  done
+  python3 - "$concurrency" "$sync_runs" "$async_runs" <<'PY'
+import statistics, sys
+c, s, a = sys.argv[1], [float(x) for x in sys.argv[2].split()], [float(x) for x in sys.argv[3].split()]
+ms, ma = statistics.median(s), statistics.median(a)
+print(f"| {c} | {ms:,.0f} | {ma:,.0f} | {ms / ma:.2f} |")
+PY
+done
+
+[ "${BENCH_PROFILE:-debug}" = release ] || exit 0
+port=18092
+key="bench-admin-key-0123456789"
+service_pid=""
+stop_service() {
+  [ -n "$service_pid" ] && { kill -TERM "$service_pid" 2> /dev/null || true; wait "$service_pid" 2> /dev/null || true; }
+  service_pid=""
+}
+trap 'stop_service; cleanup' EXIT
+DATABASE_URL="$url" BIND_ADDR="127.0.0.1:$port" ADMIN_API_KEY="$key" RATE_LIMIT_PER_SECOND=0 RUST_LOG=warn \
+  "$build/token-billing" serve > "$dir/service.log" 2>&1 &
+service_pid=$!
+for _ in $(seq 1 100); do curl -fsS "http://127.0.0.1:$port/readyz" > /dev/null 2>&1 && break; sleep 0.1; done
+service_run() { # concurrency → cycles/s
+  "$build/token-billing-tools" bench load --url "http://127.0.0.1:$port" --admin-key "$key" --scenario spread \
+    --accounts 1000 --concurrency "$1" --seconds "$seconds" | sed -n 's/.*cycles_per_s=\([0-9.]*\).*/\1/p'
+}
+echo
+echo "| concurrency | service, synchronous standby, cycles/s | service, no synchronous standby, cycles/s | ratio |"
+echo "|---|---|---|---|"
+for concurrency in $concurrencies; do
+  sync_runs=""
+  async_runs=""
+  for _ in $(seq 1 "$rounds"); do
+    set_sync standby1
+    sync_runs="$sync_runs $(service_run "$concurrency")"
+    set_sync ""
+    async_runs="$async_runs $(service_run "$concurrency")"
   done
   python3 - "$concurrency" "$sync_runs" "$async_runs" <<'PY'
 import statistics, sys

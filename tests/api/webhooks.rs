@@ -282,7 +282,8 @@ async fn the_feed_pages_filters_and_long_polls() {
         let response = app.get(&format!("/v1/events?{query}"), ADMIN_KEY).await;
         assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{query}");
     }
-    // Long poll: nothing new yet; a credit 300 ms later ends the wait.
+    // Long poll: nothing new, so it is still waiting 300 ms later; a credit
+    // then ends the wait at once.
     let cursor = all[1]["id"].as_str().expect("cursor").to_owned();
     let waiter = {
         let app = Arc::clone(&app);
@@ -293,6 +294,7 @@ async fn the_feed_pages_filters_and_long_polls() {
         })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "the long poll answered with nothing new");
     app.credit(theirs, 5).await;
     let (elapsed, page) = waiter.await.expect("task");
     assert!(elapsed < Duration::from_secs(10), "{elapsed:?}");
