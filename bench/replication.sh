@@ -85,7 +85,9 @@ stop_service() {
   service_pid=""
 }
 trap 'stop_service; cleanup' EXIT
-DATABASE_URL="$url" BIND_ADDR="127.0.0.1:$port" ADMIN_API_KEY="$key" RATE_LIMIT_PER_SECOND=0 RUST_LOG=warn \
+# Its own database: the pgbench one is seeded without ledger entries, which
+# the load generator's closing reconciliation would rightly call a mismatch.
+DATABASE_URL="postgres://postgres@127.0.0.1:$primary_port/tb_bench_replication_service" BIND_ADDR="127.0.0.1:$port" ADMIN_API_KEY="$key" RATE_LIMIT_PER_SECOND=0 RUST_LOG=warn \
   "$build/token-billing" serve > "$dir/service.log" 2>&1 &
 service_pid=$!
 for _ in $(seq 1 100); do curl -fsS "http://127.0.0.1:$port/readyz" > /dev/null 2>&1 && break; sleep 0.1; done
