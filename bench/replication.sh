@@ -57,24 +57,30 @@ run() { # concurrency → cycles/s
     -f "$script" "$database" 2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p'
 }
 
-echo "| concurrency | synchronous standby, cycles/s | no synchronous standby, cycles/s | ratio |"
-echo "|---|---|---|---|"
-for concurrency in $concurrencies; do
-  sync_runs=""
-  async_runs=""
-  for _ in $(seq 1 "$rounds"); do
-    set_sync standby1
-    sync_runs="$sync_runs $(run "$concurrency")"
-    set_sync ""
-    async_runs="$async_runs $(run "$concurrency")"
-  done
-  python3 - "$concurrency" "$sync_runs" "$async_runs" <<'PY'
+# One table: for each concurrency, `rounds` alternating runs of the runner
+# with and without the synchronous standby; medians and their ratio.
+compare() { # what runner
+  echo "| concurrency | $1, synchronous standby, cycles/s | $1, no synchronous standby, cycles/s | ratio |"
+  echo "|---|---|---|---|"
+  for concurrency in $concurrencies; do
+    sync_runs=""
+    async_runs=""
+    for _ in $(seq 1 "$rounds"); do
+      set_sync standby1
+      sync_runs="$sync_runs $("$2" "$concurrency")"
+      set_sync ""
+      async_runs="$async_runs $("$2" "$concurrency")"
+    done
+    python3 - "$concurrency" "$sync_runs" "$async_runs" <<'PY'
 import statistics, sys
 c, s, a = sys.argv[1], [float(x) for x in sys.argv[2].split()], [float(x) for x in sys.argv[3].split()]
 ms, ma = statistics.median(s), statistics.median(a)
 print(f"| {c} | {ms:,.0f} | {ma:,.0f} | {ms / ma:.2f} |")
 PY
-done
+  done
+}
+
+compare pgbench run
 
 [ "${BENCH_PROFILE:-debug}" = release ] || exit 0
 port=18092
@@ -96,21 +102,4 @@ service_run() { # concurrency → cycles/s
     --accounts 1000 --concurrency "$1" --seconds "$seconds" | sed -n 's/.*cycles_per_s=\([0-9.]*\).*/\1/p'
 }
 echo
-echo "| concurrency | service, synchronous standby, cycles/s | service, no synchronous standby, cycles/s | ratio |"
-echo "|---|---|---|---|"
-for concurrency in $concurrencies; do
-  sync_runs=""
-  async_runs=""
-  for _ in $(seq 1 "$rounds"); do
-    set_sync standby1
-    sync_runs="$sync_runs $(service_run "$concurrency")"
-    set_sync ""
-    async_runs="$async_runs $(service_run "$concurrency")"
-  done
-  python3 - "$concurrency" "$sync_runs" "$async_runs" <<'PY'
-import statistics, sys
-c, s, a = sys.argv[1], [float(x) for x in sys.argv[2].split()], [float(x) for x in sys.argv[3].split()]
-ms, ma = statistics.median(s), statistics.median(a)
-print(f"| {c} | {ms:,.0f} | {ma:,.0f} | {ms / ma:.2f} |")
-PY
-done
+compare service service_run
