@@ -294,7 +294,10 @@ async fn the_feed_pages_filters_and_long_polls() {
         })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!waiter.is_finished(), "the long poll answered with nothing new");
+    assert!(
+        !waiter.is_finished(),
+        "the long poll answered with nothing new"
+    );
     app.credit(theirs, 5).await;
     let (elapsed, page) = waiter.await.expect("task");
     assert!(elapsed < Duration::from_secs(10), "{elapsed:?}");
