@@ -8,6 +8,7 @@ use uuid::Uuid;
 use crate::db::models::{AccountRow, NewAccount};
 use crate::db::schema::accounts;
 use crate::domain::audit::{self, Audit};
+use crate::domain::paging::{page_limit, page_of};
 use crate::domain::states::{parse_param, AccountStatus};
 use crate::domain::types::{AccountId, Name};
 use crate::error::ApiError;
@@ -47,12 +48,7 @@ impl AccountFilter {
         q: Option<&str>,
         status: Option<&str>,
     ) -> Result<AccountFilter, ApiError> {
-        let limit = limit.unwrap_or(ACCOUNT_PAGE_DEFAULT);
-        if !(1..=ACCOUNT_PAGE_MAX).contains(&limit) {
-            return Err(ApiError::InvalidRequest(format!(
-                "limit must be between 1 and {ACCOUNT_PAGE_MAX}, got {limit}"
-            )));
-        }
+        let limit = page_limit(limit, ACCOUNT_PAGE_DEFAULT, ACCOUNT_PAGE_MAX)?;
         let status = status
             .map(|status| parse_param("status", status, AccountStatus::ALL, AccountStatus::parse))
             .transpose()?;
@@ -115,14 +111,9 @@ pub fn list_accounts(
     if let Some(pattern) = &filter.name_pattern {
         query = query.filter(accounts::name.ilike(pattern.clone()).escape('\\'));
     }
-    let mut rows: Vec<AccountRow> = query.load(conn)?;
-    let more = rows.len() > usize::try_from(filter.limit).unwrap_or(usize::MAX);
-    rows.truncate(usize::try_from(filter.limit).unwrap_or(usize::MAX));
-    let next_after = if more {
-        rows.last().map(|row| AccountId(row.id))
-    } else {
-        None
-    };
+    let (rows, next_after) = page_of(query.load(conn)?, filter.limit, |row: &AccountRow| {
+        AccountId(row.id)
+    });
     Ok(AccountPage {
         accounts: rows.into_iter().map(AccountView::from).collect(),
         next_after,

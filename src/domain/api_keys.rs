@@ -22,6 +22,7 @@ use uuid::Uuid;
 use crate::db::models::{ApiKeyRow, NewApiKey};
 use crate::db::schema::{accounts, api_keys};
 use crate::domain::audit::{self, Audit};
+use crate::domain::paging::{page_limit, page_of};
 use crate::domain::types::{AccountId, ApiKeyId, Label};
 use crate::error::ApiError;
 
@@ -304,14 +305,10 @@ pub struct ApiKeyPage {
 pub fn list_api_keys(
     conn: &mut PgConnection,
     after: Option<ApiKeyId>,
-    limit: i64,
+    limit: Option<i64>,
     account: Option<AccountId>,
 ) -> Result<ApiKeyPage, ApiError> {
-    if !(1..=KEY_PAGE_MAX).contains(&limit) {
-        return Err(ApiError::InvalidRequest(format!(
-            "limit must be between 1 and {KEY_PAGE_MAX}, got {limit}"
-        )));
-    }
+    let limit = page_limit(limit, KEY_PAGE_DEFAULT, KEY_PAGE_MAX)?;
     let mut query = api_keys::table
         .select(ApiKeyRow::as_select())
         .order(api_keys::id.asc())
@@ -323,15 +320,7 @@ pub fn list_api_keys(
     if let Some(account) = account {
         query = query.filter(api_keys::account_id.eq(account.0));
     }
-    let mut rows: Vec<ApiKeyRow> = query.load(conn)?;
-    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-    let more = rows.len() > limit;
-    rows.truncate(limit);
-    let next_after = if more {
-        rows.last().map(|row| ApiKeyId(row.id))
-    } else {
-        None
-    };
+    let (rows, next_after) = page_of(query.load(conn)?, limit, |row: &ApiKeyRow| ApiKeyId(row.id));
     let keys = rows
         .into_iter()
         .map(|row| {

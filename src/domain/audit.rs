@@ -15,6 +15,7 @@ use uuid::Uuid;
 use crate::db::models::{AuditEventRow, NewAuditEvent};
 use crate::db::schema::audit_events;
 use crate::domain::api_keys::Caller;
+use crate::domain::paging::{page_limit, page_of};
 use crate::error::ApiError;
 
 /// Page sizes of the audit log.
@@ -133,12 +134,7 @@ impl AuditFilter {
         limit: Option<i64>,
         target: Option<String>,
     ) -> Result<AuditFilter, ApiError> {
-        let limit = limit.unwrap_or(AUDIT_PAGE_DEFAULT);
-        if !(1..=AUDIT_PAGE_MAX).contains(&limit) {
-            return Err(ApiError::InvalidRequest(format!(
-                "limit must be between 1 and {AUDIT_PAGE_MAX}, got {limit}"
-            )));
-        }
+        let limit = page_limit(limit, AUDIT_PAGE_DEFAULT, AUDIT_PAGE_MAX)?;
         if after.is_some_and(|after| after < 0) {
             return Err(ApiError::InvalidRequest(
                 "after must be a non-negative event cursor".into(),
@@ -177,15 +173,9 @@ pub fn list_events(conn: &mut PgConnection, filter: &AuditFilter) -> Result<Audi
     if let Some(target) = &filter.target {
         query = query.filter(audit_events::target.eq(target.clone()));
     }
-    let mut rows: Vec<AuditEventRow> = query.load(conn)?;
-    let limit = usize::try_from(filter.limit).unwrap_or(usize::MAX);
-    let more = rows.len() > limit;
-    rows.truncate(limit);
-    let next_after = if more {
-        rows.last().map(|row| row.id)
-    } else {
-        None
-    };
+    let (rows, next_after) = page_of(query.load(conn)?, filter.limit, |row: &AuditEventRow| {
+        row.id
+    });
     Ok(AuditPage {
         events: rows.into_iter().map(AuditEventView::from).collect(),
         next_after,

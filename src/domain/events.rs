@@ -12,6 +12,7 @@ use diesel::sql_types::{BigInt, Integer, Jsonb, Nullable, Text, Timestamptz, Uui
 use serde::Serialize;
 use uuid::Uuid;
 
+use crate::domain::paging::page_limit;
 use crate::domain::states::{parse_param, EventType};
 use crate::error::ApiError;
 
@@ -70,12 +71,7 @@ impl EventFilter {
         event_type: Option<&str>,
         account: Option<Uuid>,
     ) -> Result<EventFilter, ApiError> {
-        let limit = limit.unwrap_or(EVENT_PAGE_DEFAULT);
-        if !(1..=EVENT_PAGE_MAX).contains(&limit) {
-            return Err(ApiError::InvalidRequest(format!(
-                "limit must be between 1 and {EVENT_PAGE_MAX}, got {limit}"
-            )));
-        }
+        let limit = page_limit(limit, EVENT_PAGE_DEFAULT, EVENT_PAGE_MAX)?;
         let event_type = event_type
             .map(|value| parse_event_type("type", value))
             .transpose()?;

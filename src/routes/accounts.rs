@@ -17,6 +17,7 @@ use crate::domain::api_keys::{create_api_key_by, parse_expires_at, Caller, Creat
 use crate::domain::audit::Audit;
 use crate::domain::idempotency::{self, Claim, Created, ReplayedApiKey};
 use crate::domain::ledger::{self, LedgerPage};
+use crate::domain::paging::page_limit;
 use crate::domain::types::{AccountId, Label, Name};
 use crate::error::{ApiError, Problem};
 
@@ -439,12 +440,7 @@ async fn list_ledger(
 ) -> Result<HttpResponse, ApiError> {
     let account = AccountId(path.into_inner());
     caller.authorize_read(account)?;
-    let limit = query.limit.unwrap_or(LEDGER_PAGE_DEFAULT);
-    if !(1..=LEDGER_PAGE_MAX).contains(&limit) {
-        return Err(ApiError::InvalidRequest(format!(
-            "limit must be between 1 and {LEDGER_PAGE_MAX}"
-        )));
-    }
+    let limit = page_limit(query.limit, LEDGER_PAGE_DEFAULT, LEDGER_PAGE_MAX)?;
     let after = query.after;
     if after.is_some_and(|after| after < 0) {
         return Err(ApiError::InvalidRequest(

@@ -9,7 +9,7 @@ use super::{idempotency_key, JsonObject, State};
 use crate::db::run_blocking;
 use crate::domain::api_keys::{
     self, create_api_key_by, parse_expires_at, revoke_api_key, ApiKeyPage, Caller, CreatedApiKey,
-    Scope, KEY_PAGE_DEFAULT,
+    Scope,
 };
 use crate::domain::audit::Audit;
 use crate::domain::idempotency::{Claim, ReplayedApiKey};
@@ -163,7 +163,6 @@ async fn list_keys(
         limit,
         account_id,
     } = query.into_inner();
-    let limit = limit.unwrap_or(KEY_PAGE_DEFAULT);
     let page = run_blocking(&state.pool, move |conn| {
         api_keys::list_api_keys(conn, after.map(ApiKeyId), limit, account_id.map(AccountId))
     })

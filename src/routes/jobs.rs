@@ -13,6 +13,7 @@ use crate::config::{JOB_PAGE_DEFAULT, JOB_PAGE_MAX, JOB_WAIT_SECONDS_MAX};
 use crate::db::run_blocking;
 use crate::domain::api_keys::{Caller, Credentials};
 use crate::domain::jobs::{self, JobPage, JobRequest, JobView};
+use crate::domain::paging::page_limit;
 use crate::domain::states::{parse_param, JobStatus};
 use crate::domain::types::{AccountId, RequestId};
 use crate::engine::{Authority, Op, Operation, Replay};
@@ -234,12 +235,7 @@ async fn list_jobs(
     let status = status
         .map(|status| parse_param("status", &status, JobStatus::ALL, JobStatus::parse))
         .transpose()?;
-    let limit = limit.unwrap_or(JOB_PAGE_DEFAULT);
-    if !(1..=JOB_PAGE_MAX).contains(&limit) {
-        return Err(ApiError::InvalidRequest(format!(
-            "limit must be between 1 and {JOB_PAGE_MAX}"
-        )));
-    }
+    let limit = page_limit(limit, JOB_PAGE_DEFAULT, JOB_PAGE_MAX)?;
     let page = run_blocking(&state.pool, move |conn| {
         crate::domain::accounts::get_account(conn, account)?;
         jobs::list_jobs(conn, account, status, after, limit)

@@ -10,6 +10,7 @@ use crate::config::{RESERVATION_PAGE_DEFAULT, RESERVATION_PAGE_MAX};
 use crate::db::models::ReservationRow;
 use crate::db::run_blocking;
 use crate::domain::api_keys::{Caller, Credentials};
+use crate::domain::paging::page_limit;
 use crate::domain::reservations::{self, ReservationPage, ReservationView};
 use crate::domain::states::{parse_param, ReservationState};
 use crate::domain::types::{AccountId, RequestId, ReservationId, Tokens, TtlSeconds};
@@ -216,12 +217,7 @@ async fn list_reservations(
             )
         })
         .transpose()?;
-    let limit = limit.unwrap_or(RESERVATION_PAGE_DEFAULT);
-    if !(1..=RESERVATION_PAGE_MAX).contains(&limit) {
-        return Err(ApiError::InvalidRequest(format!(
-            "limit must be between 1 and {RESERVATION_PAGE_MAX}"
-        )));
-    }
+    let limit = page_limit(limit, RESERVATION_PAGE_DEFAULT, RESERVATION_PAGE_MAX)?;
     let page = run_blocking(&state.pool, move |conn| {
         crate::domain::accounts::get_account(conn, account)?;
         reservations::list_reservations(conn, account, wanted, after, limit)

@@ -11,6 +11,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::domain::audit::{self, Audit};
+use crate::domain::paging::{page_limit, page_of};
 use crate::domain::states::EventType;
 use crate::error::ApiError;
 
@@ -134,14 +135,7 @@ pub fn parse_description(description: Option<String>) -> Result<Option<String>, 
 
 /// A page size of the webhook lists.
 pub fn parse_limit(limit: Option<i64>) -> Result<i64, ApiError> {
-    let limit = limit.unwrap_or(WEBHOOK_PAGE_DEFAULT);
-    if (1..=WEBHOOK_PAGE_MAX).contains(&limit) {
-        Ok(limit)
-    } else {
-        Err(ApiError::InvalidRequest(format!(
-            "limit must be between 1 and {WEBHOOK_PAGE_MAX}, got {limit}"
-        )))
-    }
+    page_limit(limit, WEBHOOK_PAGE_DEFAULT, WEBHOOK_PAGE_MAX)
 }
 
 /// What a new endpoint is (validated by the route).
@@ -218,19 +212,14 @@ pub fn list(
     after: Option<Uuid>,
     limit: i64,
 ) -> Result<EndpointPage, ApiError> {
-    let mut endpoints: Vec<EndpointView> = diesel::sql_query(format!(
+    let rows: Vec<EndpointView> = diesel::sql_query(format!(
         "SELECT {VIEW_COLUMNS} FROM webhook_endpoints \
          WHERE deleted_at IS NULL AND ($1::uuid IS NULL OR id > $1) ORDER BY id LIMIT $2"
     ))
     .bind::<Nullable<SqlUuid>, _>(after)
     .bind::<BigInt, _>(limit + 1)
     .load(conn)?;
-    let next_after = if endpoints.len() > usize::try_from(limit).unwrap_or(usize::MAX) {
-        endpoints.pop();
-        endpoints.last().map(|endpoint| endpoint.endpoint_id)
-    } else {
-        None
-    };
+    let (endpoints, next_after) = page_of(rows, limit, |endpoint| endpoint.endpoint_id);
     Ok(EndpointPage {
         endpoints,
         next_after,
@@ -389,7 +378,7 @@ pub fn attempts(
     limit: i64,
 ) -> Result<AttemptPage, ApiError> {
     get(conn, endpoint)?;
-    let mut attempts: Vec<AttemptView> = diesel::sql_query(
+    let rows: Vec<AttemptView> = diesel::sql_query(
         "SELECT id AS attempt_id, event_id, delivery_id, attempt, attempted_at, status_code, \
            error, latency_ms, outcome \
          FROM webhook_attempts WHERE endpoint_id = $1 AND id > $2 ORDER BY id LIMIT $3",
@@ -398,12 +387,7 @@ pub fn attempts(
     .bind::<BigInt, _>(after.unwrap_or(0))
     .bind::<BigInt, _>(limit + 1)
     .load(conn)?;
-    let next_after = if attempts.len() > usize::try_from(limit).unwrap_or(usize::MAX) {
-        attempts.pop();
-        attempts.last().map(|attempt| attempt.attempt_id)
-    } else {
-        None
-    };
+    let (attempts, next_after) = page_of(rows, limit, |attempt| attempt.attempt_id);
     Ok(AttemptPage {
         attempts,
         next_after,
