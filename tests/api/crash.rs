@@ -29,7 +29,7 @@ impl Drop for Service {
     }
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
         .expect("free port")
@@ -83,7 +83,7 @@ pub async fn start_service_with(
     }
 }
 
-async fn post(client: &reqwest::Client, url: String, body: Value) -> Value {
+pub async fn post(client: &reqwest::Client, url: String, body: Value) -> Value {
     let response = client
         .post(url)
         .bearer_auth(ADMIN_KEY)

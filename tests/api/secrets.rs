@@ -2,6 +2,7 @@
 //! start's error, not the admin key or an API key's secret in the logs of a
 //! normal run (at debug level, with requests that use them).
 
+use crate::crash::free_port;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -13,13 +14,6 @@ use crate::helpers::TestDatabase;
 
 const ADMIN_SECRET: &str = "admin-secret-never-printed-0123";
 const DB_PASSWORD: &str = "db-password-never-printed";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free port")
-        .port()
-}
 
 #[test]
 fn a_failing_start_does_not_print_the_database_password() {

@@ -9,42 +9,26 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use diesel::prelude::*;
-use serde_json::{json, Value};
+use serde_json::json;
 use uuid::Uuid;
 
-use crate::crash::start_service_with;
+use crate::crash::{free_port, post, start_service_with};
 use crate::helpers::{TestDatabase, ADMIN_KEY};
 use crate::receiver::{verified_with, Receiver};
 
-async fn post(client: &reqwest::Client, url: String, body: &Value) -> reqwest::Response {
-    client
-        .post(url)
-        .bearer_auth(ADMIN_KEY)
-        .json(body)
-        .send()
-        .await
-        .expect("sent")
-}
-
 async fn set_up(client: &reqwest::Client, base: &str, hook: String) -> (String, String) {
-    let account: Value = post(
+    let account = post(
         client,
         format!("{base}/v1/accounts"),
-        &json!({"name": "durable"}),
+        json!({"name": "durable"}),
     )
-    .await
-    .json()
-    .await
-    .expect("json");
-    let endpoint: Value = post(
+    .await;
+    let endpoint = post(
         client,
         format!("{base}/v1/webhook-endpoints"),
-        &json!({"url": hook, "events": ["credit.created"]}),
+        json!({"url": hook, "events": ["credit.created"]}),
     )
-    .await
-    .json()
-    .await
-    .expect("json");
+    .await;
     (
         account["account_id"].as_str().expect("account").to_owned(),
         endpoint["secret"].as_str().expect("secret").to_owned(),
@@ -177,10 +161,7 @@ impl Cluster {
             .args(["postgres:postgres"])
             .arg(&dir)
             .status();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .expect("free port")
-            .port();
+        let port = free_port();
         let cluster = Cluster { dir, port, bin };
         let status = as_postgres(&cluster.bin.join("initdb"))
             .args(["-U", "postgres", "--auth=trust", "-D"])
