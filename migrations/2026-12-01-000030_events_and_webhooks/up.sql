@@ -287,7 +287,9 @@ INSERT INTO webhook_relay VALUES (true, 0, 0);
 -- later than the event), and the cursor moves past them, in one
 -- transaction. One replica at a time (the cursor row is locked; another
 -- replica skips). Returns the number of events handled, NULL when another
--- replica holds the relay.
+-- replica holds the relay. With nothing past the cursor it returns 0
+-- without taking the lock: an idle relay, polled by every replica, writes
+-- nothing and holds no transaction id back.
 CREATE FUNCTION webhook_relay_step(p_limit integer) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -296,6 +298,10 @@ DECLARE
     last_txid bigint;
     last_seq bigint;
 BEGIN
+    IF NOT EXISTS (SELECT 1 FROM events e, webhook_relay r
+                   WHERE (e.txid, e.seq) > (r.after_txid, r.after_seq)) THEN
+        RETURN 0;
+    END IF;
     SELECT * INTO cursor_row FROM webhook_relay FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
         RETURN NULL;
