@@ -829,7 +829,10 @@ pub async fn run(database_url: &str, args: ChaosArgs) -> anyhow::Result<bool> {
             .execute(&mut admin)?;
     }
     crate::db::create_database_if_missing(database_url)?;
-    crate::db::run_migrations(&mut PgConnection::establish(database_url)?)?;
+    let mut conn = PgConnection::establish(database_url)?;
+    crate::db::run_migrations(&mut conn)?;
+    crate::engine::install::install(&mut conn)?;
+    drop(conn);
 
     let backend = Arc::new(FakeBackend::new(500, 0.0));
     let (provider, provider_address) = build_fake_provider("127.0.0.1:0", backend)?;

@@ -12,6 +12,7 @@ use token_billing::cli::{AccountCommand, ApiKeyCommand, Cli, Command};
 use token_billing::config::Config;
 use token_billing::db;
 use token_billing::domain::{accounts, api_keys, types};
+use token_billing::engine::{self, install::Installed};
 use token_billing::provider::AnyProvider;
 use token_billing::startup::{shutdown_signal, start_replica, AppState};
 use token_billing::telemetry;
@@ -68,6 +69,18 @@ fn prepare_database(database_url: &str) -> anyhow::Result<PgConnection> {
     for migration in applied? {
         tracing::info!(%migration, "applied migration");
     }
+    match engine::install::install(&mut conn)? {
+        Installed::Created(schema) => tracing::info!(%schema, "installed the money engine"),
+        Installed::Present(schema) => tracing::debug!(%schema, "the money engine is installed"),
+    }
+    Ok(conn)
+}
+
+/// A connection for a management command: to a migrated database, with
+/// this build's engine installed.
+fn connect(database_url: &str) -> anyhow::Result<PgConnection> {
+    let mut conn = db::connect_prepared(database_url)?;
+    engine::install::install(&mut conn)?;
     Ok(conn)
 }
 
@@ -147,7 +160,7 @@ fn reconcile_command(
             RECONCILIATION_RANGE_DEFAULT,
             RECONCILIATION_RANGE_MAX,
         )?;
-        let mut conn = db::connect_prepared(database_url)?;
+        let mut conn = connect(database_url)?;
         let report = reconcile(&mut conn, from, to, account)?;
         if csv {
             print!("{}", to_csv(&report));
@@ -167,7 +180,7 @@ fn reconcile_command(
 }
 
 fn account_command(database_url: &str, action: AccountCommand) -> anyhow::Result<()> {
-    let mut conn = db::connect_prepared(database_url)?;
+    let mut conn = connect(database_url)?;
     match action {
         AccountCommand::Create {
             name,
@@ -214,7 +227,7 @@ fn api_key_command(database_url: &str, action: ApiKeyCommand) -> anyhow::Result<
         }
         _ => {}
     }
-    let mut conn = db::connect_prepared(database_url)?;
+    let mut conn = connect(database_url)?;
     let key = api_keys::create_api_key(&mut conn, scope, account.map(types::AccountId), &label)
         .map_err(|error| match error {
             token_billing::error::ApiError::NotFound(_) => anyhow::anyhow!(

@@ -196,20 +196,18 @@ impl Worker {
     async fn run(mut self) {
         let config = &self.context.config;
         let lease_seconds = config.job_lease_seconds;
+        let max_attempts = config.job_max_attempts;
         loop {
             if *self.shutdown.borrow() {
                 return;
             }
             let owner = self.owner.clone();
             let claimed = blocking(&self.context.pool, move |conn| {
-                job_leases::claim_next_checked(conn, &owner, lease_seconds)
+                job_leases::claim_next_checked(conn, &owner, lease_seconds, max_attempts)
             })
             .await;
             match claimed {
-                Ok(Some(claimed)) => {
-                    self.process(claimed.job, claimed.reservation_outlasts_lease)
-                        .await
-                }
+                Ok(Some(claimed)) => self.process(claimed).await,
                 Ok(None) => {
                     tokio::select! {
                         _ = self.shutdown.changed() => {}
@@ -228,7 +226,13 @@ impl Worker {
         }
     }
 
-    async fn process(&self, job: JobRow, reservation_outlasts_lease: bool) {
+    async fn process(&self, claimed: job_leases::Claimed) {
+        let job_leases::Claimed {
+            job,
+            reservation_outlasts_lease,
+            over_limit,
+            last_attempt,
+        } = claimed;
         let started = Instant::now();
         let token = job.lease_token;
         // A reservation that may not outlast the first half lease is checked
@@ -243,11 +247,10 @@ impl Worker {
             Ok(Fenced::Done) => {}
             Ok(Fenced::LeaseLost) => return,
             Ok(Fenced::ReservationLost) => {
-                let error = JobError::new(
-                    "reservation_expired",
-                    "the job's reservation expired before it ran",
-                );
-                self.finish_failure(&job, error).await;
+                // The engine failed the job in the same transaction
+                // (engine_fail_unreserved_jobs): nothing is left to write.
+                record_finished(&self.context.metrics, &job, JobStatus::Failed);
+                self.context.signals.finished(job.id);
                 return;
             }
             Err(error) => {
@@ -255,7 +258,7 @@ impl Worker {
                 return;
             }
         }
-        let attempt = if job.attempts > self.context.config.job_max_attempts {
+        let attempt = if over_limit {
             self.exhausted(&job).await
         } else {
             tokio::select! {
@@ -275,7 +278,7 @@ impl Worker {
                 .await
             }
             Attempt::Failed(error) => Ok(self.finish_failure(&job, error).await),
-            Attempt::Retryable(error) if job.attempts < self.context.config.job_max_attempts => {
+            Attempt::Retryable(error) if !last_attempt => {
                 let delay_ms = backoff_ms(self.context.config.job_retry_backoff_ms, job.attempts);
                 let ttl = self.context.config.reservation_ttl_seconds;
                 let job_ref = job.clone();
@@ -288,11 +291,9 @@ impl Worker {
             }
             Attempt::Retryable(error) => Ok(self.finish_failure(&job, error).await),
             Attempt::Lost(Fenced::ReservationLost) => {
-                let error = JobError::new(
-                    "reservation_expired",
-                    "the job's reservation expired while it ran",
-                );
-                Ok(self.finish_failure(&job, error).await)
+                // Failed by the engine with the heartbeat that found it out.
+                record_finished(&self.context.metrics, &job, JobStatus::Failed);
+                Ok(Fenced::ReservationLost)
             }
             Attempt::Lost(fenced) => Ok(fenced),
         };

@@ -72,8 +72,6 @@ enum BenchCommand {
     Jobs(token_billing::bench::JobBenchArgs),
     /// Kiosk fleets: reserve→commit cycles (spread, hot) or jobs.
     Load(token_billing::bench::load::LoadArgs),
-    /// Print the pgbench twin of a kiosk cycle (the service's own SQL).
-    PgbenchScript,
     /// A flood of made-up keys from new addresses; the service's RSS before and after.
     #[command(
         after_help = "Example (the service started with TRUSTED_PROXIES=127.0.0.1/32):\n  \
@@ -127,12 +125,6 @@ async fn main() -> ExitCode {
         Tool::Bench {
             target: BenchCommand::WebhookSink { bind },
         } => token_billing::bench::sink::run_sink(&bind).await,
-        Tool::Bench {
-            target: BenchCommand::PgbenchScript,
-        } => {
-            print!("{}", token_billing::bench::pgbench_script());
-            Ok(())
-        }
         Tool::Bench {
             target: BenchCommand::Jobs(args),
         } => token_billing::bench::run_job_bench(args).await,

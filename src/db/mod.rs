@@ -25,20 +25,44 @@ pub type DbPool = Pool<FailoverAwareManager>;
 
 pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations");
 
+/// The schema of this build's money engine (`build.rs`, `engine::install`):
+/// on every connection's `search_path`, after `public` (where the tables and
+/// diesel's bookkeeping live, and no engine function does), so each build
+/// calls its own engine's functions while another build's run beside them.
+pub const ENGINE_SCHEMA: &str = env!("TOKEN_BILLING_ENGINE_SCHEMA");
+
 /// Sets per-session limits on every new pooled connection, so no statement
-/// or lock wait can hold a connection (and the rows it locked) forever.
+/// or lock wait can hold a connection (and the rows it locked) forever, and
+/// puts this build's engine schema on its `search_path`.
 #[derive(Debug)]
 struct SessionLimits;
 
 impl CustomizeConnection<PgConnection, diesel::r2d2::Error> for SessionLimits {
     fn on_acquire(&self, conn: &mut PgConnection) -> Result<(), diesel::r2d2::Error> {
-        conn.batch_execute(&format!(
-            "SET statement_timeout = {DB_STATEMENT_TIMEOUT_MS}; \
-             SET idle_in_transaction_session_timeout = {DB_STATEMENT_TIMEOUT_MS}; \
-             SET TIME ZONE 'UTC'"
-        ))
-        .map_err(diesel::r2d2::Error::QueryError)
+        set_session(conn).map_err(diesel::r2d2::Error::QueryError)
     }
+}
+
+/// The session settings of every connection (see [`SessionLimits`]).
+pub fn set_session(conn: &mut PgConnection) -> QueryResult<()> {
+    conn.batch_execute(&format!(
+        "SET statement_timeout = {DB_STATEMENT_TIMEOUT_MS}; \
+         SET idle_in_transaction_session_timeout = {DB_STATEMENT_TIMEOUT_MS}; \
+         SET TIME ZONE 'UTC'; \
+         SET search_path TO public, {ENGINE_SCHEMA}"
+    ))
+}
+
+/// One connection outside the pool, set up like the pool's.
+pub fn connect_session(database_url: &str) -> anyhow::Result<PgConnection> {
+    let mut conn = PgConnection::establish(database_url).map_err(|error| {
+        anyhow::anyhow!(
+            "connecting to {}: {error}",
+            redact_database_url(database_url)
+        )
+    })?;
+    set_session(&mut conn)?;
+    Ok(conn)
 }
 
 /// Builds the pool without connecting: a bad `DATABASE_URL` must not block

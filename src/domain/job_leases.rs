@@ -66,50 +66,49 @@ impl Fenced {
 
 /// Claims the next due job: a queued job whose backoff has passed, or a
 /// running job whose lease expired (its worker died). Bumps the fencing
-/// token and the attempt count.
+/// token and the attempt count (the engine's `engine_claim_jobs`).
 pub fn claim_next(
     conn: &mut PgConnection,
     owner: &str,
     lease_seconds: i32,
+    max_attempts: i32,
 ) -> Result<Option<JobRow>, ApiError> {
-    Ok(claim_next_checked(conn, owner, lease_seconds)?.map(|claimed| claimed.job))
+    Ok(claim_next_checked(conn, owner, lease_seconds, max_attempts)?.map(|claimed| claimed.job))
 }
 
-/// A claimed job, and whether its reservation is held for longer than the
-/// lease: then the worker's heartbeats (every half lease) extend it in time
-/// and no heartbeat is needed before the first provider call.
+/// A claimed job, and what the engine's rules say of it: whether its
+/// reservation is held for longer than the lease (then the worker's
+/// heartbeats, every half lease, extend it in time and no heartbeat is
+/// needed before the first provider call), and the max-attempts rule.
 #[derive(QueryableByName)]
 pub struct Claimed {
     #[diesel(embed)]
     pub job: JobRow,
     #[diesel(sql_type = Bool)]
     pub reservation_outlasts_lease: bool,
+    /// The job had no attempt left before this claim: only a result the
+    /// provider already holds may still finish it.
+    #[diesel(sql_type = Bool)]
+    pub over_limit: bool,
+    /// No retry follows this attempt: a retryable failure is final.
+    #[diesel(sql_type = Bool)]
+    pub last_attempt: bool,
 }
 
-/// [`claim_next`], also reading (not locking) the reservation's expiry.
+/// [`claim_next`], with what the engine's rules say of the claimed job.
 pub fn claim_next_checked(
     conn: &mut PgConnection,
     owner: &str,
     lease_seconds: i32,
+    max_attempts: i32,
 ) -> Result<Option<Claimed>, ApiError> {
     Ok(prepared(
-        "UPDATE generation_jobs \
-         SET status = 'running', lease_owner = $1, lease_token = lease_token + 1, \
-             lease_expires_at = now() + make_interval(secs => $2), attempts = attempts + 1, \
-             updated_at = now() \
-         WHERE id = COALESCE( \
-             (SELECT id FROM generation_jobs WHERE status = 'queued' AND next_attempt_at <= now() \
-              ORDER BY next_attempt_at LIMIT 1 FOR UPDATE SKIP LOCKED), \
-             (SELECT id FROM generation_jobs WHERE status = 'running' AND lease_expires_at < now() \
-              ORDER BY lease_expires_at LIMIT 1 FOR UPDATE SKIP LOCKED)) \
-           AND (status = 'queued' OR (status = 'running' AND lease_expires_at < now())) \
-         RETURNING *, COALESCE((SELECT r.expires_at > now() + make_interval(secs => $2) \
-                                FROM reservations r \
-                                WHERE r.id = generation_jobs.reservation_id AND r.state = 'held'), \
-                               false) AS reservation_outlasts_lease",
+        "SELECT (c.job).*, c.reservation_outlasts_lease, c.over_limit, c.last_attempt \
+         FROM engine_claim_jobs($1, $2, $3, 1) c",
     )
     .bind::<Text, _>(owner)
     .bind::<Integer, _>(lease_seconds)
+    .bind::<Integer, _>(max_attempts)
     .get_result(conn)
     .optional()?)
 }
@@ -222,9 +221,9 @@ pub fn finish_job(
         #[diesel(sql_type = Nullable<Bool>)]
         resolved: Option<bool>,
     }
-    let fence = match fence {
-        Fence::Lease(token) => json!({"lease_token": token}),
-        Fence::Exhausted(attempts) => json!({"exhausted": attempts}),
+    let (lease_token, exhausted_max) = match fence {
+        Fence::Lease(token) => (Some(token), None),
+        Fence::Exhausted(max_attempts) => (None, Some(max_attempts)),
     };
     let (status, result, error) = match outcome {
         Ok(result) => (JobStatus::Succeeded, Some(result.clone()), None),
@@ -232,10 +231,11 @@ pub fn finish_job(
     };
     let row: Row = prepared(
         "SELECT outcome, to_jsonb(reservation) AS reservation, resolved \
-         FROM engine_finish_job($1, $2, $3, $4, $5, $6, $7)",
+         FROM engine_finish_job($1, $2, $3, $4, $5, $6, $7, $8)",
     )
     .bind::<SqlUuid, _>(job_id)
-    .bind::<Jsonb, _>(fence)
+    .bind::<Nullable<BigInt>, _>(lease_token)
+    .bind::<Nullable<Integer>, _>(exhausted_max)
     .bind::<Text, _>(status.as_str())
     .bind::<Nullable<Jsonb>, _>(result)
     .bind::<Nullable<Jsonb>, _>(error)

@@ -9,13 +9,13 @@
 //! locked first, in id order, then reservations, then jobs, as everywhere.
 
 use diesel::prelude::*;
-use diesel::sql_types::{BigInt, Integer, Text, Uuid as SqlUuid};
+use diesel::sql_types::{BigInt, Bool, Integer, Jsonb, Nullable, Text, Uuid as SqlUuid};
 use serde::Serialize;
 use uuid::Uuid;
 
+use crate::db::models::ReservationRow;
 use crate::db::schema::{generation_jobs, reservations};
 use crate::domain::checks::{find_violations, Discrepancy};
-use crate::domain::job_leases::{finish_job, Fence, Fenced, JobError};
 use crate::domain::states::{JobStatus, ReservationState};
 use crate::engine::Outcome;
 use crate::error::ApiError;
@@ -56,7 +56,7 @@ pub fn run_pass(
     requeue_expired_leases(conn, settings, &mut report)?;
     fail_exhausted_leases(conn, settings, metrics, &mut report)?;
     fix_held_reservations_of_finished_jobs(conn, settings, metrics, &mut report)?;
-    fail_jobs_without_held_reservation(conn, &mut report)?;
+    fail_jobs_without_held_reservation(conn, settings, &mut report)?;
     report.violations = find_violations(conn)?;
     if let Some(metrics) = metrics {
         let repairs = [
@@ -208,29 +208,29 @@ fn expire_stale_reservations(
 
 /// Step 2a: running jobs whose lease expired go back to the queue (the
 /// fencing token is bumped, so their old worker is shut out). A job out of
-/// attempts stays for step 2b unless the provider may hold its result.
+/// attempts stays for step 2b unless the provider may hold its result —
+/// the engine's `engine_requeue_expired_leases`.
 fn requeue_expired_leases(
     conn: &mut PgConnection,
     settings: &ReaperSettings,
     report: &mut PassReport,
 ) -> Result<(), ApiError> {
+    #[derive(QueryableByName)]
+    struct Requeued {
+        #[diesel(sql_type = Integer)]
+        requeued: i32,
+    }
     loop {
-        let requeued = diesel::sql_query(
-            "UPDATE generation_jobs \
-             SET status = 'queued', lease_expires_at = NULL, lease_token = lease_token + 1, \
-                 next_attempt_at = now(), updated_at = now() \
-             WHERE id IN (SELECT id FROM generation_jobs \
-                          WHERE status = 'running' AND lease_expires_at < now() \
-                            AND (attempts < $2 OR provider_job_id IS NOT NULL) \
-                          LIMIT $1 FOR UPDATE SKIP LOCKED) \
-               AND status = 'running' AND lease_expires_at < now()",
-        )
-        .bind::<BigInt, _>(settings.batch)
-        .bind::<Integer, _>(settings.job_max_attempts)
-        .execute(conn)?;
+        let limit = i32::try_from(settings.batch).unwrap_or(i32::MAX);
+        let requeued =
+            diesel::sql_query("SELECT engine_requeue_expired_leases($1, $2) AS requeued")
+                .bind::<Integer, _>(limit)
+                .bind::<Integer, _>(settings.job_max_attempts)
+                .get_result::<Requeued>(conn)?
+                .requeued;
         report.batches += 1;
-        report.jobs_requeued += requeued as u64;
-        if (requeued as i64) < settings.batch {
+        report.jobs_requeued += u64::try_from(requeued).unwrap_or(0);
+        if i64::from(requeued) < settings.batch {
             return Ok(());
         }
     }
@@ -238,40 +238,36 @@ fn requeue_expired_leases(
 
 /// Step 2b: running jobs with an expired lease, out of attempts and never
 /// submitted to the provider → failed `attempts_exhausted`, tokens
-/// released — the engine's fenced job finish, with the reaper's fence.
+/// released — the engine's `engine_fail_exhausted_jobs` (its fenced job
+/// finish, with the reaper's fence).
 fn fail_exhausted_leases(
     conn: &mut PgConnection,
     settings: &ReaperSettings,
     metrics: Option<&Metrics>,
     report: &mut PassReport,
 ) -> Result<(), ApiError> {
-    let candidates: Vec<Uuid> = generation_jobs::table
-        .filter(generation_jobs::status.eq(JobStatus::Running))
-        .filter(generation_jobs::lease_expires_at.lt(diesel::dsl::now))
-        .filter(generation_jobs::attempts.ge(settings.job_max_attempts))
-        .filter(generation_jobs::provider_job_id.is_null())
-        .order(generation_jobs::id)
-        .limit(settings.batch)
-        .select(generation_jobs::id)
-        .load(conn)?;
-    let error = JobError::new(
-        "attempts_exhausted",
-        "the job's workers kept losing their lease",
-    );
-    for job_id in candidates {
-        let finish = finish_job(
-            conn,
-            job_id,
-            Fence::Exhausted(settings.job_max_attempts),
-            Err(&error),
-            Some("attempts_exhausted"),
-        )?;
-        if finish.fenced == Fenced::LeaseLost {
-            continue;
-        }
+    #[derive(QueryableByName)]
+    struct Failed {
+        #[diesel(sql_type = Nullable<Jsonb>)]
+        reservation: Option<serde_json::Value>,
+        #[diesel(sql_type = Nullable<Bool>)]
+        resolved: Option<bool>,
+    }
+    let limit = i32::try_from(settings.batch).unwrap_or(i32::MAX);
+    let failed: Vec<Failed> = diesel::sql_query(
+        "SELECT to_jsonb(reservation) AS reservation, resolved FROM engine_fail_exhausted_jobs($1, $2)",
+    )
+    .bind::<Integer, _>(limit)
+    .bind::<Integer, _>(settings.job_max_attempts)
+    .load(conn)?;
+    for job in failed {
         report.jobs_failed_attempts_exhausted += 1;
-        if let (Some(metrics), Some(reservation)) = (metrics, &finish.resolved) {
-            metrics.resolved(reservation);
+        if let (Some(metrics), Some(true), Some(reservation)) =
+            (metrics, job.resolved, job.reservation)
+        {
+            let reservation: ReservationRow = serde_json::from_value(reservation)
+                .map_err(|error| ApiError::Internal(format!("engine reservation: {error}")))?;
+            metrics.resolved(&reservation);
         }
     }
     report.batches += 1;
@@ -327,21 +323,28 @@ fn fix_held_reservations_of_finished_jobs(
 }
 
 /// Step 3c: a job still queued or running whose reservation is no longer
-/// held can never be charged: it fails (its tokens are already back).
+/// held can never be charged: it fails (its tokens are already back) — the
+/// engine's `engine_fail_orphaned_jobs`, a bounded batch per transaction.
 fn fail_jobs_without_held_reservation(
     conn: &mut PgConnection,
+    settings: &ReaperSettings,
     report: &mut PassReport,
 ) -> Result<(), ApiError> {
-    let failed = diesel::sql_query(
-        "UPDATE generation_jobs j \
-         SET status = 'failed', finished_at = now(), updated_at = now(), lease_expires_at = NULL, \
-             lease_token = j.lease_token + 1, \
-             error = jsonb_build_object('code', 'reservation_expired', \
-                                        'message', 'the job''s reservation is no longer held') \
-         FROM reservations r \
-         WHERE r.id = j.reservation_id AND j.status IN ('queued', 'running') AND r.state <> 'held'",
-    )
-    .execute(conn)?;
-    report.fixup_jobs_failed += failed as u64;
-    Ok(())
+    #[derive(QueryableByName)]
+    struct Failed {
+        #[diesel(sql_type = Integer)]
+        failed: i32,
+    }
+    loop {
+        let limit = i32::try_from(settings.batch).unwrap_or(i32::MAX);
+        let failed = diesel::sql_query("SELECT engine_fail_orphaned_jobs($1) AS failed")
+            .bind::<Integer, _>(limit)
+            .get_result::<Failed>(conn)?
+            .failed;
+        report.batches += 1;
+        report.fixup_jobs_failed += u64::try_from(failed).unwrap_or(0);
+        if i64::from(failed) < settings.batch {
+            return Ok(());
+        }
+    }
 }

@@ -1,25 +1,32 @@
-//! The money engine's Rust side. Every token movement is decided and
-//! written by the SQL functions of the `money_engine` migration (one
-//! function per rule); this module only builds operations, sends them, and
-//! reads the outcome of each.
+//! The money engine's Rust side. Every token movement, job transition and
+//! key rule is decided and written by the engine's SQL, one file per
+//! subject in `src/engine/sql/` (installed by [`install`] into a schema
+//! named by its content); this module only builds operations, sends them
+//! as typed arrays, and reads the outcome of each.
 //!
 //! - [`apply`] sends a batch of operations on any accounts to
-//!   `engine_apply` in one statement: one transaction, one WAL flush,
-//!   accounts locked in id order, operations applied in order as if one by
-//!   one. A lone request is a batch of one; the coalescer
-//!   (`crate::coalesce`) makes bigger batches of concurrent requests.
+//!   `engine_apply` (`sql/70_apply.sql`) in one statement: one transaction,
+//!   one WAL flush, accounts locked in id order, operations applied as if
+//!   one by one in order, set-based (one `engine_spend` and one
+//!   `engine_settle` per round). A lone request is a batch of one; the
+//!   coalescer (`crate::coalesce`) makes bigger batches of concurrent
+//!   requests.
 //! - the worker (`domain::job_leases`) and the reaper (`domain::reaper`)
-//!   call the engine's other entry points (fenced job finish, heartbeat,
-//!   expiry, fix-ups), which reach the same rule functions.
+//!   call the engine's other entry points (`sql/60_jobs.sql`: fenced job
+//!   finish, heartbeat, expiry, fix-ups), which reach the same rule
+//!   functions.
 //!
 //! The outcome of each operation comes out of the code that decided it:
 //! there is no second read to guess why something was refused.
 
+pub mod install;
 mod outcome;
 
 use diesel::prelude::*;
-use diesel::sql_types::{Integer, Jsonb, Nullable, Text};
-use serde_json::{json, Value};
+use diesel::sql_types::{
+    Array, BigInt, Bool, Bytea, Integer, Jsonb, Nullable, Text, Uuid as SqlUuid,
+};
+use serde_json::Value;
 use uuid::Uuid;
 
 use crate::db::prepared;
@@ -44,10 +51,10 @@ pub enum Op {
         /// The TTL applied: the client's or the configured default.
         effective_ttl_seconds: i32,
     },
-    /// Spend `amount` (default: all held); the rest goes back.
+    /// Spend `amount`; the rest goes back.
     Commit {
         reservation: ReservationId,
-        amount: Option<Tokens>,
+        amount: CommitAmount,
     },
     Release {
         reservation: ReservationId,
@@ -70,6 +77,15 @@ pub enum Op {
         reason: Reason,
         external_ref: ExternalRef,
     },
+}
+
+/// How much of a held reservation a commit spends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CommitAmount {
+    /// Everything held.
+    All,
+    /// Exactly this many tokens (at most what is held).
+    Exactly(Tokens),
 }
 
 /// Who asks: a presented key the engine verifies in the same statement
@@ -107,98 +123,6 @@ pub struct Operation {
 }
 
 impl Operation {
-    /// The operation as `engine_apply` reads it. New ids are chosen here.
-    pub fn to_json(&self) -> Value {
-        let mut object = match &self.op {
-            Op::Reserve {
-                request_id,
-                amount,
-                ttl_seconds,
-                effective_ttl_seconds,
-            } => json!({
-                "op": "reserve",
-                "request_id": request_id.0,
-                "amount": amount.get(),
-                "requested_ttl": ttl_seconds.map(TtlSeconds::get),
-                "ttl": effective_ttl_seconds,
-                "reservation_id": Uuid::now_v7(),
-            }),
-            Op::Commit {
-                reservation,
-                amount,
-            } => json!({
-                "op": "commit",
-                "reservation_id": reservation.0,
-                "amount": amount.map(Tokens::get),
-            }),
-            Op::Release { reservation } => {
-                json!({"op": "release", "reservation_id": reservation.0})
-            }
-            Op::Extend {
-                reservation,
-                ttl_seconds,
-            } => json!({
-                "op": "extend",
-                "reservation_id": reservation.0,
-                "ttl": ttl_seconds.get(),
-            }),
-            Op::CreateJob {
-                request,
-                ttl_seconds,
-            } => json!({
-                "op": "create_job",
-                "request_id": request.request_id.0,
-                "job_id": Uuid::now_v7(),
-                "reservation_id": Uuid::now_v7(),
-                "hash": hex::encode(request.hash()),
-                "kind": request.kind,
-                "params": request.params,
-                "cost": request.cost,
-                "ttl": ttl_seconds,
-            }),
-            Op::Credit {
-                amount,
-                external_ref,
-                note,
-            } => json!({
-                "op": "credit",
-                "credit_id": Uuid::now_v7(),
-                "amount": amount.get(),
-                "external_ref": external_ref.as_str(),
-                "note": note.as_ref().map(Note::as_str),
-            }),
-            Op::Adjust {
-                amount,
-                reason,
-                external_ref,
-            } => json!({
-                "op": "adjust",
-                "adjustment_id": Uuid::now_v7(),
-                "amount": amount.get(),
-                "reason": reason.as_str(),
-                "external_ref": external_ref.as_str(),
-            }),
-        };
-        object["account"] = json!(self.account.0);
-        object["actor"] = json!(self.authority.actor());
-        if let Authority::Request {
-            request_id: Some(request_id),
-            ..
-        } = &self.authority
-        {
-            object["http_request_id"] = json!(request_id);
-        }
-        if let Authority::Key(credentials) = &self.authority {
-            object["key"] = match credentials {
-                Credentials::Bootstrap => json!({"bootstrap": true}),
-                Credentials::Key { id, secret_hash } => {
-                    json!({"id": id, "secret_hash": hex::encode(secret_hash)})
-                }
-            };
-        }
-        object
-    }
-
     /// Tokens this operation would move into `reserved` (for metrics).
     pub fn reserve_amount(&self) -> Option<i64> {
         match &self.op {
@@ -221,15 +145,232 @@ struct Row {
     object: Option<Value>,
 }
 
-/// The one statement every batch is: `$1` is the JSON array of operations.
-pub const APPLY_SQL: &str =
-    "SELECT op_position, outcome, detail, object FROM engine_apply($1) ORDER BY op_position";
+/// The one statement every batch is: one typed array per field of an
+/// operation (see `sql/70_apply.sql` for which fields each operation sets).
+pub const APPLY_SQL: &str = "SELECT op_position, outcome, detail, object \
+     FROM engine_apply($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
+                       $18, $19, $20) ORDER BY op_position";
+
+/// A batch as `engine_apply`'s arrays: element i of each is operation i's.
+/// New ids are chosen here.
+#[derive(Default)]
+struct Columns {
+    op: Vec<&'static str>,
+    account: Vec<Uuid>,
+    actor: Vec<String>,
+    key_id: Vec<Option<Uuid>>,
+    key_hash: Vec<Option<Vec<u8>>>,
+    authorized: Vec<bool>,
+    request: Vec<Option<Uuid>>,
+    amount: Vec<Option<i64>>,
+    requested_ttl: Vec<Option<i32>>,
+    ttl: Vec<Option<i32>>,
+    new_id: Vec<Option<Uuid>>,
+    job: Vec<Option<Uuid>>,
+    reservation: Vec<Option<Uuid>>,
+    hash: Vec<Option<Vec<u8>>>,
+    kind: Vec<Option<String>>,
+    params: Vec<Option<Value>>,
+    external_ref: Vec<Option<String>>,
+    note: Vec<Option<String>>,
+    reason: Vec<Option<String>>,
+    http_request_id: Vec<Option<String>>,
+}
+
+/// One operation's fields; what an operation does not set stays `None`.
+#[derive(Default)]
+struct Fields {
+    request: Option<Uuid>,
+    amount: Option<i64>,
+    requested_ttl: Option<i32>,
+    ttl: Option<i32>,
+    new_id: Option<Uuid>,
+    job: Option<Uuid>,
+    reservation: Option<Uuid>,
+    hash: Option<Vec<u8>>,
+    kind: Option<String>,
+    params: Option<Value>,
+    external_ref: Option<String>,
+    note: Option<String>,
+    reason: Option<String>,
+}
+
+impl Op {
+    fn fields(&self) -> (&'static str, Fields) {
+        match self {
+            Op::Reserve {
+                request_id,
+                amount,
+                ttl_seconds,
+                effective_ttl_seconds,
+            } => (
+                "reserve",
+                Fields {
+                    request: Some(request_id.0),
+                    amount: Some(amount.get()),
+                    requested_ttl: ttl_seconds.map(TtlSeconds::get),
+                    ttl: Some(*effective_ttl_seconds),
+                    new_id: Some(Uuid::now_v7()),
+                    ..Fields::default()
+                },
+            ),
+            Op::Commit {
+                reservation,
+                amount: CommitAmount::Exactly(amount),
+            } => (
+                "commit",
+                Fields {
+                    reservation: Some(reservation.0),
+                    amount: Some(amount.get()),
+                    ..Fields::default()
+                },
+            ),
+            Op::Commit {
+                reservation,
+                amount: CommitAmount::All,
+            } => (
+                "commit_all",
+                Fields {
+                    reservation: Some(reservation.0),
+                    ..Fields::default()
+                },
+            ),
+            Op::Release { reservation } => (
+                "release",
+                Fields {
+                    reservation: Some(reservation.0),
+                    ..Fields::default()
+                },
+            ),
+            Op::Extend {
+                reservation,
+                ttl_seconds,
+            } => (
+                "extend",
+                Fields {
+                    reservation: Some(reservation.0),
+                    ttl: Some(ttl_seconds.get()),
+                    ..Fields::default()
+                },
+            ),
+            Op::CreateJob {
+                request,
+                ttl_seconds,
+            } => (
+                "create_job",
+                Fields {
+                    request: Some(request.request_id.0),
+                    amount: Some(request.cost),
+                    ttl: Some(*ttl_seconds),
+                    new_id: Some(Uuid::now_v7()),
+                    job: Some(Uuid::now_v7()),
+                    hash: Some(request.hash().to_vec()),
+                    kind: Some(request.kind.clone()),
+                    params: Some(request.params.clone()),
+                    ..Fields::default()
+                },
+            ),
+            Op::Credit {
+                amount,
+                external_ref,
+                note,
+            } => (
+                "credit",
+                Fields {
+                    amount: Some(amount.get()),
+                    new_id: Some(Uuid::now_v7()),
+                    external_ref: Some(external_ref.as_str().to_owned()),
+                    note: note.as_ref().map(|note| note.as_str().to_owned()),
+                    ..Fields::default()
+                },
+            ),
+            Op::Adjust {
+                amount,
+                reason,
+                external_ref,
+            } => (
+                "adjust",
+                Fields {
+                    amount: Some(amount.get()),
+                    new_id: Some(Uuid::now_v7()),
+                    external_ref: Some(external_ref.as_str().to_owned()),
+                    reason: Some(reason.as_str().to_owned()),
+                    ..Fields::default()
+                },
+            ),
+        }
+    }
+}
+
+impl Columns {
+    fn of(operations: &[Operation]) -> Columns {
+        let mut columns = Columns::default();
+        for operation in operations {
+            let (op, fields) = operation.op.fields();
+            columns.op.push(op);
+            columns.account.push(operation.account.0);
+            columns.actor.push(operation.authority.actor());
+            // A presented key is verified by the engine; every other
+            // caller was authorised by the service already.
+            let (key_id, key_hash, authorized) = match &operation.authority {
+                Authority::Key(Credentials::Key { id, secret_hash }) => {
+                    (Some(*id), Some(secret_hash.to_vec()), false)
+                }
+                Authority::Key(Credentials::Bootstrap)
+                | Authority::Verified { .. }
+                | Authority::Request { .. } => (None, None, true),
+            };
+            columns.key_id.push(key_id);
+            columns.key_hash.push(key_hash);
+            columns.authorized.push(authorized);
+            columns.http_request_id.push(match &operation.authority {
+                Authority::Request { request_id, .. } => request_id.clone(),
+                _ => None,
+            });
+            columns.request.push(fields.request);
+            columns.amount.push(fields.amount);
+            columns.requested_ttl.push(fields.requested_ttl);
+            columns.ttl.push(fields.ttl);
+            columns.new_id.push(fields.new_id);
+            columns.job.push(fields.job);
+            columns.reservation.push(fields.reservation);
+            columns.hash.push(fields.hash);
+            columns.kind.push(fields.kind);
+            columns.params.push(fields.params);
+            columns.external_ref.push(fields.external_ref);
+            columns.note.push(fields.note);
+            columns.reason.push(fields.reason);
+        }
+        columns
+    }
+}
 
 /// Applies `operations` in order, in one statement (its own transaction,
 /// unless the caller opened one). One answer per operation, in order.
 pub fn apply(conn: &mut PgConnection, operations: &[Operation]) -> Result<Vec<Answer>, ApiError> {
-    let batch = Value::Array(operations.iter().map(Operation::to_json).collect());
-    let rows: Vec<Row> = prepared(APPLY_SQL).bind::<Jsonb, _>(batch).load(conn)?;
+    let columns = Columns::of(operations);
+    let rows: Vec<Row> = prepared(APPLY_SQL)
+        .bind::<Array<Text>, _>(&columns.op)
+        .bind::<Array<SqlUuid>, _>(&columns.account)
+        .bind::<Array<Text>, _>(&columns.actor)
+        .bind::<Array<Nullable<SqlUuid>>, _>(&columns.key_id)
+        .bind::<Array<Nullable<Bytea>>, _>(&columns.key_hash)
+        .bind::<Array<Bool>, _>(&columns.authorized)
+        .bind::<Array<Nullable<SqlUuid>>, _>(&columns.request)
+        .bind::<Array<Nullable<BigInt>>, _>(&columns.amount)
+        .bind::<Array<Nullable<Integer>>, _>(&columns.requested_ttl)
+        .bind::<Array<Nullable<Integer>>, _>(&columns.ttl)
+        .bind::<Array<Nullable<SqlUuid>>, _>(&columns.new_id)
+        .bind::<Array<Nullable<SqlUuid>>, _>(&columns.job)
+        .bind::<Array<Nullable<SqlUuid>>, _>(&columns.reservation)
+        .bind::<Array<Nullable<Bytea>>, _>(&columns.hash)
+        .bind::<Array<Nullable<Text>>, _>(&columns.kind)
+        .bind::<Array<Nullable<Jsonb>>, _>(&columns.params)
+        .bind::<Array<Nullable<Text>>, _>(&columns.external_ref)
+        .bind::<Array<Nullable<Text>>, _>(&columns.note)
+        .bind::<Array<Nullable<Text>>, _>(&columns.reason)
+        .bind::<Array<Nullable<Text>>, _>(&columns.http_request_id)
+        .load(conn)?;
     if rows.len() != operations.len()
         || rows
             .iter()

@@ -14,7 +14,7 @@ use crate::domain::paging::page_limit;
 use crate::domain::reservations::{self, ReservationPage, ReservationView};
 use crate::domain::states::{parse_param, ReservationState};
 use crate::domain::types::{AccountId, RequestId, ReservationId, Tokens, TtlSeconds};
-use crate::engine::{Authority, Op, Operation, Replay};
+use crate::engine::{Authority, CommitAmount, Op, Operation, Replay};
 use crate::error::{ApiError, Problem};
 
 pub fn configure(config: &mut web::ServiceConfig) {
@@ -275,7 +275,7 @@ async fn commit_reservation(
     let amount = after_key_check(&state, &credentials, amount).await?.amount;
     let op = Op::Commit {
         reservation: ReservationId(reservation),
-        amount,
+        amount: amount.map_or(CommitAmount::All, CommitAmount::Exactly),
     };
     let (row, replay) = spend(&state, credentials, AccountId(account), op).await?;
     Ok(respond(row, replay))

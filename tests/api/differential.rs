@@ -11,7 +11,7 @@
 use diesel::prelude::*;
 use diesel::sql_types::Uuid as SqlUuid;
 use proptest::prelude::*;
-use proptest::test_runner::{Config as ProptestConfig, TestRunner};
+use proptest::test_runner::TestRunner;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
@@ -19,7 +19,7 @@ use token_billing::db::schema::{accounts, generation_jobs, reservations};
 use token_billing::domain::job_leases::{finish_failure, finish_success, JobError};
 use token_billing::domain::reaper::{run_pass, ReaperSettings};
 
-use crate::helpers::{ledger_of, TestApp, ADMIN_KEY};
+use crate::helpers::{ledger_of, property_config, TestApp, ADMIN_KEY};
 use crate::model::{JobStatus, Model, Reply};
 
 const ACCOUNTS: usize = 3;
@@ -577,7 +577,14 @@ fn compare_events(model: &Model, real: &Real, conn: &mut PgConnection) {
 }
 
 async fn run_history(steps: Vec<Step>) {
-    let app = TestApp::spawn_with(|config| config.worker_concurrency = 0).await;
+    let app = TestApp::spawn_with(|config| {
+        // Workers and the reaper act only as the history's own steps
+        // (Finish, Reaper): a background pass (every 30 s by default) would
+        // expire aged reservations behind the model's back on a slow run.
+        config.worker_concurrency = 0;
+        config.reaper_schedule = "0 0 0 1 1 *".into();
+    })
+    .await;
     let mut model = Model::default();
     let limits = [0, 2, 3];
     let mut accounts = Vec::new();
@@ -625,11 +632,7 @@ fn the_service_answers_every_history_as_the_model_does() {
         .ok()
         .and_then(|cases| cases.parse().ok())
         .unwrap_or(24);
-    let mut runner = TestRunner::new(ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    });
+    let mut runner = TestRunner::new(property_config(cases));
     runner
         .run(&prop::collection::vec(step(), 10..60), |steps| {
             runtime.block_on(run_history(steps));

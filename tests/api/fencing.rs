@@ -5,7 +5,7 @@
 use diesel::prelude::*;
 use serde_json::json;
 
-use token_billing::db::schema::{generation_jobs, reservations};
+use token_billing::db::schema::{accounts, generation_jobs, reservations};
 use token_billing::domain::accounts::create_account;
 use token_billing::domain::job_leases::{self, Fenced, JobError};
 use token_billing::domain::types::{AccountId, Name};
@@ -28,12 +28,12 @@ fn a_worker_that_lost_its_lease_changes_nothing() {
     credit(&mut conn, account, 2);
     create_job(&mut conn, account);
 
-    let paused = job_leases::claim_next(&mut conn, "worker-a", 30)
+    let paused = job_leases::claim_next(&mut conn, "worker-a", 30, 3)
         .expect("claim")
         .expect("a job");
     assert_eq!((paused.status.as_str(), paused.attempts), ("running", 1));
     assert!(
-        job_leases::claim_next(&mut conn, "worker-b", 30)
+        job_leases::claim_next(&mut conn, "worker-b", 30, 3)
             .expect("claim")
             .is_none(),
         "leased jobs are not claimable"
@@ -46,7 +46,7 @@ fn a_worker_that_lost_its_lease_changes_nothing() {
         >("now() - interval '1 second'")))
         .execute(&mut conn)
         .expect("expire lease");
-    let current = job_leases::claim_next(&mut conn, "worker-b", 30)
+    let current = job_leases::claim_next(&mut conn, "worker-b", 30, 3)
         .expect("claim")
         .expect("reclaimed");
     assert_eq!(current.id, paused.id);
@@ -149,23 +149,41 @@ fn a_job_whose_reservation_expired_fails_instead_of_succeeding_for_free() {
         .expect("account")
         .id,
     );
-    credit(&mut conn, account, 1);
+    credit(&mut conn, account, 2);
+    let failed_job = |conn: &mut PgConnection, id| {
+        let (status, error): (String, Option<serde_json::Value>) = generation_jobs::table
+            .find(id)
+            .select((generation_jobs::status, generation_jobs::error))
+            .first(conn)
+            .expect("job");
+        (status, error.map(|error| error["code"].clone()))
+    };
+    // The reservation expires (the reaper's transition, done by hand here).
+    let expire = |conn: &mut PgConnection, reservation| {
+        diesel::sql_query(
+            "WITH r AS (UPDATE reservations SET state = 'expired', resolved_at = now() WHERE id = $1 RETURNING amount, account_id) \
+             UPDATE accounts a SET reserved = a.reserved - r.amount, available = a.available + r.amount, \
+                    active_reservations = active_reservations - 1 FROM r WHERE a.id = r.account_id",
+        )
+        .bind::<diesel::sql_types::Uuid, _>(reservation)
+        .execute(conn)
+        .expect("expire");
+    };
+
+    // A heartbeat that finds the reservation gone fails the job at once
+    // (it is never queued again); the worker's later finish changes nothing.
     create_job(&mut conn, account);
-    let job = job_leases::claim_next(&mut conn, "worker", 30)
+    let job = job_leases::claim_next(&mut conn, "worker", 30, 3)
         .expect("claim")
         .expect("job");
-    // The reservation expires (the reaper's transition, done by hand here).
-    diesel::sql_query(
-        "WITH r AS (UPDATE reservations SET state = 'expired', resolved_at = now() WHERE id = $1 RETURNING amount, account_id) \
-         UPDATE accounts a SET reserved = a.reserved - r.amount, available = a.available + r.amount, \
-                active_reservations = active_reservations - 1 FROM r WHERE a.id = r.account_id",
-    )
-    .bind::<diesel::sql_types::Uuid, _>(job.reservation_id)
-    .execute(&mut conn)
-    .expect("expire");
+    expire(&mut conn, job.reservation_id);
     assert_eq!(
         job_leases::heartbeat(&mut conn, job.id, job.lease_token, 30, 300).expect("db"),
         Fenced::ReservationLost
+    );
+    assert_eq!(
+        failed_job(&mut conn, job.id),
+        ("failed".to_owned(), Some(json!("reservation_expired")))
     );
     let outcome = job_leases::finish_success(
         &mut conn,
@@ -174,12 +192,31 @@ fn a_job_whose_reservation_expired_fails_instead_of_succeeding_for_free() {
         &json!({"output": "free?"}),
     )
     .expect("db");
-    assert_eq!(outcome.fenced, Fenced::ReservationLost);
-    let (status, error): (String, Option<serde_json::Value>) = generation_jobs::table
-        .find(job.id)
-        .select((generation_jobs::status, generation_jobs::error))
-        .first(&mut conn)
+    assert_eq!(outcome.fenced, Fenced::LeaseLost);
+
+    // A finish that finds the reservation gone fails the job instead of
+    // succeeding without a charge.
+    create_job(&mut conn, account);
+    let job = job_leases::claim_next(&mut conn, "worker", 30, 3)
+        .expect("claim")
         .expect("job");
-    assert_eq!(status, "failed");
-    assert_eq!(error.expect("error")["code"], "reservation_expired");
+    expire(&mut conn, job.reservation_id);
+    let outcome = job_leases::finish_success(
+        &mut conn,
+        &job,
+        job.lease_token,
+        &json!({"output": "free?"}),
+    )
+    .expect("db");
+    assert_eq!(outcome.fenced, Fenced::ReservationLost);
+    assert_eq!(
+        failed_job(&mut conn, job.id),
+        ("failed".to_owned(), Some(json!("reservation_expired")))
+    );
+    let used: i64 = accounts::table
+        .find(account.0)
+        .select(accounts::used)
+        .first(&mut conn)
+        .expect("account");
+    assert_eq!(used, 0, "no job was charged");
 }

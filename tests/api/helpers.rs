@@ -46,6 +46,8 @@ fn template_name() -> String {
         hasher.update(path.to_string_lossy().as_bytes());
         hasher.update(std::fs::read(&path).expect("migration readable"));
     }
+    // The engine's schema is named by its SQL files' content.
+    hasher.update(db::ENGINE_SCHEMA.as_bytes());
     format!("tb_template_{}", &hex::encode(hasher.finalize())[..16])
 }
 
@@ -91,6 +93,7 @@ fn ensure_template() -> String {
                 let mut conn = PgConnection::establish(&format!("{}/{name}", server_url()))
                     .expect("connect template");
                 db::run_migrations(&mut conn).expect("migrate template");
+                token_billing::engine::install::install(&mut conn).expect("install the engine");
                 drop(conn);
                 admin
                     .batch_execute(&format!("ALTER DATABASE {name} WITH is_template = true"))
@@ -124,7 +127,7 @@ impl TestDatabase {
     }
 
     pub fn connect(&self) -> PgConnection {
-        PgConnection::establish(&self.url).expect("connect test database")
+        db::connect_session(&self.url).expect("connect test database")
     }
 }
 
@@ -720,4 +723,25 @@ pub fn create_job(conn: &mut PgConnection, account: AccountId) -> JobRow {
         .select(JobRow::as_select())
         .first(conn)
         .expect("job row")
+}
+
+/// The proptest configuration of the property tests: `cases` runs, and a
+/// failing history shrinks for at most 64 steps and 2 minutes, so a failure
+/// reports within minutes (unbounded shrinking of a history against the
+/// real service took over 12 minutes). `PROPTEST_MAX_SHRINK_ITERS` and
+/// `PROPTEST_MAX_SHRINK_TIME` (milliseconds) override the bounds.
+pub fn property_config(cases: u32) -> proptest::test_runner::Config {
+    let env = |name: &str, default: u32| {
+        std::env::var(name)
+            .ok()
+            .and_then(|value| value.parse().ok())
+            .unwrap_or(default)
+    };
+    proptest::test_runner::Config {
+        cases,
+        failure_persistence: None,
+        max_shrink_iters: env("PROPTEST_MAX_SHRINK_ITERS", 64),
+        max_shrink_time: env("PROPTEST_MAX_SHRINK_TIME", 120_000),
+        ..proptest::test_runner::Config::default()
+    }
 }

@@ -4,7 +4,7 @@
 
 use diesel::prelude::*;
 use proptest::prelude::*;
-use proptest::test_runner::{Config as ProptestConfig, TestRunner};
+use proptest::test_runner::TestRunner;
 use uuid::Uuid;
 
 use token_billing::domain::accounts::create_account;
@@ -13,9 +13,9 @@ use token_billing::domain::types::{
 };
 use token_billing::error::ApiError;
 
-use token_billing::engine::Op;
+use token_billing::engine::{CommitAmount, Op};
 
-use crate::helpers::{assert_account_invariants, engine, TestDatabase};
+use crate::helpers::{assert_account_invariants, engine, property_config, TestDatabase};
 
 fn reserve_op(request_id: RequestId, amount: Tokens) -> Op {
     Op::Reserve {
@@ -127,7 +127,9 @@ fn run(conn: &mut PgConnection, steps: &[Step]) {
                     account,
                     Op::Commit {
                         reservation,
-                        amount: amount.map(|a| Tokens::parse(a).expect("amount")),
+                        amount: amount.map_or(CommitAmount::All, |a| {
+                            CommitAmount::Exactly(Tokens::parse(a).expect("amount"))
+                        }),
                     },
                 )
                 .map(|_| ()),
@@ -165,10 +167,7 @@ fn random_histories_conserve_tokens_and_replay_exactly() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(48);
-    let mut runner = TestRunner::new(ProptestConfig {
-        cases,
-        ..ProptestConfig::default()
-    });
+    let mut runner = TestRunner::new(property_config(cases));
     runner
         .run(&proptest::collection::vec(step(), 1..40), |steps| {
             run(&mut conn.borrow_mut(), &steps);

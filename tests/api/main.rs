@@ -18,6 +18,7 @@ mod differential;
 mod distribution;
 mod failover;
 mod fencing;
+mod frozen_files;
 mod jobs;
 mod json_numbers;
 mod keys_audit;

@@ -90,7 +90,7 @@ fn two_passes_at_once(database: &TestDatabase) -> Vec<PassReport> {
         .map(|_| {
             let (barrier, url) = (Arc::clone(&barrier), database.url.clone());
             std::thread::spawn(move || {
-                let mut conn = PgConnection::establish(&url).expect("connect");
+                let mut conn = token_billing::db::connect_session(&url).expect("connect");
                 barrier.wait();
                 run_pass(&mut conn, &SETTINGS, None).expect("pass")
             })
@@ -256,7 +256,7 @@ async fn reaper_racing_commit_exactly_one_wins() {
         sql(&mut app.conn(), "UPDATE reservations SET expires_at = clock_timestamp() + interval '25 milliseconds' WHERE id = $1", id);
         let url = app.database.url.clone();
         let reaper = tokio::task::spawn_blocking(move || {
-            let mut conn = PgConnection::establish(&url).expect("connect");
+            let mut conn = token_billing::db::connect_session(&url).expect("connect");
             let deadline = Instant::now() + Duration::from_secs(2);
             while reservation_state(&mut conn, id) == "held" && Instant::now() < deadline {
                 run_pass(&mut conn, &SETTINGS, None).expect("pass");

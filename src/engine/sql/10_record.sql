@@ -1,0 +1,187 @@
+-- The arithmetic of every movement, and the one place ledger entries and
+-- the events of a movement are written.
+
+-- What a movement of `kind` and `amount` does to each balance.
+CREATE FUNCTION engine_deltas(p_kind text, p_amount bigint)
+RETURNS TABLE (available bigint, reserved bigint, used bigint, credited bigint, adjusted bigint)
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT v.available, v.reserved, v.used, v.credited, v.adjusted FROM (VALUES
+        ('credit',     p_amount,  0::bigint, 0::bigint, p_amount,  0::bigint),
+        ('adjustment', p_amount,  0,         0,         0,         p_amount),
+        ('reserve',    -p_amount, p_amount,  0,         0,         0),
+        ('commit',     0,         -p_amount, p_amount,  0,         0),
+        ('release',    p_amount,  -p_amount, 0,         0,         0),
+        ('expire',     p_amount,  -p_amount, 0,         0,         0)
+    ) AS v (kind, available, reserved, used, credited, adjusted)
+    WHERE v.kind = p_kind
+$$;
+
+-- The low-balance rule: an account is low when a threshold is set (> 0)
+-- and its available tokens are below it.
+CREATE FUNCTION engine_is_low(p_available bigint, p_threshold bigint) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT p_threshold > 0 AND p_available < p_threshold
+$$;
+
+-- The common part of an account's events: its id and balances.
+CREATE FUNCTION engine_event_balances(p_account uuid, p_available bigint, p_reserved bigint,
+    p_used bigint, p_credited bigint, p_adjusted bigint, p_threshold bigint) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_build_object('account_id', p_account,
+        'balances', jsonb_build_object('available', p_available, 'reserved', p_reserved,
+            'used', p_used, 'credited', p_credited, 'adjusted', p_adjusted),
+        'low_balance_threshold', p_threshold)
+$$;
+
+-- The same, of an account row as it is.
+CREATE FUNCTION engine_event_account(p_account accounts) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT engine_event_balances(p_account.id, p_account.available, p_account.reserved,
+        p_account.used, p_account.credited, p_account.adjusted, p_account.low_balance_threshold)
+$$;
+
+-- The one place an event is written one at a time (the set-based writer,
+-- engine_record, inserts its rows into the same table in the same shape).
+CREATE FUNCTION engine_emit_event(p_type text, p_account uuid, p_data jsonb, p_at timestamptz)
+RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO events (type, account_id, data, created_at) VALUES (p_type, p_account, p_data, p_at)
+$$;
+
+-- Applies movements in array order: each account's balances move by the
+-- sum of its movements (one UPDATE per account), each movement becomes a
+-- ledger entry carrying the balances after it (running sums in array
+-- order), and the movement's events are written next to it:
+-- credit.created, adjustment.created, reservation.expired, and the
+-- crossings — account.balance_low / account.balance_recovered when the
+-- low-balance state (engine_is_low) changes from the one last reported
+-- (accounts.balance_low), account.balance_depleted when available reaches
+-- 0. The caller holds the accounts' row locks. Returns the entries, in
+-- order.
+CREATE FUNCTION engine_record(p_moves engine_movement[]) RETURNS SETOF ledger_entries
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH moves AS (
+        SELECT m.*, d.available AS d_available, d.reserved AS d_reserved, d.used AS d_used,
+               d.credited AS d_credited, d.adjusted AS d_adjusted
+        FROM unnest(p_moves) WITH ORDINALITY AS m (account, kind, amount, active_delta, reservation,
+                                                   job, external_ref, reason, actor, at, n)
+        LEFT JOIN LATERAL engine_deltas(m.kind, m.amount) d ON true
+    ), running AS (
+        SELECT moves.*,
+               (sum(d_available) OVER w)::bigint AS c_available, (sum(d_reserved) OVER w)::bigint AS c_reserved,
+               (sum(d_used) OVER w)::bigint AS c_used, (sum(d_credited) OVER w)::bigint AS c_credited,
+               (sum(d_adjusted) OVER w)::bigint AS c_adjusted
+        FROM moves WINDOW w AS (PARTITION BY account ORDER BY n)
+    ), totals AS (
+        SELECT account, sum(d_available)::bigint AS d_available, sum(d_reserved)::bigint AS d_reserved,
+               sum(d_used)::bigint AS d_used, sum(d_credited)::bigint AS d_credited,
+               sum(d_adjusted)::bigint AS d_adjusted, sum(active_delta)::bigint AS d_active, count(*) AS moved
+        FROM moves GROUP BY account
+    ), before AS (
+        SELECT a.* FROM accounts a WHERE a.id IN (SELECT account FROM totals)
+    ), updated AS (
+        UPDATE accounts a
+        SET available = b.available + t.d_available,
+            reserved = b.reserved + t.d_reserved,
+            used = b.used + t.d_used,
+            credited = b.credited + t.d_credited,
+            adjusted = b.adjusted + t.d_adjusted,
+            active_reservations = b.active_reservations + t.d_active,
+            version = b.version + t.moved,
+            balance_low = engine_is_low(b.available + t.d_available, b.low_balance_threshold),
+            updated_at = now()
+        FROM totals t JOIN before b ON b.id = t.account
+        WHERE a.id = t.account
+        RETURNING a.id
+    ), entries AS (
+        INSERT INTO ledger_entries (account_id, kind, amount, available_after, reserved_after,
+            used_after, reservation_id, job_id, external_ref, reason, actor, created_at)
+        SELECT r.account, r.kind, r.amount, b.available + r.c_available, b.reserved + r.c_reserved,
+               b.used + r.c_used, r.reservation, r.job, r.external_ref, r.reason, r.actor, r.at
+        FROM running r JOIN before b ON b.id = r.account
+        ORDER BY r.n
+        RETURNING *
+    ), numbered AS (
+        -- Entries get their ids in array order, so the n-th entry of an
+        -- account (by id) is its n-th movement.
+        SELECT e.*, to_jsonb(e) AS entry_json,
+               row_number() OVER (PARTITION BY e.account_id ORDER BY e.id) AS k
+        FROM entries e
+    ), marked AS (
+        SELECT e.*, r.d_available, b.low_balance_threshold AS threshold,
+               engine_event_balances(b.id, e.available_after, e.reserved_after, e.used_after,
+                   b.credited + r.c_credited, b.adjusted + r.c_adjusted, b.low_balance_threshold)
+                   AS account_json,
+               engine_is_low(e.available_after, b.low_balance_threshold) AS low,
+               COALESCE(lag(engine_is_low(e.available_after, b.low_balance_threshold))
+                        OVER (PARTITION BY e.account_id ORDER BY e.id), b.balance_low) AS low_before
+        FROM numbered e
+        JOIN before b ON b.id = e.account_id
+        JOIN (SELECT running.*, row_number() OVER (PARTITION BY account ORDER BY n) AS k
+              FROM running) r ON r.account = e.account_id AND r.k = e.k
+    ), emitted AS (
+        INSERT INTO events (type, account_id, data, created_at)
+        SELECT ev.type, ev.account_id, ev.data, ev.created_at
+        FROM (
+            SELECT m.id, 1 AS step,
+                   CASE m.kind WHEN 'credit' THEN 'credit.created'
+                               WHEN 'adjustment' THEN 'adjustment.created'
+                               ELSE 'reservation.expired' END AS type,
+                   m.account_id,
+                   m.account_json || jsonb_build_object('entry', m.entry_json)
+                       || CASE m.kind
+                          WHEN 'credit' THEN jsonb_build_object('credit',
+                              (SELECT to_jsonb(c) FROM credits c WHERE c.external_ref = m.external_ref))
+                          WHEN 'adjustment' THEN jsonb_build_object('adjustment',
+                              (SELECT to_jsonb(a) FROM adjustments a WHERE a.external_ref = m.external_ref))
+                          ELSE jsonb_build_object('reservation',
+                              (SELECT to_jsonb(r) FROM reservations r WHERE r.id = m.reservation_id))
+                          END AS data,
+                   m.created_at
+            FROM marked m WHERE m.kind IN ('credit', 'adjustment', 'expire')
+            UNION ALL
+            SELECT m.id, 2,
+                   CASE WHEN m.low THEN 'account.balance_low' ELSE 'account.balance_recovered' END,
+                   m.account_id, m.account_json || jsonb_build_object('entry', m.entry_json),
+                   m.created_at
+            FROM marked m WHERE m.threshold > 0 AND m.low <> m.low_before
+            UNION ALL
+            SELECT m.id, 3, 'account.balance_depleted', m.account_id,
+                   m.account_json || jsonb_build_object('entry', m.entry_json), m.created_at
+            FROM marked m WHERE m.available_after = 0 AND m.available_after - m.d_available > 0
+        ) ev
+        ORDER BY ev.id, ev.step
+        RETURNING 1
+    )
+    SELECT e.id, e.account_id, e.kind, e.amount, e.available_after, e.reserved_after, e.used_after,
+           e.reservation_id, e.job_id, e.external_ref, e.reason, e.actor, e.created_at
+    FROM entries e ORDER BY e.id;
+END;
+$$;
+
+-- After a change of the account's threshold (no movement): the
+-- low-balance state is brought up to date, with its event when it changed
+-- and a threshold is set. Switching the threshold off (0) forgets the
+-- state without an event.
+CREATE FUNCTION engine_low_balance(p_account accounts, p_entry jsonb, p_at timestamptz)
+RETURNS void
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    low boolean := engine_is_low(p_account.available, p_account.low_balance_threshold);
+BEGIN
+    IF low = p_account.balance_low THEN
+        RETURN;
+    END IF;
+    UPDATE accounts SET balance_low = low WHERE id = p_account.id;
+    IF p_account.low_balance_threshold > 0 THEN
+        PERFORM engine_emit_event(
+            CASE WHEN low THEN 'account.balance_low' ELSE 'account.balance_recovered' END,
+            p_account.id,
+            engine_event_account(p_account) || jsonb_build_object('entry', p_entry), p_at);
+    END IF;
+END;
+$$;

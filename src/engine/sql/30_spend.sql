@@ -1,0 +1,166 @@
+-- Who may spend: reservations, and generation jobs with their reservation.
+
+-- A job's representation for the API: the row (without its hash) and its
+-- reservation's state and expiry.
+CREATE FUNCTION engine_job_view(p_job generation_jobs, p_state text, p_expires_at timestamptz)
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT to_jsonb(p_job) - 'request_hash'
+        || jsonb_build_object('reservation_state', p_state, 'reservation_expires_at', p_expires_at)
+$$;
+
+-- The same, reading the job's reservation.
+CREATE FUNCTION engine_job_json(p_job generation_jobs) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT engine_job_view(p_job, r.state, r.expires_at)
+    FROM reservations r WHERE r.id = p_job.reservation_id
+$$;
+
+-- Spend items (reserve, create_job), decided as if one by one in `pos`
+-- order, set-based. For each item, in this order:
+--   not_found {what: account}   the account does not exist;
+--   replayed / idempotency_key_reused
+--                               the request_id was seen before: a
+--                               reservation (reserve: same amount and
+--                               requested TTL = replayed) or a job
+--                               (create_job: same request hash = replayed);
+--   account_suspended           the account is not active;
+--   insufficient_tokens {available, reserved}
+--                               fewer tokens available than the amount;
+--   too_many_active_reservations {limit}
+--                               the account holds its limit of reservations
+--                               (max_active_reservations; 0 = no limit);
+--   created                     the reservation (and job) is made and the
+--                               tokens move available → reserved.
+-- The balance and the limit are checked against running sums per account:
+-- every item sees the items before it. All items before an account's first
+-- refusal are decided at once; the refusal is final (it saw exactly the
+-- state its predecessors left), and the items after it are decided again
+-- against the state it left, until none is left. The caller holds the
+-- accounts' row locks and passes each request_id at most once per account.
+-- Returns one row per item: outcome, detail, and the reservation (reserve)
+-- or the job (create_job) as JSON.
+CREATE FUNCTION engine_spend(p_items engine_spend_item[])
+RETURNS TABLE (pos integer, outcome text, detail jsonb, object jsonb)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    pending engine_spend_item[] := p_items;
+    later engine_spend_item[];
+    moves engine_movement[];
+    at timestamptz;
+    d record;
+BEGIN
+    WHILE cardinality(pending) > 0 LOOP
+        later := '{}';
+        moves := '{}';
+        at := clock_timestamp();
+        FOR d IN
+            WITH items AS (
+                SELECT i.* FROM unnest(pending) i
+            ), seen AS (
+                SELECT i.*, a.id IS NOT NULL AS account_found, a.status, a.available, a.reserved,
+                       a.active_reservations, a.max_active_reservations,
+                       CASE WHEN x.id IS NOT NULL THEN x END AS earlier_reservation,
+                       CASE WHEN g.id IS NOT NULL THEN g END AS earlier_job,
+                       CASE
+                           WHEN a.id IS NULL THEN 'not_found'
+                           WHEN i.op = 'reserve' AND x.id IS NOT NULL THEN
+                               CASE WHEN x.amount = i.amount
+                                         AND x.requested_ttl_seconds IS NOT DISTINCT FROM i.requested_ttl
+                                    THEN 'replayed' ELSE 'idempotency_key_reused' END
+                           WHEN i.op = 'create_job' AND g.id IS NOT NULL THEN
+                               CASE WHEN g.request_hash = i.hash
+                                    THEN 'replayed' ELSE 'idempotency_key_reused' END
+                           WHEN a.status <> 'active' THEN 'account_suspended'
+                       END AS early
+                FROM items i
+                LEFT JOIN accounts a ON a.id = i.account
+                LEFT JOIN reservations x
+                       ON i.op = 'reserve' AND x.account_id = i.account AND x.request_id = i.request
+                      AND x.job_id IS NULL
+                LEFT JOIN generation_jobs g
+                       ON i.op = 'create_job' AND g.account_id = i.account AND g.request_id = i.request
+            ), summed AS (
+                SELECT s.*,
+                       sum(s.amount) OVER w AS through_amount,
+                       count(*) OVER w AS through_count
+                FROM seen s WHERE s.early IS NULL
+                WINDOW w AS (PARTITION BY s.account ORDER BY s.pos)
+            ), checked AS (
+                SELECT s.*,
+                       CASE WHEN s.available - s.through_amount < 0 THEN 'insufficient_tokens'
+                            WHEN s.max_active_reservations > 0
+                                 AND s.active_reservations + s.through_count > s.max_active_reservations
+                            THEN 'too_many_active_reservations'
+                       END AS refusal
+                FROM summed s
+            ), decided AS (
+                SELECT c.*,
+                       CASE WHEN c.pos < COALESCE(min(c.pos) FILTER (WHERE c.refusal IS NOT NULL)
+                                                      OVER (PARTITION BY c.account), 2147483647)
+                            THEN 'created'
+                            WHEN c.pos = min(c.pos) FILTER (WHERE c.refusal IS NOT NULL)
+                                             OVER (PARTITION BY c.account)
+                            THEN c.refusal
+                       END AS verdict
+                FROM checked c
+            ), new_reservations AS (
+                INSERT INTO reservations (id, account_id, request_id, amount, requested_ttl_seconds,
+                    state, expires_at, job_id)
+                SELECT d.reservation, d.account, d.request, d.amount, d.requested_ttl, 'held',
+                       now() + make_interval(secs => d.ttl), d.job
+                FROM decided d WHERE d.verdict = 'created'
+                ORDER BY d.pos
+                RETURNING *
+            ), new_jobs AS (
+                INSERT INTO generation_jobs (id, account_id, request_id, request_hash, kind, params,
+                    cost, reservation_id)
+                SELECT d.job, d.account, d.request, d.hash, d.kind, d.params, d.amount, d.reservation
+                FROM decided d WHERE d.verdict = 'created' AND d.op = 'create_job'
+                ORDER BY d.pos
+                RETURNING *
+            )
+            SELECT s.pos, s.op, s.account, s.actor, s.amount, s.reservation, s.job,
+                   COALESCE(s.early, d.verdict) AS verdict,
+                   CASE
+                       WHEN s.early = 'not_found' THEN '{"what": "account"}'::jsonb
+                       WHEN d.verdict = 'insufficient_tokens' THEN jsonb_build_object(
+                           'available', d.available - (d.through_amount - d.amount),
+                           'reserved', d.reserved + (d.through_amount - d.amount))
+                       WHEN d.verdict = 'too_many_active_reservations' THEN
+                           jsonb_build_object('limit', d.max_active_reservations)
+                   END AS detail,
+                   CASE
+                       WHEN s.early IN ('replayed', 'idempotency_key_reused') AND s.op = 'reserve'
+                            AND s.early = 'replayed' THEN to_jsonb(s.earlier_reservation)
+                       WHEN s.early = 'replayed' AND s.op = 'create_job'
+                            THEN engine_job_json(s.earlier_job)
+                       WHEN d.verdict = 'created' AND s.op = 'reserve' THEN to_jsonb(nr)
+                       WHEN d.verdict = 'created' THEN engine_job_view(nj, nr.state, nr.expires_at)
+                   END AS object
+            FROM seen s
+            LEFT JOIN decided d ON d.pos = s.pos
+            LEFT JOIN new_reservations nr ON nr.id = s.reservation AND d.verdict = 'created'
+            LEFT JOIN new_jobs nj ON nj.id = s.job AND d.verdict = 'created'
+            ORDER BY s.pos
+        LOOP
+            IF d.verdict IS NULL THEN
+                -- After its account's first refusal: decided in the next round.
+                later := later || ARRAY(SELECT i FROM unnest(pending) i WHERE i.pos = d.pos);
+                CONTINUE;
+            END IF;
+            IF d.verdict = 'created' THEN
+                moves := moves || ROW(d.account, 'reserve', d.amount, 1, d.reservation, d.job, NULL,
+                    NULL, d.actor, at)::engine_movement;
+            END IF;
+            pos := d.pos; outcome := d.verdict; detail := d.detail; object := d.object;
+            RETURN NEXT;
+        END LOOP;
+        IF cardinality(moves) > 0 THEN
+            PERFORM engine_record(moves);
+        END IF;
+        pending := later;
+    END LOOP;
+END;
+$$;

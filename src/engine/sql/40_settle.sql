@@ -1,0 +1,148 @@
+-- When a reservation may leave `held` (commit, partial commit, release,
+-- expire) or be extended, and the settle arithmetic.
+--
+-- Settle items are decided set-based, each against its own reservation
+-- (row-locked in id order; the caller holds the accounts' locks and names
+-- each reservation at most once). For each item, in this order:
+--   not_found {what: reservation}  no such reservation on this account;
+--   owned_by_job                   the reservation belongs to a job and the
+--                                  item is not that job's (the API may not
+--                                  touch a job's reservation);
+--   replayed {state} / not_held {state}
+--                                  the reservation is no longer held: the
+--                                  same resolution again is replayed (a
+--                                  commit of the same amount, a release),
+--                                  anything else is not_held;
+--   amount_exceeds_held {held, amount}
+--                                  a commit of more than is held;
+--   not_due                        an expiry before expires_at;
+--   not_held {state: expired, resolved: true}
+--                                  a commit, release or extend of a
+--                                  reservation past its expiry expires it
+--                                  (reason expired_on_access): expiry
+--                                  dominates;
+--   committed / released / expired / extended
+--                                  what was asked. A commit spends its
+--                                  amount (commit_all: all held) and gives
+--                                  the rest back to available in the same
+--                                  transaction: a `commit` entry, then a
+--                                  `release` of the rest. An extension
+--                                  sets expires_at to now + ttl (a job's
+--                                  never earlier than it was).
+-- `resolved` is true when the item moved the reservation out of `held`;
+-- `at` is the time of the ledger entries of this call.
+CREATE FUNCTION engine_settle(p_items engine_settle_item[])
+RETURNS TABLE (pos integer, outcome text, detail jsonb, reservation reservations, resolved boolean,
+               at timestamptz)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    moves engine_movement[] := '{}';
+    settled_at timestamptz := clock_timestamp();
+    committed bigint;
+    returned bigint;
+    d record;
+BEGIN
+    FOR d IN
+        WITH items AS (
+            SELECT i.* FROM unnest(p_items) i
+        ), locked AS (
+            SELECT r AS found FROM reservations r
+            WHERE r.id IN (SELECT i.reservation FROM items i)
+            ORDER BY r.id
+            FOR UPDATE
+        ), decided AS (
+            SELECT i.*, l.found, (l.found).amount AS held,
+                   CASE
+                       WHEN l.found IS NULL OR (l.found).account_id <> i.account THEN 'not_found'
+                       WHEN (l.found).job_id IS DISTINCT FROM i.job THEN 'owned_by_job'
+                       WHEN (l.found).state <> 'held' THEN
+                           CASE WHEN (i.action IN ('commit', 'commit_all')
+                                      AND (l.found).state = 'committed'
+                                      AND (l.found).committed_amount
+                                          = COALESCE(i.amount, (l.found).amount))
+                                     OR (i.action = 'release' AND (l.found).state = 'released')
+                                THEN 'replayed' ELSE 'not_held' END
+                       WHEN i.action = 'commit' AND i.amount > (l.found).amount
+                           THEN 'amount_exceeds_held'
+                       WHEN i.action = 'expire' AND (l.found).expires_at > now() THEN 'not_due'
+                       WHEN i.action <> 'expire' AND (l.found).expires_at <= now()
+                           THEN 'expired_on_access'
+                       ELSE i.action
+                   END AS verdict
+            FROM items i LEFT JOIN locked l ON (l.found).id = i.reservation
+        ), applied AS (
+            UPDATE reservations r
+            SET state = CASE d.verdict WHEN 'commit' THEN 'committed' WHEN 'commit_all' THEN 'committed'
+                                       WHEN 'release' THEN 'released' WHEN 'extend' THEN 'held'
+                                       ELSE 'expired' END,
+                committed_amount = CASE WHEN d.verdict IN ('commit', 'commit_all')
+                                        THEN COALESCE(d.amount, r.amount) ELSE 0 END,
+                resolved_at = CASE WHEN d.verdict = 'extend' THEN NULL ELSE now() END,
+                expires_at = CASE
+                    WHEN d.verdict <> 'extend' THEN r.expires_at
+                    WHEN d.job IS NULL THEN now() + make_interval(secs => d.ttl)
+                    ELSE GREATEST(r.expires_at, now() + make_interval(secs => d.ttl)) END
+            FROM decided d
+            WHERE r.id = d.reservation
+              AND d.verdict IN ('commit', 'commit_all', 'release', 'extend', 'expire', 'expired_on_access')
+            RETURNING r AS changed
+        )
+        SELECT d.pos, d.action, d.account, d.reservation, d.amount, d.reason, d.actor, d.verdict, d.held,
+               d.found,
+               a.changed
+        FROM decided d LEFT JOIN applied a ON (a.changed).id = d.reservation
+        ORDER BY d.pos
+    LOOP
+        pos := d.pos;
+        at := settled_at;
+        detail := NULL;
+        resolved := (d.changed).id IS NOT NULL AND d.verdict <> 'extend';
+        reservation := CASE WHEN (d.changed).id IS NOT NULL THEN d.changed ELSE d.found END;
+        CASE d.verdict
+            WHEN 'not_found' THEN
+                outcome := 'not_found'; detail := '{"what": "reservation"}';
+            WHEN 'owned_by_job', 'not_due' THEN
+                outcome := d.verdict;
+            WHEN 'replayed', 'not_held' THEN
+                outcome := d.verdict; detail := jsonb_build_object('state', (d.found).state);
+            WHEN 'amount_exceeds_held' THEN
+                outcome := d.verdict; detail := jsonb_build_object('held', d.held, 'amount', d.amount);
+            WHEN 'extend' THEN
+                outcome := 'extended';
+            ELSE
+                -- A resolution: commit, commit_all, release, expire, or an
+                -- expiry on access.
+                outcome := CASE d.verdict WHEN 'commit_all' THEN 'committed'
+                                          WHEN 'commit' THEN 'committed'
+                                          WHEN 'release' THEN 'released'
+                                          WHEN 'expire' THEN 'expired'
+                                          ELSE 'not_held' END;
+                IF d.verdict = 'expired_on_access' THEN
+                    detail := jsonb_build_object('state', 'expired', 'resolved', true);
+                END IF;
+                committed := (d.changed).committed_amount;
+                returned := d.held - committed;
+                -- The commit entry first, then the return of the rest, so a
+                -- replay of the entries passes through both balances; the
+                -- held count drops on the last entry.
+                IF committed > 0 THEN
+                    moves := moves || ROW(d.account, 'commit', committed,
+                        CASE WHEN returned = 0 THEN -1 ELSE 0 END, d.reservation, (d.changed).job_id,
+                        NULL, d.reason, d.actor, settled_at)::engine_movement;
+                END IF;
+                IF returned > 0 THEN
+                    moves := moves || ROW(d.account,
+                        CASE WHEN d.verdict IN ('expire', 'expired_on_access') THEN 'expire' ELSE 'release' END,
+                        returned, -1, d.reservation, (d.changed).job_id, NULL,
+                        CASE WHEN d.verdict = 'expired_on_access' THEN 'expired_on_access' ELSE d.reason END,
+                        d.actor, settled_at)::engine_movement;
+                END IF;
+        END CASE;
+        RETURN NEXT;
+    END LOOP;
+    IF cardinality(moves) > 0 THEN
+        PERFORM engine_record(moves);
+    END IF;
+END;
+$$;

@@ -1,0 +1,419 @@
+-- Job rules: how a job finishes, keeps its lease, and fails when its
+-- tokens are gone. Every function here locks the job's account row before
+-- its reservation or its job row, like every other path.
+
+-- job.succeeded / job.failed for jobs that have just reached that status,
+-- in the transaction that finished them, at their finished_at.
+CREATE FUNCTION engine_job_finished_events(p_jobs uuid[]) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO events (type, account_id, data, created_at)
+    SELECT 'job.' || j.status, j.account_id,
+           engine_event_account(a) || jsonb_build_object('job', engine_job_json(j)),
+           COALESCE(j.finished_at, clock_timestamp())
+    FROM generation_jobs j JOIN accounts a ON a.id = j.account_id
+    WHERE j.id = ANY (p_jobs) AND j.status IN ('succeeded', 'failed')
+    ORDER BY j.id
+$$;
+
+-- The one rule for a job whose reservation is no longer held: it can never
+-- be charged, so it fails (reservation_expired; its tokens are already
+-- back), and its lease token moves on, which fences off a worker that may
+-- still hold it. Only unfinished jobs change; their finished_at is `p_at`
+-- (the time of the movement that took their tokens back), or now when
+-- NULL. Returns the jobs failed.
+CREATE FUNCTION engine_fail_unreserved_jobs(p_jobs uuid[], p_at timestamptz) RETURNS SETOF uuid
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    failed uuid[];
+BEGIN
+    WITH changed AS (
+        UPDATE generation_jobs j
+        SET status = 'failed', finished_at = COALESCE(p_at, clock_timestamp()), updated_at = now(),
+            lease_expires_at = NULL, lease_token = j.lease_token + 1,
+            error = jsonb_build_object('code', 'reservation_expired',
+                'message', 'the job''s reservation expired before it finished')
+        FROM reservations r
+        WHERE j.id = ANY (p_jobs) AND j.status IN ('queued', 'running')
+          AND r.id = j.reservation_id AND r.state <> 'held'
+        RETURNING j.id
+    )
+    SELECT array_agg(id ORDER BY id) INTO failed FROM changed;
+    IF failed IS NOT NULL THEN
+        PERFORM engine_job_finished_events(failed);
+        RETURN QUERY SELECT unnest(failed);
+    END IF;
+END;
+$$;
+
+-- The max-attempts rule: a job that has been claimed `p_attempts` times has
+-- no attempt left when that reaches `p_max`.
+CREATE FUNCTION engine_attempts_exhausted(p_attempts integer, p_max integer) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT p_attempts >= p_max
+$$;
+
+-- A fenced job finish. Which claim may finish it:
+--   p_lease_token       the worker holding that lease (job running);
+--   p_exhausted_max     the reaper: running, lease expired, attempts
+--                       exhausted (engine_attempts_exhausted), never
+--                       submitted to the provider.
+-- Exactly one of the two is set. Success commits the cost; failure
+-- releases it (`p_reason`). A job whose reservation is no longer held
+-- (expired meanwhile, or expired on this access) cannot succeed without a
+-- charge: it fails (engine_fail_unreserved_jobs). The job's finished_at is
+-- its ledger entries' time. Outcomes: done, lease_lost, reservation_lost;
+-- `resolved` and `reservation` say what happened to the tokens.
+CREATE FUNCTION engine_finish_job(
+    p_job uuid, p_lease_token bigint, p_exhausted_max integer, p_status text, p_result jsonb,
+    p_error jsonb, p_reason text, p_actor text,
+    OUT outcome text, OUT job generation_jobs, OUT reservation reservations, OUT resolved boolean
+)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    settled record;
+BEGIN
+    IF (p_lease_token IS NULL) = (p_exhausted_max IS NULL) THEN
+        RAISE EXCEPTION 'engine_finish_job: give exactly one of a lease token and an attempts limit';
+    END IF;
+    IF p_status NOT IN ('succeeded', 'failed') THEN
+        RAISE EXCEPTION 'engine_finish_job: status % is not final', p_status;
+    END IF;
+    resolved := false;
+    SELECT * INTO job FROM generation_jobs WHERE id = p_job;
+    IF NOT FOUND THEN
+        outcome := 'lease_lost';
+        RETURN;
+    END IF;
+    PERFORM 1 FROM accounts WHERE id = job.account_id FOR NO KEY UPDATE;
+    SELECT * INTO job FROM generation_jobs
+    WHERE id = p_job AND status = 'running'
+      AND CASE WHEN p_lease_token IS NOT NULL THEN lease_token = p_lease_token
+               ELSE lease_expires_at < now() AND engine_attempts_exhausted(attempts, p_exhausted_max)
+                    AND provider_job_id IS NULL END
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        outcome := 'lease_lost';
+        RETURN;
+    END IF;
+    SELECT * INTO settled FROM engine_settle(ARRAY[ROW(1,
+        CASE p_status WHEN 'succeeded' THEN 'commit' ELSE 'release' END, job.account_id,
+        job.reservation_id, CASE p_status WHEN 'succeeded' THEN job.cost END, NULL, job.id,
+        p_reason, p_actor)::engine_settle_item]);
+    reservation := settled.reservation;
+    resolved := settled.resolved;
+    IF p_status = 'succeeded' AND settled.outcome <> 'committed' THEN
+        PERFORM engine_fail_unreserved_jobs(ARRAY[p_job], settled.at);
+        outcome := 'reservation_lost';
+    ELSE
+        UPDATE generation_jobs
+        SET status = p_status,
+            result = CASE WHEN p_status = 'succeeded' THEN p_result END,
+            error = p_error,
+            finished_at = settled.at,
+            updated_at = now(), lease_expires_at = NULL,
+            -- The reaper fences off a worker that may still hold the job.
+            lease_token = lease_token + CASE WHEN p_lease_token IS NOT NULL THEN 0 ELSE 1 END
+        WHERE id = p_job;
+        PERFORM engine_job_finished_events(ARRAY[p_job]);
+        outcome := 'done';
+    END IF;
+    SELECT * INTO job FROM generation_jobs WHERE id = p_job;
+END;
+$$;
+
+-- The worker's heartbeat and retry: the job's reservation is extended by
+-- `p_reservation_seconds` (never shortened) and then, fenced on the lease,
+-- `p_requeue_after` NULL extends the lease by `p_lease_seconds`; otherwise
+-- the job goes back to the queue for that many seconds, with `p_error`
+-- recorded. A job whose reservation is no longer held fails instead
+-- (engine_fail_unreserved_jobs): it is never queued again. Outcomes: done,
+-- lease_lost, reservation_lost.
+CREATE FUNCTION engine_job_heartbeat(
+    p_job uuid, p_lease_token bigint, p_lease_seconds integer, p_reservation_seconds double precision,
+    p_requeue_after double precision, p_error jsonb,
+    OUT outcome text
+)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    job generation_jobs;
+    extended record;
+BEGIN
+    SELECT * INTO job FROM generation_jobs WHERE id = p_job;
+    IF NOT FOUND THEN
+        outcome := 'lease_lost';
+        RETURN;
+    END IF;
+    PERFORM 1 FROM accounts WHERE id = job.account_id FOR NO KEY UPDATE;
+    SELECT * INTO job FROM generation_jobs
+    WHERE id = p_job AND lease_token = p_lease_token AND status = 'running' FOR UPDATE;
+    IF NOT FOUND THEN
+        outcome := 'lease_lost';
+        RETURN;
+    END IF;
+    SELECT * INTO extended FROM engine_settle(ARRAY[ROW(1, 'extend', job.account_id,
+        job.reservation_id, NULL, p_reservation_seconds, job.id, NULL, 'system')::engine_settle_item]);
+    IF extended.outcome <> 'extended' THEN
+        PERFORM engine_fail_unreserved_jobs(ARRAY[p_job], extended.at);
+        outcome := 'reservation_lost';
+        RETURN;
+    END IF;
+    IF p_requeue_after IS NULL THEN
+        UPDATE generation_jobs
+        SET lease_expires_at = now() + make_interval(secs => p_lease_seconds), updated_at = now()
+        WHERE id = p_job;
+    ELSE
+        UPDATE generation_jobs
+        SET status = 'queued', lease_expires_at = NULL, error = p_error, updated_at = now(),
+            next_attempt_at = now() + make_interval(secs => p_requeue_after)
+        WHERE id = p_job;
+    END IF;
+    outcome := 'done';
+END;
+$$;
+
+-- The reaper's fix-up of a finished job whose reservation is still held:
+-- succeeded → commit its cost, failed → release, reason `fixup`. Outcome:
+-- committed, released, not_finished, or what engine_settle decided.
+CREATE FUNCTION engine_fixup(p_job uuid, OUT outcome text, OUT amount bigint)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    job generation_jobs;
+    settled record;
+BEGIN
+    SELECT * INTO job FROM generation_jobs WHERE id = p_job;
+    IF NOT FOUND THEN
+        outcome := 'not_finished';
+        RETURN;
+    END IF;
+    PERFORM 1 FROM accounts WHERE id = job.account_id FOR NO KEY UPDATE;
+    SELECT * INTO job FROM generation_jobs WHERE id = p_job AND status IN ('succeeded', 'failed');
+    IF NOT FOUND THEN
+        outcome := 'not_finished';
+        RETURN;
+    END IF;
+    SELECT * INTO settled FROM engine_settle(ARRAY[ROW(1,
+        CASE job.status WHEN 'succeeded' THEN 'commit' ELSE 'release' END, job.account_id,
+        job.reservation_id, CASE job.status WHEN 'succeeded' THEN job.cost END, NULL, job.id,
+        'fixup', 'system')::engine_settle_item]);
+    outcome := settled.outcome;
+    amount := job.cost;
+END;
+$$;
+
+-- The reaper's fix-up of jobs still queued or running whose reservation is
+-- no longer held (engine_fail_unreserved_jobs), up to `p_limit`, accounts
+-- locked in id order first. Returns how many failed.
+CREATE FUNCTION engine_fail_orphaned_jobs(p_limit integer) RETURNS integer
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    orphans uuid[];
+    failed integer;
+BEGIN
+    SELECT array_agg(j.id ORDER BY j.id) INTO orphans
+    FROM (SELECT j.id, j.account_id FROM generation_jobs j
+          JOIN reservations r ON r.id = j.reservation_id
+          WHERE j.status IN ('queued', 'running') AND r.state <> 'held'
+          ORDER BY j.id LIMIT p_limit) j;
+    IF orphans IS NULL THEN
+        RETURN 0;
+    END IF;
+    PERFORM 1 FROM accounts
+    WHERE id IN (SELECT account_id FROM generation_jobs WHERE id = ANY (orphans))
+    ORDER BY id FOR NO KEY UPDATE;
+    SELECT count(*) INTO failed FROM engine_fail_unreserved_jobs(orphans, NULL);
+    RETURN failed;
+END;
+$$;
+
+-- The reaper's expiry: up to `p_limit` held reservations past their expiry
+-- → expired (ledger `expire`, reason `expired`), and their unfinished jobs
+-- fail (engine_fail_unreserved_jobs). Accounts locked in id order, then
+-- one engine_settle for all of them. One row per reservation this call
+-- expired.
+CREATE FUNCTION engine_expire_due(p_limit integer)
+RETURNS TABLE (reservation_id uuid, amount bigint, job_failed boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    due engine_settle_item[];
+    expired reservations[] := '{}';
+    failed uuid[];
+    settled_at timestamptz;
+    s record;
+BEGIN
+    SELECT array_agg(ROW(r.n, 'expire', r.account_id, r.id, NULL, NULL, r.job_id, 'expired',
+                         'system')::engine_settle_item ORDER BY r.n)
+    INTO due
+    FROM (SELECT id, account_id, job_id, row_number() OVER (ORDER BY account_id, id)::integer AS n
+          FROM reservations
+          WHERE state = 'held' AND expires_at <= now()
+          ORDER BY account_id, id LIMIT p_limit) r;
+    IF due IS NULL THEN
+        RETURN;
+    END IF;
+    PERFORM 1 FROM accounts WHERE id IN (SELECT d.account FROM unnest(due) d)
+    ORDER BY id FOR NO KEY UPDATE;
+    FOR s IN SELECT * FROM engine_settle(due) LOOP
+        CONTINUE WHEN s.outcome <> 'expired';
+        expired := expired || s.reservation;
+        settled_at := s.at;
+    END LOOP;
+    failed := ARRAY(SELECT engine_fail_unreserved_jobs(
+        ARRAY(SELECT e.job_id FROM unnest(expired) e WHERE e.job_id IS NOT NULL), settled_at));
+    RETURN QUERY
+    SELECT e.id, e.amount, e.job_id IS NOT NULL AND e.job_id = ANY (failed)
+    FROM unnest(expired) e;
+END;
+$$;
+
+-- A worker's claim of up to `p_limit` due jobs: queued jobs whose backoff
+-- has passed, and running jobs whose lease expired (their worker died).
+-- The candidates are found without locks, their accounts are locked in id
+-- order, then the jobs themselves (SKIP LOCKED: a job another worker is
+-- claiming is left to it) and checked again. Each claim moves the fencing
+-- token on, counts an attempt and leases the job to `p_owner` for
+-- `p_lease_seconds`. For each job: whether its reservation is held for
+-- longer than the lease (then no heartbeat is needed before the first
+-- provider call), and what the max-attempts rule
+-- (engine_attempts_exhausted with `p_max_attempts`) says: `over_limit`,
+-- the job had no attempt left before this claim (only a result the
+-- provider already holds may still finish it); `last_attempt`, no retry
+-- follows this one.
+CREATE FUNCTION engine_claim_jobs(p_owner text, p_lease_seconds integer, p_max_attempts integer,
+    p_limit integer)
+RETURNS TABLE (job generation_jobs, reservation_outlasts_lease boolean, over_limit boolean,
+               last_attempt boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    candidates uuid[];
+BEGIN
+    candidates := ARRAY(
+        (SELECT j.id FROM generation_jobs j
+         WHERE j.status = 'queued' AND j.next_attempt_at <= now()
+         ORDER BY j.next_attempt_at LIMIT p_limit)
+        UNION ALL
+        (SELECT j.id FROM generation_jobs j
+         WHERE j.status = 'running' AND j.lease_expires_at < now()
+         ORDER BY j.lease_expires_at LIMIT p_limit));
+    IF cardinality(candidates) = 0 THEN
+        RETURN;
+    END IF;
+    PERFORM 1 FROM accounts
+    WHERE id IN (SELECT j.account_id FROM generation_jobs j WHERE j.id = ANY (candidates))
+    ORDER BY id FOR NO KEY UPDATE;
+    RETURN QUERY
+    WITH claimable AS (
+        SELECT j.id FROM generation_jobs j
+        WHERE j.id = ANY (candidates)
+          AND (j.status = 'queued' AND j.next_attempt_at <= now()
+               OR j.status = 'running' AND j.lease_expires_at < now())
+        ORDER BY j.id
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED
+    ), claimed AS (
+        UPDATE generation_jobs j
+        SET status = 'running', lease_owner = p_owner, lease_token = j.lease_token + 1,
+            lease_expires_at = now() + make_interval(secs => p_lease_seconds),
+            attempts = j.attempts + 1, updated_at = now()
+        FROM claimable c WHERE j.id = c.id
+        RETURNING j
+    )
+    SELECT c.j,
+           COALESCE((SELECT r.expires_at > now() + make_interval(secs => p_lease_seconds)
+                     FROM reservations r
+                     WHERE r.id = (c.j).reservation_id AND r.state = 'held'), false),
+           engine_attempts_exhausted((c.j).attempts - 1, p_max_attempts),
+           engine_attempts_exhausted((c.j).attempts, p_max_attempts)
+    FROM claimed c
+    ORDER BY (c.j).id;
+END;
+$$;
+
+-- The reaper's requeue: up to `p_limit` running jobs whose lease expired
+-- go back to the queue (the fencing token moves on, so their old worker is
+-- shut out) when they have attempts left (engine_attempts_exhausted with
+-- `p_max_attempts`) or the provider may hold their result; the others are
+-- for engine_fail_exhausted_jobs. Accounts locked in id order first.
+-- Returns how many were requeued.
+CREATE FUNCTION engine_requeue_expired_leases(p_limit integer, p_max_attempts integer)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    candidates uuid[];
+    requeued integer;
+BEGIN
+    candidates := ARRAY(
+        SELECT j.id FROM generation_jobs j
+        WHERE j.status = 'running' AND j.lease_expires_at < now()
+          AND (NOT engine_attempts_exhausted(j.attempts, p_max_attempts)
+               OR j.provider_job_id IS NOT NULL)
+        ORDER BY j.id LIMIT p_limit);
+    IF cardinality(candidates) = 0 THEN
+        RETURN 0;
+    END IF;
+    PERFORM 1 FROM accounts
+    WHERE id IN (SELECT j.account_id FROM generation_jobs j WHERE j.id = ANY (candidates))
+    ORDER BY id FOR NO KEY UPDATE;
+    WITH due AS (
+        SELECT j.id FROM generation_jobs j
+        WHERE j.id = ANY (candidates) AND j.status = 'running' AND j.lease_expires_at < now()
+        ORDER BY j.id
+        FOR UPDATE SKIP LOCKED
+    ), requeued_jobs AS (
+        UPDATE generation_jobs j
+        SET status = 'queued', lease_expires_at = NULL, lease_token = j.lease_token + 1,
+            next_attempt_at = now(), updated_at = now()
+        FROM due WHERE j.id = due.id
+        RETURNING 1
+    )
+    SELECT count(*) INTO requeued FROM requeued_jobs;
+    RETURN requeued;
+END;
+$$;
+
+-- The reaper's end of a job whose workers kept losing their lease: up to
+-- `p_limit` running jobs, lease expired, attempts exhausted, never
+-- submitted to the provider, fail `attempts_exhausted` and their tokens go
+-- back (engine_finish_job with the reaper's fence), in one transaction.
+-- Returns the finished
+-- jobs with their resolved reservation (for the metrics).
+CREATE FUNCTION engine_fail_exhausted_jobs(p_limit integer, p_max_attempts integer)
+RETURNS TABLE (job_id uuid, reservation reservations, resolved boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    candidates uuid[];
+    candidate uuid;
+    finished record;
+BEGIN
+    candidates := ARRAY(
+        SELECT j.id FROM generation_jobs j
+        WHERE j.status = 'running' AND j.lease_expires_at < now()
+          AND engine_attempts_exhausted(j.attempts, p_max_attempts)
+          AND j.provider_job_id IS NULL
+        ORDER BY j.id LIMIT p_limit);
+    -- All their accounts first, in id order: one transaction finishes them all.
+    PERFORM 1 FROM accounts
+    WHERE id IN (SELECT j.account_id FROM generation_jobs j WHERE j.id = ANY (candidates))
+    ORDER BY id FOR NO KEY UPDATE;
+    FOREACH candidate IN ARRAY candidates
+    LOOP
+        SELECT * INTO finished FROM engine_finish_job(candidate, NULL, p_max_attempts, 'failed',
+            NULL, jsonb_build_object('code', 'attempts_exhausted',
+                'message', 'the job''s workers kept losing their lease'),
+            'attempts_exhausted', 'system');
+        CONTINUE WHEN finished.outcome = 'lease_lost';
+        job_id := candidate;
+        reservation := finished.reservation;
+        resolved := finished.resolved;
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;

@@ -1,0 +1,187 @@
+-- The entry point of every spending request of the API, alone or
+-- coalesced with concurrent ones: a batch of operations on any accounts,
+-- in one statement (one transaction, one WAL flush).
+--
+-- The batch crosses as typed arrays, one element per operation (element i
+-- of every array belongs to operation i). `p_op` names the operation; the
+-- fields each needs must be set, the others NULL:
+--   reserve      account, actor, request, amount, ttl, new_id (the
+--                reservation); requested_ttl as the client sent it (NULL:
+--                none)
+--   create_job   account, actor, request, amount (its cost), ttl, new_id
+--                (the reservation), job, hash, kind, params
+--   commit       account, actor, reservation, amount (exactly this many)
+--   commit_all   account, actor, reservation (all held; amount NULL)
+--   release      account, actor, reservation
+--   extend       account, actor, reservation, ttl
+--   credit       account, actor, new_id, amount, external_ref; note may be NULL
+--   adjust       account, actor, new_id, amount, external_ref, reason
+-- `p_authorized` says who vouches for the caller: true when the service has
+-- authorised it already (the ADMIN_API_KEY bootstrap admin, an admin
+-- request, a worker); false when the operation carries the caller's key —
+-- key_id and key_hash (SHA-256 of its secret), both set — verified here in
+-- the same statement (engine_verify_keys, engine_spend_authority). Credits
+-- and adjustments are always authorised by the caller (admin);
+-- http_request_id is the audit event's request id. A missing field is an
+-- error (the whole batch fails), never a default.
+--
+-- Accounts are locked in id order first. Operations are then applied as if
+-- one by one in array order, each getting the answer it would have had
+-- alone at that point: an operation that cannot be decided together with
+-- the ones before it on its account — a different class of operation
+-- (spend: reserve, create_job; settle: commit, release, extend; external:
+-- credit, adjust), or the same request_id, reservation or external_ref
+-- again — starts a new round on that account. Each round is one
+-- engine_spend and one engine_settle for all accounts (set-based), and the
+-- external operations one by one. Returns one row per operation: its
+-- position (1-based), outcome, detail and object (JSON).
+CREATE FUNCTION engine_apply(
+    p_op text[], p_account uuid[], p_actor text[], p_key_id uuid[], p_key_hash bytea[],
+    p_authorized boolean[], p_request uuid[], p_amount bigint[], p_requested_ttl integer[],
+    p_ttl integer[], p_new_id uuid[], p_job uuid[], p_reservation uuid[], p_hash bytea[],
+    p_kind text[], p_params jsonb[], p_external_ref text[], p_note text[], p_reason text[],
+    p_http_request_id text[]
+)
+RETURNS TABLE (op_position integer, outcome text, detail jsonb, object jsonb)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    batch integer := cardinality(p_op);
+    ops engine_op[];
+    refused integer[] := '{}';
+    last_round integer;
+    spends engine_spend_item[];
+    settles engine_settle_item[];
+    bad record;
+    r record;
+    e record;
+BEGIN
+    IF batch IS NULL OR batch = 0 THEN
+        RETURN;
+    END IF;
+    IF (batch = ALL (ARRAY[cardinality(p_account), cardinality(p_actor), cardinality(p_key_id),
+            cardinality(p_key_hash), cardinality(p_authorized), cardinality(p_request),
+            cardinality(p_amount), cardinality(p_requested_ttl), cardinality(p_ttl),
+            cardinality(p_new_id), cardinality(p_job), cardinality(p_reservation),
+            cardinality(p_hash), cardinality(p_kind), cardinality(p_params),
+            cardinality(p_external_ref), cardinality(p_note), cardinality(p_reason),
+            cardinality(p_http_request_id)])) IS NOT TRUE THEN
+        RAISE EXCEPTION 'engine_apply: every array must have % elements', batch
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    SELECT array_agg(ROW(o.n, o.op, o.class, o.round, o.account, o.actor, o.key_id, o.key_hash, o.authorized, o.request, o.amount,
+               o.requested_ttl, o.ttl, o.new_id, o.job, o.reservation, o.hash, o.kind, o.params,
+               o.external_ref, o.note, o.reason, o.http_request_id)::engine_op ORDER BY o.n)
+    INTO ops
+    FROM (
+      SELECT s.*, sum(s.starts::integer) OVER (PARTITION BY s.account ORDER BY s.n)::integer AS round
+      FROM (
+        SELECT c.*,
+               COALESCE(lag(c.class) OVER (PARTITION BY c.account ORDER BY c.n) <> c.class, false)
+               OR row_number() OVER (PARTITION BY c.account, c.class, c.target ORDER BY c.n) > 1
+                   AS starts
+        FROM (
+            SELECT u.*,
+                   CASE WHEN u.op IN ('reserve', 'create_job') THEN 'spend'
+                        WHEN u.op IN ('commit', 'commit_all', 'release', 'extend') THEN 'settle'
+                        ELSE 'external' END AS class,
+                   CASE WHEN u.op IN ('reserve', 'create_job') THEN u.op || ':' || u.request
+                        WHEN u.op IN ('credit', 'adjust') THEN u.op || ':' || u.external_ref
+                        ELSE u.reservation::text END AS target
+            FROM unnest(p_op, p_account, p_actor, p_key_id, p_key_hash, p_authorized, p_request,
+                        p_amount, p_requested_ttl, p_ttl, p_new_id, p_job, p_reservation, p_hash,
+                        p_kind, p_params, p_external_ref, p_note, p_reason, p_http_request_id)
+                 WITH ORDINALITY AS u (op, account, actor, key_id, key_hash, authorized, request,
+                     amount, requested_ttl, ttl, new_id, job, reservation, hash, kind, params,
+                     external_ref, note, reason, http_request_id, n)
+        ) c
+      ) s
+    ) o;
+
+    SELECT o.n, o.op INTO bad FROM unnest(ops) o
+    WHERE o.account IS NULL OR o.actor IS NULL OR NOT CASE o.op
+        WHEN 'reserve' THEN o.request IS NOT NULL AND o.amount IS NOT NULL AND o.ttl IS NOT NULL
+                            AND o.new_id IS NOT NULL
+        WHEN 'create_job' THEN o.request IS NOT NULL AND o.amount IS NOT NULL AND o.ttl IS NOT NULL
+                            AND o.new_id IS NOT NULL AND o.job IS NOT NULL AND o.hash IS NOT NULL
+                            AND o.kind IS NOT NULL AND o.params IS NOT NULL
+        WHEN 'commit' THEN o.reservation IS NOT NULL AND o.amount IS NOT NULL
+        WHEN 'commit_all' THEN o.reservation IS NOT NULL AND o.amount IS NULL
+        WHEN 'release' THEN o.reservation IS NOT NULL
+        WHEN 'extend' THEN o.reservation IS NOT NULL AND o.ttl IS NOT NULL
+        WHEN 'credit' THEN o.new_id IS NOT NULL AND o.amount IS NOT NULL
+                           AND o.external_ref IS NOT NULL
+        WHEN 'adjust' THEN o.new_id IS NOT NULL AND o.amount IS NOT NULL
+                           AND o.external_ref IS NOT NULL AND o.reason IS NOT NULL
+        ELSE false END
+       OR o.authorized IS NULL
+       OR (o.authorized = false AND (o.class = 'external' OR o.key_id IS NULL OR o.key_hash IS NULL))
+    ORDER BY o.n LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'engine_apply: operation % (%) lacks a required field or names an unknown operation',
+            bad.n, COALESCE(bad.op, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    -- An array, so the accounts are found by index whatever the plan.
+    PERFORM 1 FROM accounts
+    WHERE id = ANY (ARRAY(SELECT DISTINCT o.account FROM unnest(ops) o))
+    ORDER BY id FOR NO KEY UPDATE;
+
+    -- Keys: a spending operation whose key does not verify, or may not
+    -- spend on this account, is answered here and takes no further part.
+    FOR r IN
+        SELECT o.n,
+               CASE WHEN o.authorized THEN 'ok'
+                    WHEN k.key_id IS NULL THEN 'unauthorized'
+                    ELSE engine_spend_authority(k.scope, k.account_id, o.account) END AS verdict
+        FROM unnest(ops) o
+        LEFT JOIN engine_verify_keys(ARRAY(SELECT x.key_id FROM unnest(ops) x ORDER BY x.n),
+                                     ARRAY(SELECT x.key_hash FROM unnest(ops) x ORDER BY x.n)) k
+               ON k.n = o.n
+        WHERE o.class <> 'external'
+        ORDER BY o.n
+    LOOP
+        CONTINUE WHEN r.verdict = 'ok';
+        refused := refused || r.n;
+        op_position := r.n; outcome := r.verdict; object := NULL;
+        detail := CASE WHEN r.verdict = 'not_found' THEN '{"what": "account"}'::jsonb END;
+        RETURN NEXT;
+    END LOOP;
+
+    SELECT max(o.round) INTO last_round FROM unnest(ops) o;
+    FOR k IN 0 .. last_round LOOP
+        SELECT array_agg(ROW(o.n, o.op, o.account, o.actor, o.request, o.amount, o.requested_ttl,
+                             o.ttl, o.new_id, o.job, o.hash, o.kind, o.params)::engine_spend_item
+                         ORDER BY o.n)
+        INTO spends
+        FROM unnest(ops) o
+        WHERE o.round = k AND o.class = 'spend' AND o.n <> ALL (refused);
+        IF spends IS NOT NULL THEN
+            RETURN QUERY SELECT s.pos, s.outcome, s.detail, s.object FROM engine_spend(spends) s;
+        END IF;
+
+        SELECT array_agg(ROW(o.n, o.op, o.account, o.reservation, o.amount, o.ttl::double precision,
+                             NULL, NULL, o.actor)::engine_settle_item ORDER BY o.n)
+        INTO settles
+        FROM unnest(ops) o
+        WHERE o.round = k AND o.class = 'settle' AND o.n <> ALL (refused);
+        IF settles IS NOT NULL THEN
+            RETURN QUERY
+            SELECT s.pos, s.outcome, s.detail,
+                   CASE WHEN (s.reservation).id IS NOT NULL THEN to_jsonb(s.reservation) END
+            FROM engine_settle(settles) s;
+        END IF;
+
+        FOR e IN SELECT o.* FROM unnest(ops) o
+                 WHERE o.round = k AND o.class = 'external' ORDER BY o.n LOOP
+            SELECT * INTO r FROM engine_external(
+                CASE e.op WHEN 'credit' THEN 'credit' ELSE 'adjustment' END, e.account, e.new_id,
+                e.amount, e.external_ref, e.note, e.reason, e.actor, e.http_request_id);
+            op_position := e.n; outcome := r.outcome; detail := r.detail; object := r.object;
+            RETURN NEXT;
+        END LOOP;
+    END LOOP;
+END;
+$$;
