@@ -43,11 +43,11 @@
 # (conservation, ledger replay, reservations, jobs); a mismatch or an
 # aborted pgbench client stops the script.
 #
-# --dry-run: no service. The references run for real (database migrated
-# with psql -f of migrations/*/up.sql in order when there is no release
-# build); the service's lines are placeholders (cycles_per_s=1000 …), so
-# the table's service columns and ratios are placeholders too: it tests the
-# script, not the service.
+# --dry-run: no service and no build. The references run for real, on a
+# database migrated with psql -f of this checkout's migrations/*/up.sql in
+# order; the service's lines are placeholders (cycles_per_s=1000 …), so the
+# table's service columns and ratios are placeholders too: it tests the
+# references on today's schema and the script, not the service (CI runs it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -146,7 +146,7 @@ ensure_template() { # accounts
   local template="tb_bench_reference_template_$1"
   grep -qw "$template" <<< "$templates" && return 0
   psql_admin "DROP DATABASE IF EXISTS $template WITH (FORCE)"
-  if [ -x "$binary" ]; then
+  if ! $dry_run; then
     "$binary" --database-url "$server_url/$template" migrate > /dev/null
   else
     psql_admin "CREATE DATABASE $template"
@@ -230,7 +230,7 @@ def ms(runs, i):
 def rss(runs, i):
     values = [run[i] for run in runs if run[i] == run[i]]
     return f"{max(values):.1f}" if values else "n/a"
-print(f"Medians of {rounds} rounds of {seconds} s; ratio = service / reference.")
+print(f"Medians of {rounds} round{'' if rounds == '1' else 's'} of {seconds} s; ratio = service / reference.")
 if dry_run == "true":
     print("DRY RUN: no service ran; its columns and the ratios are placeholders.")
 print()
