@@ -81,6 +81,7 @@ service_db="tb_bench_service"
 reference_db="tb_bench_reference"
 service_pid=""
 results="$(mktemp)"
+service_line="$(mktemp)"
 templates=""
 psql_admin() { PGOPTIONS="-c client_min_messages=warning" psql -h 127.0.0.1 -U postgres -v ON_ERROR_STOP=1 -qtAc "$1" postgres > /dev/null; }
 
@@ -90,7 +91,7 @@ start_service() {
   DATABASE_URL="$server_url/$service_db" BIND_ADDR="127.0.0.1:$port" ADMIN_API_KEY="$key" \
     RATE_LIMIT_PER_SECOND=0 RUST_LOG=warn "$binary" serve > /tmp/token-billing-bench.log 2>&1 &
   service_pid=$!
-  for _ in $(seq 1 100); do
+  for _ in $(seq 1 600); do # up to a minute: it migrates a fresh database first
     curl -fsS "http://127.0.0.1:$port/readyz" > /dev/null 2>&1 && return 0
     sleep 0.1
   done
@@ -108,7 +109,7 @@ stop_service() {
 
 cleanup() {
   stop_service
-  rm -f "$results"
+  rm -f "$results" "$service_line"
   for template in $templates; do
     psql_admin "DROP DATABASE IF EXISTS $template WITH (FORCE)" || true
   done
@@ -117,7 +118,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# One service run: prints the load generator's line (key=value pairs).
+# One service run: prints the load generator's line (key=value pairs). Called
+# with its output redirected to a file, not in $(…): it runs in the main
+# shell, so that the EXIT trap knows the service's pid and stops it.
 service_run() { # scenario accounts kiosks
   if $dry_run; then
     echo "scenario=$1 concurrency=$3 accounts=$2 cycles_per_s=1000 requests=0 p50_ms=1.00 p99_ms=2.00 max_ms=3.00 peak_rss_mib=n/a books=ok (dry run: placeholder)"
@@ -127,7 +130,7 @@ service_run() { # scenario accounts kiosks
   local line
   line="$("$tools" bench load --url "http://127.0.0.1:$port" --admin-key "$key" --scenario "$1" \
     --accounts "$2" --concurrency "$3" --seconds "$seconds" --service-pid "$service_pid")" \
-    || { stop_service; echo "bench load failed ($1, $3 kiosks)" >&2; exit 1; }
+    || { stop_service; echo "bench load failed ($1, $3 kiosks): $line" >&2; exit 1; }
   stop_service
   grep -q 'books=ok' <<< "$line" || { echo "the service's books did not balance: $line" >&2; exit 1; }
   echo "$line"
@@ -191,7 +194,8 @@ if [ "$mode" = cycles ]; then
     [ "$load" = hot ] && accounts=1 kiosk_counts="$hot_kiosks"
     for kiosks in $kiosk_counts; do
       for round in $(seq 1 "$rounds"); do
-        line="$(service_run "$load" "$accounts" "$kiosks")"
+        service_run "$load" "$accounts" "$kiosks" > "$service_line"
+        line="$(cat "$service_line")"
         one="$(reference_run bench/reference_cycle.pgbench.sql "$accounts" "$kiosks")"
         batched=0
         if [ "$load" = spread ]; then
@@ -205,7 +209,8 @@ if [ "$mode" = cycles ]; then
 else
   for kiosks in $job_kiosks; do
     for round in $(seq 1 "$rounds"); do
-      line="$(service_run jobs "$job_accounts" "$kiosks")"
+      service_run jobs "$job_accounts" "$kiosks" > "$service_line"
+      line="$(cat "$service_line")"
       accounts="$(field accounts "$line")"
       [ "$accounts" = nan ] && accounts="$job_accounts"
       ensure_template "$accounts"

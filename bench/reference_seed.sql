@@ -10,10 +10,11 @@
 -- limit (0), no low-balance threshold: the same fleet `bench load` creates.
 --
 -- Fixed means: the references' statements are the whole cost. Triggers
--- run the service's functions, which change with the service (today
--- `generation_jobs_finished` writes job.succeeded through engine_*
--- functions); the user triggers of the tables the references write are
--- therefore disabled here, and the references write what the books need
+-- run the service's functions, which change with the service (when this
+-- was written, the trigger `generation_jobs_finished` wrote job.succeeded
+-- through engine_* functions; the engine's second edition drops it); the
+-- user triggers of the tables the references write are therefore disabled
+-- here, whatever they are, and the references write what the books need
 -- (reservation, ledger entry, job row, job.succeeded event) in their own
 -- SQL. Foreign keys and CHECKs (internal constraint triggers) stay on.
 CREATE OR REPLACE FUNCTION bench_uuid(n bigint) RETURNS uuid LANGUAGE sql IMMUTABLE PARALLEL SAFE
