@@ -1,50 +1,103 @@
 #!/usr/bin/env bash
-# Service vs PostgreSQL on the same SQL, side by side in one run.
+# The service against FIXED hand-written SQL, side by side in one run.
 #
-# For each scenario (spread: 1,000 accounts; hot: one account) and each
-# concurrency, runs `token-billing-tools bench load` against a release build of
-# the service, then pgbench -M prepared with the script printed by
-# `token-billing-tools bench pgbench-script` (written from the very statements the
-# service executes for one reserve→commit cycle) at the same concurrency.
-# Each pair runs `rounds` times, alternating; the table shows medians and
-# the ratio of the medians (the machine is shared and noisy). On the hot
-# account the service runs twice per round: as configured (group commit,
-# COALESCE_MAX_BATCH=32) and one by one (COALESCE_MAX_BATCH=1), the latter
-# executing exactly pgbench's statements. The jobs scenario has no pgbench
-# twin; it is reported on its own.
+# Usage:
+#   bench/compare.sh [--seconds S] [--rounds N] [--spread "2 8 32 64"] [--hot "8 32"] [--dry-run]
+#   bench/compare.sh --jobs [--seconds S] [--rounds N] [--kiosks "8 32"] [--accounts A] [--dry-run]
+# Defaults: 8 s per run (after a 2 s warm-up), 3 rounds. Needs PostgreSQL on
+# 127.0.0.1:5432 (user postgres, trust), pgbench, and a release build
+# (cargo build --release: token-billing and token-billing-tools).
 #
-# Usage: bench/compare.sh [seconds per run, default 8] [concurrencies, default "8 32 64"] [rounds, default 3]
-# Needs: a release build (cargo build --release), PostgreSQL on 127.0.0.1:5432.
+# Cycles (default). For each load and kiosk count, `rounds` times, one after
+# the other on fresh databases:
+#   - the service: `token-billing-tools bench load --scenario spread|hot`
+#     against the release service (kiosks over real HTTP, a key per account,
+#     one cycle = reserve 1 token, then commit it; the books are checked
+#     with GET /v1/reconciliation and a run that does not balance stops the
+#     script);
+#   - bench/reference_cycle.pgbench.sql: the same cycle as hand-written SQL,
+#     one request per transaction (pgbench -M prepared -j 2, same kiosk
+#     count as clients; cycles/s = tps);
+#   - spread only, bench/reference_cycle_batched8.pgbench.sql: the same
+#     cycles set-based, 8 accounts per statement (cycles/s = tps × 8).
+# spread = 1,000 accounts, kiosks 2 8 32 64; hot = 1 account, kiosks 8 32.
+# The table shows medians of the rounds and ratios of the medians
+# (service / reference; above 1 = the service is faster).
+#
+# Jobs (--jobs). `bench load --scenario jobs` (create a job, long-poll it to
+# succeeded, simulated provider at zero delay) against
+# bench/reference_job.pgbench.sql: one job as three transactions (create,
+# claim, finish; jobs/s = tps), at 8 and 32 kiosks. The reference runs on as
+# many accounts as the service's run reports (`accounts=` of its line;
+# --accounts is passed to the service and used as such with --dry-run).
+#
+# Why fixed: the references are hand-written files that are never edited
+# (a change is a new file). They must not move with the service's code, or
+# the ratio measures nothing; they were once printed from the service's own
+# statements, and slowed down with it. They run on a database migrated by
+# the service under test (`token-billing migrate`: its tables), seeded by
+# bench/reference_seed.sql, which disables the user triggers of the tables
+# the references write (triggers run the service's functions; the
+# references write what the books need themselves). After every reference
+# run bench/reference_books.sql checks the books from the tables alone
+# (conservation, ledger replay, reservations, jobs); a mismatch or an
+# aborted pgbench client stops the script.
+#
+# --dry-run: no service and no build. The references run for real, on a
+# database migrated with psql -f of this checkout's migrations/*/up.sql in
+# order; the service's lines are placeholders (cycles_per_s=1000 …), so the
+# table's service columns and ratios are placeholders too: it tests the
+# references on today's schema and the script, not the service (CI runs it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-seconds="${1:-8}"
-concurrencies="${2:-8 32 64}"
-rounds="${3:-3}"
+
+mode=cycles seconds=8 rounds=3 spread_kiosks="2 8 32 64" hot_kiosks="8 32" job_kiosks="8 32"
+job_accounts=1000 dry_run=false
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --jobs) mode=jobs ;;
+    --dry-run) dry_run=true ;;
+    --seconds) seconds="$2"; shift ;;
+    --rounds) rounds="$2"; shift ;;
+    --spread) spread_kiosks="$2"; shift ;;
+    --hot) hot_kiosks="$2"; shift ;;
+    --kiosks) job_kiosks="$2"; shift ;;
+    --accounts) job_accounts="$2"; shift ;;
+    *) sed -n '2,8p' "$0" >&2; exit 2 ;;
+  esac
+  shift
+done
+
 binary="${CARGO_TARGET_DIR:-target}/release/token-billing"
 tools="${CARGO_TARGET_DIR:-target}/release/token-billing-tools"
-[ -x "$binary" ] && [ -x "$tools" ] || { echo "build first: cargo build --release" >&2; exit 1; }
+if ! $dry_run && ! { [ -x "$binary" ] && [ -x "$tools" ]; }; then
+  echo "build first: cargo build --release (or --dry-run)" >&2
+  exit 1
+fi
 server_url="postgres://postgres@127.0.0.1:5432"
 key="bench-admin-key-0123456789"
 port=18090
 service_db="tb_bench_service"
-pgbench_db="tb_bench_pgbench"
+reference_db="tb_bench_reference"
 service_pid=""
-script="$(mktemp)"
 results="$(mktemp)"
-"$tools" bench pgbench-script > "$script"
-psql_admin() { psql -h 127.0.0.1 -U postgres -qtAc "$1" postgres > /dev/null 2>&1; }
+service_line="$(mktemp)"
+templates=""
+psql_admin() { PGOPTIONS="-c client_min_messages=warning" psql -h 127.0.0.1 -U postgres -v ON_ERROR_STOP=1 -qtAc "$1" postgres > /dev/null; }
 
-start_service() { # extra environment, e.g. COALESCE_MAX_BATCH=1
+start_service() {
   psql_admin "DROP DATABASE IF EXISTS $service_db WITH (FORCE)"
   # One kiosk key drives hundreds of requests per second here: no rate limit.
-  env "$@" DATABASE_URL="$server_url/$service_db" BIND_ADDR="127.0.0.1:$port" ADMIN_API_KEY="$key" \
+  DATABASE_URL="$server_url/$service_db" BIND_ADDR="127.0.0.1:$port" ADMIN_API_KEY="$key" \
     RATE_LIMIT_PER_SECOND=0 RUST_LOG=warn "$binary" serve > /tmp/token-billing-bench.log 2>&1 &
   service_pid=$!
-  for _ in $(seq 1 100); do
+  for _ in $(seq 1 600); do # up to a minute: it migrates a fresh database first
     curl -fsS "http://127.0.0.1:$port/readyz" > /dev/null 2>&1 && return 0
     sleep 0.1
   done
-  echo "the service did not start" >&2; cat /tmp/token-billing-bench.log >&2; exit 1
+  echo "the service did not start" >&2
+  cat /tmp/token-billing-bench.log >&2
+  exit 1
 }
 
 stop_service() {
@@ -53,67 +106,156 @@ stop_service() {
   wait "$service_pid" 2> /dev/null || true
   service_pid=""
 }
-trap 'stop_service; rm -f "$script" "$results"' EXIT
 
-# One service run: prints the load generator's line (key=value pairs).
-service_run() { # scenario accounts concurrency [extra environment]
-  local scenario="$1" accounts="$2" concurrency="$3"
-  shift 3
-  start_service "$@"
-  "$tools" bench load --url "http://127.0.0.1:$port" --admin-key "$key" --scenario "$scenario" \
-    --accounts "$accounts" --concurrency "$concurrency" --seconds "$seconds" --service-pid "$service_pid"
+cleanup() {
   stop_service
+  rm -f "$results" "$service_line"
+  for template in $templates; do
+    psql_admin "DROP DATABASE IF EXISTS $template WITH (FORCE)" || true
+  done
+  psql_admin "DROP DATABASE IF EXISTS $service_db WITH (FORCE)" || true
+  psql_admin "DROP DATABASE IF EXISTS $reference_db WITH (FORCE)" || true
+}
+trap cleanup EXIT
+
+# One service run: prints the load generator's line (key=value pairs). Called
+# with its output redirected to a file, not in $(…): it runs in the main
+# shell, so that the EXIT trap knows the service's pid and stops it.
+service_run() { # scenario accounts kiosks
+  if $dry_run; then
+    echo "scenario=$1 concurrency=$3 accounts=$2 cycles_per_s=1000 requests=0 p50_ms=1.00 p99_ms=2.00 max_ms=3.00 peak_rss_mib=n/a books=ok (dry run: placeholder)"
+    return
+  fi
+  start_service
+  local line
+  line="$("$tools" bench load --url "http://127.0.0.1:$port" --admin-key "$key" --scenario "$1" \
+    --accounts "$2" --concurrency "$3" --seconds "$seconds" --service-pid "$service_pid")" \
+    || { stop_service; echo "bench load failed ($1, $3 kiosks): $line" >&2; exit 1; }
+  stop_service
+  grep -q 'books=ok' <<< "$line" || { echo "the service's books did not balance: $line" >&2; exit 1; }
+  echo "$line"
 }
 
-pgbench_run() { # accounts concurrency
-  psql_admin "DROP DATABASE IF EXISTS $pgbench_db WITH (FORCE)"
-  "$binary" --database-url "$server_url/$pgbench_db" migrate > /dev/null 2>&1
-  psql -h 127.0.0.1 -U postgres -d "$pgbench_db" -v accounts="$1" -qf bench/seed.sql > /dev/null
+field() { # name line → the value, or nan
+  local value
+  value="$(sed -n "s/.*$1=\([0-9.]*\).*/\1/p" <<< "$2")"
+  echo "${value:-nan}"
+}
+
+# A migrated, seeded database to copy for each reference run (one per
+# account count): CREATE DATABASE … TEMPLATE is faster than migrating again.
+# Called in the main shell (not in $(…)), so that `templates` is kept.
+ensure_template() { # accounts
+  local template="tb_bench_reference_template_$1"
+  grep -qw "$template" <<< "$templates" && return 0
+  psql_admin "DROP DATABASE IF EXISTS $template WITH (FORCE)"
+  if ! $dry_run; then
+    "$binary" --database-url "$server_url/$template" migrate > /dev/null
+  else
+    psql_admin "CREATE DATABASE $template"
+    for migration in migrations/*/up.sql; do
+      psql -h 127.0.0.1 -U postgres -d "$template" -v ON_ERROR_STOP=1 -1 -qf "$migration" > /dev/null
+    done
+  fi
+  psql -h 127.0.0.1 -U postgres -d "$template" -v ON_ERROR_STOP=1 -v accounts="$1" \
+    -qf bench/reference_seed.sql > /dev/null
+  templates="$templates $template"
+}
+
+# One reference run on a fresh copy of the seeded database: prints its tps.
+reference_run() { # script accounts kiosks
+  local script="$1" accounts="$2" kiosks="$3" output
+  psql_admin "DROP DATABASE IF EXISTS $reference_db WITH (FORCE)"
+  psql_admin "CREATE DATABASE $reference_db TEMPLATE tb_bench_reference_template_$accounts"
+  local threads=2
+  [ "$kiosks" -lt 2 ] && threads=1
   # The same 2 s warm-up as the load generator's (a fresh database's first
   # seconds pay for full-page writes), then the measured run.
-  pgbench -h 127.0.0.1 -U postgres -n -M prepared -c "$2" -j 2 -T 2 \
-    -D accounts="$1" -f "$script" "$pgbench_db" > /dev/null 2>&1
-  pgbench -h 127.0.0.1 -U postgres -n -M prepared -c "$2" -j 2 -T "$seconds" \
-    -D accounts="$1" -f "$script" "$pgbench_db" 2> /dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p'
+  for duration in 2 "$seconds"; do
+    if ! output="$(pgbench -h 127.0.0.1 -U postgres -n -M prepared -c "$kiosks" -j "$threads" \
+      -T "$duration" -D accounts="$accounts" -f "$script" "$reference_db" 2>&1)" \
+      || grep -q 'aborted' <<< "$output"; then
+      echo "pgbench failed on $script ($accounts accounts, $kiosks kiosks):" >&2
+      echo "$output" >&2
+      exit 1
+    fi
+  done
+  local books
+  books="$(psql -h 127.0.0.1 -U postgres -d "$reference_db" -v ON_ERROR_STOP=1 -qtA -f bench/reference_books.sql)"
+  grep -q '^books=ok' <<< "$books" || { echo "the books of $script did not balance: $books" >&2; exit 1; }
+  sed -n 's/^tps = \([0-9.]*\).*/\1/p' <<< "$output"
 }
 
-field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p" <<< "$2"; }
-
-for scenario in spread hot; do
-  accounts=1000; [ "$scenario" = hot ] && accounts=1
-  for concurrency in $concurrencies; do
-    for round in $(seq 1 "$rounds"); do
-      line="$(service_run "$scenario" "$accounts" "$concurrency")"
-      grep -q 'books=ok' <<< "$line" || { echo "books did not balance: $line" >&2; exit 1; }
-      one_by_one=""
-      if [ "$scenario" = hot ]; then
-        single="$(service_run "$scenario" "$accounts" "$concurrency" COALESCE_MAX_BATCH=1)"
-        grep -q 'books=ok' <<< "$single" || { echo "books did not balance: $single" >&2; exit 1; }
-        one_by_one="$(field cycles_per_s "$single")"
-      fi
-      echo "$scenario $concurrency $round $(field cycles_per_s "$line") ${one_by_one:-0} $(pgbench_run "$accounts" "$concurrency") $(field p50_ms "$line") $(field p99_ms "$line") $(field max_ms "$line") $(field peak_rss_mib "$line")" >> "$results"
+if [ "$mode" = cycles ]; then
+  ensure_template 1000
+  ensure_template 1
+  for load in spread hot; do
+    accounts=1000 kiosk_counts="$spread_kiosks"
+    [ "$load" = hot ] && accounts=1 kiosk_counts="$hot_kiosks"
+    for kiosks in $kiosk_counts; do
+      for round in $(seq 1 "$rounds"); do
+        service_run "$load" "$accounts" "$kiosks" > "$service_line"
+        line="$(cat "$service_line")"
+        one="$(reference_run bench/reference_cycle.pgbench.sql "$accounts" "$kiosks")"
+        batched=0
+        if [ "$load" = spread ]; then
+          batched="$(reference_run bench/reference_cycle_batched8.pgbench.sql "$accounts" "$kiosks")"
+          batched="$(python3 -c "print($batched * 8)")"
+        fi
+        echo "$load $kiosks $round $(field cycles_per_s "$line") $one $batched $(field p50_ms "$line") $(field p99_ms "$line") $(field max_ms "$line") $(field peak_rss_mib "$line")" | tee -a "$results" >&2
+      done
     done
   done
-done
+else
+  for kiosks in $job_kiosks; do
+    for round in $(seq 1 "$rounds"); do
+      service_run jobs "$job_accounts" "$kiosks" > "$service_line"
+      line="$(cat "$service_line")"
+      accounts="$(field accounts "$line")"
+      [ "$accounts" = nan ] && accounts="$job_accounts"
+      ensure_template "$accounts"
+      jobs="$(reference_run bench/reference_job.pgbench.sql "$accounts" "$kiosks")"
+      echo "jobs $kiosks $round $(field cycles_per_s "$line") $jobs $accounts $(field p50_ms "$line") $(field p99_ms "$line") $(field max_ms "$line") $(field peak_rss_mib "$line")" | tee -a "$results" >&2
+    done
+  done
+fi
 
-python3 - "$results" "$rounds" << 'EOF'
+python3 - "$results" "$rounds" "$seconds" "$mode" "$dry_run" << 'EOF'
 import statistics, sys
-rows = [line.split() for line in open(sys.argv[1])]
-print(f"{'scenario':8} {'conc':>4} {'service/s':>10} {'pgbench/s':>10} {'ratio':>6} {'1-by-1/s':>9} {'ratio':>6} "
-      f"{'p50_ms':>7} {'p99_ms':>7} {'max_ms':>7} {'rss_mib':>7}   (medians of {sys.argv[2]} rounds)")
+path, rounds, seconds, mode, dry_run = sys.argv[1:]
 groups = {}
-for row in rows:
-    groups.setdefault((row[0], int(row[1])), []).append([float(v) for v in row[3:]])
-for (scenario, concurrency), runs in groups.items():
-    median = lambda i: statistics.median(run[i] for run in runs)
-    service, single, pgbench = median(0), median(1), median(2)
-    single_text = f"{single:9.0f} {single / pgbench:6.2f}" if single else f"{'-':>9} {'-':>6}"
-    print(f"{scenario:8} {concurrency:4} {service:10.0f} {pgbench:10.0f} {service / pgbench:6.2f} {single_text} "
-          f"{median(3):7.2f} {median(4):7.2f} {median(5):7.2f} {max(run[6] for run in runs):7.1f}")
+for line in open(path):
+    load, kiosks, _round, *values = line.split()
+    groups.setdefault((load, int(kiosks)), []).append([float(v) for v in values])
+median = lambda runs, i: statistics.median(run[i] for run in runs)
+number = lambda v: f"{v:,.0f}"
+ratio = lambda a, b: f"**{a / b:.2f}**" if b else "–"
+def ms(runs, i):
+    return f"{median(runs, i):.2f}"
+def rss(runs, i):
+    values = [run[i] for run in runs if run[i] == run[i]]
+    return f"{max(values):.1f}" if values else "n/a"
+print(f"Medians of {rounds} round{'' if rounds == '1' else 's'} of {seconds} s; ratio = service / reference.")
+if dry_run == "true":
+    print("DRY RUN: no service ran; its columns and the ratios are placeholders.")
+print()
+if mode == "cycles":
+    print("| load | kiosks | service cycles/s | hand-written SQL, one request per transaction | ratio "
+          "| the same cycles set-based, 8 accounts per statement | ratio | service p50 ms | p99 ms | max ms | peak RSS MiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for (load, kiosks), runs in groups.items():
+        service, one, batched = median(runs, 0), median(runs, 1), median(runs, 2)
+        name = "spread (1,000 accounts)" if load == "spread" else "hot (1 account)"
+        batched_cells = f"{number(batched)} | {ratio(service, batched)}" if batched else "– | –"
+        print(f"| {name} | {kiosks} | {number(service)} | {number(one)} | {ratio(service, one)} "
+              f"| {batched_cells} | {ms(runs, 3)} | {ms(runs, 4)} | {ms(runs, 5)} | {rss(runs, 6)} |")
+else:
+    print("| kiosks | accounts | service jobs/s | hand-written SQL, one job = 3 transactions | ratio "
+          "| service p50 create → succeeded ms | p99 ms | max ms | peak RSS MiB |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for (_load, kiosks), runs in groups.items():
+        service, reference = median(runs, 0), median(runs, 1)
+        accounts = int(median(runs, 2))
+        print(f"| {kiosks} | {accounts:,} | {number(service)} | {number(reference)} | {ratio(service, reference)} "
+              f"| {ms(runs, 3)} | {ms(runs, 4)} | {ms(runs, 5)} | {rss(runs, 6)} |")
 EOF
-
-for concurrency in $concurrencies; do
-  echo "jobs: $(service_run jobs 1 "$concurrency")"
-done
-psql_admin "DROP DATABASE IF EXISTS $service_db WITH (FORCE)"
-psql_admin "DROP DATABASE IF EXISTS $pgbench_db WITH (FORCE)"
