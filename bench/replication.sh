@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# What a synchronous standby costs: the service's own reserve→commit cycle
-# (the pgbench twin of `bench/compare.sh`, printed by
-# `token-billing-tools bench pgbench-script`) on a private primary with a
+# What a synchronous standby costs: the fixed reserve→commit reference
+# (bench/reference_cycle.pgbench.sql, hand-written SQL, one request per
+# transaction; seeded by bench/reference_seed.sql) on a private primary with a
 # streaming standby (ports 5443 / 5444, never the main cluster), once with
 # the primary waiting for the standby on every commit
 # (synchronous_standby_names = standby1) and once without, alternating.
@@ -32,9 +32,9 @@ build_pair
 database=tb_bench_replication
 url="postgres://postgres@127.0.0.1:$primary_port/$database"
 "$build/token-billing" --database-url "$url" migrate > /dev/null 2>&1
-psql -h 127.0.0.1 -p "$primary_port" -U postgres -d "$database" -v accounts=1000 -qf bench/seed.sql > /dev/null
+psql -h 127.0.0.1 -p "$primary_port" -U postgres -d "$database" -v accounts=1000 -qf bench/reference_seed.sql > /dev/null
 script="$dir/cycle.sql"
-"$build/token-billing-tools" bench pgbench-script > "$script"
+cp bench/reference_cycle.pgbench.sql "$script"
 chmod 644 "$script"
 
 set_sync() { # standby name or ''
