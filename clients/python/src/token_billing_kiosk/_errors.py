@@ -123,6 +123,11 @@ def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
+#: The members of a problem body the exceptions read.
+PROBLEM_FIELDS = (
+    "code", "status", "detail", "available", "reserved", "state", "max_active_reservations",
+)
+
 ERRORS_BY_CODE: Dict[str, Type[ApiError]] = {
     "insufficient_tokens": InsufficientTokens,
     "account_suspended": AccountSuspended,

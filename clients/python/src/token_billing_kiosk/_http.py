@@ -82,7 +82,7 @@ class Http:
     ) -> Tuple[int, Dict[str, Any]]:
         """``(status, JSON body)`` of the first 2xx answer; a refusal raises
         its typed exception (``pending=False``); giving up at the deadline
-        raises ``Unreachable`` or the last retryable error, with
+        raises ``Unreachable`` or the last retryable error (500 included), with
         ``pending=pending_on_give_up``."""
         attempt = 0
         server_errors = 0
@@ -127,13 +127,17 @@ class Http:
                 retryable = status in RETRIED_STATUSES and not (
                     status == 429 and data.get("code") != "rate_limited"
                 )
-                if status == 500:
-                    server_errors += 1
-                    retryable = server_errors <= self.retry.server_errors
                 failure = error_from_problem(
                     status, data, request_id=request_id, retry_after=retry_after
                 )
-                if not retryable:
+                if status == 500:
+                    # A bug or a broken dependency: a few retries, then give
+                    # up, leaving a journaled request pending (a 500 does not
+                    # prove that nothing happened).
+                    server_errors += 1
+                    if server_errors > self.retry.server_errors:
+                        raise _give_up(failure, method, path, request_id, pending_on_give_up)
+                elif not retryable:
                     raise failure
             delay = self.retry.backoff(attempt - 1, self._rng)
             if retry_after is not None:

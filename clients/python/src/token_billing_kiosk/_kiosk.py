@@ -375,9 +375,18 @@ class Kiosk:
         own ``request_id``: sends again what may not have arrived (the
         service answers a replay as it answered the first), waits for
         accepted jobs, and re-reads held reservations. Call it when the kiosk
-        starts. Never raises for one request: its ``Outcome.error`` says."""
+        starts. Never raises for one request: its ``Outcome.error`` says.
+
+        Commits, releases and extensions come first, so that a reservation
+        returned ``held`` is really still held: yours to commit (if the work
+        it paid for is done) or release."""
         outcomes = []
-        for entry in self._journal.open_entries(self.account_id):
+        entries = self._journal.open_entries(self.account_id)
+        # Commits, releases and extensions first: a held reservation is read
+        # again only after the resolution that was on its way, so it is not
+        # handed back as held when it was in fact committed.
+        entries.sort(key=lambda entry: entry.operation not in ("commit", "release", "extend"))
+        for entry in entries:
             deadline = self._deadline(timeout)
             log.info("resuming %s %s (%s)", entry.operation, entry.request_id, entry.state)
             try:
