@@ -15,7 +15,7 @@ Kill points (each run draws up to three, one per life of the process):
 - ``random_instant``: at a random instant of its life (journal writes
   included).
 
-``KILL_RUNS`` (default 40) and ``KILL_SEED`` (default 20261201) set the runs;
+``KILL_RUNS`` (default 24) and ``KILL_SEED`` (default 20261201) set the runs;
 ``KILL_PARALLEL`` (4) how many run at once.
 """
 
@@ -197,7 +197,7 @@ def check_books(
 def test_kiosk_killed_at_seeded_points_charges_each_request_once(
     admin: Admin, service_url: str, tmp_path: Path
 ) -> None:
-    runs = int(os.environ.get("KILL_RUNS", "40"))
+    runs = int(os.environ.get("KILL_RUNS", "24"))
     seed = int(os.environ.get("KILL_SEED", "20261201"))
     parallel = int(os.environ.get("KILL_PARALLEL", "4"))
     parsed = urlparse(service_url)
