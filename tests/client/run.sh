@@ -72,14 +72,14 @@ echo "client: service ready on $TB_URL"
 echo "client: installed $("$scratch/venv/bin/pip" list --disable-pip-version-check 2> /dev/null \
   | awk '$1 == "token-billing-kiosk" || $1 == "httpx" { printf "%s %s  ", $1, $2 }')"
 
-echo "client: mypy --strict clients/python/src"
+echo "client: mypy --strict clients/python/src (${SECONDS}s so far)"
 "$scratch/venv/bin/mypy" --config-file clients/python/pyproject.toml --cache-dir "$scratch/mypy" \
   clients/python/src
 
-echo "client: pytest tests/client"
+echo "client: pytest tests/client (${SECONDS}s so far)"
 set +e
 if [ "$#" = 0 ]; then set -- tests/client; fi
-TB_ADMIN_KEY="$admin_key" "$scratch/venv/bin/python" -m pytest -p no:cacheprovider -rfEs -s "$@" 2>&1 | tee "$scratch/pytest.out"
+TB_ADMIN_KEY="$admin_key" "$scratch/venv/bin/python" -m pytest -p no:cacheprovider -rfEs -s --durations=5 "$@" 2>&1 | tee "$scratch/pytest.out"
 status=${PIPESTATUS[0]}
 set -e
 if [ "$status" = 5 ]; then
@@ -96,7 +96,7 @@ if grep -Eq '^=+ .*(skipped|xfailed|deselected)' "$scratch/pytest.out"; then
   exit 1
 fi
 
-echo "client: clients/python/README.md, as written"
+echo "client: clients/python/README.md, as written (${SECONDS}s so far)"
 "$python" - "$scratch/readme-session.sh" clients/python/README.md <<'PY'
 import re, sys
 out, path = sys.argv[1], sys.argv[2]
@@ -138,4 +138,4 @@ ln -s "$root/clients" "$scratch/reader/clients"
   printf -- '--fail\n--show-error\n--silent\n' > "$scratch/.curlrc"
   bash "$scratch/readme-session.sh"
 )
-echo "client: README blocks ran as written"
+echo "client: README blocks ran as written; ${SECONDS}s in all"

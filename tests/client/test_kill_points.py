@@ -16,7 +16,7 @@ Kill points (each run draws up to three, one per life of the process):
   included).
 
 ``KILL_RUNS`` (default 24) and ``KILL_SEED`` (default 20261201) set the runs;
-``KILL_PARALLEL`` (4) how many run at once.
+``KILL_PARALLEL`` (6) how many run at once.
 """
 
 from __future__ import annotations
@@ -98,13 +98,14 @@ def run_once(
     credit = count + 2 if workload == "jobs" else RESERVATION_CREDIT
     account: Account = admin.account(credit=credit)
     journal = workdir / f"run-{seed}.sqlite3"
-    delays = [rng.randint(150, 900) for _ in range(count)]
+    delays = [rng.randint(200, 600) for _ in range(count)]
     result = RunResult(seed, workload)
     plans: List[Optional[Plan]] = []
     for _ in range(rng.randint(1, 3)):
         phase = rng.choice(PHASES if workload == "jobs" else
                            ("before_send", "after_send", "random_instant"))
-        plans.append(Plan(phase, rng.randint(0, 3), rng.randint(20, 300), rng.random() < 0.5))
+        target = rng.randint(0, 4 if phase == "before_send" else 2)
+        plans.append(Plan(phase, target, rng.randint(20, 150), rng.random() < 0.5))
     plans.append(None)  # the last life runs to the end
     final: Optional[Dict[str, Any]] = None
     run_started = time.monotonic()
@@ -199,7 +200,7 @@ def test_kiosk_killed_at_seeded_points_charges_each_request_once(
 ) -> None:
     runs = int(os.environ.get("KILL_RUNS", "24"))
     seed = int(os.environ.get("KILL_SEED", "20261201"))
-    parallel = int(os.environ.get("KILL_PARALLEL", "4"))
+    parallel = int(os.environ.get("KILL_PARALLEL", "6"))
     parsed = urlparse(service_url)
     upstream = (parsed.hostname, parsed.port)
     started = time.monotonic()
