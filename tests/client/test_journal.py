@@ -118,7 +118,7 @@ def test_a_job_longer_than_the_timeout_is_finished_by_resume(
     account = admin.account(credit=2)
     kiosk = new_kiosk(account)
     with pytest.raises(JobNotFinished) as slow:
-        kiosk.generate("standard", {"simulate": {"delay_ms": 2500}}, timeout=1)
+        kiosk.generate("standard", {"simulate": {"delay_ms": 5000}}, timeout=2)
     assert slow.value.pending and slow.value.job.status in ("queued", "running")
     assert [e.state for e in kiosk.pending()] == ["accepted"]
     (outcome,) = kiosk.resume()
@@ -139,10 +139,10 @@ def test_heartbeat_keeps_a_reservation_held_past_its_ttl(
         kiosk.commit(forgotten)
     assert expired.value.state == "expired"
     # With one, it outlives its TTL as long as the work runs.
-    reservation = kiosk.reserve(1, ttl_seconds=2)
-    with kiosk.heartbeat(reservation, ttl_seconds=2, every=0.5) as beat:
-        time.sleep(4)
-    assert beat.beats >= 4 and beat.error is None
+    reservation = kiosk.reserve(1, ttl_seconds=3)
+    with kiosk.heartbeat(reservation, ttl_seconds=3, every=0.5) as beat:
+        time.sleep(5)
+    assert beat.beats >= 3 and beat.error is None
     committed = kiosk.commit(reservation)
     assert committed.state == "committed" and committed.expires_at > reservation.expires_at
     assert kiosk.pending() == []

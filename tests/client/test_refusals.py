@@ -105,9 +105,9 @@ def test_rate_limited_after_retries_and_retried_through(
 ) -> None:
     account = admin.account(credit=5)
     impatient = new_kiosk(account, url=strict_replica, timeout=0.5)
-    impatient.balance()
     with pytest.raises(RateLimited) as refused:
-        impatient.balance()
+        for _ in range(10):  # the second within a second, unless the machine stalls
+            impatient.balance()
     assert (refused.value.status, refused.value.code) == (429, "rate_limited")
     assert refused.value.retry_after is not None and refused.value.retry_after >= 1
     # With time to wait, Retry-After is honoured and the call goes through.

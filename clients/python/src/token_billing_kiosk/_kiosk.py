@@ -473,7 +473,9 @@ class Heartbeat:
     def _run(self) -> None:
         while not self._stop.wait(self.every):
             try:
-                self._kiosk.extend(self.reservation_id, self.ttl_seconds, timeout=self.every)
+                # Up to half the TTL per attempt: a slow answer is still in time.
+                timeout = max(self.every, self.ttl_seconds / 2)
+                self._kiosk.extend(self.reservation_id, self.ttl_seconds, timeout=timeout)
                 self.beats += 1
             except ApiError as error:
                 if not error.pending:
