@@ -1,0 +1,50 @@
+"""Crash-safe kiosk client for the token-billing service.
+
+>>> from token_billing_kiosk import Kiosk
+>>> kiosk = Kiosk(base_url, api_key, account_id, journal="kiosk-journal.sqlite3")
+>>> job = kiosk.generate("standard", {"prompt": "..."}, timeout=60)
+"""
+
+from ._errors import (
+    AccountSuspended,
+    ApiError,
+    IdempotencyKeyReused,
+    InsufficientTokens,
+    JobNotFinished,
+    JournalError,
+    KioskError,
+    RateLimited,
+    ReservationNotHeld,
+    TooManyActiveReservations,
+    Unauthorized,
+    Unreachable,
+)
+from ._http import RetryPolicy
+from ._journal import JournalEntry
+from ._kiosk import Heartbeat, Kiosk, Outcome, __version__
+from ._models import Balance, Job, JobReservation, Reservation
+
+__all__ = [
+    "AccountSuspended",
+    "ApiError",
+    "Balance",
+    "Heartbeat",
+    "IdempotencyKeyReused",
+    "InsufficientTokens",
+    "Job",
+    "JobNotFinished",
+    "JobReservation",
+    "JournalEntry",
+    "JournalError",
+    "Kiosk",
+    "KioskError",
+    "Outcome",
+    "RateLimited",
+    "Reservation",
+    "ReservationNotHeld",
+    "RetryPolicy",
+    "TooManyActiveReservations",
+    "Unauthorized",
+    "Unreachable",
+    "__version__",
+]

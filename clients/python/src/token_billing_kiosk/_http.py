@@ -1,0 +1,181 @@
+"""HTTP with safe retries.
+
+Retried, with exponential backoff and full jitter, until the call's deadline:
+connection errors, timeouts and cut connections (``httpx.TransportError``
+except a local protocol error), 429 ``rate_limited`` and 503 (waiting at
+least ``Retry-After``), 502 and 504 (a proxy's), and up to
+``RetryPolicy.server_errors`` 500s. Every other error answer is a refusal,
+raised at once as its typed exception. Only requests that are safe to repeat
+come here: reads, and writes made idempotent by a journaled ``request_id``
+or by the reservation's state.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import httpx
+
+from ._errors import ApiError, Unreachable, error_from_problem
+
+log = logging.getLogger("token_billing_kiosk")
+
+RETRIED_STATUSES = (429, 502, 503, 504)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How retries are spaced. The deadline of each call bounds them all."""
+
+    base_delay_seconds: float = 0.2
+    max_delay_seconds: float = 5.0
+    server_errors: int = 3
+
+    def backoff(self, attempt: int, rng: random.Random) -> float:
+        """Full jitter: uniform in [0, min(max, base·2^attempt)]."""
+        ceiling = min(self.max_delay_seconds, self.base_delay_seconds * (2 ** min(attempt, 20)))
+        return rng.uniform(0.0, ceiling)
+
+
+class Http:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        request_timeout_seconds: float,
+        retry: RetryPolicy,
+        client: Optional[httpx.Client] = None,
+        user_agent: str,
+    ) -> None:
+        self.retry = retry
+        self.request_timeout_seconds = request_timeout_seconds
+        self._rng = random.Random()
+        self._client = client or httpx.Client()
+        self._base_url = base_url.rstrip("/")
+        # The key lives only in this header mapping: never logged, never
+        # journaled, not in any repr.
+        self._headers = {
+            "Authorization": f"Bearer {api_key}",
+            "Accept": "application/json",
+            "User-Agent": user_agent,
+        }
+
+    def close(self) -> None:
+        self._client.close()
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        deadline: float,
+        body: Optional[Mapping[str, Any]] = None,
+        params: Optional[Mapping[str, Any]] = None,
+        read_timeout_seconds: Optional[float] = None,
+        request_id: Optional[str] = None,
+        pending_on_give_up: bool = False,
+    ) -> Tuple[int, Dict[str, Any]]:
+        """``(status, JSON body)`` of the first 2xx answer; a refusal raises
+        its typed exception (``pending=False``); giving up at the deadline
+        raises ``Unreachable`` or the last retryable error (500 included), with
+        ``pending=pending_on_give_up``."""
+        attempt = 0
+        server_errors = 0
+        read_timeout = read_timeout_seconds or self.request_timeout_seconds
+        while True:
+            attempt += 1
+            remaining = deadline - time.monotonic()
+            timeout = httpx.Timeout(
+                max(0.5, min(self.request_timeout_seconds, remaining)),
+                read=max(0.5, min(read_timeout, remaining + 1.0)),
+            )
+            started = time.monotonic()
+            try:
+                response = self._client.request(
+                    method,
+                    self._base_url + path,
+                    json=body,
+                    params=params,
+                    headers=self._headers,
+                    timeout=timeout,
+                )
+            except httpx.LocalProtocolError:
+                raise
+            except httpx.TransportError as error:
+                failure: Any = error
+                retry_after: Optional[float] = None
+                log.warning(
+                    "%s %s: %s (attempt %d, request_id %s)",
+                    method, path, type(error).__name__, attempt, request_id,
+                )
+            else:
+                elapsed = time.monotonic() - started
+                status = response.status_code
+                data = _json(response)
+                log.info(
+                    "%s %s -> %d in %.2fs (attempt %d, request_id %s)",
+                    method, path, status, elapsed, attempt, request_id,
+                )
+                if 200 <= status < 300:
+                    return status, data
+                retry_after = _retry_after(response)
+                retryable = status in RETRIED_STATUSES and not (
+                    status == 429 and data.get("code") != "rate_limited"
+                )
+                failure = error_from_problem(
+                    status, data, request_id=request_id, retry_after=retry_after
+                )
+                if status == 500:
+                    # A bug or a broken dependency: a few retries, then give
+                    # up, leaving a journaled request pending (a 500 does not
+                    # prove that nothing happened).
+                    server_errors += 1
+                    if server_errors > self.retry.server_errors:
+                        raise _give_up(failure, method, path, request_id, pending_on_give_up)
+                elif not retryable:
+                    raise failure
+            delay = self.retry.backoff(attempt - 1, self._rng)
+            if retry_after is not None:
+                delay = retry_after + delay / 4
+            if time.monotonic() + delay >= deadline:
+                raise _give_up(failure, method, path, request_id, pending_on_give_up)
+            log.debug("%s %s: retrying in %.2fs", method, path, delay)
+            time.sleep(delay)
+
+
+def _give_up(
+    failure: Any, method: str, path: str, request_id: Optional[str], pending: bool
+) -> Exception:
+    if isinstance(failure, ApiError):
+        failure.pending = pending
+        return failure
+    error = Unreachable(
+        f"{method} {path}: no answer before the deadline ({type(failure).__name__})",
+        request_id=request_id,
+        pending=pending,
+    )
+    error.__cause__ = failure
+    return error
+
+
+def _json(response: httpx.Response) -> Dict[str, Any]:
+    try:
+        data = response.json()
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _retry_after(response: httpx.Response) -> Optional[float]:
+    value = response.headers.get("Retry-After")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None

@@ -1,0 +1,487 @@
+"""The kiosk: journaled, retried calls to the token-billing service."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Dict, List, Mapping, Optional, Type, Union
+
+import httpx
+
+from ._errors import (
+    ApiError,
+    JobNotFinished,
+    KioskError,
+    ReservationNotHeld,
+)
+from ._http import Http, RetryPolicy
+from ._journal import Journal, JournalEntry
+from ._models import Balance, Job, Reservation
+
+log = logging.getLogger("token_billing_kiosk")
+
+__version__ = "0.1.0"
+
+#: The service waits at most this long in one long poll (``wait_seconds``).
+LONG_POLL_MAX_SECONDS = 30
+
+ReservationRef = Union[str, Reservation]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What :meth:`Kiosk.resume` made of one open journal entry.
+
+    ``job`` for a job (terminal, unless ``error`` is a
+    :class:`JobNotFinished`), ``reservation`` for a reservation request (a
+    ``held`` one is still yours to commit or release), ``error`` when it was
+    refused (``error.pending`` false) or is still without an answer
+    (``error.pending`` true: a later ``resume()`` tries again).
+    """
+
+    entry: JournalEntry
+    job: Optional[Job] = None
+    reservation: Optional[Reservation] = None
+    error: Optional[KioskError] = None
+
+    @property
+    def request_id(self) -> str:
+        return self.entry.request_id
+
+    @property
+    def operation(self) -> str:
+        return self.entry.operation
+
+
+class Kiosk:
+    """A kiosk bound to one account.
+
+    ``journal`` is the path of the kiosk's SQLite journal (created when
+    missing; one process at a time). ``timeout`` is the default deadline, in
+    seconds, of each call including its retries and waits.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        account_id: str,
+        journal: "Union[str, os.PathLike[str]]",
+        *,
+        timeout: float = 120.0,
+        request_timeout: float = 15.0,
+        retry: RetryPolicy = RetryPolicy(),
+        http_client: Optional[httpx.Client] = None,
+        keep_finished_days: float = 30.0,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.account_id = str(uuid.UUID(str(account_id)))
+        self.timeout = timeout
+        self._journal = Journal(journal)
+        self._http = Http(
+            self.base_url,
+            api_key,
+            request_timeout_seconds=request_timeout,
+            retry=retry,
+            client=http_client,
+            user_agent=f"token-billing-kiosk/{__version__}",
+        )
+        pruned = self._journal.prune(keep_finished_days * 86400.0)
+        if pruned:
+            log.debug("journal: forgot %d finished entries", pruned)
+
+    def __repr__(self) -> str:
+        return (
+            f"Kiosk(base_url={self.base_url!r}, account_id={self.account_id!r}, "
+            f"journal={self._journal.path!r})"
+        )
+
+    def close(self) -> None:
+        self._http.close()
+        self._journal.close()
+
+    def __enter__(self) -> "Kiosk":
+        return self
+
+    def __exit__(
+        self,
+        kind: Optional[Type[BaseException]],
+        value: Optional[BaseException],
+        traceback: Optional[TracebackType],
+    ) -> None:
+        self.close()
+
+    # -- reads -------------------------------------------------------------
+
+    def balance(self, *, timeout: Optional[float] = None) -> Balance:
+        """The account's balances (``available``, ``reserved``, ``used``)."""
+        _, data = self._http.call(
+            "GET", f"/v1/accounts/{self.account_id}", deadline=self._deadline(timeout)
+        )
+        return Balance.from_json(data)
+
+    def job(self, request_id: str, *, timeout: Optional[float] = None) -> Job:
+        """A job as it is now."""
+        _, data = self._http.call(
+            "GET", self._job_path(request_id), deadline=self._deadline(timeout)
+        )
+        return Job.from_json(data)
+
+    def pending(self) -> List[JournalEntry]:
+        """Journaled requests of this account without a final answer yet:
+        ``pending`` (may or may not have reached the service), ``accepted``
+        (a job not finished yet), ``held`` (a reservation not yet committed or
+        released), oldest first."""
+        return self._journal.open_entries(self.account_id)
+
+    def history(self, limit: int = 100) -> List[JournalEntry]:
+        """The journal's entries of this account, newest first."""
+        return self._journal.entries(self.account_id, limit)
+
+    # -- jobs --------------------------------------------------------------
+
+    def generate(
+        self,
+        kind: str,
+        params: Mapping[str, Any],
+        *,
+        timeout: Optional[float] = None,
+        request_id: Optional[str] = None,
+    ) -> Job:
+        """Creates a generation job and waits for it to finish.
+
+        The ``request_id`` (a new UUID unless given) is journaled before the
+        first send and reused by every retry, so the job is created and
+        charged once whatever happens to the network or to this process.
+        Returns the terminal job (``succeeded`` or ``failed``: a failed job's
+        tokens are released). Raises a typed :class:`ApiError` when refused,
+        :class:`JobNotFinished` or :class:`Unreachable` (``pending=True``)
+        when the deadline passes first.
+        """
+        deadline = self._deadline(timeout)
+        return self._wait(self._submit(kind, params, request_id, deadline), deadline)
+
+    def submit(
+        self,
+        kind: str,
+        params: Mapping[str, Any],
+        *,
+        timeout: Optional[float] = None,
+        request_id: Optional[str] = None,
+    ) -> Job:
+        """Creates a generation job (journaled like :meth:`generate`) and
+        returns it without waiting for it to finish."""
+        return self._submit(kind, params, request_id, self._deadline(timeout))
+
+    def _submit(
+        self,
+        kind: str,
+        params: Mapping[str, Any],
+        request_id: Optional[str],
+        deadline: float,
+    ) -> Job:
+        request_id = str(uuid.UUID(request_id)) if request_id else str(uuid.uuid4())
+        body = {"request_id": request_id, "kind": kind, "params": dict(params)}
+        entry = self._journal.begin(request_id, "job", self.account_id, body)
+        log.debug("journaled job %s", request_id)
+        if entry.state in ("accepted", "done") and entry.answer is not None:
+            return Job.from_json(entry.answer)
+        return self._create_job(entry, deadline)
+
+    def wait(self, request_id: str, *, timeout: Optional[float] = None) -> Job:
+        """Long-polls a job until it is terminal (journaled jobs are marked
+        done when it is)."""
+        deadline = self._deadline(timeout)
+        return self._wait(self.job(request_id, timeout=timeout), deadline)
+
+    def _create_job(self, entry: JournalEntry, deadline: float) -> Job:
+        try:
+            _, data = self._http.call(
+                "POST",
+                f"/v1/accounts/{self.account_id}/jobs",
+                body=entry.body,
+                deadline=deadline,
+                request_id=entry.request_id,
+                pending_on_give_up=True,
+            )
+        except ApiError as error:
+            if not error.pending:
+                self._journal.record(entry.request_id, "refused", error.problem)
+            raise
+        job = Job.from_json(data)
+        self._journal.record(entry.request_id, "done" if job.terminal else "accepted", data)
+        return job
+
+    def _wait(self, job: Job, deadline: float) -> Job:
+        while not job.terminal:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise JobNotFinished(
+                    f"job {job.request_id} is still {job.status}; resume() finishes it",
+                    request_id=job.request_id,
+                    job=job,
+                )
+            wait = max(1, min(LONG_POLL_MAX_SECONDS, math.ceil(remaining)))
+            log.debug("waiting up to %ds for job %s", wait, job.request_id)
+            _, data = self._http.call(
+                "GET",
+                self._job_path(job.request_id),
+                params={"wait_seconds": wait},
+                deadline=deadline,
+                read_timeout_seconds=wait + self._http.request_timeout_seconds,
+                request_id=job.request_id,
+                pending_on_give_up=True,
+            )
+            job = Job.from_json(data)
+            if job.terminal:
+                log.info("job %s %s", job.request_id, job.status)
+                self._journal.record(job.request_id, "done", data)
+        return job
+
+    # -- reservations (kiosks that run their own provider) ----------------
+
+    def reserve(
+        self,
+        amount: int,
+        *,
+        ttl_seconds: Optional[int] = None,
+        timeout: Optional[float] = None,
+        request_id: Optional[str] = None,
+    ) -> Reservation:
+        """Reserves ``amount`` tokens (journaled like :meth:`generate`).
+        Commit or release the reservation when the work is done; until then
+        it is listed by :meth:`pending` and returned by :meth:`resume`."""
+        request_id = str(uuid.UUID(request_id)) if request_id else str(uuid.uuid4())
+        body: Dict[str, Any] = {"request_id": request_id, "amount": amount}
+        if ttl_seconds is not None:
+            body["ttl_seconds"] = ttl_seconds
+        entry = self._journal.begin(request_id, "reserve", self.account_id, body)
+        log.debug("journaled reserve %s", request_id)
+        if entry.state in ("held", "done") and entry.answer is not None:
+            return Reservation.from_json(entry.answer)
+        return self._send_reserve(entry, self._deadline(timeout))
+
+    def commit(
+        self,
+        reservation: ReservationRef,
+        amount: Optional[int] = None,
+        *,
+        timeout: Optional[float] = None,
+    ) -> Reservation:
+        """Spends ``amount`` (default: all held); the rest goes back."""
+        body: Dict[str, Any] = {} if amount is None else {"amount": amount}
+        return self._resolve("commit", _reservation_id(reservation), body, timeout)
+
+    def release(
+        self, reservation: ReservationRef, *, timeout: Optional[float] = None
+    ) -> Reservation:
+        """Gives every held token back to available."""
+        return self._resolve("release", _reservation_id(reservation), {}, timeout)
+
+    def extend(
+        self,
+        reservation: ReservationRef,
+        ttl_seconds: int,
+        *,
+        timeout: Optional[float] = None,
+    ) -> Reservation:
+        """The reservation now expires ``ttl_seconds`` from now."""
+        return self._resolve(
+            "extend", _reservation_id(reservation), {"ttl_seconds": ttl_seconds}, timeout
+        )
+
+    def heartbeat(
+        self,
+        reservation: ReservationRef,
+        ttl_seconds: int,
+        *,
+        every: Optional[float] = None,
+    ) -> "Heartbeat":
+        """A context manager that extends the reservation every ``every``
+        seconds (default ``ttl_seconds / 3``) while a long local operation
+        runs, so that it does not expire under it."""
+        return Heartbeat(self, _reservation_id(reservation), ttl_seconds, every)
+
+    def _send_reserve(self, entry: JournalEntry, deadline: float) -> Reservation:
+        try:
+            _, data = self._http.call(
+                "POST",
+                f"/v1/accounts/{self.account_id}/reservations",
+                body=entry.body,
+                deadline=deadline,
+                request_id=entry.request_id,
+                pending_on_give_up=True,
+            )
+        except ApiError as error:
+            if not error.pending:
+                self._journal.record(entry.request_id, "refused", error.problem)
+            raise
+        reservation = Reservation.from_json(data)
+        self._journal.record(
+            entry.request_id,
+            "held" if reservation.held else "done",
+            data,
+            reservation_id=reservation.reservation_id,
+        )
+        return reservation
+
+    def _resolve(
+        self,
+        operation: str,
+        reservation_id: str,
+        body: Dict[str, Any],
+        timeout: Optional[float],
+    ) -> Reservation:
+        request_id = str(uuid.uuid4())
+        entry = self._journal.begin(
+            request_id, operation, self.account_id, body, reservation_id=reservation_id
+        )
+        log.debug("journaled %s %s of reservation %s", operation, request_id, reservation_id)
+        return self._send_resolution(entry, self._deadline(timeout))
+
+    def _send_resolution(self, entry: JournalEntry, deadline: float) -> Reservation:
+        reservation_id = entry.reservation_id or ""
+        try:
+            _, data = self._http.call(
+                "POST",
+                f"/v1/accounts/{self.account_id}/reservations/{reservation_id}/{entry.operation}",
+                body=entry.body,
+                deadline=deadline,
+                request_id=entry.request_id,
+                pending_on_give_up=True,
+            )
+        except ApiError as error:
+            if not error.pending:
+                self._journal.record(entry.request_id, "refused", error.problem)
+                if isinstance(error, ReservationNotHeld):
+                    self._journal.resolve_reservation(reservation_id)
+            raise
+        reservation = Reservation.from_json(data)
+        self._journal.record(entry.request_id, "done", data)
+        if not reservation.held:
+            self._journal.resolve_reservation(reservation_id)
+        return reservation
+
+    # -- recovery ------------------------------------------------------------
+
+    def resume(self, *, timeout: Optional[float] = None) -> List[Outcome]:
+        """Finishes every open request of the journal, oldest first, with its
+        own ``request_id``: sends again what may not have arrived (the
+        service answers a replay as it answered the first), waits for
+        accepted jobs, and re-reads held reservations. Call it when the kiosk
+        starts. Never raises for one request: its ``Outcome.error`` says.
+
+        Commits, releases and extensions come first, so that a reservation
+        returned ``held`` is really still held: yours to commit (if the work
+        it paid for is done) or release."""
+        outcomes = []
+        entries = self._journal.open_entries(self.account_id)
+        # Commits, releases and extensions first: a held reservation is read
+        # again only after the resolution that was on its way, so it is not
+        # handed back as held when it was in fact committed.
+        entries.sort(key=lambda entry: entry.operation not in ("commit", "release", "extend"))
+        for entry in entries:
+            deadline = self._deadline(timeout)
+            log.info("resuming %s %s (%s)", entry.operation, entry.request_id, entry.state)
+            try:
+                outcomes.append(self._resume_one(entry, deadline))
+            except KioskError as error:
+                if isinstance(error, ReservationNotHeld) and entry.operation == "extend":
+                    outcomes.append(Outcome(entry))
+                    continue
+                outcomes.append(
+                    Outcome(entry, job=getattr(error, "job", None), error=error)
+                )
+        return outcomes
+
+    def _resume_one(self, entry: JournalEntry, deadline: float) -> Outcome:
+        if entry.operation == "job":
+            if entry.state == "accepted" and entry.answer is not None:
+                job = Job.from_json(entry.answer)
+            else:
+                job = self._create_job(entry, deadline)
+            return Outcome(entry, job=self._wait(job, deadline))
+        if entry.operation == "reserve":
+            if entry.state == "held" and entry.reservation_id is not None:
+                _, data = self._http.call(
+                    "GET",
+                    f"/v1/accounts/{self.account_id}/reservations/{entry.reservation_id}",
+                    deadline=deadline,
+                    request_id=entry.request_id,
+                    pending_on_give_up=True,
+                )
+                reservation = Reservation.from_json(data)
+                if not reservation.held:
+                    self._journal.record(entry.request_id, "done", data)
+                return Outcome(entry, reservation=reservation)
+            return Outcome(entry, reservation=self._send_reserve(entry, deadline))
+        return Outcome(entry, reservation=self._send_resolution(entry, deadline))
+
+    # -- helpers -------------------------------------------------------------
+
+    def _deadline(self, timeout: Optional[float]) -> float:
+        return time.monotonic() + (self.timeout if timeout is None else timeout)
+
+    def _job_path(self, request_id: str) -> str:
+        return f"/v1/accounts/{self.account_id}/jobs/{uuid.UUID(request_id)}"
+
+
+def _reservation_id(reservation: ReservationRef) -> str:
+    if isinstance(reservation, Reservation):
+        return reservation.reservation_id
+    return str(uuid.UUID(reservation))
+
+
+class Heartbeat:
+    """Extends a reservation in a background thread until the ``with``
+    block ends. ``error`` is the refusal that stopped it early (the
+    reservation is no longer held), if any; ``beats`` counts extensions."""
+
+    def __init__(
+        self, kiosk: Kiosk, reservation_id: str, ttl_seconds: int, every: Optional[float]
+    ) -> None:
+        self.reservation_id = reservation_id
+        self.ttl_seconds = ttl_seconds
+        self.every = every if every is not None else max(1.0, ttl_seconds / 3.0)
+        self.beats = 0
+        self.error: Optional[KioskError] = None
+        self._kiosk = kiosk
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"heartbeat-{reservation_id}", daemon=True
+        )
+
+    def __enter__(self) -> "Heartbeat":
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        kind: Optional[Type[BaseException]],
+        value: Optional[BaseException],
+        traceback: Optional[TracebackType],
+    ) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                # Up to half the TTL per attempt: a slow answer is still in time.
+                timeout = max(self.every, self.ttl_seconds / 2)
+                self._kiosk.extend(self.reservation_id, self.ttl_seconds, timeout=timeout)
+                self.beats += 1
+            except ApiError as error:
+                if not error.pending:
+                    log.warning("heartbeat of %s stopped: %s", self.reservation_id, error.code)
+                    self.error = error
+                    return
+                log.warning("heartbeat of %s missed: %s", self.reservation_id, error.code)
+            except KioskError as error:
+                log.warning("heartbeat of %s missed: %s", self.reservation_id, error)

@@ -1,0 +1,232 @@
+"""A kiosk process SIGKILLed at seeded points, restarted on the same
+journal until it finishes: every guest action it asked for becomes exactly
+one job (or reservation), charged once, and the ledger agrees.
+
+Kill points (each run draws up to three, one per life of the process):
+
+- ``before_send``: the request is journaled, the proxy holds its bytes and
+  the process dies before they reach the service;
+- ``after_send``: the service has the whole request (and, half the time,
+  has answered it), the process dies before reading the answer;
+- ``during_long_poll``: the process dies while the service holds its
+  ``wait_seconds`` poll;
+- ``after_finish``: the job finished and the service's answer saying so is
+  on its way: the process dies before reading it;
+- ``random_instant``: at a random instant of its life (journal writes
+  included).
+
+``KILL_RUNS`` (default 24) and ``KILL_SEED`` (default 20261201) set the runs;
+``KILL_PARALLEL`` (6) how many run at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+from urllib.parse import urlparse
+
+from conftest import Account, Admin
+from fault_proxy import PASS, Action, FaultProxy, Request
+
+CHILD = Path(__file__).with_name("kiosk_process.py")
+PHASES = ("before_send", "after_send", "during_long_poll", "after_finish", "random_instant")
+ACTIONS_PER_RUN = 3
+RESERVATION_CREDIT = 1_100
+
+
+@dataclass
+class Plan:
+    """One life's kill point; ``target`` counts matching requests."""
+
+    phase: str
+    target: int
+    wait_ms: int
+    wait_answer: bool
+    seen: int = 0
+    fired: bool = False
+
+    def decide(self, request: Request) -> Action:
+        if self.fired:
+            return PASS
+        if self.phase == "before_send":
+            return self._count(Action("kill_before_send"))
+        if self.phase == "after_send" and request.method == "POST":
+            return self._count(Action("kill_after_send", wait_answer=self.wait_answer))
+        if self.phase == "during_long_poll" and "wait_seconds=" in request.path:
+            return Action("kill_during_wait", after_ms=self.wait_ms)
+        if self.phase == "after_finish" and request.method == "GET":
+            return Action("kill_after_answer", answer_matches=self._terminal)
+        return PASS
+
+    def _count(self, action: Action) -> Action:
+        self.seen += 1
+        return action if self.seen - 1 == self.target else PASS
+
+    def _terminal(self, answer: bytes) -> bool:
+        if b'"status":"succeeded"' in answer or b'"status":"failed"' in answer:
+            self.seen += 1
+            return self.seen - 1 == self.target
+        return False
+
+
+@dataclass
+class RunResult:
+    seed: int
+    workload: str
+    lives: int = 0
+    kills: Counter = field(default_factory=Counter)
+    charges: int = 0
+    actions: int = 0
+
+
+def run_once(
+    admin: Admin, upstream: Any, seed: int, workdir: Path, workload: str
+) -> RunResult:
+    rng = random.Random(seed)
+    count = ACTIONS_PER_RUN
+    credit = count + 2 if workload == "jobs" else RESERVATION_CREDIT
+    account: Account = admin.account(credit=credit)
+    journal = workdir / f"run-{seed}.sqlite3"
+    delays = [rng.randint(200, 600) for _ in range(count)]
+    result = RunResult(seed, workload)
+    plans: List[Optional[Plan]] = []
+    for _ in range(rng.randint(1, 3)):
+        phase = rng.choice(PHASES if workload == "jobs" else
+                           ("before_send", "after_send", "random_instant"))
+        target = rng.randint(0, 4 if phase == "before_send" else 2)
+        plans.append(Plan(phase, target, rng.randint(20, 150), rng.random() < 0.5))
+    plans.append(None)  # the last life runs to the end
+    final: Optional[Dict[str, Any]] = None
+    run_started = time.monotonic()
+    for plan in plans:
+        life_started = time.monotonic()
+        child: Optional[subprocess.Popen[str]] = None
+
+        def kill() -> None:
+            assert child is not None
+            os.kill(child.pid, signal.SIGKILL)
+
+        proxy = FaultProxy(upstream, plan.decide if plan else (lambda _request: PASS), kill)
+        timer: Optional[threading.Timer] = None
+        try:
+            child = subprocess.Popen(
+                [sys.executable, str(CHILD), "--url", proxy.url, "--account",
+                 account.account_id, "--journal", str(journal), "--count", str(count),
+                 "--delays-ms", ",".join(map(str, delays)), "--workload", workload],
+                env=dict(os.environ, KIOSK_KEY=account.kiosk_key),
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )
+            if plan is not None and plan.phase == "random_instant":
+                timer = threading.Timer(rng.uniform(0.05, 1.5), kill)
+                timer.start()
+            out, err = child.communicate(timeout=120)
+        finally:
+            if timer is not None:
+                timer.cancel()
+            proxy.close()
+        result.lives += 1
+        if os.environ.get("KILL_VERBOSE"):
+            print(f"seed {seed} life {result.lives} {plan.phase if plan else '-'} "
+                  f"rc {child.returncode} {time.monotonic() - life_started:.2f}s "
+                  f"fired {proxy.fired}", flush=True)
+        if child.returncode == -signal.SIGKILL:
+            label = plan.phase if plan else "unplanned"
+            result.kills[label] += 1
+            continue
+        assert child.returncode == 0, f"seed {seed}: kiosk exited {child.returncode}:\n{err}"
+        lines = [json.loads(line) for line in out.splitlines() if line.strip()]
+        final = lines[-1]
+        assert final["event"] == "done", lines
+        break
+    assert final is not None, f"seed {seed}: the last life was killed"
+    check_books(admin, account, final["journal"], count, workload, seed)
+    result.actions = count
+    ledger = admin.ledger(account.account_id)
+    result.charges = sum(1 for entry in ledger if entry["kind"] == "commit")
+    return result
+
+
+def check_books(
+    admin: Admin, account: Account, journal: List[Dict[str, Any]], count: int,
+    workload: str, seed: int,
+) -> None:
+    where = f"seed {seed} ({workload})"
+    if workload == "jobs":
+        entries = [e for e in journal if e["operation"] == "job"]
+        actions = sorted(e["body"]["params"]["action"] for e in entries)
+        assert actions == list(range(count)), f"{where}: journaled actions {actions}"
+        assert all(e["state"] == "done" for e in entries), f"{where}: {entries}"
+        assert all(e["answer"]["status"] == "succeeded" for e in entries), where
+        admin.wait_for_jobs_terminal(account.account_id)
+        jobs = admin.jobs(account.account_id)
+        assert sorted(j["request_id"] for j in jobs) == sorted(
+            e["request_id"] for e in entries
+        ), f"{where}: the service's jobs are not the journal's requests"
+        assert all(j["status"] == "succeeded" for j in jobs), f"{where}: {jobs}"
+    else:
+        entries = [e for e in journal if e["operation"] == "reserve"]
+        actions = sorted(e["body"]["amount"] - 1000 for e in entries)
+        assert actions == list(range(count)), f"{where}: journaled actions {actions}"
+        reservations = admin.reservations(account.account_id)
+        assert sorted(r["request_id"] for r in reservations) == sorted(
+            e["request_id"] for e in entries
+        ), f"{where}: the service's reservations are not the journal's requests"
+        assert all(
+            r["state"] == "committed" and r["committed_amount"] == 1 for r in reservations
+        ), f"{where}: {reservations}"
+        assert not [e for e in journal if e["state"] not in ("done",)], f"{where}: {journal}"
+    balances = admin.assert_books(account.account_id)
+    assert (balances["used"], balances["reserved"]) == (count, 0), f"{where}: {balances}"
+    ledger = admin.ledger(account.account_id)
+    kinds = Counter(entry["kind"] for entry in ledger)
+    assert kinds["reserve"] == count and kinds["commit"] == count, f"{where}: {kinds}"
+    assert sum(e["amount"] for e in ledger if e["kind"] == "commit") == count, where
+    assert kinds["expire"] == 0, f"{where}: {kinds}"
+
+
+def test_kiosk_killed_at_seeded_points_charges_each_request_once(
+    admin: Admin, service_url: str, tmp_path: Path
+) -> None:
+    runs = int(os.environ.get("KILL_RUNS", "24"))
+    seed = int(os.environ.get("KILL_SEED", "20261201"))
+    parallel = int(os.environ.get("KILL_PARALLEL", "6"))
+    parsed = urlparse(service_url)
+    upstream = (parsed.hostname, parsed.port)
+    started = time.monotonic()
+    seeds = [seed * 1000 + run for run in range(runs)]
+    with ThreadPoolExecutor(parallel) as pool:
+        results = list(pool.map(
+            lambda s: run_once(admin, upstream, s, tmp_path,
+                               "reservations" if s % 4 == 3 else "jobs"),
+            seeds,
+        ))
+    kills: Counter = Counter()
+    for result in results:
+        kills.update(result.kills)
+    charges = sum(r.charges for r in results)
+    actions = sum(r.actions for r in results)
+    print(
+        f"\nkill points: seed {seed}, {runs} runs "
+        f"({sum(r.workload == 'jobs' for r in results)} job runs, "
+        f"{sum(r.workload == 'reservations' for r in results)} reservation runs), "
+        f"{sum(r.lives for r in results)} process lives, {sum(kills.values())} SIGKILLs "
+        f"({', '.join(f'{phase} {kills[phase]}' for phase in PHASES)}), "
+        f"{actions} guest actions, {charges} charges (commit entries), "
+        f"{time.monotonic() - started:.1f}s"
+    )
+    assert charges == actions
+    # The seeds must reach every kind of kill point, or the test proves less
+    # than it says.
+    missing = [phase for phase in PHASES if kills[phase] == 0]
+    assert not missing, f"no kill at {missing}: raise KILL_RUNS or change KILL_SEED"

@@ -1,0 +1,136 @@
+"""The client's models, problem codes and paths against the service's own
+/openapi.json: a field renamed, retyped or made nullable on the service
+fails here before it fails on a kiosk."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from datetime import datetime
+from typing import Any, Dict, List, Tuple
+
+import httpx
+import pytest
+
+from token_billing_kiosk import Balance, Job, JobReservation, Reservation
+from token_billing_kiosk._errors import ERRORS_BY_CODE, PROBLEM_FIELDS
+from token_billing_kiosk._models import JOB_TERMINAL_STATUSES
+
+MODELS = [Balance, Job, JobReservation, Reservation]
+
+# The requests the client sends: (method, OpenAPI path).
+CLIENT_PATHS = [
+    ("get", "/v1/accounts/{account_id}"),
+    ("post", "/v1/accounts/{account_id}/jobs"),
+    ("get", "/v1/accounts/{account_id}/jobs/{request_id}"),
+    ("post", "/v1/accounts/{account_id}/reservations"),
+    ("get", "/v1/accounts/{account_id}/reservations/{reservation_id}"),
+    ("post", "/v1/accounts/{account_id}/reservations/{reservation_id}/commit"),
+    ("post", "/v1/accounts/{account_id}/reservations/{reservation_id}/release"),
+    ("post", "/v1/accounts/{account_id}/reservations/{reservation_id}/extend"),
+]
+
+
+@pytest.fixture(scope="module")
+def document(service_url: str) -> Dict[str, Any]:
+    response = httpx.get(service_url + "/openapi.json", timeout=10)
+    response.raise_for_status()
+    return dict(response.json())
+
+
+def schema(document: Dict[str, Any], name: str) -> Dict[str, Any]:
+    schemas = document["components"]["schemas"]
+    assert name in schemas, f"/openapi.json has no schema {name}"
+    return dict(schemas[name])
+
+
+def resolve(document: Dict[str, Any], node: Dict[str, Any]) -> Dict[str, Any]:
+    while "$ref" in node:
+        node = schema(document, node["$ref"].rsplit("/", 1)[-1])
+    return node
+
+
+def json_types(document: Dict[str, Any], node: Dict[str, Any]) -> Tuple[set, bool]:
+    """The JSON types a property may hold (``$ref`` → object) and whether it
+    may be null."""
+    types: set = set()
+    nullable = False
+    for option in node.get("oneOf", node.get("anyOf", [node])):
+        if "$ref" in option:
+            option = resolve(document, option)
+        kind = option.get("type")
+        for one in kind if isinstance(kind, list) else [kind]:
+            if one == "null":
+                nullable = True
+            elif one is not None:
+                types.add(one)
+        if option.get("nullable"):
+            nullable = True
+    return types, nullable
+
+
+def python_type(annotation: Any) -> Tuple[Any, bool]:
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is typing.Union and type(None) in args:
+        (inner,) = [arg for arg in args if arg is not type(None)]
+        return inner, True
+    return annotation, False
+
+
+EXPECTED = {int: {"integer"}, str: {"string"}, datetime: {"string"}, bool: {"boolean"}}
+
+
+def test_every_model_field_is_in_the_service_schema_with_its_type(
+    document: Dict[str, Any]
+) -> None:
+    problems: List[str] = []
+    for model in MODELS:
+        spec = schema(document, model.OPENAPI_SCHEMA)
+        properties = spec["properties"]
+        required = set(spec.get("required", []))
+        hints = typing.get_type_hints(model)
+        for field in dataclasses.fields(model):
+            where = f"{model.__name__}.{field.name} ({model.OPENAPI_SCHEMA})"
+            if field.name not in properties:
+                problems.append(f"{where}: not in the schema")
+                continue
+            inner, optional = python_type(hints[field.name])
+            types, nullable = json_types(document, properties[field.name])
+            if not optional and (nullable or field.name not in required):
+                problems.append(f"{where}: the client needs it, the service may omit it")
+            if inner in EXPECTED:
+                wanted = EXPECTED[inner]
+                if not types & wanted:
+                    problems.append(f"{where}: schema types {types}, client reads {inner}")
+                if inner is datetime:
+                    fmt = resolve(document, properties[field.name]).get("format")
+                    if fmt != "date-time":
+                        problems.append(f"{where}: format {fmt}, client parses a timestamp")
+            elif "object" not in types and not types <= {"object"}:
+                problems.append(f"{where}: schema types {types}, client reads an object")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_problem_codes_and_fields_the_client_maps_exist(document: Dict[str, Any]) -> None:
+    codes = set(schema(document, "ProblemCode")["enum"])
+    assert set(ERRORS_BY_CODE) <= codes, set(ERRORS_BY_CODE) - codes
+    properties = schema(document, "Problem")["properties"]
+    assert set(PROBLEM_FIELDS) <= set(properties), set(PROBLEM_FIELDS) - set(properties)
+
+
+def test_the_paths_the_client_calls_exist(document: Dict[str, Any]) -> None:
+    missing = [
+        f"{method.upper()} {path}"
+        for method, path in CLIENT_PATHS
+        if method not in document["paths"].get(path, {})
+    ]
+    assert not missing, missing
+    job_get = document["paths"]["/v1/accounts/{account_id}/jobs/{request_id}"]["get"]
+    wait = [p for p in job_get["parameters"] if p["name"] == "wait_seconds"]
+    assert wait and wait[0]["schema"].get("maximum") == 30, wait
+
+
+def test_terminal_job_statuses_are_the_services(document: Dict[str, Any]) -> None:
+    text = str(schema(document, "JobView")["properties"]["status"])
+    for status in JOB_TERMINAL_STATUSES:
+        assert status in text, text
