@@ -294,6 +294,16 @@ if [[ "$ledger_digest_restored" != "$ledger_digest_at_t" ]]; then
     echo "drill: the ledger digest differs: $ledger_digest_at_t / $ledger_digest_restored" >&2
     exit 1
 fi
+# The same chain recomputed without the service's code, as an auditor
+# would (docs/backup.md, "The ledger digest").
+recomputed="$(psql_at -d token_billing -c "SELECT json_build_array(id, account_id, kind, amount,
+        available_after, reserved_after, used_after, reservation_id, job_id, external_ref, reason,
+        actor, to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'))
+    FROM ledger_entries WHERE created_at <= '$t_instant' ORDER BY id" | python3 tests/backup/ledger_digest.py)"
+if [[ "$(jq -r .digest <<<"$recomputed")" != "$(jq -r .digest <<<"$ledger_digest_at_t")" ]]; then
+    echo "drill: the independent recomputation differs: $recomputed / $ledger_digest_at_t" >&2
+    exit 1
+fi
 entries_at_t="$(jq -r .entries <<<"$ledger_digest_at_t")"
 (( entries_before_mistake > entries_at_t )) || { echo "drill: no load after T" >&2; exit 1; }
 "$service_bin" --database-url "$database_url" reconcile >"$dir/reconcile-restored.json" \
@@ -325,6 +335,6 @@ stop_service
 echo "drill: T=$t_instant database=$database_size backup=${backup_seconds}s restore=${restore_seconds}s" \
     "replay+promote=${recovery_seconds}s service-ready=${service_start_seconds}s" \
     "ledger-digest=$(jq -r .digest <<<"$ledger_digest_at_t" | cut -c1-16)… entries=$entries_at_t" \
-    "(restored: same; before the DELETE: $entries_before_mistake, after it: 0)" \
+    "(restored: same, recomputed by tests/backup/ledger_digest.py: same; before the DELETE: $entries_before_mistake, after it: 0)" \
     "in flight at T: $held_at_t held reservations, $unfinished_at_t unfinished jobs (finished ${jobs_done_seconds}s after start-up)" \
     "tables at T = restored: $digests_at_t; reconcile=ok invariant_violations=0"
