@@ -63,7 +63,7 @@ cleanup() {
         fi
     done
     if [[ -n "$dir" ]]; then
-        for data in "$dir/data" "$dir/restored"; do
+        for data in "$dir/data" "$dir/damaged"; do
             if [[ -f "$data/postmaster.pid" ]]; then
                 runuser -u postgres -- "$pg_bin/pg_ctl" stop -m immediate -D "$data" >/dev/null 2>&1 || true
             fi
@@ -213,6 +213,8 @@ wait_for_ledger_growth 100
 step="$(now_ms)"
 backrest backup --type=full
 backup_seconds="$(seconds_since "$step")"
+backup_sizes="$(backrest info --output=json | jq -r '.[0].backup[-1].info
+    | "\(.size / 1048576 | floor) MB, \(.repository.size / 1048576 | floor) MB in the repository"')"
 finish_load
 
 pad filler_after_backup "$wal_mb"
@@ -277,16 +279,18 @@ psql_at -d token_billing \
 stop_service
 as_postgres "$pg_bin/pg_ctl" stop -w -m fast -D "$dir/data" >/dev/null
 
-# 5. Restore to T into a fresh data directory (the damaged one is kept
-# aside, as an operator would keep it until the books are proved), on the
-# same port; PostgreSQL replays the archived WAL up to T and promotes.
+# 5. Restore to T into a fresh data directory, as docs/backup.md says: the
+# damaged one moved aside (kept until the books are proved), an empty one
+# at the configured path; PostgreSQL replays the archived WAL up to T and
+# promotes, on the same port.
+mv "$dir/data" "$dir/damaged"
 step="$(now_ms)"
 # pgBackRest takes the instant as "YYYY-MM-DD HH:MM:SS.ffffff+00".
-backrest restore --pg1-path="$dir/restored" --type=time --target="$(sed 's/T/ /; s/Z$/+00/' <<<"$t_instant")" \
+backrest restore --type=time --target="$(sed 's/T/ /; s/Z$/+00/' <<<"$t_instant")" \
     --target-action=promote
 restore_seconds="$(seconds_since "$step")"
 step="$(now_ms)"
-as_postgres "$pg_bin/pg_ctl" start -w -t 600 -D "$dir/restored" -l "$dir/restored.log" >/dev/null
+as_postgres "$pg_bin/pg_ctl" start -w -t 600 -D "$dir/data" -l "$dir/restored.log" >/dev/null
 for _ in $(seq 1 3000); do
     [[ "$(psql_at -d postgres -c "SELECT pg_is_in_recovery()")" == f ]] && break
     sleep 0.1
@@ -345,7 +349,7 @@ violations="$(curl -fsS "$service_url/metrics" | awk '$1 == "token_billing_invar
 [[ "$violations" == 0 ]] || { echo "drill: invariant violations after start-up: '$violations'" >&2; exit 1; }
 stop_service
 
-echo "drill: T=$t_instant database=$database_size backup=${backup_seconds}s restore=${restore_seconds}s" \
+echo "drill: T=$t_instant database=$database_size backup=${backup_seconds}s ($backup_sizes) restore=${restore_seconds}s" \
     "replay+promote=${recovery_seconds}s service-ready=${service_start_seconds}s" \
     "ledger-digest=$(jq -r .digest <<<"$ledger_digest_at_t" | cut -c1-16)… entries=$entries_at_t" \
     "(restored: same, recomputed by tests/backup/ledger_digest.py: same; before the DELETE: $entries_before_mistake, after it: 0)" \
