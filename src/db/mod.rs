@@ -8,10 +8,10 @@ pub mod schema;
 pub use prepared::{prepared, PreparedSql};
 
 use diesel::connection::SimpleConnection;
+use diesel::migration::MigrationSource;
 use diesel::pg::PgConnection;
 use diesel::prelude::*;
 use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool};
-use diesel::migration::MigrationSource;
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use crate::config::{DB_CHECKOUT_TIMEOUT, DB_STATEMENT_TIMEOUT_MS};
@@ -111,7 +111,7 @@ fn refuse_unknown_migrations(conn: &mut PgConnection) -> anyhow::Result<()> {
     let unknown = unknown_applied_migrations(conn)?;
     anyhow::ensure!(
         unknown.is_empty(),
-        "refusing to serve: the database has {} migration(s) this binary does not know ({}), so a \
+        "refusing to serve or migrate: the database has {} migration(s) this binary does not know ({}), so a \
          newer release migrated it. Run that release (or a newer one) against this database, or \
          restore a backup taken before it was migrated; this binary changed nothing \
          (docs/backup.md, \"After a restore\")",

@@ -120,7 +120,10 @@ fn one_changed_entry_changes_the_ledger_digest() {
     tamper(51);
     let tampered = digest(&database.url, until);
     assert_eq!(tampered["entries"], 2);
-    assert_ne!(tampered["digest"], first["digest"], "a changed entry went unnoticed");
+    assert_ne!(
+        tampered["digest"], first["digest"],
+        "a changed entry went unnoticed"
+    );
     tamper(50);
     assert_eq!(digest(&database.url, until), first);
 
