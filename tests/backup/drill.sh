@@ -98,6 +98,8 @@ cat >"$dir/pgbackrest.conf" <<CONF
 [global]
 repo1-path=$dir/repo
 repo1-retention-full=2
+repo1-cipher-type=aes-256-cbc
+repo1-cipher-pass=$(head -c 24 /dev/urandom | base64)
 log-path=$dir/log
 lock-path=$dir/lock
 spool-path=$dir/spool
@@ -113,6 +115,7 @@ pg1-port=$port
 pg1-socket-path=$dir
 CONF
 chown postgres "$dir/pgbackrest.conf"
+chmod 600 "$dir/pgbackrest.conf"
 as_postgres mkdir "$dir/log"
 cat >>"$dir/data/postgresql.conf" <<CONF
 listen_addresses = '127.0.0.1'
@@ -121,6 +124,7 @@ unix_socket_directories = '$dir'
 max_connections = 60
 wal_level = replica
 archive_mode = on
+archive_timeout = 300
 archive_command = 'pgbackrest --config=$dir/pgbackrest.conf --stanza=drill archive-push %p'
 CONF
 as_postgres "$pg_bin/pg_ctl" start -w -D "$dir/data" -l "$dir/postgres.log" >/dev/null
@@ -161,11 +165,11 @@ finish_load() {
 ledger_count() { psql_at -d token_billing -c "SELECT count(*) FROM ledger_entries"; }
 wait_for_ledger_growth() {
     local floor=$(($(ledger_count) + $1))
-    for _ in $(seq 1 600); do
+    for _ in $(seq 1 1800); do
         (($(ledger_count) >= floor)) && return 0
         sleep 0.1
     done
-    echo "drill: the load did not write $1 ledger entries in 60 s" >&2
+    echo "drill: the load did not write $1 ledger entries in 180 s" >&2
     return 1
 }
 
@@ -209,7 +213,7 @@ database_size="$(psql_at -d postgres -c "SELECT pg_size_pretty(sum(pg_database_s
 
 # 1. Load, and a full backup taken while it goes on.
 start_load spread 6
-wait_for_ledger_growth 100
+wait_for_ledger_growth 50
 step="$(now_ms)"
 backrest backup --type=full
 backup_seconds="$(seconds_since "$step")"
@@ -220,8 +224,8 @@ finish_load
 pad filler_after_backup "$wal_mb"
 
 # 2. The instant T, under load (the job pipeline this time).
-start_load jobs 6
-wait_for_ledger_growth 100
+start_load jobs 8
+wait_for_ledger_growth 30
 # The lock waits for the transactions that hold these tables; should it
 # deadlock with one of them (PostgreSQL then cancels one side), try again.
 at_t=""
