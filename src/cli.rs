@@ -2,7 +2,8 @@
 //!
 //! - `serve` (the default): create the database if missing, migrate, serve;
 //! - `migrate`: create the database if missing and migrate;
-//! - `account create`, `account list`, `api-key create`, `reconcile`:
+//! - `account create`, `account list`, `api-key create`, `reconcile`,
+//!   `ledger-digest`:
 //!   management commands on a database that `serve` or `migrate` prepared
 //!   (they never create or migrate one themselves).
 //!
@@ -84,6 +85,17 @@ pub enum Command {
         /// CSV instead of JSON.
         #[arg(long)]
         csv: bool,
+    },
+    /// Print the ledger's hash chain up to an instant as JSON `{digest, entries, until,
+    /// last_entry_id, format}`: keep it, and compare it after a restore or in an audit.
+    #[command(after_help = "Examples:\n  \
+        token-billing ledger-digest --until 2026-12-01T14:03:00Z\n  \
+        token-billing ledger-digest --until \"$(date -u +%Y-%m-%dT%H:%M:%SZ)\" | jq -r .digest\n\n\
+        The chain and how to recompute it without this binary: docs/backup.md.")]
+    LedgerDigest {
+        /// The instant (RFC 3339): every entry created at or before it is chained.
+        #[arg(long)]
+        until: String,
     },
 }
 

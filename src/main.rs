@@ -45,6 +45,7 @@ async fn main() -> ExitCode {
         }) => {
             return reconcile_command(&database_url, from.as_deref(), to.as_deref(), account, csv)
         }
+        Some(Command::LedgerDigest { until }) => ledger_digest_command(&database_url, &until),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -179,6 +180,20 @@ fn reconcile_command(
     }
 }
 
+/// Prints the ledger's hash chain up to `until` (domain::ledger_digest).
+fn ledger_digest_command(database_url: &str, until: &str) -> anyhow::Result<()> {
+    use token_billing::domain::ledger_digest::ledger_digest;
+    let until = chrono::DateTime::parse_from_rfc3339(until)
+        .map_err(|error| {
+            anyhow::anyhow!("--until must be an RFC 3339 timestamp (2026-12-01T14:03:00Z): {error}")
+        })?
+        .with_timezone(&chrono::Utc);
+    let mut conn = db::connect_prepared(database_url)?;
+    let digest =
+        ledger_digest(&mut conn, until).map_err(|error| anyhow::anyhow!(cli_message(&error)))?;
+    print_json(&digest)
+}
+
 fn account_command(database_url: &str, action: AccountCommand) -> anyhow::Result<()> {
     let mut conn = connect(database_url)?;
     match action {
@@ -248,7 +263,7 @@ fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
 fn cli_message(error: &token_billing::error::ApiError) -> String {
     let text = error.to_string();
     let text = text.strip_prefix("invalid request: ").unwrap_or(&text);
-    ["max_active_reservations", "limit", "status", "q"]
+    ["max_active_reservations", "limit", "status", "q", "until"]
         .iter()
         .fold(text.to_owned(), |message, field| {
             let flag = format!("--{}", field.replace('_', "-"));

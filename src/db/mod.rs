@@ -8,6 +8,7 @@ pub mod schema;
 pub use prepared::{prepared, PreparedSql};
 
 use diesel::connection::SimpleConnection;
+use diesel::migration::MigrationSource;
 use diesel::pg::PgConnection;
 use diesel::prelude::*;
 use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool};
@@ -96,12 +97,52 @@ pub fn build_pool_with(
         .build_unchecked(manager)
 }
 
-/// Runs the embedded migrations that are not applied yet.
+/// Runs the embedded migrations that are not applied yet, after refusing a
+/// database that holds migrations this binary does not know.
 pub fn run_migrations(conn: &mut PgConnection) -> anyhow::Result<Vec<String>> {
+    refuse_unknown_migrations(conn)?;
     let applied = conn
         .run_pending_migrations(MIGRATIONS)
         .map_err(|error| anyhow::anyhow!("running migrations: {error}"))?;
     Ok(applied.iter().map(ToString::to_string).collect())
+}
+
+/// The versions applied to the database that this binary does not embed:
+/// the database was migrated by a newer release.
+pub fn unknown_applied_migrations(conn: &mut PgConnection) -> anyhow::Result<Vec<String>> {
+    let known: std::collections::HashSet<String> =
+        MigrationSource::<diesel::pg::Pg>::migrations(&MIGRATIONS)
+            .map_err(|error| anyhow::anyhow!("reading the embedded migrations: {error}"))?
+            .iter()
+            .map(|migration| migration.name().version().to_string())
+            .collect();
+    let mut unknown: Vec<String> = conn
+        .applied_migrations()
+        .map_err(|error| anyhow::anyhow!("reading the database's migrations: {error}"))?
+        .iter()
+        .map(ToString::to_string)
+        .filter(|version| !known.contains(version))
+        .collect();
+    unknown.sort();
+    Ok(unknown)
+}
+
+/// A binary older than its database would serve a schema it does not know
+/// (after a restore with the wrong release, or a roll-back of the binary
+/// alone): it would write rows the newer rules do not expect. Refuse, and
+/// say what to do.
+fn refuse_unknown_migrations(conn: &mut PgConnection) -> anyhow::Result<()> {
+    let unknown = unknown_applied_migrations(conn)?;
+    anyhow::ensure!(
+        unknown.is_empty(),
+        "refusing to serve or migrate: the database has {} migration(s) this binary does not know ({}), so a \
+         newer release migrated it. Run that release (or a newer one) against this database, or \
+         restore a backup taken before it was migrated; this binary changed nothing \
+         (docs/backup.md, \"After a restore\")",
+        unknown.len(),
+        unknown.join(", ")
+    );
+    Ok(())
 }
 
 /// True when every embedded migration is applied (used by `/readyz`).

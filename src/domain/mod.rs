@@ -10,6 +10,7 @@ pub mod idempotency;
 pub mod job_leases;
 pub mod jobs;
 pub mod ledger;
+pub mod ledger_digest;
 pub mod paging;
 pub mod reaper;
 pub mod reconciliation;

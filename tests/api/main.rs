@@ -7,6 +7,7 @@ mod account_directory;
 mod accounts;
 mod auth;
 mod auth_throttle;
+mod backup;
 mod bad_input;
 mod cli;
 mod coalescing;
