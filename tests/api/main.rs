@@ -14,6 +14,7 @@ mod concurrency;
 mod console;
 mod crash;
 mod credits;
+mod deployment;
 mod differential;
 mod distribution;
 mod failover;
