@@ -94,7 +94,11 @@ pub fn scrub(text: &str) -> String {
 /// after its first `:` (up to the last `@`), and every `password=` value.
 fn connection_string_secrets(connection: &str) -> Vec<String> {
     let mut secrets = Vec::new();
-    for token in tokens(connection) {
+    // The string itself: a `"` in it is part of a password, not a quote.
+    for token in connection
+        .split(char::is_whitespace)
+        .filter(|token| token.contains('@'))
+    {
         if let Some(range) = userinfo_password(token) {
             secrets.push(token[range].to_owned());
         }
@@ -102,11 +106,17 @@ fn connection_string_secrets(connection: &str) -> Vec<String> {
     let mut rest = connection;
     while let Some((value_start, value_end)) = next_password_value(rest) {
         let value = &rest[value_start..value_end];
-        let value = value
-            .strip_prefix('\'')
-            .and_then(|inner| inner.strip_suffix('\''))
-            .map_or_else(|| value.to_owned(), |inner| inner.replace("\\'", "'"));
-        secrets.push(value);
+        match value.strip_prefix('\'') {
+            Some(inner) => {
+                let inner = inner.strip_suffix('\'').unwrap_or(inner);
+                secrets.push(inner.replace("\\'", "'"));
+                // Unterminated: at least its first word is the password.
+                if let Some(word) = inner.split_whitespace().next() {
+                    secrets.push(word.to_owned());
+                }
+            }
+            None => secrets.push(value.to_owned()),
+        }
         rest = &rest[value_end..];
     }
     secrets.retain(|secret| !secret.is_empty());
@@ -176,7 +186,7 @@ fn userinfo_password(token: &str) -> Option<std::ops::Range<usize>> {
 
 /// The byte range of the next `password=` value in `text` (the keyword in
 /// any case, with optional spaces around `=`), quoted (`'…'`, with `\'`
-/// escapes) or running to the next space, `&` or `"`.
+/// escapes) or running to the next space or `&`.
 fn next_password_value(text: &str) -> Option<(usize, usize)> {
     let lower = text.to_ascii_lowercase();
     let mut search_from = 0;
@@ -202,8 +212,9 @@ fn next_password_value(text: &str) -> Option<(usize, usize)> {
                 }
                 end.unwrap_or(value_text.len())
             } else {
+                // libpq gives `"` no meaning here: it is part of the value.
                 value_text
-                    .find(|c: char| c.is_whitespace() || c == '&' || c == '"')
+                    .find(|c: char| c.is_whitespace() || c == '&')
                     .unwrap_or(value_text.len())
             };
             if value_length > 0 && &value_text[..value_length] != MASK {

@@ -24,6 +24,7 @@ mod json_numbers;
 mod keys_audit;
 mod ledger_property;
 mod model;
+mod no_secret_echoed;
 mod openapi;
 mod operate;
 mod read_replica;
