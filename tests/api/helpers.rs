@@ -102,10 +102,15 @@ fn stamp_and_prune_templates(admin: &mut PgConnection, name: &str) {
         };
         if now.saturating_sub(last_used) > TEMPLATE_UNUSED_DROP_AFTER_SECONDS {
             // Fails harmlessly if someone is cloning it right now.
-            let _ = admin.batch_execute(&format!(
-                "ALTER DATABASE {0} WITH is_template = false; DROP DATABASE IF EXISTS {0}",
-                template.datname
-            ));
+            // Two statements: DROP DATABASE cannot run in a transaction block.
+            let _ = admin
+                .batch_execute(&format!(
+                    "ALTER DATABASE {} WITH is_template = false",
+                    template.datname
+                ))
+                .and_then(|()| {
+                    admin.batch_execute(&format!("DROP DATABASE IF EXISTS {}", template.datname))
+                });
         }
     }
 }
@@ -199,12 +204,13 @@ fn templates_unused_for_a_day_are_dropped_and_the_current_one_kept() {
         .expect("after 1970")
         .as_secs();
     for (name, last_used) in [(&stale, now - 2 * TEMPLATE_UNUSED_DROP_AFTER_SECONDS), (&recent, now - 60)] {
-        admin
-            .batch_execute(&format!(
-                "CREATE DATABASE {name}; ALTER DATABASE {name} WITH is_template = true; \
-                 COMMENT ON DATABASE {name} IS 'last used {last_used}'"
-            ))
-            .expect("create");
+        for statement in [
+            format!("CREATE DATABASE {name}"),
+            format!("ALTER DATABASE {name} WITH is_template = true"),
+            format!("COMMENT ON DATABASE {name} IS 'last used {last_used}'"),
+        ] {
+            admin.batch_execute(&statement).expect("create");
+        }
     }
     admin.batch_execute("SELECT pg_advisory_lock(7243002)").expect("lock");
     stamp_and_prune_templates(&mut admin, &current);
@@ -220,9 +226,8 @@ fn templates_unused_for_a_day_are_dropped_and_the_current_one_kept() {
         exists(&mut admin, &recent),
         exists(&mut admin, &current),
     );
-    let _ = admin.batch_execute(&format!(
-        "ALTER DATABASE {recent} WITH is_template = false; DROP DATABASE IF EXISTS {recent}"
-    ));
+    let _ = admin.batch_execute(&format!("ALTER DATABASE {recent} WITH is_template = false"));
+    let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS {recent}"));
     assert!(!stale_left, "a template unused for two days is dropped");
     assert!(recent_left, "a template used a minute ago is kept");
     assert!(current_left, "the current template is kept for the next run");
