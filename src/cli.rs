@@ -230,10 +230,14 @@ pub fn name_the_variable(mut error: clap::Error, command: &clap::Command) -> cla
     let variable = all_arguments(command)
         .into_iter()
         .find(|argument| argument.get_long() == Some(long))
-        .and_then(|argument| argument.get_env().map(|env| env.to_string_lossy().into_owned()));
-    if let Some(variable) = variable.filter(|variable| {
-        !on_command_line && std::env::var_os(variable).is_some()
-    }) {
+        .and_then(|argument| {
+            argument
+                .get_env()
+                .map(|env| env.to_string_lossy().into_owned())
+        });
+    if let Some(variable) =
+        variable.filter(|variable| !on_command_line && std::env::var_os(variable).is_some())
+    {
         error.insert(
             ContextKind::Suggested,
             ContextValue::StyledStrs(vec![format!(

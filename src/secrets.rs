@@ -46,7 +46,9 @@ pub fn register(secret: &str) {
             forms.push(json[1..json.len() - 1].to_owned());
         }
     }
-    let mut secrets = SECRETS.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut secrets = SECRETS
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     for form in forms {
         if form.chars().count() >= SECRET_LENGTH_MIN && !secrets.contains(&form) {
             secrets.push(form);
@@ -81,7 +83,9 @@ pub fn register_environment() {
 /// every registered secret replaced by `***`.
 pub fn scrub(text: &str) -> String {
     let mut scrubbed = redact_connection_strings(text);
-    let secrets = SECRETS.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let secrets = SECRETS
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     for secret in secrets.iter() {
         if scrubbed.contains(secret.as_str()) {
             scrubbed = scrubbed.replace(secret.as_str(), MASK);
@@ -300,7 +304,10 @@ mod tests {
             ("u:hunter2@h/db", "u:***@h/db"),
             ("write to ops@example.com", "write to ops@example.com"),
             ("mysql://root:hunter2@h/db", "mysql://root:***@h/db"),
-            ("postgres://u:hunter2@h:port/db", "postgres://u:***@h:port/db"),
+            (
+                "postgres://u:hunter2@h:port/db",
+                "postgres://u:***@h:port/db",
+            ),
             ("postgres://u:hunter2@[::1/db", "postgres://u:***@[::1/db"),
             ("postgres://u:hun/ter@2@h/db", "postgres://u:***@h/db"),
             (
@@ -332,6 +339,9 @@ mod tests {
         register_connection_string("host=h password='pa ss word'");
         assert_eq!(scrub("read pa ss word there"), "read *** there");
         register("xy");
-        assert_eq!(scrub("xy stays: too short to replace blindly"), "xy stays: too short to replace blindly");
+        assert_eq!(
+            scrub("xy stays: too short to replace blindly"),
+            "xy stays: too short to replace blindly"
+        );
     }
 }

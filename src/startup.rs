@@ -235,10 +235,7 @@ where
 /// which saw `HEAD`, sends the headers (`Content-Length` included) only.
 /// Other methods are untouched, so `HEAD` on a `POST`-only route is still
 /// refused.
-fn head_as_get<S>(
-    mut request: actix_web::dev::ServiceRequest,
-    service: &S,
-) -> S::Future
+fn head_as_get<S>(mut request: actix_web::dev::ServiceRequest, service: &S) -> S::Future
 where
     S: actix_web::dev::Service<actix_web::dev::ServiceRequest>,
 {

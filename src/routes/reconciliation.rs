@@ -24,11 +24,17 @@ pub fn configure(config: &mut web::ServiceConfig) {
 struct PeriodQuery {
     /// Start of the period, included: a date `YYYY-MM-DD` (its midnight UTC)
     /// or an RFC 3339 timestamp. Default: 30 days before `to`.
-    #[param(pattern = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}([Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2}))?$", example = "2026-11-01")]
+    #[param(
+        pattern = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}([Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2}))?$",
+        example = "2026-11-01"
+    )]
     from: Option<String>,
     /// End of the period, excluded: a date `YYYY-MM-DD` (its midnight UTC) or
     /// an RFC 3339 timestamp. Default: now. At most 366 days after `from`.
-    #[param(pattern = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}([Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2}))?$", example = "2026-12-01")]
+    #[param(
+        pattern = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}([Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2}))?$",
+        example = "2026-12-01"
+    )]
     to: Option<String>,
     /// Only this account.
     account_id: Option<Uuid>,

@@ -82,10 +82,20 @@ fn compose_publishes_on_loopback_only_and_has_no_default_secrets() {
     let compose = yaml("docker-compose.yml");
     let services = &compose["services"];
     for (service, variable, value) in [
-        ("token-billing", "ADMIN_API_KEY", &services["token-billing"]["environment"]["ADMIN_API_KEY"]),
-        ("grafana", "GRAFANA_ADMIN_PASSWORD", &services["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"]),
+        (
+            "token-billing",
+            "ADMIN_API_KEY",
+            &services["token-billing"]["environment"]["ADMIN_API_KEY"],
+        ),
+        (
+            "grafana",
+            "GRAFANA_ADMIN_PASSWORD",
+            &services["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"],
+        ),
     ] {
-        let value = value.as_str().unwrap_or_else(|| panic!("{service}: {variable} set"));
+        let value = value
+            .as_str()
+            .unwrap_or_else(|| panic!("{service}: {variable} set"));
         assert!(
             value.starts_with(&format!("${{{variable}:?")),
             "{service}: {value:?} must require {variable} with no default (`${{{variable}:?…}}`)"
@@ -135,7 +145,10 @@ fn every_variable_compose_reads_is_in_the_env_example_and_env_is_ignored() {
             );
         }
     }
-    for (file, secret) in [(".env.example", "ADMIN_API_KEY="), (".env.example", "GRAFANA_ADMIN_PASSWORD=")] {
+    for (file, secret) in [
+        (".env.example", "ADMIN_API_KEY="),
+        (".env.example", "GRAFANA_ADMIN_PASSWORD="),
+    ] {
         let line = example
             .lines()
             .find(|line| line.starts_with(secret))

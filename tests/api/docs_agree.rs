@@ -15,11 +15,18 @@ fn read(relative: &str) -> String {
 }
 
 fn docs_pages() -> Vec<String> {
-    let mut pages: Vec<String> = std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs"))
-        .expect("docs/")
-        .map(|entry| entry.expect("entry").file_name().to_string_lossy().into_owned())
-        .filter(|name| name.ends_with(".md"))
-        .collect();
+    let mut pages: Vec<String> =
+        std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs"))
+            .expect("docs/")
+            .map(|entry| {
+                entry
+                    .expect("entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .filter(|name| name.ends_with(".md"))
+            .collect();
     pages.sort();
     pages
 }
@@ -34,8 +41,7 @@ fn all_docs() -> String {
 }
 
 fn document() -> Value {
-    serde_json::from_str(token_billing::openapi::document_json().expect("document"))
-        .expect("JSON")
+    serde_json::from_str(token_billing::openapi::document_json().expect("document")).expect("JSON")
 }
 
 /// (schema, property) for every property of every component schema,
@@ -48,7 +54,12 @@ fn properties(schema_name: &str, schema: &Value, found: &mut Vec<(String, String
         }
     }
     for key in ["allOf", "oneOf", "anyOf"] {
-        for member in schema.get(key).and_then(Value::as_array).into_iter().flatten() {
+        for member in schema
+            .get(key)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
             properties(schema_name, member, found);
         }
     }
@@ -116,9 +127,19 @@ fn every_metric_is_named_in_the_docs() {
         .step_by(2)
         .filter(|literal| {
             literal.chars().all(|c| c.is_ascii_lowercase() || c == '_')
-                && ["_total", "_seconds", "_size", "_info", "_violations", "_reservations", "_tokens", "_pending", "_in_flight"]
-                    .iter()
-                    .any(|suffix| literal.ends_with(suffix))
+                && [
+                    "_total",
+                    "_seconds",
+                    "_size",
+                    "_info",
+                    "_violations",
+                    "_reservations",
+                    "_tokens",
+                    "_pending",
+                    "_in_flight",
+                ]
+                .iter()
+                .any(|suffix| literal.ends_with(suffix))
         })
         .map(str::to_owned)
         .collect();
@@ -146,7 +167,10 @@ fn the_readme_links_every_docs_page_and_the_project_files_exist() {
         .into_iter()
         .filter(|page| !readme.contains(&format!("(docs/{page}")))
         .collect();
-    assert!(unlinked.is_empty(), "docs pages the README does not link: {unlinked:?}");
+    assert!(
+        unlinked.is_empty(),
+        "docs pages the README does not link: {unlinked:?}"
+    );
     for file in ["LICENSE", "CHANGELOG.md", "SECURITY.md"] {
         assert!(
             readme.contains(&format!("({file})")),
@@ -163,7 +187,9 @@ fn the_readme_links_every_docs_page_and_the_project_files_exist() {
 fn every_field_of_the_finance_report_is_described() {
     let missing: Vec<String> = all_properties()
         .into_iter()
-        .filter(|(schema, _, _)| ["Report", "AccountLine", "Totals", "Discrepancy"].contains(&schema.as_str()))
+        .filter(|(schema, _, _)| {
+            ["Report", "AccountLine", "Totals", "Discrepancy"].contains(&schema.as_str())
+        })
         .filter(|(_, _, property)| {
             property
                 .get("description")

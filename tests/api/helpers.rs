@@ -203,7 +203,10 @@ fn templates_unused_for_a_day_are_dropped_and_the_current_one_kept() {
         .duration_since(std::time::UNIX_EPOCH)
         .expect("after 1970")
         .as_secs();
-    for (name, last_used) in [(&stale, now - 2 * TEMPLATE_UNUSED_DROP_AFTER_SECONDS), (&recent, now - 60)] {
+    for (name, last_used) in [
+        (&stale, now - 2 * TEMPLATE_UNUSED_DROP_AFTER_SECONDS),
+        (&recent, now - 60),
+    ] {
         for statement in [
             format!("CREATE DATABASE {name}"),
             format!("ALTER DATABASE {name} WITH is_template = true"),
@@ -212,13 +215,19 @@ fn templates_unused_for_a_day_are_dropped_and_the_current_one_kept() {
             admin.batch_execute(&statement).expect("create");
         }
     }
-    admin.batch_execute("SELECT pg_advisory_lock(7243002)").expect("lock");
+    admin
+        .batch_execute("SELECT pg_advisory_lock(7243002)")
+        .expect("lock");
     stamp_and_prune_templates(&mut admin, &current);
-    admin.batch_execute("SELECT pg_advisory_unlock(7243002)").expect("unlock");
+    admin
+        .batch_execute("SELECT pg_advisory_unlock(7243002)")
+        .expect("unlock");
     let exists = |admin: &mut PgConnection, name: &str| {
-        diesel::sql_query(format!("SELECT 1 FROM pg_database WHERE datname = '{name}'"))
-            .execute(admin)
-            .expect("query")
+        diesel::sql_query(format!(
+            "SELECT 1 FROM pg_database WHERE datname = '{name}'"
+        ))
+        .execute(admin)
+        .expect("query")
             == 1
     };
     let (stale_left, recent_left, current_left) = (
@@ -230,7 +239,10 @@ fn templates_unused_for_a_day_are_dropped_and_the_current_one_kept() {
     let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS {recent}"));
     assert!(!stale_left, "a template unused for two days is dropped");
     assert!(recent_left, "a template used a minute ago is kept");
-    assert!(current_left, "the current template is kept for the next run");
+    assert!(
+        current_left,
+        "the current template is kept for the next run"
+    );
 }
 
 /// A database of its own for one test, dropped when the test ends.

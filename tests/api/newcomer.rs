@@ -59,7 +59,10 @@ async fn head_answers_like_get_without_a_body_and_docs_has_a_slash_form() {
         ("/docs/".to_owned(), None),
         ("/console".to_owned(), None),
         (format!("/v1/accounts/{account}"), Some(ADMIN_KEY)),
-        ("/v1/reconciliation?from=2026-11-01".to_owned(), Some(ADMIN_KEY)),
+        (
+            "/v1/reconciliation?from=2026-11-01".to_owned(),
+            Some(ADMIN_KEY),
+        ),
     ] {
         let get = |method: reqwest::Method| {
             let mut request = app.client.request(method, app.url(&path));
@@ -77,9 +80,17 @@ async fn head_answers_like_get_without_a_body_and_docs_has_a_slash_form() {
             full.headers().get("content-type"),
             "HEAD {path}"
         );
-        assert!(head.bytes().await.expect("body").is_empty(), "HEAD {path} sent a body");
+        assert!(
+            head.bytes().await.expect("body").is_empty(),
+            "HEAD {path} sent a body"
+        );
     }
-    let docs = app.client.get(app.url("/docs/")).send().await.expect("sent");
+    let docs = app
+        .client
+        .get(app.url("/docs/"))
+        .send()
+        .await
+        .expect("sent");
     assert!(docs.text().await.expect("text").contains("SwaggerUIBundle"));
     // HEAD is GET's: a POST-only route still refuses it, and changes nothing.
     let head = app
@@ -130,14 +141,20 @@ fn migrate_says_what_it_did_also_when_nothing() {
     let (first_report, second_report) = (report(&first), report(&second));
     assert_eq!(first_report["database"], name.as_str());
     assert_eq!(first_report["created"], true);
-    assert!(!first_report["applied"].as_array().expect("applied").is_empty());
+    assert!(!first_report["applied"]
+        .as_array()
+        .expect("applied")
+        .is_empty());
     assert_eq!(second_report["created"], false);
     assert_eq!(second_report["applied"], json!([]));
     assert_eq!(second_report["up_to_date"], true);
     let said = String::from_utf8_lossy(&second.stderr);
     assert!(said.contains("nothing to do"), "{said}");
     let said = String::from_utf8_lossy(&first.stderr);
-    assert!(said.contains("created the database") && said.contains("applied"), "{said}");
+    assert!(
+        said.contains("created the database") && said.contains("applied"),
+        "{said}"
+    );
 }
 
 #[test]
@@ -149,10 +166,7 @@ fn a_bad_setting_from_the_environment_names_its_variable() {
         .expect("runs");
     let said = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{said}");
-    assert!(
-        said.contains("environment variable DB_POOL_SIZE"),
-        "{said}"
-    );
+    assert!(said.contains("environment variable DB_POOL_SIZE"), "{said}");
     // Given as a flag, the flag is the culprit: no mention of the variable.
     let output = Command::new(env!("CARGO_BIN_EXE_token-billing"))
         .args(["serve", "--db-pool-size", "sixteen"])

@@ -14,17 +14,50 @@ const ADMIN_SECRET: &str = "admin-secret-never-printed-4567";
 /// Malformed database URLs, each carrying the password.
 fn malformed_urls() -> Vec<(&'static str, String)> {
     vec![
-        ("missing `:` after the scheme", format!("postgres//postgres:{PASSWORD}@localhost/db")),
-        ("missing `//`", format!("postgres:/postgres:{PASSWORD}@localhost/db")),
-        ("a port that is not a number", format!("postgres://postgres:{PASSWORD}@localhost:port/db")),
-        ("a wrong scheme", format!("mysql://root:{PASSWORD}@localhost/db")),
-        ("broken IPv6 brackets", format!("postgres://postgres:{PASSWORD}@[::1/db")),
-        ("no database name", format!("postgres://postgres:{PASSWORD}@localhost")),
-        ("an unknown query parameter", format!("postgres://postgres:{PASSWORD}@localhost/db?passwd={PASSWORD}")),
-        ("key=value with a bad port", format!("host=localhost password={PASSWORD} dbname=db port=abc")),
-        ("key=value, quoted, unterminated", format!("host=localhost password='{PASSWORD} dbname=db")),
-        ("key=value with a missing `=`", format!("host=localhost password = {PASSWORD} dbname")),
-        ("an unreachable server", format!("postgres://postgres:{PASSWORD}@127.0.0.1:1/db")),
+        (
+            "missing `:` after the scheme",
+            format!("postgres//postgres:{PASSWORD}@localhost/db"),
+        ),
+        (
+            "missing `//`",
+            format!("postgres:/postgres:{PASSWORD}@localhost/db"),
+        ),
+        (
+            "a port that is not a number",
+            format!("postgres://postgres:{PASSWORD}@localhost:port/db"),
+        ),
+        (
+            "a wrong scheme",
+            format!("mysql://root:{PASSWORD}@localhost/db"),
+        ),
+        (
+            "broken IPv6 brackets",
+            format!("postgres://postgres:{PASSWORD}@[::1/db"),
+        ),
+        (
+            "no database name",
+            format!("postgres://postgres:{PASSWORD}@localhost"),
+        ),
+        (
+            "an unknown query parameter",
+            format!("postgres://postgres:{PASSWORD}@localhost/db?passwd={PASSWORD}"),
+        ),
+        (
+            "key=value with a bad port",
+            format!("host=localhost password={PASSWORD} dbname=db port=abc"),
+        ),
+        (
+            "key=value, quoted, unterminated",
+            format!("host=localhost password='{PASSWORD} dbname=db"),
+        ),
+        (
+            "key=value with a missing `=`",
+            format!("host=localhost password = {PASSWORD} dbname"),
+        ),
+        (
+            "an unreachable server",
+            format!("postgres://postgres:{PASSWORD}@127.0.0.1:1/db"),
+        ),
     ]
 }
 
@@ -65,9 +98,14 @@ fn printed(output: &Output) -> String {
 /// The password in any form a printer could give it.
 fn leaked(text: &str) -> bool {
     let json_escaped = PASSWORD.replace('"', "\\\"");
-    [PASSWORD, json_escaped.as_str(), "Secret-never-printed", ADMIN_SECRET]
-        .iter()
-        .any(|secret| text.contains(secret))
+    [
+        PASSWORD,
+        json_escaped.as_str(),
+        "Secret-never-printed",
+        ADMIN_SECRET,
+    ]
+    .iter()
+    .any(|secret| text.contains(secret))
 }
 
 #[test]
@@ -77,8 +115,14 @@ fn no_command_echoes_the_password_of_a_malformed_url() {
             for format in ["text", "json"] {
                 let output = run(args, &[("DATABASE_URL", &url), ("LOG_FORMAT", format)]);
                 let text = printed(&output);
-                assert!(!output.status.success(), "{what}, {args:?}: succeeded?\n{text}");
-                assert!(!leaked(&text), "{what}, {args:?}, {format} logs: printed\n{text}");
+                assert!(
+                    !output.status.success(),
+                    "{what}, {args:?}: succeeded?\n{text}"
+                );
+                assert!(
+                    !leaked(&text),
+                    "{what}, {args:?}, {format} logs: printed\n{text}"
+                );
                 assert!(!text.trim().is_empty(), "{what}, {args:?}: said nothing");
             }
             // The same URL as a flag rather than in the environment.
@@ -86,7 +130,10 @@ fn no_command_echoes_the_password_of_a_malformed_url() {
             with_flag.extend_from_slice(args);
             let output = run(&with_flag, &[]);
             let text = printed(&output);
-            assert!(!leaked(&text), "{what}, --database-url {args:?}: printed\n{text}");
+            assert!(
+                !leaked(&text),
+                "{what}, --database-url {args:?}: printed\n{text}"
+            );
         }
     }
 }
@@ -99,9 +146,16 @@ fn the_configuration_error_and_help_do_not_echo_it_either() {
     let output = run(&["serve"], &[("DATABASE_URL", &url)]);
     let text = printed(&output);
     assert_eq!(output.status.code(), Some(2), "{text}");
-    assert!(text.contains("target_session_attrs") && text.contains("***"), "{text}");
+    assert!(
+        text.contains("target_session_attrs") && text.contains("***"),
+        "{text}"
+    );
     assert!(!leaked(&text), "{text}");
-    for args in [&["--help"][..], &["serve", "--help"], &["migrate", "--help"]] {
+    for args in [
+        &["--help"][..],
+        &["serve", "--help"],
+        &["migrate", "--help"],
+    ] {
         let output = run(args, &[("DATABASE_URL", &url), ("DATABASE_READ_URL", &url)]);
         let text = printed(&output);
         assert!(output.status.success(), "{args:?}: {text}");
@@ -119,8 +173,15 @@ fn a_working_url_with_a_password_is_not_echoed_at_debug_level() {
         &format!("postgres://postgres:{}@", urlencode(PASSWORD)),
         1,
     );
-    assert_ne!(url, database.url, "TEST_DATABASE_SERVER has the expected form");
-    for args in [&["migrate"][..], &["account", "list"], &["reconcile", "--csv"]] {
+    assert_ne!(
+        url, database.url,
+        "TEST_DATABASE_SERVER has the expected form"
+    );
+    for args in [
+        &["migrate"][..],
+        &["account", "list"],
+        &["reconcile", "--csv"],
+    ] {
         for format in ["text", "json"] {
             let output = run(args, &[("DATABASE_URL", &url), ("LOG_FORMAT", format)]);
             let text = printed(&output);

@@ -416,17 +416,25 @@ async fn names_dates_and_the_download_name_make_the_report_readable() {
         .await
         .expect("sent");
     assert_eq!(
-        csv.headers()["content-disposition"].to_str().expect("ascii"),
+        csv.headers()["content-disposition"]
+            .to_str()
+            .expect("ascii"),
         format!("attachment; filename=\"reconciliation_{today}_{tomorrow}.csv\"")
     );
     let csv = csv.text().await.expect("text");
     assert!(csv.starts_with("account_id,name,status,"), "{csv}");
     assert!(
-        csv.contains(&format!("{},\"Smith, \"\"Jones\"\" & Co\",ok,", accounts[0].0)),
+        csv.contains(&format!(
+            "{},\"Smith, \"\"Jones\"\" & Co\",ok,",
+            accounts[0].0
+        )),
         "{csv}"
     );
     assert!(
-        csv.contains(&format!("{},\"'=HYPERLINK(\"\"http://x\"\")\",ok,", accounts[1].0)),
+        csv.contains(&format!(
+            "{},\"'=HYPERLINK(\"\"http://x\"\")\",ok,",
+            accounts[1].0
+        )),
         "{csv}"
     );
 
@@ -439,21 +447,44 @@ async fn names_dates_and_the_download_name_make_the_report_readable() {
     let offset: Value = app.get(&path, ADMIN_KEY).await.json().await.expect("json");
     assert_eq!(offset["from"], report["from"]);
     assert_eq!(offset["to"], report["to"]);
-    for query in ["from=2026-11", "from=11/01/2026", "from=2026-11-01T00:00:00"] {
-        let (status, body) =
-            problem(app.get(&format!("/v1/reconciliation?{query}"), ADMIN_KEY).await).await;
+    for query in [
+        "from=2026-11",
+        "from=11/01/2026",
+        "from=2026-11-01T00:00:00",
+    ] {
+        let (status, body) = problem(
+            app.get(&format!("/v1/reconciliation?{query}"), ADMIN_KEY)
+                .await,
+        )
+        .await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{query}");
-        assert!(body["detail"].as_str().expect("detail").contains("YYYY-MM-DD"), "{body}");
+        assert!(
+            body["detail"]
+                .as_str()
+                .expect("detail")
+                .contains("YYYY-MM-DD"),
+            "{body}"
+        );
     }
 
     // The CLI takes the same dates.
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_token-billing"))
-        .args(["reconcile", "--from", &today.to_string(), "--to", &tomorrow.to_string()])
+        .args([
+            "reconcile",
+            "--from",
+            &today.to_string(),
+            "--to",
+            &tomorrow.to_string(),
+        ])
         .args(["--database-url", &app.database.url])
         .env("RUST_LOG", "error")
         .output()
         .expect("runs");
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let cli: Value = serde_json::from_slice(&output.stdout).expect("json");
     assert_eq!(cli["from"], report["from"]);
     assert_eq!(line(&cli, accounts[0].0)["name"], tricky);
