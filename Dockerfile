@@ -9,9 +9,11 @@ WORKDIR /src
 # Docker's cache until Cargo.toml or Cargo.lock change, and a source change
 # rebuilds only the project itself (seconds, not minutes).
 COPY Cargo.toml Cargo.lock ./
+# (Every binary target Cargo.toml names needs a stand-in for cargo to read it.)
 RUN mkdir -p src/bin \
-    && echo 'fn main() {}' > src/main.rs \
-    && echo 'fn main() {}' > src/bin/token-billing-tools.rs \
+    && for target in src/main.rs $(grep -o 'src/bin/[A-Za-z0-9_-]*\.rs' Cargo.toml); do \
+         echo 'fn main() {}' > "$target"; \
+       done \
     && touch src/lib.rs \
     && cargo build --release --locked --bin token-billing \
     && rm -rf src
