@@ -410,11 +410,15 @@ fn compose_scales_and_tells_one_admin_key_story() {
     );
     let readme = read("README.md");
     let example = read(".env.example");
-    assert!(example.contains("ADMIN_API_KEY="), ".env.example lists ADMIN_API_KEY");
+    assert!(
+        example.contains("ADMIN_API_KEY="),
+        ".env.example lists ADMIN_API_KEY"
+    );
     let first_session_key = "dev-admin-key-change-me";
     assert!(
-        readme.contains(&format!("ADMIN_API_KEY={first_session_key} cargo run --release -- serve"))
-            && readme.contains(&format!("Authorization: Bearer {first_session_key}")),
+        readme.contains(&format!(
+            "ADMIN_API_KEY={first_session_key} cargo run --release -- serve"
+        )) && readme.contains(&format!("Authorization: Bearer {first_session_key}")),
         "the README's first session uses one admin key"
     );
     assert!(
