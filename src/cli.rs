@@ -40,7 +40,7 @@ pub struct Cli {
 #[derive(Clone, Debug, Args)]
 pub struct GlobalArgs {
     /// PostgreSQL connection URL.
-    #[arg(long, env = "DATABASE_URL", global = true, default_value = DEFAULT_DATABASE_URL)]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true, default_value = DEFAULT_DATABASE_URL)]
     pub database_url: String,
 
     /// Log format (logs go to stderr; `RUST_LOG` sets the filter).
@@ -71,12 +71,16 @@ pub enum Command {
     /// Print the finance reconciliation of a period as JSON (or CSV); exits 3 on mismatch.
     #[command(after_help = "Examples:\n  \
         token-billing reconcile | jq -r .status\n  \
-        token-billing reconcile --from 2026-11-01T00:00:00Z --to 2026-12-01T00:00:00Z --csv")]
+        token-billing reconcile --from 2026-11-01 --to 2026-12-01 --csv > november.csv\n  \
+        token-billing reconcile --from 2026-11-01T00:00:00+01:00 --to 2026-12-01T00:00:00+01:00\n\n\
+        Amounts are tokens; a bare date is that day's midnight UTC. docs/finance.md explains the columns.")]
     Reconcile {
-        /// Start of the period (RFC 3339, included); default: 30 days before `--to`.
+        /// Start of the period, included: YYYY-MM-DD (midnight UTC) or RFC 3339;
+        /// default: 30 days before `--to`.
         #[arg(long)]
         from: Option<String>,
-        /// End of the period (RFC 3339, excluded); default: now.
+        /// End of the period, excluded: YYYY-MM-DD (midnight UTC) or RFC 3339;
+        /// default: now.
         #[arg(long)]
         to: Option<String>,
         /// Only this account (its id).
@@ -178,8 +182,13 @@ impl Cli {
     /// Parses the process's arguments, exiting with clap's message on an
     /// error (and after `--help` / `--version`).
     pub fn parse_args() -> Cli {
-        let matches = Self::command_for_help().get_matches();
-        Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit())
+        let command = Self::command_for_help();
+        let matches = command
+            .clone()
+            .try_get_matches()
+            .unwrap_or_else(|error| name_the_variable(error, &command).exit());
+        Cli::from_arg_matches(&matches)
+            .unwrap_or_else(|error| name_the_variable(error, &command).exit())
     }
 
     /// The command line with the global options documented once, in
@@ -210,6 +219,54 @@ impl Cli {
         config.log_format = self.global.log_format;
         Ok(config)
     }
+}
+
+/// A refused value that came from the environment (not from a flag on the
+/// command line) gets a tip naming the variable that was set: clap itself
+/// names only the flag (`--db-pool-size <DB_POOL_SIZE>`).
+pub fn name_the_variable(mut error: clap::Error, command: &clap::Command) -> clap::Error {
+    use clap::error::{ContextKind, ContextValue};
+    let Some(ContextValue::String(invalid)) = error.get(ContextKind::InvalidArg).cloned() else {
+        return error;
+    };
+    let Some(long) = invalid
+        .split_whitespace()
+        .next()
+        .and_then(|flag| flag.strip_prefix("--"))
+    else {
+        return error;
+    };
+    let on_command_line = std::env::args().any(|argument| {
+        argument == format!("--{long}") || argument.starts_with(&format!("--{long}="))
+    });
+    let variable = all_arguments(command)
+        .into_iter()
+        .find(|argument| argument.get_long() == Some(long))
+        .and_then(|argument| {
+            argument
+                .get_env()
+                .map(|env| env.to_string_lossy().into_owned())
+        });
+    if let Some(variable) =
+        variable.filter(|variable| !on_command_line && std::env::var_os(variable).is_some())
+    {
+        error.insert(
+            ContextKind::Suggested,
+            ContextValue::StyledStrs(vec![format!(
+                "the value comes from the environment variable {variable}: correct or unset it"
+            )
+            .into()]),
+        );
+    }
+    error
+}
+
+fn all_arguments(command: &clap::Command) -> Vec<clap::Arg> {
+    let mut arguments: Vec<clap::Arg> = command.get_arguments().cloned().collect();
+    for subcommand in command.get_subcommands() {
+        arguments.extend(all_arguments(subcommand));
+    }
+    arguments
 }
 
 /// Gives every subcommand (at any depth) a hidden copy of each global

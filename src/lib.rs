@@ -16,6 +16,7 @@ pub mod provider;
 pub mod rate_limit;
 pub mod routes;
 pub mod scheduler;
+pub mod secrets;
 pub mod startup;
 pub mod telemetry;
 pub mod webhooks;

@@ -15,26 +15,41 @@ use token_billing::domain::{accounts, api_keys, types};
 use token_billing::engine::{self, install::Installed};
 use token_billing::provider::AnyProvider;
 use token_billing::startup::{shutdown_signal, start_replica, AppState};
-use token_billing::telemetry;
+use token_billing::{secrets, telemetry};
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // Before anything can print: the passwords to mask (see `secrets`).
+    secrets::register_environment();
+    secrets::install_panic_hook();
     let cli = Cli::parse_args();
+    secrets::register_connection_string(&cli.global.database_url);
     telemetry::init(cli.global.log_format);
     let database_url = cli.global.database_url.clone();
     let result = match cli.command {
         None | Some(Command::Serve(_)) => {
             let config = match cli.serve_config() {
                 Ok(config) => config,
-                Err(error) => error.exit(),
+                Err(error) => {
+                    token_billing::cli::name_the_variable(error, &Cli::command_for_help()).exit()
+                }
             };
+            if let Some(read_url) = &config.database_read_url {
+                secrets::register_connection_string(read_url);
+            }
+            if let Some(key) = &config.admin_api_key {
+                secrets::register(secrecy::ExposeSecret::expose_secret(key));
+            }
             if let Err(message) = config.validate() {
-                eprintln!("token-billing: invalid configuration: {message}");
+                eprintln!(
+                    "token-billing: invalid configuration: {}",
+                    secrets::scrub(&message)
+                );
                 return ExitCode::from(2);
             }
             serve(config).await
         }
-        Some(Command::Migrate) => prepare_database(&database_url).map(|_| ()),
+        Some(Command::Migrate) => migrate_command(&database_url),
         Some(Command::Account { action }) => account_command(&database_url, action),
         Some(Command::ApiKey { action }) => api_key_command(&database_url, action),
         Some(Command::Reconcile {
@@ -50,16 +65,27 @@ async fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("token-billing: {error:#}");
+            eprintln!("token-billing: {}", secrets::scrub(&format!("{error:#}")));
             ExitCode::FAILURE
         }
     }
 }
 
-/// Creates the database when missing and applies pending migrations, under
-/// an advisory lock so replicas starting together migrate once.
-fn prepare_database(database_url: &str) -> anyhow::Result<PgConnection> {
-    if db::create_database_if_missing(database_url)? {
+/// What `prepare_database` did.
+struct Prepared {
+    conn: PgConnection,
+    created: bool,
+    applied: Vec<String>,
+    /// The money engine's schema, and whether it was installed now.
+    engine: Installed,
+}
+
+/// Creates the database when missing, applies pending migrations (under an
+/// advisory lock so replicas starting together migrate once) and installs
+/// this build's money engine.
+fn prepare_database(database_url: &str) -> anyhow::Result<Prepared> {
+    let created = db::create_database_if_missing(database_url)?;
+    if created {
         tracing::info!("created the database");
     }
     let mut conn = PgConnection::establish(database_url)
@@ -67,14 +93,21 @@ fn prepare_database(database_url: &str) -> anyhow::Result<PgConnection> {
     diesel::sql_query("SELECT pg_advisory_lock(7243001)").execute(&mut conn)?;
     let applied = db::run_migrations(&mut conn);
     diesel::sql_query("SELECT pg_advisory_unlock(7243001)").execute(&mut conn)?;
-    for migration in applied? {
+    let applied = applied?;
+    for migration in &applied {
         tracing::info!(%migration, "applied migration");
     }
-    match engine::install::install(&mut conn)? {
+    let engine = engine::install::install(&mut conn)?;
+    match engine {
         Installed::Created(schema) => tracing::info!(%schema, "installed the money engine"),
         Installed::Present(schema) => tracing::debug!(%schema, "the money engine is installed"),
     }
-    Ok(conn)
+    Ok(Prepared {
+        conn,
+        created,
+        applied,
+        engine,
+    })
 }
 
 /// A connection for a management command: to a migrated database, with
@@ -83,6 +116,42 @@ fn connect(database_url: &str) -> anyhow::Result<PgConnection> {
     let mut conn = db::connect_prepared(database_url)?;
     engine::install::install(&mut conn)?;
     Ok(conn)
+}
+
+/// `migrate`: says what it did, on stderr for people and as JSON on stdout
+/// (`{database, created, applied, engine, engine_installed, up_to_date}`),
+/// also when there was nothing to do.
+fn migrate_command(database_url: &str) -> anyhow::Result<()> {
+    let prepared = prepare_database(database_url)?;
+    let (name, _) = db::split_database_url(database_url)?;
+    let total = db::migrations_total();
+    let (engine, engine_installed) = match prepared.engine {
+        Installed::Created(schema) => (schema, true),
+        Installed::Present(schema) => (schema, false),
+    };
+    if prepared.applied.is_empty() && !engine_installed {
+        tracing::info!(
+            database = %name,
+            "nothing to do: the database is up to date ({total} migrations already applied, \
+             engine {engine} installed)"
+        );
+    } else {
+        tracing::info!(
+            database = %name,
+            "{} the database; applied {} of {total} migrations; engine {engine} {}",
+            if prepared.created { "created" } else { "migrated" },
+            prepared.applied.len(),
+            if engine_installed { "installed" } else { "already installed" }
+        );
+    }
+    print_json(&serde_json::json!({
+        "database": name,
+        "created": prepared.created,
+        "applied": prepared.applied,
+        "engine": engine,
+        "engine_installed": engine_installed,
+        "up_to_date": true,
+    }))
 }
 
 /// A loud start: without `ADMIN_API_KEY` and without any usable admin key
@@ -106,8 +175,8 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let database_url = config.database_url.clone();
     let bootstrap = config.admin_api_key.is_some();
     tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
-        let mut conn = prepare_database(&database_url)?;
-        warn_without_admin(&mut conn, bootstrap)
+        let mut prepared = prepare_database(&database_url)?;
+        warn_without_admin(&mut prepared.conn, bootstrap)
     })
     .await??;
     let provider = AnyProvider::from_config(&config)?;
@@ -174,7 +243,7 @@ fn reconcile_command(
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(3),
         Err(error) => {
-            eprintln!("token-billing: {error:#}");
+            eprintln!("token-billing: {}", secrets::scrub(&format!("{error:#}")));
             ExitCode::FAILURE
         }
     }

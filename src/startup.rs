@@ -230,6 +230,21 @@ where
     .boxed_local()
 }
 
+/// `HEAD` on a `GET` route answers as `GET` would, without the body (RFC
+/// 9110 §9.3.2): the request is routed as `GET`, and actix's HTTP layer,
+/// which saw `HEAD`, sends the headers (`Content-Length` included) only.
+/// Other methods are untouched, so `HEAD` on a `POST`-only route is still
+/// refused.
+fn head_as_get<S>(mut request: actix_web::dev::ServiceRequest, service: &S) -> S::Future
+where
+    S: actix_web::dev::Service<actix_web::dev::ServiceRequest>,
+{
+    if request.method() == actix_web::http::Method::HEAD {
+        request.head_mut().method = actix_web::http::Method::GET;
+    }
+    service.call(request)
+}
+
 fn path_error(error: PathError, _request: &HttpRequest) -> actix_web::Error {
     ApiError::InvalidRequest(format!("invalid path parameter: {error}")).into()
 }
@@ -249,6 +264,7 @@ pub fn build_server(state: Arc<AppState>, workers: usize) -> anyhow::Result<(Ser
     let data = web::Data::from(state);
     let server = HttpServer::new(move || {
         App::new()
+            .wrap_fn(head_as_get)
             .wrap_fn(guard_authentication_failures)
             .wrap(ErrorHandlers::new().default_handler(problem_json_for_framework_errors))
             .wrap_fn(|request, service| {

@@ -7,7 +7,8 @@
 //! id — the client's `X-Request-Id` when it is a sane token, else a new
 //! UUID — which is echoed in the `X-Request-Id` response header, written
 //! into problem+json bodies, and carried by the request's log span. Logs
-//! never contain headers, so no API key or secret reaches them.
+//! never contain headers, and every line passes through
+//! `secrets::ScrubbingWriter`, so no API key or password reaches them.
 
 use std::future::Future;
 use std::io::IsTerminal;
@@ -29,7 +30,7 @@ pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(|| crate::secrets::ScrubbingWriter)
         .with_ansi(colour_wanted(
             std::io::stderr().is_terminal(),
             std::env::var_os("NO_COLOR"),

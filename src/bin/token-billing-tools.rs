@@ -22,7 +22,7 @@ use token_billing::telemetry;
 )]
 struct Cli {
     /// PostgreSQL connection URL (`chaos`, `bench reconciliation`).
-    #[arg(long, env = "DATABASE_URL", global = true, default_value = DEFAULT_DATABASE_URL)]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true, default_value = DEFAULT_DATABASE_URL)]
     database_url: String,
 
     /// Log format (logs go to stderr; `RUST_LOG` sets the filter).
@@ -50,10 +50,10 @@ enum Tool {
     },
     /// Serve the fake provider (the `http` provider protocol, with fault injection).
     #[command(after_help = "Example:\n  \
-        token-billing-tools fake-provider --bind 127.0.0.1:9090")]
+        token-billing-tools fake-provider --bind 127.0.0.1:8090")]
     FakeProvider {
-        /// Address to listen on.
-        #[arg(long, default_value = "127.0.0.1:9090")]
+        /// Address to listen on (not 9090: compose gives that to Prometheus).
+        #[arg(long, default_value = token_billing::provider::fake_server::DEFAULT_BIND)]
         bind: String,
         /// Mean latency of a generation, in milliseconds (±50 %).
         #[arg(long, env = "SIMULATED_LATENCY_MS", default_value_t = 500)]
@@ -92,7 +92,10 @@ enum BenchCommand {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    token_billing::secrets::register_environment();
+    token_billing::secrets::install_panic_hook();
     let cli = Cli::parse();
+    token_billing::secrets::register_connection_string(&cli.database_url);
     telemetry::init(cli.log_format);
     let result = match cli.command {
         // On SIGINT / SIGTERM the run is dropped: its replicas (each in its
@@ -137,7 +140,10 @@ async fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("token-billing-tools: {error:#}");
+            eprintln!(
+                "token-billing-tools: {}",
+                token_billing::secrets::scrub(&format!("{error:#}"))
+            );
             ExitCode::FAILURE
         }
     }

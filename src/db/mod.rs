@@ -145,6 +145,12 @@ fn refuse_unknown_migrations(conn: &mut PgConnection) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How many migrations this binary embeds.
+pub fn migrations_total() -> usize {
+    diesel::migration::MigrationSource::<diesel::pg::Pg>::migrations(&MIGRATIONS)
+        .map_or(0, |migrations| migrations.len())
+}
+
 /// True when every embedded migration is applied (used by `/readyz`).
 pub fn migrations_applied(conn: &mut PgConnection) -> Result<bool, ApiError> {
     conn.has_pending_migration(MIGRATIONS)
@@ -223,33 +229,10 @@ pub fn check_multi_host(database_url: &str) -> Result<(), String> {
 }
 
 /// `database_url` fit to print: the password of a URL's user
-/// (`postgres://user:secret@…`) and any `password=` parameter replaced by
-/// `***`.
+/// (`postgres://user:secret@…`, also in a malformed URL) and any `password=`
+/// parameter replaced by `***` (see `secrets`).
 pub fn redact_database_url(database_url: &str) -> String {
-    let mut text = database_url.to_owned();
-    if let Some(scheme_end) = text.find("://") {
-        let rest = &text[scheme_end + 3..];
-        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-        if let Some(at) = rest[..authority_end].rfind('@') {
-            if let Some(colon) = rest[..at].find(':') {
-                let (start, end) = (scheme_end + 3 + colon + 1, scheme_end + 3 + at);
-                text.replace_range(start..end, "***");
-            }
-        }
-    }
-    let mut redacted = String::with_capacity(text.len());
-    let mut rest = text.as_str();
-    while let Some(found) = rest.find("password=") {
-        let value_start = found + "password=".len();
-        redacted.push_str(&rest[..value_start]);
-        redacted.push_str("***");
-        let value_end = rest[value_start..]
-            .find(['&', ' '])
-            .map_or(rest.len(), |end| value_start + end);
-        rest = &rest[value_end..];
-    }
-    redacted.push_str(rest);
-    redacted
+    crate::secrets::redact_connection_strings(database_url)
 }
 
 /// Creates the database named in `database_url` when it does not exist.

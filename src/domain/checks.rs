@@ -12,9 +12,16 @@ use crate::error::ApiError;
 /// One failed check of one account.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Discrepancy {
+    /// The account whose check failed.
     pub account_id: Uuid,
+    /// Which check failed, e.g. `roll_forward`, `used_roll_forward`,
+    /// `succeeded_jobs_match_commits`, `balance_invariant`,
+    /// `reserved_equals_held_reservations`, `ledger_replay_available`
+    /// (docs/finance.md lists them all).
     pub check: String,
+    /// What the check computed the figure should be (tokens or a count).
     pub expected: i64,
+    /// What the books hold instead.
     pub actual: i64,
 }
 

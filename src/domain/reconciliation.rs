@@ -5,10 +5,14 @@
 //! their commit entries, and the invariant checks of `checks`. One pass of
 //! set-based SQL; the rows come ordered by account id, so the same
 //! period over the same data gives the same report, byte for byte.
+//!
+//! Every amount is a whole number of tokens; every instant is UTC. A period
+//! bound is an RFC 3339 timestamp or a bare `YYYY-MM-DD` date, meaning that
+//! day's midnight UTC. docs/finance.md explains each figure to finance.
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use diesel::prelude::*;
-use diesel::sql_types::{BigInt, Nullable, Timestamptz, Uuid as SqlUuid};
+use diesel::sql_types::{BigInt, Nullable, Text, Timestamptz, Uuid as SqlUuid};
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -19,6 +23,8 @@ use crate::error::ApiError;
 pub struct AccountReconciliation {
     #[diesel(sql_type = SqlUuid)]
     pub account_id: Uuid,
+    #[diesel(sql_type = Text)]
+    pub name: String,
     #[diesel(sql_type = BigInt)]
     pub opening_available: i64,
     #[diesel(sql_type = BigInt)]
@@ -90,57 +96,129 @@ impl AccountReconciliation {
     }
 }
 
-/// One account's line of the report.
+/// One account's line of the report. Every amount is in tokens; the
+/// period is `[from, to)` of the report.
 #[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct AccountLine {
+    /// The account's id.
     pub account_id: Uuid,
-    /// `ok` or `mismatch`.
+    /// The account's name (as it is now), for people reading the report.
+    pub name: String,
+    /// `ok`, or `mismatch` when a check of this account failed (see
+    /// `discrepancies`).
     pub status: &'static str,
+    /// Tokens the account held at the start of the period that were not yet
+    /// spent: `opening_available + opening_reserved`.
     pub opening: i64,
+    /// Tokens bought (top-ups) during the period.
     pub credited: i64,
+    /// Signed sum of manual corrections during the period (negative: tokens
+    /// taken away).
     pub adjusted: i64,
+    /// Tokens spent during the period (generations paid for). The roll-forward
+    /// is `opening + credited + adjusted − committed = closing`.
     pub committed: i64,
+    /// Tokens held and not yet spent at the end of the period:
+    /// `closing_available + closing_reserved`.
     pub closing: i64,
+    /// Tokens put on hold during the period (a movement, not a balance: each
+    /// hold ends as committed, released or expired). Compare
+    /// `closing_reserved`, the tokens on hold at the end.
     pub reserved: i64,
+    /// Held tokens given back during the period (the work failed or was
+    /// cancelled; a partial commit gives back the rest).
     pub released: i64,
+    /// Held tokens given back during the period because their hold ran out.
     pub expired: i64,
+    /// Free tokens at the start of the period.
     pub opening_available: i64,
+    /// Tokens on hold at the start of the period.
     pub opening_reserved: i64,
+    /// Tokens spent since the account was opened, at the start of the period.
     pub opening_used: i64,
+    /// Free tokens at the end of the period.
     pub closing_available: i64,
+    /// Tokens on hold at the end of the period (a balance; compare `reserved`).
     pub closing_reserved: i64,
+    /// Tokens spent since the account was opened, at the end of the period:
+    /// `opening_used + committed`.
     pub closing_used: i64,
+    /// Generation jobs that succeeded during the period.
     pub jobs_succeeded: i64,
+    /// Ledger commit entries of jobs during the period: equals
+    /// `jobs_succeeded` when every successful job was charged once.
     pub job_commit_entries: i64,
 }
 
+/// The sums of the account lines (in tokens; `accounts` counts lines).
 #[derive(Clone, Debug, Default, Serialize, utoipa::ToSchema)]
 pub struct Totals {
+    /// Accounts in the report (those opened before the end of the period).
     pub accounts: i64,
+    /// Sum of the accounts' `opening`.
     pub opening: i64,
+    /// Sum of the accounts' `credited`.
     pub credited: i64,
+    /// Sum of the accounts' `adjusted`.
     pub adjusted: i64,
+    /// Sum of the accounts' `committed`.
     pub committed: i64,
+    /// Sum of the accounts' `closing`.
     pub closing: i64,
+    /// Sum of the accounts' `reserved` (holds placed during the period).
     pub reserved: i64,
+    /// Sum of the accounts' `released`.
     pub released: i64,
+    /// Sum of the accounts' `expired`.
     pub expired: i64,
+    /// Sum of the accounts' `jobs_succeeded`.
     pub jobs_succeeded: i64,
+    /// Sum of the accounts' `job_commit_entries`.
     pub job_commit_entries: i64,
 }
 
+/// The finance report of the period `[from, to)`.
 #[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct Report {
+    /// Start of the period, included (RFC 3339, UTC).
     pub from: String,
+    /// End of the period, excluded (RFC 3339, UTC).
     pub to: String,
     /// The instant the books were read up to: the end of the period, or
     /// the database's `now()` while the period is still open.
     pub generated_at: String,
-    /// `ok` or `mismatch`.
+    /// `ok`, or `mismatch` when any check failed (see `discrepancies`).
     pub status: &'static str,
+    /// The sums over all account lines.
     pub totals: Totals,
+    /// One line per account opened before the end of the period, ordered by
+    /// `account_id`.
     pub accounts: Vec<AccountLine>,
+    /// Every failed check, empty when `status` is `ok`.
     pub discrepancies: Vec<Discrepancy>,
+}
+
+impl Report {
+    /// A file name for the report's CSV naming its period, e.g.
+    /// `reconciliation_2026-11-01_2026-12-01.csv` (with the time of day,
+    /// `…_2026-11-01T10-30-00Z_…`, when a bound is not a UTC midnight).
+    pub fn csv_file_name(&self) -> String {
+        let bound = |text: &str| {
+            let instant = DateTime::parse_from_rfc3339(text).map(|t| t.with_timezone(&Utc));
+            match instant {
+                Ok(instant) if instant.time() == chrono::NaiveTime::MIN => {
+                    instant.format("%Y-%m-%d").to_string()
+                }
+                Ok(instant) => instant.format("%Y-%m-%dT%H-%M-%SZ").to_string(),
+                Err(_) => "period".to_owned(),
+            }
+        };
+        format!(
+            "reconciliation_{}_{}.csv",
+            bound(&self.from),
+            bound(&self.to)
+        )
+    }
 }
 
 fn rfc3339(instant: DateTime<Utc>) -> String {
@@ -176,7 +254,7 @@ pub fn reconcile(
              jobs AS ( \
                  SELECT account_id, count(*) AS succeeded FROM generation_jobs \
                  WHERE status = 'succeeded' AND finished_at >= $1 AND finished_at < $2 GROUP BY account_id) \
-             SELECT a.id AS account_id, \
+             SELECT a.id AS account_id, a.name, \
                  COALESCE(o.available_after, 0) AS opening_available, \
                  COALESCE(o.reserved_after, 0) AS opening_reserved, \
                  COALESCE(o.used_after, 0) AS opening_used, \
@@ -235,6 +313,7 @@ fn build_report(
             let mismatch = discrepancies.iter().any(|d| d.account_id == row.account_id);
             AccountLine {
                 account_id: row.account_id,
+                name: row.name.clone(),
                 status: if mismatch { "mismatch" } else { "ok" },
                 opening: row.opening(),
                 credited: row.credited,
@@ -270,10 +349,13 @@ fn build_report(
     }
 }
 
-/// The per-account lines as CSV (a header line, then one line per account).
+/// The per-account lines as CSV (RFC 4180: a header line, then one line per
+/// account; a field holding a comma, quote or line break is quoted). A
+/// name that a spreadsheet would run as a formula (starting with `=`, `+`,
+/// `-`, `@`, a tab or a carriage return) is written with a leading `'`.
 pub fn to_csv(report: &Report) -> String {
     let mut csv = String::from(
-        "account_id,status,opening,credited,adjusted,committed,closing,reserved,released,expired,\
+        "account_id,name,status,opening,credited,adjusted,committed,closing,reserved,released,expired,\
          opening_available,opening_reserved,opening_used,closing_available,closing_reserved,closing_used,\
          jobs_succeeded,job_commit_entries,failed_checks\n",
     );
@@ -304,8 +386,9 @@ pub fn to_csv(report: &Report) -> String {
         ];
         let numbers: Vec<String> = numbers.iter().map(i64::to_string).collect();
         csv.push_str(&format!(
-            "{},{},{},{}\n",
+            "{},{},{},{},{}\n",
             line.account_id,
+            csv_text(&line.name),
             line.status,
             numbers.join(","),
             failed.join(";")
@@ -314,8 +397,23 @@ pub fn to_csv(report: &Report) -> String {
     csv
 }
 
-/// Parses and checks a period: RFC 3339 bounds, `from < to`, at most
-/// `max` long; `to` defaults to now, `from` to `to − default`.
+/// One text field of the CSV: defused against formulas, quoted when needed.
+fn csv_text(text: &str) -> String {
+    let defused = if text.starts_with(['=', '+', '-', '@', '\t', '\r']) {
+        format!("'{text}")
+    } else {
+        text.to_owned()
+    };
+    if defused.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", defused.replace('"', "\"\""))
+    } else {
+        defused
+    }
+}
+
+/// Parses and checks a period: each bound an RFC 3339 timestamp or a
+/// `YYYY-MM-DD` date (that day's midnight UTC), `from < to`, at most `max`
+/// long; `to` defaults to now, `from` to `to − default`.
 pub fn parse_period(
     from: Option<&str>,
     to: Option<&str>,
@@ -324,11 +422,12 @@ pub fn parse_period(
     max: std::time::Duration,
 ) -> Result<(DateTime<Utc>, DateTime<Utc>), ApiError> {
     let parse = |name: &str, text: &str| {
-        DateTime::parse_from_rfc3339(text)
-            .map(|instant| instant.with_timezone(&Utc))
-            .map_err(|error| {
-                ApiError::InvalidRequest(format!("{name} must be an RFC 3339 timestamp: {error}"))
-            })
+        parse_bound(text).ok_or_else(|| {
+            ApiError::InvalidRequest(format!(
+                "{name} must be a date (YYYY-MM-DD, midnight UTC) or an RFC 3339 timestamp \
+                 (e.g. 2026-11-01T00:00:00Z or 2026-11-01T00:00:00+01:00), not {text:?}"
+            ))
+        })
     };
     let to = to.map(|text| parse("to", text)).transpose()?.unwrap_or(now);
     let default =
@@ -350,9 +449,90 @@ pub fn parse_period(
     Ok((from, to))
 }
 
+/// A period bound: `YYYY-MM-DD` (midnight UTC) or RFC 3339. A `+` of an
+/// offset that arrived unencoded in a query string reads as a space; it is
+/// taken back as the `+` it must have been.
+pub fn parse_bound(text: &str) -> Option<DateTime<Utc>> {
+    if let Ok(date) = chrono::NaiveDate::parse_from_str(text, "%Y-%m-%d") {
+        if text.len() == 10 {
+            return Some(date.and_time(chrono::NaiveTime::MIN).and_utc());
+        }
+    }
+    let repaired = match text.rsplit_once(' ') {
+        Some((instant, offset)) if offset.len() == 5 && offset.as_bytes()[2] == b':' => {
+            format!("{instant}+{offset}")
+        }
+        _ => text.to_owned(),
+    };
+    DateTime::parse_from_rfc3339(&repaired)
+        .ok()
+        .map(|instant| instant.with_timezone(&Utc))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bounds_are_dates_or_timestamps() {
+        let midnight = |text: &str| text.parse::<DateTime<Utc>>().expect("time");
+        assert_eq!(
+            parse_bound("2026-11-01"),
+            Some(midnight("2026-11-01T00:00:00Z"))
+        );
+        assert_eq!(
+            parse_bound("2026-11-01T00:00:00+01:00"),
+            Some(midnight("2026-10-31T23:00:00Z"))
+        );
+        // `+01:00` sent unencoded in a query string arrives as ` 01:00`.
+        assert_eq!(
+            parse_bound("2026-11-01T00:00:00 01:00"),
+            Some(midnight("2026-10-31T23:00:00Z"))
+        );
+        for bad in [
+            "2026-11",
+            "2026-13-01",
+            "01.11.2026",
+            "2026-11-01 junk",
+            "2026-11-1",
+        ] {
+            assert_eq!(parse_bound(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn csv_names_are_quoted_and_defused() {
+        assert_eq!(csv_text("Wedding Müller"), "Wedding Müller");
+        assert_eq!(csv_text("Smith, Jones"), "\"Smith, Jones\"");
+        assert_eq!(csv_text("the \"best\" booth"), "\"the \"\"best\"\" booth\"");
+        assert_eq!(csv_text("=HYPERLINK(1)"), "'=HYPERLINK(1)");
+        assert_eq!(csv_text("-1,2"), "\"'-1,2\"");
+    }
+
+    #[test]
+    fn csv_file_names_name_the_period() {
+        let report = Report {
+            from: "2026-11-01T00:00:00.000000Z".into(),
+            to: "2026-12-01T00:00:00.000000Z".into(),
+            generated_at: String::new(),
+            status: "ok",
+            totals: Totals::default(),
+            accounts: Vec::new(),
+            discrepancies: Vec::new(),
+        };
+        assert_eq!(
+            report.csv_file_name(),
+            "reconciliation_2026-11-01_2026-12-01.csv"
+        );
+        let report = Report {
+            to: "2026-12-01T10:30:00.000000Z".into(),
+            ..report
+        };
+        assert_eq!(
+            report.csv_file_name(),
+            "reconciliation_2026-11-01_2026-12-01T10-30-00Z.csv"
+        );
+    }
 
     #[test]
     fn periods_are_checked() {

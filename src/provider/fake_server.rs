@@ -12,6 +12,11 @@ use serde_json::{json, Value};
 
 use super::fake::{prediction_json, FakeBackend, SubmitOutcome};
 
+/// Where `token-billing-tools fake-provider` listens by default: a port
+/// that neither the service (8080) nor compose's Prometheus (9090) and
+/// Grafana (3000) use, so all of them run side by side.
+pub const DEFAULT_BIND: &str = "127.0.0.1:8090";
+
 #[derive(Deserialize)]
 struct SubmitBody {
     input: Value,

@@ -178,7 +178,9 @@ async fn list_accounts(
     Ok(HttpResponse::Ok().json(page))
 }
 
-/// Balances, with the version as `ETag` (`If-None-Match` answers 304).
+/// An account's balances.
+///
+/// The version is sent as `ETag`; `If-None-Match` with it answers 304.
 #[utoipa::path(
     tag = "accounts",
     params(
@@ -418,7 +420,9 @@ struct LedgerQuery {
     since: Option<String>,
 }
 
-/// The account's ledger, oldest first; `next_after` is the next cursor.
+/// The account's ledger, oldest first.
+///
+/// `next_after` is the cursor of the next page.
 #[utoipa::path(
     tag = "accounts",
     params(("account_id" = Uuid, Path, description = "The account"), LedgerQuery),

@@ -24,7 +24,9 @@ struct CreateCredit {
     note: Option<Note>,
 }
 
-/// Adds tokens; idempotent on `external_ref`.
+/// Adds tokens (a top-up).
+///
+/// Idempotent on `external_ref`.
 #[utoipa::path(
     tag = "credits",
     params(("account_id" = Uuid, Path, description = "The account")),
@@ -104,7 +106,9 @@ struct CreateAdjustment {
     external_ref: ExternalRef,
 }
 
-/// Adds or removes tokens with a reason; never drives `available` below 0.
+/// Adds or removes tokens, with a reason.
+///
+/// Never drives `available` below 0.
 #[utoipa::path(
     tag = "credits",
     params(("account_id" = Uuid, Path, description = "The account")),

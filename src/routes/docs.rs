@@ -14,6 +14,9 @@ pub fn configure(config: &mut web::ServiceConfig) {
     config
         .service(openapi_json)
         .service(swagger_ui)
+        // `/docs/`, as people type it, is the same page (an alias, not an
+        // operation of the document).
+        .route("/docs/", web::get().to(swagger_ui_page))
         .service(swagger_ui_asset);
 }
 
@@ -67,6 +70,10 @@ const SWAGGER_UI_PAGE: &str = r##"<!DOCTYPE html>
 )]
 #[get("/docs")]
 async fn swagger_ui() -> HttpResponse {
+    swagger_ui_page().await
+}
+
+async fn swagger_ui_page() -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/html; charset=utf-8")
         .body(SWAGGER_UI_PAGE)

@@ -43,7 +43,9 @@ struct EventQuery {
     wait_seconds: Option<u64>,
 }
 
-/// What happened to the money, oldest first, in commit order: low balance,
+/// What happened to the money, oldest first.
+///
+/// In commit order: low balance,
 /// top-ups, adjustments, expiries, finished jobs, broken invariants,
 /// disabled webhook endpoints. Page with `after` = the previous
 /// `next_after`; nothing committed later is ever skipped.

@@ -205,7 +205,9 @@ struct ListQuery {
     after: Option<Uuid>,
 }
 
-/// The account's jobs, newest first; `next_after` continues the list.
+/// The account's jobs, newest first.
+///
+/// `next_after` continues the list.
 #[utoipa::path(
     tag = "jobs",
     params(("account_id" = Uuid, Path, description = "The account"), ListQuery),

@@ -129,11 +129,9 @@ impl<T: serde::de::DeserializeOwned + 'static> FromRequest for JsonObject<T> {
                 )
                 .into());
             }
-            serde_json::from_value(serde_json::Value::Object(object))
+            from_json_object(object)
                 .map(JsonObject)
-                .map_err(|error| {
-                    ApiError::InvalidRequest(format!("invalid JSON body: {error}")).into()
-                })
+                .map_err(actix_web::Error::from)
         })
     }
 }
@@ -184,15 +182,31 @@ pub fn optional_json_body<T: serde::de::DeserializeOwned + Default>(
     if text.is_empty() || text == "null" {
         return Ok(T::default());
     }
-    let invalid =
-        |error: serde_json::Error| ApiError::InvalidRequest(format!("invalid JSON body: {error}"));
-    let value: serde_json::Value = serde_json::from_slice(body).map_err(invalid)?;
+    let value: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|error| ApiError::InvalidRequest(format!("invalid JSON body: {error}")))?;
     let serde_json::Value::Object(object) = value else {
         return Err(ApiError::InvalidRequest(
             "the JSON body must be an object".into(),
         ));
     };
-    serde_json::from_value(serde_json::Value::Object(integral_numbers(object))).map_err(invalid)
+    from_json_object(integral_numbers(object))
+}
+
+/// Reads `T` from a body's object; an error names the field it is about
+/// (`invalid JSON body: amount: invalid type: string "50", expected i64`),
+/// nested ones by their path (`params.simulate.delay_ms`).
+fn from_json_object<T: serde::de::DeserializeOwned>(
+    object: serde_json::Map<String, serde_json::Value>,
+) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(serde_json::Value::Object(object)).map_err(|error| {
+        let path = error.path().to_string();
+        let inner = error.into_inner();
+        if path.is_empty() || path == "." || path == "?" {
+            ApiError::InvalidRequest(format!("invalid JSON body: {inner}"))
+        } else {
+            ApiError::InvalidRequest(format!("invalid JSON body: {path}: {inner}"))
+        }
+    })
 }
 
 /// `Authorization: Bearer <key>` → the presented credentials, without a

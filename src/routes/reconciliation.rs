@@ -16,15 +16,25 @@ pub fn configure(config: &mut web::ServiceConfig) {
     config.service(get_reconciliation);
 }
 
+// `pattern`: a date, or a date and time with a UTC offset (what
+// `reconciliation::parse_bound` reads).
 #[derive(Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 struct PeriodQuery {
-    /// Start of the period (RFC 3339, inclusive). Default: 30 days before `to`.
-    #[param(format = DateTime)]
+    /// Start of the period, included: a date `YYYY-MM-DD` (its midnight UTC)
+    /// or an RFC 3339 timestamp. Default: 30 days before `to`.
+    #[param(
+        pattern = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}([Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2}))?$",
+        example = "2026-11-01"
+    )]
     from: Option<String>,
-    /// End of the period (RFC 3339, exclusive). Default: now. At most 366 days after `from`.
-    #[param(format = DateTime)]
+    /// End of the period, excluded: a date `YYYY-MM-DD` (its midnight UTC) or
+    /// an RFC 3339 timestamp. Default: now. At most 366 days after `from`.
+    #[param(
+        pattern = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}([Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2}))?$",
+        example = "2026-12-01"
+    )]
     to: Option<String>,
     /// Only this account.
     account_id: Option<Uuid>,
@@ -32,8 +42,11 @@ struct PeriodQuery {
 
 /// The finance report of a period (finance or admin).
 ///
-/// The books of `[from, to)`, per account and in total. `Accept: text/csv`
-/// answers CSV, one line per account.
+/// The books of `[from, to)`, per account and in total, in tokens, with
+/// every instant in UTC. `Accept: text/csv` answers CSV, one line per
+/// account, as a download named after the period
+/// (`reconciliation_2026-11-01_2026-12-01.csv`). docs/finance.md explains
+/// every figure.
 #[utoipa::path(
     tag = "reconciliation",
     params(PeriodQuery),
@@ -41,6 +54,9 @@ struct PeriodQuery {
         (status = 200, description = "The report", content(
             (Report = "application/json"),
             (String = "text/csv"),
+        ), headers(
+            ("Content-Disposition" = String, description = "CSV only: `attachment; \
+             filename=\"reconciliation_<from>_<to>.csv\"`"),
         )),
         (status = 400, description = "Invalid query: timestamps, `from` not before `to`, \
          period too long", body = Problem, content_type = "application/problem+json"),
@@ -82,6 +98,10 @@ async fn get_reconciliation(
     Ok(if wants_csv {
         HttpResponse::Ok()
             .content_type("text/csv; charset=utf-8")
+            .insert_header(header::ContentDisposition {
+                disposition: header::DispositionType::Attachment,
+                parameters: vec![header::DispositionParam::Filename(report.csv_file_name())],
+            })
             .body(to_csv(&report))
     } else {
         HttpResponse::Ok().json(report)

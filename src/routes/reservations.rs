@@ -62,7 +62,9 @@ fn respond(row: ReservationRow, replay: Replay) -> HttpResponse {
     }
 }
 
-/// Reserves tokens: 201 new, 200 + `Idempotent-Replayed` for a replay.
+/// Reserves tokens.
+///
+/// 201 when new; 200 with `Idempotent-Replayed: true` for a replay.
 #[utoipa::path(
     tag = "reservations",
     params(("account_id" = Uuid, Path, description = "The account")),
@@ -178,9 +180,9 @@ struct ListQuery {
     after: Option<Uuid>,
 }
 
-/// The account's reservations, newest first; `next_after` continues the list.
+/// The account's reservations, newest first.
 ///
-/// `state=held` lists the tokens in flight with their `expires_at`.
+/// `next_after` continues the list; `state=held` lists the tokens in flight with their `expires_at`.
 #[utoipa::path(
     tag = "reservations",
     params(("account_id" = Uuid, Path, description = "The account"), ListQuery),
@@ -233,7 +235,9 @@ struct CommitBody {
     amount: Option<Tokens>,
 }
 
-/// Spends `amount` (default: all held); the rest goes back to available.
+/// Spends held tokens; the rest goes back to available.
+///
+/// `amount` defaults to all held.
 ///
 /// The body may be empty.
 #[utoipa::path(
@@ -325,7 +329,9 @@ struct ExtendBody {
     ttl_seconds: TtlSeconds,
 }
 
-/// Heartbeat: the reservation now expires `ttl_seconds` from now.
+/// Heartbeat: extends a reservation.
+///
+/// It now expires `ttl_seconds` from now.
 #[utoipa::path(
     tag = "reservations",
     params(

@@ -29,10 +29,12 @@ export async function renderReconciliation(container, context) {
     message.clear();
     try {
       const { from: start, to: end } = period();
-      const { data } = await request(`/v1/reconciliation${query({ from: start, to: end })}`, { accept: "text/csv" });
+      const { data, headers } = await request(`/v1/reconciliation${query({ from: start, to: end })}`, { accept: "text/csv" });
+      // The service names the file after the period (Content-Disposition).
+      const named = /filename="?([^";]+)"?/.exec(headers.get("Content-Disposition") || "");
       const link = h("a", {
         href: URL.createObjectURL(new Blob([data], { type: "text/csv" })),
-        download: `reconciliation_${start.slice(0, 16)}_${end.slice(0, 16)}.csv`.replace(/:/g, "-"),
+        download: named ? named[1] : `reconciliation_${start.slice(0, 16)}_${end.slice(0, 16)}.csv`.replace(/:/g, "-"),
       });
       document.body.append(link);
       link.click();
@@ -78,7 +80,7 @@ export async function renderReconciliation(container, context) {
         "section",
         { class: "card" },
         h("h2", {}, "Result: ", h("span", { id: "reconciliation-status", class: `badge ${report.status === "ok" ? "ok" : "mismatch"}` }, report.status)),
-        h("p", { class: "muted" }, `${report.from} to ${report.to}; books read up to ${report.generated_at}.`),
+        h("p", { class: "muted" }, `${report.from} to ${report.to} (UTC; amounts in tokens); books read up to ${report.generated_at}.`),
         table("Totals", totalNames, [h("tr", {}, totalNames.map((name) => h("td", { class: "number", "data-total": name }, tokens(totals[name]))))], { id: "totals-table" }),
       ),
       h(
@@ -88,13 +90,14 @@ export async function renderReconciliation(container, context) {
         report.accounts.length
           ? table(
             "Accounts of the period",
-            ["Account", "Status", "Opening", "Credited", "Adjusted", "Committed", "Closing", "Failed checks"],
+            ["Account", "Account id", "Status", "Opening", "Credited", "Adjusted", "Committed", "Closing", "Failed checks"],
             report.accounts.map((line) => {
               const checks = failed.get(line.account_id) || [];
               return h(
                 "tr",
                 { class: checks.length ? "failed" : null, "data-account-id": line.account_id },
-                h("td", {}, h("a", { href: `#/accounts/${line.account_id}` }, line.account_id)),
+                h("td", { class: "account-name" }, h("a", { href: `#/accounts/${line.account_id}` }, line.name)),
+                h("td", {}, h("code", {}, line.account_id)),
                 h("td", {}, h("span", { class: `badge ${line.status === "ok" ? "ok" : "mismatch"}` }, line.status)),
                 h("td", { class: "number" }, tokens(line.opening)),
                 h("td", { class: "number" }, tokens(line.credited)),

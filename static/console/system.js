@@ -21,8 +21,14 @@ export async function renderSystem(container, context) {
   };
   container.append(h("div", { class: "toolbar" }, busyButton("Refresh", { id: "refresh-system" }, load), updated), message.element, body);
 
-  const tile = (id, label, value, status) =>
-    h("div", { class: `figure ${status || ""}`, id }, h("span", { class: "figure-label" }, label), h("span", { class: "figure-value" }, value));
+  const tile = (id, label, value, status, note) =>
+    h(
+      "div",
+      { class: `figure ${status || ""}`, id },
+      h("span", { class: "figure-label" }, label),
+      h("span", { class: "figure-value" }, value),
+      note ? h("span", { class: "figure-note" }, note) : null,
+    );
 
   const show = (summary) => {
     const database = summary.database;
@@ -59,7 +65,7 @@ export async function renderSystem(container, context) {
           tile("system-next-expiry", "next expiry", database.next_expiry_at ? countdown(database.next_expiry_at) : "—"),
           tile("system-queued", "jobs queued", tokens(database.jobs_queued)),
           tile("system-running", "jobs running", tokens(database.jobs_running)),
-          tile("system-accounts", "accounts", `${tokens(database.accounts)} (${tokens(database.accounts_suspended)} suspended)`),
+          tile("system-accounts", "accounts", tokens(database.accounts), "", `${tokens(database.accounts_suspended)} suspended`),
         ),
       ),
       h(

@@ -34,21 +34,87 @@ pub fn server_url() -> String {
 }
 
 /// Name of the template database for the current migrations: a change to
-/// any migration makes a new template.
+/// any migration makes a new template. Only the migrations' paths inside
+/// the repository and their contents count, so every clone and worktree
+/// with the same migrations shares one template.
 fn template_name() -> String {
-    let mut hasher = Sha256::new();
-    let mut paths: Vec<_> = walk(std::path::Path::new(concat!(
+    template_name_for(std::path::Path::new(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/migrations"
-    )));
+    )))
+}
+
+fn template_name_for(root: &std::path::Path) -> String {
+    let mut paths: Vec<_> = walk(root);
     paths.sort();
+    let mut hasher = Sha256::new();
     for path in paths {
-        hasher.update(path.to_string_lossy().as_bytes());
+        let relative = path.strip_prefix(root).expect("under migrations/");
+        hasher.update(relative.to_string_lossy().as_bytes());
         hasher.update(std::fs::read(&path).expect("migration readable"));
     }
     // The engine's schema is named by its SQL files' content.
     hasher.update(db::ENGINE_SCHEMA.as_bytes());
     format!("tb_template_{}", &hex::encode(hasher.finalize())[..16])
+}
+
+/// A template not used by any test run for this long is dropped by the
+/// next run (it belongs to migrations no checkout has any more).
+const TEMPLATE_UNUSED_DROP_AFTER_SECONDS: u64 = 24 * 3600;
+
+/// Stamps `name` as used now (its database comment holds the Unix time of
+/// its last use) and drops every other `tb_template_*` unused for a day.
+/// Called under the template lock.
+fn stamp_and_prune_templates(admin: &mut PgConnection, name: &str) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs();
+    admin
+        .batch_execute(&format!("COMMENT ON DATABASE {name} IS 'last used {now}'"))
+        .expect("stamp template");
+    #[derive(QueryableByName)]
+    struct Template {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        datname: String,
+        #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+        comment: Option<String>,
+    }
+    let templates: Vec<Template> = diesel::sql_query(
+        "SELECT datname::text AS datname, shobj_description(oid, 'pg_database') AS comment \
+         FROM pg_database WHERE datname LIKE 'tb\\_template\\_%'",
+    )
+    .load(admin)
+    .expect("list templates");
+    for template in templates.into_iter().filter(|t| t.datname != name) {
+        let last_used = template
+            .comment
+            .as_deref()
+            .and_then(|comment| comment.strip_prefix("last used "))
+            .and_then(|seconds| seconds.parse::<u64>().ok());
+        let Some(last_used) = last_used else {
+            // Made by an older checkout that does not stamp its template (it
+            // may be running right now): counted as used now, so it goes
+            // only after a day without use.
+            let _ = admin.batch_execute(&format!(
+                "COMMENT ON DATABASE {} IS 'last used {now}'",
+                template.datname
+            ));
+            continue;
+        };
+        if now.saturating_sub(last_used) > TEMPLATE_UNUSED_DROP_AFTER_SECONDS {
+            // Fails harmlessly if someone is cloning it right now.
+            // Two statements: DROP DATABASE cannot run in a transaction block.
+            let _ = admin
+                .batch_execute(&format!(
+                    "ALTER DATABASE {} WITH is_template = false",
+                    template.datname
+                ))
+                .and_then(|()| {
+                    admin.batch_execute(&format!("DROP DATABASE IF EXISTS {}", template.datname))
+                });
+        }
+    }
 }
 
 fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
@@ -65,8 +131,10 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
         .collect()
 }
 
-/// Creates the template once per machine (guarded by an advisory lock, as
-/// test binaries and nextest processes run concurrently).
+/// Creates the template once per machine and set of migrations (guarded by
+/// an advisory lock, as test binaries and nextest processes run
+/// concurrently), keeps it for the next run, and drops the templates of
+/// migrations no run has used for a day.
 fn ensure_template() -> String {
     static TEMPLATE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     TEMPLATE
@@ -99,12 +167,85 @@ fn ensure_template() -> String {
                     .batch_execute(&format!("ALTER DATABASE {name} WITH is_template = true"))
                     .expect("mark template");
             }
+            stamp_and_prune_templates(&mut admin, &name);
             admin
                 .batch_execute("SELECT pg_advisory_unlock(7243002)")
                 .expect("unlock");
             name
         })
         .clone()
+}
+
+#[test]
+fn every_clone_with_the_same_migrations_shares_one_template() {
+    let source = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations"));
+    let clone = std::env::temp_dir().join(format!("tb_clone_{}", Uuid::new_v4().simple()));
+    for path in walk(source) {
+        let target = clone.join(path.strip_prefix(source).expect("inside"));
+        std::fs::create_dir_all(target.parent().expect("parent")).expect("mkdir");
+        std::fs::copy(&path, &target).expect("copy");
+    }
+    let same = template_name_for(&clone);
+    // A changed migration is another template.
+    let first = walk(&clone).into_iter().min().expect("a migration");
+    std::fs::write(&first, "-- changed\n").expect("write");
+    let changed = template_name_for(&clone);
+    std::fs::remove_dir_all(&clone).expect("clean up");
+    assert_eq!(same, template_name());
+    assert_ne!(changed, template_name());
+}
+
+#[test]
+fn templates_unused_for_a_day_are_dropped_and_the_current_one_kept() {
+    let current = ensure_template();
+    let mut admin =
+        PgConnection::establish(&format!("{}/postgres", server_url())).expect("connect");
+    let stale = format!("tb_template_stale_{}", Uuid::new_v4().simple());
+    let recent = format!("tb_template_recent_{}", Uuid::new_v4().simple());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs();
+    for (name, last_used) in [
+        (&stale, now - 2 * TEMPLATE_UNUSED_DROP_AFTER_SECONDS),
+        (&recent, now - 60),
+    ] {
+        for statement in [
+            format!("CREATE DATABASE {name}"),
+            format!("ALTER DATABASE {name} WITH is_template = true"),
+            format!("COMMENT ON DATABASE {name} IS 'last used {last_used}'"),
+        ] {
+            admin.batch_execute(&statement).expect("create");
+        }
+    }
+    admin
+        .batch_execute("SELECT pg_advisory_lock(7243002)")
+        .expect("lock");
+    stamp_and_prune_templates(&mut admin, &current);
+    admin
+        .batch_execute("SELECT pg_advisory_unlock(7243002)")
+        .expect("unlock");
+    let exists = |admin: &mut PgConnection, name: &str| {
+        diesel::sql_query(format!(
+            "SELECT 1 FROM pg_database WHERE datname = '{name}'"
+        ))
+        .execute(admin)
+        .expect("query")
+            == 1
+    };
+    let (stale_left, recent_left, current_left) = (
+        exists(&mut admin, &stale),
+        exists(&mut admin, &recent),
+        exists(&mut admin, &current),
+    );
+    let _ = admin.batch_execute(&format!("ALTER DATABASE {recent} WITH is_template = false"));
+    let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS {recent}"));
+    assert!(!stale_left, "a template unused for two days is dropped");
+    assert!(recent_left, "a template used a minute ago is kept");
+    assert!(
+        current_left,
+        "the current template is kept for the next run"
+    );
 }
 
 /// A database of its own for one test, dropped when the test ends.

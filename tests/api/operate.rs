@@ -384,9 +384,12 @@ fn compose_scales_and_tells_one_admin_key_story() {
     let compose = yaml("docker-compose.yml");
     let service = &compose["services"]["token-billing"];
     for port in strings(&service["ports"]) {
+        // `127.0.0.1::8080`: loopback, with the host port left to Docker.
+        let host_port = port.split(':').nth(1).unwrap_or_default();
         assert!(
-            !port.contains(':'),
-            "token-billing publishes a fixed host port ({port}): replicas of a scaled service would collide"
+            port.starts_with("127.0.0.1:") && host_port.is_empty(),
+            "token-billing publishes {port}: it must be loopback with no fixed host port \
+             (replicas of a scaled service would collide)"
         );
     }
     let fixed = yaml("docker-compose.fixed-port.yml");
@@ -395,19 +398,32 @@ fn compose_scales_and_tells_one_admin_key_story() {
         vec!["127.0.0.1:8080:8080".to_owned()]
     );
 
+    // One admin key story: compose has no default key (it must be set in
+    // .env, which .env.example explains), and the README says so, next to
+    // the key its first session uses against `cargo run`.
     let admin_key = service["environment"]["ADMIN_API_KEY"]
         .as_str()
         .expect("ADMIN_API_KEY");
-    let default = admin_key
-        .strip_prefix("${ADMIN_API_KEY:-")
-        .and_then(|rest| rest.strip_suffix('}'))
-        .unwrap_or_else(|| panic!("ADMIN_API_KEY has an overridable default: {admin_key}"));
+    assert!(
+        admin_key.starts_with("${ADMIN_API_KEY:?"),
+        "ADMIN_API_KEY must be required, with no default: {admin_key}"
+    );
     let readme = read("README.md");
+    let example = read(".env.example");
+    assert!(
+        example.contains("ADMIN_API_KEY="),
+        ".env.example lists ADMIN_API_KEY"
+    );
+    let first_session_key = "dev-admin-key-change-me";
     assert!(
         readme.contains(&format!(
-            "ADMIN_API_KEY={default} cargo run --release -- serve"
-        )) && readme.contains(&format!("Authorization: Bearer {default}")),
-        "the README's admin key is not compose's default ({default})"
+            "ADMIN_API_KEY={first_session_key} cargo run --release -- serve"
+        )) && readme.contains(&format!("Authorization: Bearer {first_session_key}")),
+        "the README's first session uses one admin key"
+    );
+    assert!(
+        readme.contains(".env.example") && readme.contains("`ADMIN_API_KEY` from `.env`"),
+        "the README tells compose users where the admin key comes from"
     );
 
     let ignored: Vec<String> = read(".dockerignore")

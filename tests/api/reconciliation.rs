@@ -368,7 +368,7 @@ async fn the_reconcile_command_exits_non_zero_on_mismatch() {
         "{}",
         String::from_utf8_lossy(&clean.stderr)
     );
-    assert!(String::from_utf8_lossy(&clean.stdout).contains(&format!("{account},ok,")));
+    assert!(String::from_utf8_lossy(&clean.stdout).contains(&format!("{account},kiosk fleet,ok,")));
     corrupt(
         &app,
         "UPDATE accounts SET used = used + 1 WHERE id = $1",
@@ -376,5 +376,116 @@ async fn the_reconcile_command_exits_non_zero_on_mismatch() {
     );
     let broken = run();
     assert_eq!(broken.status.code(), Some(3));
-    assert!(String::from_utf8_lossy(&broken.stdout).contains(&format!("{account},mismatch,")));
+    assert!(String::from_utf8_lossy(&broken.stdout)
+        .contains(&format!("{account},kiosk fleet,mismatch,")));
+}
+
+/// A person can read the report: names in JSON and CSV (quoted where a
+/// spreadsheet needs it, never a formula), the CSV named after its period,
+/// bare dates as bounds, and an offset sent without URL encoding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_dates_and_the_download_name_make_the_report_readable() {
+    let app = TestApp::spawn().await;
+    let tricky = "Smith, \"Jones\" & Co";
+    let formula = "=HYPERLINK(\"http://x\")";
+    let mut accounts = Vec::new();
+    for name in [tricky, formula] {
+        let account = app.create_account_from(&json!({"name": name})).await;
+        app.credit(account, 7).await;
+        accounts.push((account, name));
+    }
+    let today = Utc::now().date_naive();
+    let tomorrow = today.succ_opt().expect("tomorrow");
+    let path = format!("/v1/reconciliation?from={today}&to={tomorrow}");
+    let response = app.get(&path, ADMIN_KEY).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let report: Value = response.json().await.expect("json");
+    assert_eq!(report["from"], format!("{today}T00:00:00.000000Z"));
+    assert_eq!(report["to"], format!("{tomorrow}T00:00:00.000000Z"));
+    for (account, name) in &accounts {
+        assert_eq!(line(&report, *account)["name"], *name);
+        assert_eq!(line(&report, *account)["credited"], 7);
+    }
+
+    let csv = app
+        .client
+        .get(app.url(&path))
+        .bearer_auth(ADMIN_KEY)
+        .header("accept", "text/csv")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(
+        csv.headers()["content-disposition"]
+            .to_str()
+            .expect("ascii"),
+        format!("attachment; filename=\"reconciliation_{today}_{tomorrow}.csv\"")
+    );
+    let csv = csv.text().await.expect("text");
+    assert!(csv.starts_with("account_id,name,status,"), "{csv}");
+    assert!(
+        csv.contains(&format!(
+            "{},\"Smith, \"\"Jones\"\" & Co\",ok,",
+            accounts[0].0
+        )),
+        "{csv}"
+    );
+    assert!(
+        csv.contains(&format!(
+            "{},\"'=HYPERLINK(\"\"http://x\"\")\",ok,",
+            accounts[1].0
+        )),
+        "{csv}"
+    );
+
+    // `+01:00` typed into a URL unencoded arrives as a space: still read
+    // as the offset it was. The same instants as above.
+    let path = format!(
+        "/v1/reconciliation?from={}T01:00:00+01:00&to={}T01:00:00+01:00",
+        today, tomorrow
+    );
+    let offset: Value = app.get(&path, ADMIN_KEY).await.json().await.expect("json");
+    assert_eq!(offset["from"], report["from"]);
+    assert_eq!(offset["to"], report["to"]);
+    for query in [
+        "from=2026-11",
+        "from=11/01/2026",
+        "from=2026-11-01T00:00:00",
+    ] {
+        let (status, body) = problem(
+            app.get(&format!("/v1/reconciliation?{query}"), ADMIN_KEY)
+                .await,
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}");
+        assert!(
+            body["detail"]
+                .as_str()
+                .expect("detail")
+                .contains("YYYY-MM-DD"),
+            "{body}"
+        );
+    }
+
+    // The CLI takes the same dates.
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_token-billing"))
+        .args([
+            "reconcile",
+            "--from",
+            &today.to_string(),
+            "--to",
+            &tomorrow.to_string(),
+        ])
+        .args(["--database-url", &app.database.url])
+        .env("RUST_LOG", "error")
+        .output()
+        .expect("runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let cli: Value = serde_json::from_slice(&output.stdout).expect("json");
+    assert_eq!(cli["from"], report["from"]);
+    assert_eq!(line(&cli, accounts[0].0)["name"], tricky);
 }

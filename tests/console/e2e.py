@@ -15,6 +15,7 @@ control must have a label. Every wait polls a condition (WebDriverWait).
 
 import base64
 import csv
+import re
 import glob
 import json
 import os
@@ -142,6 +143,25 @@ def check_layout(driver, page):
               .filter(e => e.offsetParent !== null && !(e.getAttribute('aria-label') || e.textContent.trim()))
               .map(e => e.outerHTML)""")
         check(not unnamed, f"{page}: buttons or links without a name: {unnamed}")
+        # No word of a figure tile broken across lines ("suspende / d"): a
+        # word whose text spans more than one line box is broken.
+        broken = driver.execute_script("""
+            const broken = [];
+            for (const element of document.querySelectorAll('.figure span')) {
+              for (const node of element.childNodes) {
+                if (node.nodeType !== Node.TEXT_NODE) continue;
+                const text = node.textContent;
+                for (const match of text.matchAll(/\\S+/g)) {
+                  const range = document.createRange();
+                  range.setStart(node, match.index);
+                  range.setEnd(node, match.index + match[0].length);
+                  const tops = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
+                  if (tops.size > 1) broken.push(match[0]);
+                }
+              }
+            }
+            return broken""")
+        check(not broken, f"{page} at {size}: words broken across lines: {broken}")
         shot(driver, f"{page}-{size}")
     set_size(driver, "desktop")
 
@@ -340,6 +360,7 @@ def scenario(driver):
     driver.find_element(By.CSS_SELECTOR, "#nav a[data-page=reconciliation]").click()
     wait_text(driver, "#reconciliation-status", "ok")
     wait_text(driver, "#reconciliation-table", account_id)
+    wait_text(driver, f"#reconciliation-table tr[data-account-id='{account_id}'] .account-name", account_name)
     wait_text(driver, "[data-total=credited]", "50")
     check_layout(driver, "04-reconciliation")
     driver.find_element(By.ID, "download-csv").click()
@@ -349,7 +370,9 @@ def scenario(driver):
         rows = list(csv.DictReader(handle))
     line = next((r for r in rows if r["account_id"] == account_id), None)
     check(line is not None, f"the CSV has no line for the account: {rows}")
-    expected = {"status": "ok", "opening": "0", "credited": "50", "adjusted": "0", "committed": "4",
+    check(re.fullmatch(r"reconciliation_\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}Z_\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}Z\.csv",
+                       os.path.basename(path)) is not None, f"CSV file name {os.path.basename(path)}")
+    expected = {"name": account_name, "status": "ok", "opening": "0", "credited": "50", "adjusted": "0", "committed": "4",
                 "closing": "46", "reserved": "8", "released": "2", "expired": "0",
                 "closing_available": "44", "closing_reserved": "2", "closing_used": "4",
                 "jobs_succeeded": "1", "job_commit_entries": "1", "failed_checks": ""}
@@ -362,6 +385,7 @@ def scenario(driver):
     wait_text(driver, "#system-readiness", "ready")
     wait_text(driver, "#system-held", "1")
     wait_text(driver, "#system-reserved", "2")
+    wait_text(driver, "#system-accounts", "suspended")
     check_layout(driver, "05-system")
 
     # Finance: everything readable, no write control anywhere.

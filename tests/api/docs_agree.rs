@@ -1,0 +1,220 @@
+//! The documentation agrees with the code: every public field (a property
+//! of a schema of the OpenAPI document) and every metric is named in the
+//! docs, every docs page is linked from the README, every field of the
+//! finance report is described in the document, and the promised files
+//! (LICENSE, CHANGELOG.md, SECURITY.md) exist.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use serde_json::Value;
+
+fn read(relative: &str) -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(relative))
+        .unwrap_or_else(|error| panic!("{relative}: {error}"))
+}
+
+fn docs_pages() -> Vec<String> {
+    let mut pages: Vec<String> =
+        std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs"))
+            .expect("docs/")
+            .map(|entry| {
+                entry
+                    .expect("entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .filter(|name| name.ends_with(".md"))
+            .collect();
+    pages.sort();
+    pages
+}
+
+/// Every docs page and the README, as one text.
+fn all_docs() -> String {
+    let mut text = read("README.md");
+    for page in docs_pages() {
+        text.push_str(&read(&format!("docs/{page}")));
+    }
+    text
+}
+
+fn document() -> Value {
+    serde_json::from_str(token_billing::openapi::document_json().expect("document")).expect("JSON")
+}
+
+/// (schema, property) for every property of every component schema,
+/// nested objects and `allOf`/`oneOf` members included.
+fn properties(schema_name: &str, schema: &Value, found: &mut Vec<(String, String, Value)>) {
+    if let Some(map) = schema.get("properties").and_then(Value::as_object) {
+        for (name, property) in map {
+            found.push((schema_name.to_owned(), name.clone(), property.clone()));
+            properties(schema_name, property, found);
+        }
+    }
+    for key in ["allOf", "oneOf", "anyOf"] {
+        for member in schema
+            .get(key)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            properties(schema_name, member, found);
+        }
+    }
+    if let Some(items) = schema.get("items") {
+        properties(schema_name, items, found);
+    }
+}
+
+fn all_properties() -> Vec<(String, String, Value)> {
+    let document = document();
+    let mut found = Vec::new();
+    for (name, schema) in document["components"]["schemas"]
+        .as_object()
+        .expect("schemas")
+    {
+        properties(name, schema, &mut found);
+    }
+    found
+}
+
+/// The API's reference pages: a field must be named where a reader of the
+/// API looks for it, not only in passing elsewhere.
+fn reference_docs() -> String {
+    ["docs/api.md", "docs/webhooks.md", "docs/finance.md"]
+        .iter()
+        .map(|page| read(page))
+        .collect()
+}
+
+#[test]
+fn every_public_field_is_named_in_the_docs() {
+    let docs = reference_docs();
+    let missing: BTreeSet<String> = all_properties()
+        .into_iter()
+        .filter(|(_, field, _)| {
+            !docs.contains(&format!("`{field}`")) && !docs.contains(&format!("\"{field}\":"))
+        })
+        .map(|(schema, field, _)| format!("{schema}.{field}"))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "fields of the API that docs/api.md, webhooks.md and finance.md do not name (as `field`, or \"field\": in an example): {missing:#?}"
+    );
+}
+
+#[test]
+fn every_metric_is_named_in_the_docs() {
+    let docs = all_docs();
+    let rendered = token_billing::metrics::Metrics::new()
+        .expect("metrics")
+        .render();
+    // Vectors without a sample yet do not render: read the names the
+    // source registers too.
+    let source = read("src/metrics.rs");
+    let mut names: BTreeSet<String> = rendered
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|line| line.split_whitespace().next())
+        .filter_map(|name| name.strip_prefix("token_billing_"))
+        .map(str::to_owned)
+        .collect();
+    let registered: Vec<String> = source
+        .split('"')
+        .skip(1)
+        .step_by(2)
+        .filter(|literal| {
+            literal.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+                && [
+                    "_total",
+                    "_seconds",
+                    "_size",
+                    "_info",
+                    "_violations",
+                    "_reservations",
+                    "_tokens",
+                    "_pending",
+                    "_in_flight",
+                ]
+                .iter()
+                .any(|suffix| literal.ends_with(suffix))
+        })
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        registered.len() >= 10,
+        "the source's metric names were not found: {registered:?}"
+    );
+    names.extend(registered);
+    let missing: Vec<&String> = names
+        .iter()
+        .filter(|name| {
+            !docs.contains(&format!("`{name}`")) && !docs.contains(&format!("token_billing_{name}"))
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "metrics no docs page names: {missing:?}"
+    );
+}
+
+#[test]
+fn the_readme_links_every_docs_page_and_the_project_files_exist() {
+    let readme = read("README.md");
+    let unlinked: Vec<String> = docs_pages()
+        .into_iter()
+        .filter(|page| !readme.contains(&format!("(docs/{page}")))
+        .collect();
+    assert!(
+        unlinked.is_empty(),
+        "docs pages the README does not link: {unlinked:?}"
+    );
+    for file in ["LICENSE", "CHANGELOG.md", "SECURITY.md"] {
+        assert!(
+            readme.contains(&format!("({file})")),
+            "the README links {file}"
+        );
+        assert!(!read(file).trim().is_empty(), "{file} has content");
+    }
+    let manifest = read("Cargo.toml");
+    assert!(manifest.contains("license = \"MIT\""));
+    assert!(read("LICENSE").starts_with("MIT License"));
+}
+
+#[test]
+fn every_field_of_the_finance_report_is_described() {
+    let missing: Vec<String> = all_properties()
+        .into_iter()
+        .filter(|(schema, _, _)| {
+            ["Report", "AccountLine", "Totals", "Discrepancy"].contains(&schema.as_str())
+        })
+        .filter(|(_, _, property)| {
+            property
+                .get("description")
+                .and_then(Value::as_str)
+                .is_none_or(|text| text.trim().is_empty())
+        })
+        .map(|(schema, field, _)| format!("{schema}.{field}"))
+        .collect();
+    assert!(missing.is_empty(), "undescribed report fields: {missing:?}");
+}
+
+#[test]
+fn summaries_have_no_literal_backticks() {
+    // Swagger UI shows an operation's summary as plain text: a backtick
+    // there is printed as is.
+    let document = document();
+    let mut with_backticks = Vec::new();
+    for (path, item) in document["paths"].as_object().expect("paths") {
+        for (method, operation) in item.as_object().expect("item") {
+            if let Some(summary) = operation.get("summary").and_then(Value::as_str) {
+                if summary.contains('`') {
+                    with_backticks.push(format!("{method} {path}: {summary}"));
+                }
+            }
+        }
+    }
+    assert!(with_backticks.is_empty(), "{with_backticks:#?}");
+}
