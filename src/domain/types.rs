@@ -201,8 +201,61 @@ fn bounded_text(field: &str, value: String, max: usize) -> Result<String, String
     Ok(value)
 }
 
+/// A name people read and tell apart (an account's name, a key's label):
+/// [`bounded_text`], and no invisible or direction-changing characters —
+/// format characters (Unicode category Cf: bidi overrides and isolates
+/// such as U+202E, zero-width spaces and joiners, the BOM), line and
+/// paragraph separators (Zl, Zp, U+2028/U+2029), unassigned and
+/// private-use code points, and the blank-looking fillers — nor a name of
+/// whitespace alone. Stored in Unicode normalization form C, so the same
+/// name typed two ways is one name.
+fn display_name(field: &str, value: String, max: usize) -> Result<String, String> {
+    use unicode_normalization::UnicodeNormalization;
+    use unicode_properties::{GeneralCategory, UnicodeGeneralCategory};
+    /// Letters and symbols that draw nothing (Hangul fillers, the braille
+    /// blank, the combining grapheme joiner, the Mongolian vowel
+    /// separator) but are not in the categories refused below.
+    const BLANKS: [char; 7] = [
+        '\u{034F}', '\u{115F}', '\u{1160}', '\u{180E}', '\u{2800}', '\u{3164}', '\u{FFA0}',
+    ];
+    let value: String = value.nfc().collect();
+    let value = bounded_text(field, value, max)?;
+    if let Some(refused) = value.chars().find(|character| {
+        matches!(
+            character.general_category(),
+            GeneralCategory::Format
+                | GeneralCategory::LineSeparator
+                | GeneralCategory::ParagraphSeparator
+                | GeneralCategory::Unassigned
+                | GeneralCategory::PrivateUse
+                | GeneralCategory::Surrogate
+        ) || BLANKS.contains(character)
+            // Variation selectors change nothing a reader can see alone.
+            || ('\u{FE00}'..='\u{FE0F}').contains(character)
+    }) {
+        return Err(format!(
+            "{field} must not contain invisible or direction-changing characters \
+             (found U+{:04X})",
+            u32::from(refused)
+        ));
+    }
+    if value.chars().all(char::is_whitespace) {
+        return Err(format!("{field} must not be only whitespace"));
+    }
+    Ok(value)
+}
+
 macro_rules! text_newtype {
     ($name:ident, $field:literal, $max:expr) => {
+        text_newtype!(
+            $name,
+            $field,
+            $max,
+            bounded_text,
+            "Text of 1 to `maxLength` characters, no control characters."
+        );
+    };
+    ($name:ident, $field:literal, $max:expr, $check:ident, $description:literal) => {
         #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
         #[serde(try_from = "String", into = "String")]
         pub struct $name(String);
@@ -216,7 +269,7 @@ macro_rules! text_newtype {
         impl TryFrom<String> for $name {
             type Error = String;
             fn try_from(value: String) -> Result<Self, String> {
-                bounded_text($field, value, $max).map($name)
+                $check($field, value, $max).map($name)
             }
         }
 
@@ -233,9 +286,7 @@ macro_rules! text_newtype {
                     .min_length(Some(1))
                     .max_length(Some($max))
                     .pattern(Some("^[^\\u0000-\\u001F\\u007F-\\u009F]+$"))
-                    .description(Some(
-                        "Text of 1 to `maxLength` characters, no control characters.",
-                    ))
+                    .description(Some($description))
                     .into()
             }
         }
@@ -244,8 +295,24 @@ macro_rules! text_newtype {
     };
 }
 
-text_newtype!(Name, "name", NAME_LENGTH_MAX);
-text_newtype!(Label, "label", NAME_LENGTH_MAX);
+text_newtype!(
+    Name,
+    "name",
+    NAME_LENGTH_MAX,
+    display_name,
+    "Text of 1 to `maxLength` characters, not only whitespace; no control characters, \
+     no invisible or direction-changing ones (Unicode Cf, Zl, Zp, unassigned, private use). \
+     Stored in Unicode normalization form C."
+);
+text_newtype!(
+    Label,
+    "label",
+    NAME_LENGTH_MAX,
+    display_name,
+    "Text of 1 to `maxLength` characters, not only whitespace; no control characters, \
+     no invisible or direction-changing ones (Unicode Cf, Zl, Zp, unassigned, private use). \
+     Stored in Unicode normalization form C."
+);
 text_newtype!(ExternalRef, "external_ref", NAME_LENGTH_MAX);
 text_newtype!(Reason, "reason", REASON_LENGTH_MAX);
 text_newtype!(Note, "note", REASON_LENGTH_MAX);
@@ -265,6 +332,39 @@ mod tests {
         assert!(TtlSeconds::try_from(0).is_err());
         assert!(TtlSeconds::try_from(86_401).is_err());
         assert!(TtlSeconds::try_from(i64::MAX).is_err());
+    }
+
+    #[test]
+    fn names_people_read_are_visible_and_normalised() {
+        for refused in [
+            "Wedding\u{202E}kiosk",
+            "Wed\u{200B}ding",
+            "\u{FEFF}Wedding",
+            "Wedding\u{2028}kiosk",
+            "Wedding\u{2066}kiosk\u{2069}",
+            "Wed\u{200D}ding",
+            "Wed\u{00AD}ding",
+            "\u{3164}",
+            "Wedding\u{E000}",
+            "   ",
+            "\u{00A0}\u{2003}",
+        ] {
+            assert!(Name::try_from(refused.to_owned()).is_err(), "{refused:?}");
+            assert!(Label::try_from(refused.to_owned()).is_err(), "{refused:?}");
+        }
+        // "é" as e + combining acute is stored as the one character é.
+        assert_eq!(
+            Name::try_from("Cafe\u{301}".to_owned()).map(String::from),
+            Ok("Caf\u{E9}".to_owned())
+        );
+        for accepted in ["Müller's booth", "東京 kiosk", "Booth #7 — lobby"] {
+            assert_eq!(
+                Name::try_from(accepted.to_owned()).map(String::from),
+                Ok(accepted.to_owned())
+            );
+        }
+        // Other text (references, reasons) keeps what was sent.
+        assert!(ExternalRef::try_from("ref\u{200B}1".to_owned()).is_ok());
     }
 
     #[test]
