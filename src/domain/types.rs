@@ -201,38 +201,42 @@ fn bounded_text(field: &str, value: String, max: usize) -> Result<String, String
     Ok(value)
 }
 
-/// A name people read and tell apart (an account's name, a key's label):
-/// [`bounded_text`], and no invisible or direction-changing characters —
-/// format characters (Unicode category Cf: bidi overrides and isolates
-/// such as U+202E, zero-width spaces and joiners, the BOM), line and
-/// paragraph separators (Zl, Zp, U+2028/U+2029), unassigned and
-/// private-use code points, and the blank-looking fillers — nor a name of
-/// whitespace alone. Stored in Unicode normalization form C, so the same
-/// name typed two ways is one name.
-fn display_name(field: &str, value: String, max: usize) -> Result<String, String> {
-    use unicode_normalization::UnicodeNormalization;
+/// A character a name people read must not hold: a control character, or
+/// one that is invisible or changes the direction of the text — format
+/// characters (Unicode category Cf: bidi overrides and isolates such as
+/// U+202E, zero-width spaces and joiners, the soft hyphen, the BOM), line
+/// and paragraph separators (Zl, Zp: U+2028/U+2029), private-use code
+/// points (Co), variation selectors and the letters and symbols that draw
+/// nothing (Hangul fillers, the braille blank, the combining grapheme
+/// joiner).
+fn hidden_in_names(character: char) -> bool {
     use unicode_properties::{GeneralCategory, UnicodeGeneralCategory};
-    /// Letters and symbols that draw nothing (Hangul fillers, the braille
-    /// blank, the combining grapheme joiner, the Mongolian vowel
-    /// separator) but are not in the categories refused below.
+    /// Blank-looking characters of other categories.
     const BLANKS: [char; 7] = [
         '\u{034F}', '\u{115F}', '\u{1160}', '\u{180E}', '\u{2800}', '\u{3164}', '\u{FFA0}',
     ];
-    let value: String = value.nfc().collect();
-    let value = bounded_text(field, value, max)?;
-    if let Some(refused) = value.chars().find(|character| {
-        matches!(
+    character.is_control()
+        || matches!(
             character.general_category(),
             GeneralCategory::Format
                 | GeneralCategory::LineSeparator
                 | GeneralCategory::ParagraphSeparator
-                | GeneralCategory::Unassigned
                 | GeneralCategory::PrivateUse
-                | GeneralCategory::Surrogate
-        ) || BLANKS.contains(character)
-            // Variation selectors change nothing a reader can see alone.
-            || ('\u{FE00}'..='\u{FE0F}').contains(character)
-    }) {
+        )
+        || BLANKS.contains(&character)
+        || ('\u{FE00}'..='\u{FE0F}').contains(&character)
+        || ('\u{E0100}'..='\u{E01EF}').contains(&character)
+}
+
+/// A name people read and tell apart (an account's name, a key's label):
+/// [`bounded_text`], no character of [`hidden_in_names`], not whitespace
+/// alone; stored in Unicode normalization form C, so the same name typed
+/// two ways is one name.
+fn display_name(field: &str, value: String, max: usize) -> Result<String, String> {
+    use unicode_normalization::UnicodeNormalization;
+    let value: String = value.nfc().collect();
+    let value = bounded_text(field, value, max)?;
+    if let Some(refused) = value.chars().find(|character| hidden_in_names(*character)) {
         return Err(format!(
             "{field} must not contain invisible or direction-changing characters \
              (found U+{:04X})",
@@ -245,6 +249,62 @@ fn display_name(field: &str, value: String, max: usize) -> Result<String, String
     Ok(value)
 }
 
+/// The OpenAPI `pattern` of a display name, generated from the same rules
+/// (so the document is exactly as strict as the check): no character of
+/// [`hidden_in_names`], and at least one that is not whitespace. Code
+/// points above U+FFFF are written as themselves.
+fn display_name_pattern() -> &'static str {
+    static PATTERN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PATTERN.get_or_init(|| {
+        let hidden = character_class(hidden_in_names);
+        let hidden_or_blank =
+            character_class(|character| hidden_in_names(character) || character.is_whitespace());
+        format!("^[^{hidden}]*[^{hidden_or_blank}][^{hidden}]*$")
+    })
+}
+
+/// The ranges of the characters for which `member` holds, as the inside of
+/// a regular expression character class.
+fn character_class(member: impl Fn(char) -> bool) -> String {
+    let escape = |character: char| {
+        let code = u32::from(character);
+        if code <= 0xFFFF {
+            format!("\\u{code:04X}")
+        } else {
+            character.to_string()
+        }
+    };
+    let mut class = String::new();
+    let mut run: Option<(char, char)> = None;
+    let close = |run: (char, char), class: &mut String| {
+        class.push_str(&escape(run.0));
+        if run.1 != run.0 {
+            class.push('-');
+            class.push_str(&escape(run.1));
+        }
+    };
+    for character in (0..=0x10FFFF_u32).filter_map(char::from_u32) {
+        let adjacent = |end: char| u32::from(character) == u32::from(end) + 1;
+        match (member(character), run) {
+            (true, Some((start, end))) if adjacent(end) => run = Some((start, character)),
+            (true, Some(done)) => {
+                close(done, &mut class);
+                run = Some((character, character));
+            }
+            (true, None) => run = Some((character, character)),
+            (false, Some(done)) => {
+                close(done, &mut class);
+                run = None;
+            }
+            (false, None) => {}
+        }
+    }
+    if let Some(done) = run {
+        close(done, &mut class);
+    }
+    class
+}
+
 macro_rules! text_newtype {
     ($name:ident, $field:literal, $max:expr) => {
         text_newtype!(
@@ -252,10 +312,11 @@ macro_rules! text_newtype {
             $field,
             $max,
             bounded_text,
+            "^[^\\u0000-\\u001F\\u007F-\\u009F]+$",
             "Text of 1 to `maxLength` characters, no control characters."
         );
     };
-    ($name:ident, $field:literal, $max:expr, $check:ident, $description:literal) => {
+    ($name:ident, $field:literal, $max:expr, $check:ident, $pattern:expr, $description:literal) => {
         #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
         #[serde(try_from = "String", into = "String")]
         pub struct $name(String);
@@ -285,7 +346,7 @@ macro_rules! text_newtype {
                     .schema_type(Type::String)
                     .min_length(Some(1))
                     .max_length(Some($max))
-                    .pattern(Some("^[^\\u0000-\\u001F\\u007F-\\u009F]+$"))
+                    .pattern(Some($pattern))
                     .description(Some($description))
                     .into()
             }
@@ -300,8 +361,9 @@ text_newtype!(
     "name",
     NAME_LENGTH_MAX,
     display_name,
+    display_name_pattern(),
     "Text of 1 to `maxLength` characters, not only whitespace; no control characters, \
-     no invisible or direction-changing ones (Unicode Cf, Zl, Zp, unassigned, private use). \
+     no invisible or direction-changing ones (Unicode Cf, Zl, Zp, private use, blank fillers). \
      Stored in Unicode normalization form C."
 );
 text_newtype!(
@@ -309,8 +371,9 @@ text_newtype!(
     "label",
     NAME_LENGTH_MAX,
     display_name,
+    display_name_pattern(),
     "Text of 1 to `maxLength` characters, not only whitespace; no control characters, \
-     no invisible or direction-changing ones (Unicode Cf, Zl, Zp, unassigned, private use). \
+     no invisible or direction-changing ones (Unicode Cf, Zl, Zp, private use, blank fillers). \
      Stored in Unicode normalization form C."
 );
 text_newtype!(ExternalRef, "external_ref", NAME_LENGTH_MAX);
@@ -346,6 +409,7 @@ mod tests {
             "Wed\u{00AD}ding",
             "\u{3164}",
             "Wedding\u{E000}",
+            "Wedding\u{FE0F}",
             "   ",
             "\u{00A0}\u{2003}",
         ] {
@@ -363,6 +427,16 @@ mod tests {
                 Ok(accepted.to_owned())
             );
         }
+        // The document's pattern says the same, character by character.
+        let pattern = display_name_pattern();
+        assert!(
+            pattern.starts_with("^[^\\u0000-\\u001F\\u007F-\\u009F\\u00AD"),
+            "{pattern}"
+        );
+        // Zero-width spaces and joiners, directional marks; separators and
+        // bidi embeddings and overrides.
+        assert!(pattern.contains("\\u200B-\\u200F"), "{pattern}");
+        assert!(pattern.contains("\\u2028-\\u202E"), "{pattern}");
         // Other text (references, reasons) keeps what was sent.
         assert!(ExternalRef::try_from("ref\u{200B}1".to_owned()).is_ok());
     }
