@@ -195,7 +195,17 @@ where
             (!bootstrap).then_some((state, client, key))
         });
     let Some((state, client, key)) = guarded else {
-        return service.call(request).boxed_local();
+        return service
+            .call(request)
+            .map(|response| {
+                let response = response?;
+                if let Some(state) = response.request().app_data::<web::Data<AppState>>() {
+                    let status = response.status().as_u16();
+                    routes::remember_verified_by_the_answer(state, response.request(), status);
+                }
+                Ok(response)
+            })
+            .boxed_local();
     };
     if let Err(retry_after_seconds) = state.auth_guard.admit(client, key.as_ref()) {
         state
@@ -221,6 +231,7 @@ where
                 .inc();
         }
         state.auth_guard.record(client, status);
+        routes::remember_verified_by_the_answer(&state, response.request(), status);
         Ok(response)
     }
     .boxed_local()

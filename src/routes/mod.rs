@@ -27,7 +27,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 use actix_web::http::header;
-use actix_web::{web, FromRequest, HttpRequest, HttpResponse};
+use actix_web::{web, FromRequest, HttpMessage, HttpRequest, HttpResponse};
 use serde::Serialize;
 
 use crate::db::run_blocking;
@@ -274,27 +274,46 @@ async fn verify_and_remember(
     verified
 }
 
+/// A key that a handler hands to the money engine before this replica has
+/// verified it: the engine verifies it in the spending statement, and a
+/// success answer is the proof. The middleware then remembers the key and
+/// charges its bucket (`startup::remember_engine_verified`), so a cold
+/// key's first requests cost no extra lookup.
+#[derive(Clone, Copy)]
+pub struct VerifiedByTheAnswer(pub rate_limit::PresentedKey);
+
 /// The presented credentials, for handlers that hand the key to the money
-/// engine (which verifies it in the spending statement). A key this
-/// replica has not verified yet is verified by the database first (once,
-/// then remembered), so that its rate bucket is charged only for its real
-/// holder.
+/// engine (which verifies it in the spending statement, or the handler
+/// with its first read). A key this replica knows is charged to its
+/// bucket here; one it does not know is charged once a success answer has
+/// shown it valid ([`VerifiedByTheAnswer`]), never before.
 impl FromRequest for Credentials {
     type Error = ApiError;
-    type Future = Pin<Box<dyn Future<Output = Result<Credentials, ApiError>>>>;
+    type Future = std::future::Ready<Result<Credentials, ApiError>>;
 
     fn from_request(request: &HttpRequest, _payload: &mut actix_web::dev::Payload) -> Self::Future {
-        let presented = presented_credentials(request);
-        let state = state_of(request).cloned();
-        Box::pin(async move {
-            let (credentials, known) = presented?;
-            if known == Known::Verified {
-                return Ok(credentials);
+        let presented = presented_credentials(request).map(|(credentials, known)| {
+            if let (Known::Unknown, Some(key)) = (known, credentials.presented()) {
+                request.extensions_mut().insert(VerifiedByTheAnswer(key));
             }
-            let state = state?;
-            verify_and_remember(&state, credentials.clone(), known).await?;
-            Ok(credentials)
-        })
+            credentials
+        });
+        std::future::ready(presented)
+    }
+}
+
+/// After a success answer: a key the handler handed on unverified was
+/// verified by the engine (or the handler's read); remember it and charge
+/// its bucket now.
+pub fn remember_verified_by_the_answer(state: &State, request: &HttpRequest, status: u16) {
+    if !(200..300).contains(&status) {
+        return;
+    }
+    let key = request.extensions().get::<VerifiedByTheAnswer>().copied();
+    if let Some(VerifiedByTheAnswer(key)) = key {
+        state.auth_guard.remember(&key);
+        // The request is answered already; the charge counts for the next.
+        let _ = limit(state, &rate_limit::bucket_of(&key.0));
     }
 }
 
