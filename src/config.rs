@@ -228,6 +228,15 @@ pub struct Config {
     #[arg(long, env = "WEBHOOK_MAX_PER_SECOND", default_value_t = 100)]
     pub webhook_max_per_second: u32,
 
+    /// An HTTP(S) proxy for webhook deliveries (e.g. `http://proxy:3128`).
+    /// Empty (the default): deliveries connect directly, and `HTTP_PROXY`,
+    /// `HTTPS_PROXY` and `ALL_PROXY` are ignored. Through a proxy, the
+    /// proxy resolves the receiver's name, so the connection-time check of
+    /// its address (DNS rebinding) is the proxy's job, not this service's.
+    /// Held as a secret: a proxy URL may carry credentials.
+    #[arg(long, env = "WEBHOOK_PROXY", hide_env_values = true, value_parser = parse_secret)]
+    pub webhook_proxy: Option<SecretString>,
+
     /// Log format; a global option too (`cli::GlobalArgs`).
     #[arg(skip = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -355,6 +364,7 @@ impl Config {
             allow_private: self.webhook_allow_private_urls,
             concurrency: self.webhook_concurrency,
             max_per_second: self.webhook_max_per_second,
+            proxy: crate::webhooks::delivery::parse_proxy(self.webhook_proxy.as_ref())?,
         })
     }
 

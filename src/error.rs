@@ -39,6 +39,11 @@ pub enum ApiError {
     IdempotencyKeyReused(String),
     #[error("too many requests for this API key; retry in {retry_after_seconds} s")]
     RateLimited { retry_after_seconds: u64 },
+    #[error(
+        "too many failed authentications from this client address; retry in \
+         {retry_after_seconds} s (requests with a key this service has verified are not blocked)"
+    )]
+    AddressThrottled { retry_after_seconds: u64 },
     #[error("too many active reservations (limit {limit})")]
     TooManyActiveReservations { limit: i32 },
     #[error("database unavailable: {0}")]
@@ -62,7 +67,7 @@ impl ApiError {
             ApiError::PayloadTooLarge { .. } => "payload_too_large",
             ApiError::IdempotencyKeyReused(_) => "idempotency_key_reused",
             ApiError::TooManyActiveReservations { .. } => "too_many_active_reservations",
-            ApiError::RateLimited { .. } => "rate_limited",
+            ApiError::RateLimited { .. } | ApiError::AddressThrottled { .. } => "rate_limited",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::Internal(_) => "internal_error",
         }
@@ -82,7 +87,7 @@ impl ApiError {
             ApiError::PayloadTooLarge { .. } => "Payload too large",
             ApiError::IdempotencyKeyReused(_) => "Idempotency key reused",
             ApiError::TooManyActiveReservations { .. } => "Too many active reservations",
-            ApiError::RateLimited { .. } => "Rate limited",
+            ApiError::RateLimited { .. } | ApiError::AddressThrottled { .. } => "Rate limited",
             ApiError::Unavailable(_) => "Service unavailable",
             ApiError::Internal(_) => "Internal server error",
         }
@@ -148,9 +153,9 @@ impl ResponseError for ApiError {
             | ApiError::AccountSuspended => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::IdempotencyKeyReused(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            ApiError::TooManyActiveReservations { .. } | ApiError::RateLimited { .. } => {
-                StatusCode::TOO_MANY_REQUESTS
-            }
+            ApiError::TooManyActiveReservations { .. }
+            | ApiError::RateLimited { .. }
+            | ApiError::AddressThrottled { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -187,6 +192,9 @@ impl ResponseError for ApiError {
                 response.insert_header((header::ALLOW, allowed.join(", ")));
             }
             ApiError::RateLimited {
+                retry_after_seconds,
+            }
+            | ApiError::AddressThrottled {
                 retry_after_seconds,
             } => {
                 response.insert_header((header::RETRY_AFTER, retry_after_seconds.to_string()));
@@ -377,6 +385,9 @@ mod tests {
             ApiError::RateLimited {
                 retry_after_seconds: 1,
             },
+            ApiError::AddressThrottled {
+                retry_after_seconds: 1,
+            },
             ApiError::Unavailable("x".into()),
             ApiError::Internal("x".into()),
         ];
@@ -401,6 +412,7 @@ mod tests {
             | ApiError::IdempotencyKeyReused(_)
             | ApiError::TooManyActiveReservations { .. }
             | ApiError::RateLimited { .. }
+            | ApiError::AddressThrottled { .. }
             | ApiError::Unavailable(_)
             | ApiError::Internal(_) => {}
         }
@@ -485,6 +497,8 @@ mod tests {
             .collect();
         documented.sort();
         codes.sort();
+        // Two variants share `rate_limited` (per key, per address).
+        codes.dedup();
         assert_eq!(documented, codes);
     }
 

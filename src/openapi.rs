@@ -82,6 +82,7 @@ use crate::webhooks::endpoints;
         Problem,
         ProblemCode,
         accounts::AccountView,
+        accounts::Warning,
         accounts::AccountPage,
         api_keys::CreatedApiKey,
         idempotency::ReplayedApiKey,

@@ -1,12 +1,19 @@
-//! Request limits, all checked before a key is looked up (GCRA, the
-//! `governor` crate); over a limit: 429 `rate_limited` with `Retry-After`.
+//! Request limits (GCRA, the `governor` crate); over a limit: 429
+//! `rate_limited` with `Retry-After`.
 //!
-//! - [`KeyRateLimiter`]: requests per presented API key.
+//! A key's id is printed in places (the audit log, finance's ledger), so an
+//! id alone must open nothing and cost its owner nothing:
+//!
+//! - [`KeyRateLimiter`]: requests per API key, charged only once the key's
+//!   secret is verified — against this replica's memory of verified keys
+//!   (no lookup), or else by the database first. A flood of
+//!   `tbk_<someone's id>_<made-up secret>` never touches that key's bucket.
 //! - [`AuthFailureGuard`]: authentication failures per client address. A
 //!   client that keeps presenting unknown, wrong or revoked keys is
-//!   answered 429 before any database lookup after a small burst of
-//!   failures, while keys this replica has recently verified keep working
-//!   from the same address.
+//!   answered 429 before any database lookup after `AUTH_FAILURE_BURST`
+//!   failures; from a blocked address only a key whose secret matches one
+//!   this replica verified (a constant-time compare of the SHA-256 held in
+//!   memory) still gets through.
 //!
 //! Every map here is bounded (`TRACKED_MAX` entries): under a flood of
 //! distinct keys or addresses, idle entries are dropped, and past the bound
@@ -19,13 +26,16 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use governor::clock::{Clock, DefaultClock};
-use governor::{DefaultKeyedRateLimiter, Quota};
+use governor::middleware::StateInformationMiddleware;
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use ipnet::IpNet;
+use subtle::ConstantTimeEq;
+use uuid::Uuid;
 
 /// Most entries any limiter or map here keeps.
 pub const TRACKED_MAX: usize = 100_000;
 
-/// How long a verified key is remembered as good for its address.
+/// How long a verified key is remembered.
 const VERIFIED_KEY_MEMORY: Duration = Duration::from_secs(600);
 
 /// `Err(seconds to wait)` from a keyed limiter, bounded in size: idle keys
@@ -94,31 +104,67 @@ impl KeyRateLimiter {
     }
 }
 
-/// Authentication failures per client address.
+/// What this replica remembers of a key it verified: the SHA-256 of its
+/// secret (a key's secret never changes, so a presented secret that does
+/// not match is wrong without asking the database) and when.
+struct Remembered {
+    secret_hash: [u8; 32],
+    at: Instant,
+}
+
+/// What this replica knows about a presented key before any database
+/// lookup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Known {
+    /// Its secret matches the one remembered for its id (compared in
+    /// constant time): whoever presents it holds the key.
+    Verified,
+    /// Its id is remembered with another secret: the key is wrong.
+    WrongSecret,
+    /// Nothing remembered: only the database can tell.
+    Unknown,
+}
+
+/// A presented key as the guard sees it: its id and its secret's hash.
+pub type PresentedKey = (Uuid, [u8; 32]);
+
+/// Authentication failures per client address, and the memory of keys
+/// this replica has verified.
 pub struct AuthFailureGuard {
-    failures: Option<DefaultKeyedRateLimiter<IpAddr>>,
-    clock: DefaultClock,
+    failures: Option<FailureLimiter>,
+    /// How long an address stays blocked once over its failure quota.
+    block_for: Duration,
     trusted_proxies: Vec<IpNet>,
     /// Addresses over their failure quota, and until when.
     blocked: Mutex<HashMap<IpAddr, Instant>>,
-    /// Key ids this replica verified recently (they pass a blocked address).
-    verified: Mutex<HashMap<String, Instant>>,
+    /// Keys this replica verified recently: they pass a blocked address,
+    /// and only they are charged to their own rate bucket.
+    verified: Mutex<HashMap<Uuid, Remembered>>,
 }
+
+type FailureLimiter = DefaultKeyedRateLimiter<IpAddr, StateInformationMiddleware>;
 
 /// The address that stands for all new ones once the maps are full.
 const OVERFLOW_ADDRESS: IpAddr = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
 
+/// Whole seconds to wait, rounded up.
+fn seconds_until(until: Instant, now: Instant) -> u64 {
+    let wait = until.saturating_duration_since(now);
+    wait.as_secs() + u64::from(wait.subsec_nanos() > 0)
+}
+
 impl AuthFailureGuard {
-    /// `burst` failures at once, then one per `per_minute`-th of a minute;
-    /// `burst` = 0 disables the guard.
+    /// `burst` failures, then blocked until one more is allowed, at
+    /// `per_minute` per minute; `burst` = 0 disables the throttle (the
+    /// memory of verified keys still serves the rate limit).
     pub fn new(burst: u32, per_minute: u32, trusted_proxies: Vec<IpNet>) -> AuthFailureGuard {
-        let failures = NonZeroU32::new(burst).map(|burst| {
-            let rate = NonZeroU32::new(per_minute.max(1)).unwrap_or(NonZeroU32::MIN);
-            DefaultKeyedRateLimiter::keyed(Quota::per_minute(rate).allow_burst(burst))
-        });
+        let rate = NonZeroU32::new(per_minute.max(1)).unwrap_or(NonZeroU32::MIN);
+        let quota = NonZeroU32::new(burst).map(|burst| Quota::per_minute(rate).allow_burst(burst));
         AuthFailureGuard {
-            failures,
-            clock: DefaultClock::default(),
+            failures: quota.map(|quota| {
+                RateLimiter::keyed(quota).with_middleware::<StateInformationMiddleware>()
+            }),
+            block_for: Quota::per_minute(rate).replenish_interval(),
             trusted_proxies,
             blocked: Mutex::new(HashMap::new()),
             verified: Mutex::new(HashMap::new()),
@@ -160,54 +206,106 @@ impl AuthFailureGuard {
         Some(client)
     }
 
-    /// Before any lookup: `Err(seconds to wait)` when `client` is blocked
-    /// and the presented key is not one this replica verified recently.
-    pub fn admit(&self, client: IpAddr, key_id: Option<&str>) -> Result<(), u64> {
+    /// What this replica knows of a presented key, from memory only.
+    pub fn recognise(&self, (id, secret_hash): &PresentedKey) -> Known {
+        let verified = self.verified.lock().unwrap_or_else(PoisonError::into_inner);
+        match verified.get(id) {
+            Some(remembered) if remembered.at.elapsed() < VERIFIED_KEY_MEMORY => {
+                if bool::from(remembered.secret_hash.ct_eq(secret_hash)) {
+                    Known::Verified
+                } else {
+                    Known::WrongSecret
+                }
+            }
+            _ => Known::Unknown,
+        }
+    }
+
+    /// The database has just verified this key (id and secret).
+    pub fn remember(&self, (id, secret_hash): &PresentedKey) {
+        let mut verified = self.verified.lock().unwrap_or_else(PoisonError::into_inner);
+        if verified.len() >= TRACKED_MAX && !verified.contains_key(id) {
+            verified.retain(|_, remembered| remembered.at.elapsed() < VERIFIED_KEY_MEMORY);
+            if verified.len() >= TRACKED_MAX {
+                return;
+            }
+        }
+        verified.insert(
+            *id,
+            Remembered {
+                secret_hash: *secret_hash,
+                at: Instant::now(),
+            },
+        );
+    }
+
+    /// The database refused a key this replica remembered (revoked or
+    /// expired since): forget it. Only a caller holding the right secret
+    /// gets here, so nobody else can make the replica forget a key.
+    pub fn forget(&self, id: &Uuid) {
+        self.verified
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(id);
+    }
+
+    /// Before any lookup: `Err(seconds to wait)` when `client` is blocked,
+    /// unless the presented key's secret matches one this replica verified
+    /// (memory only, no database lookup). A key id alone opens nothing.
+    pub fn admit(&self, client: IpAddr, presented: Option<&PresentedKey>) -> Result<(), u64> {
         if self.failures.is_none() {
             return Ok(());
         }
         let now = Instant::now();
-        if let Some(id) = key_id {
-            let verified = self.verified.lock().unwrap_or_else(PoisonError::into_inner);
-            if verified
-                .get(id)
-                .is_some_and(|at| now.duration_since(*at) < VERIFIED_KEY_MEMORY)
-            {
-                return Ok(());
+        let until = {
+            let blocked = self.blocked.lock().unwrap_or_else(PoisonError::into_inner);
+            match blocked.get(&client) {
+                Some(until) if *until > now => *until,
+                _ => return Ok(()),
             }
+        };
+        if presented.is_some_and(|key| self.recognise(key) == Known::Verified) {
+            return Ok(());
         }
-        let blocked = self.blocked.lock().unwrap_or_else(PoisonError::into_inner);
-        match blocked.get(&client) {
-            Some(until) if *until > now => {
-                let wait = *until - now;
-                Err(wait.as_secs() + u64::from(wait.subsec_nanos() > 0))
-            }
-            _ => Ok(()),
-        }
+        Err(seconds_until(until, now))
     }
 
-    /// After the answer: a 401 counts against the client's quota (over it,
-    /// the client is blocked until the quota refills); a success on `/v1`
-    /// marks the key as verified.
-    pub fn record(&self, client: IpAddr, key_id: Option<&str>, status: u16) {
+    /// After the answer: a 401 counts against the client's quota; the
+    /// failure that uses its last allowance blocks the client until the
+    /// quota lets one more through (so `burst` failures, then 429).
+    pub fn record(&self, client: IpAddr, status: u16) {
         let Some(failures) = &self.failures else {
             return;
         };
-        if status == 401 {
-            if let Err(wait) = check_bounded(failures, &self.clock, client, OVERFLOW_ADDRESS) {
-                let mut blocked = self.blocked.lock().unwrap_or_else(PoisonError::into_inner);
-                bounded_insert(
-                    &mut blocked,
-                    client,
-                    Instant::now() + Duration::from_secs(wait),
-                );
+        if status != 401 {
+            return;
+        }
+        if failures.len() >= TRACKED_MAX {
+            failures.retain_recent();
+        }
+        let client = if failures.len() >= TRACKED_MAX {
+            OVERFLOW_ADDRESS
+        } else {
+            client
+        };
+        let now = Instant::now();
+        let until = match failures.check_key(&client) {
+            Ok(snapshot) if snapshot.remaining_burst_capacity() > 0 => return,
+            Ok(_) => now + self.block_for,
+            Err(not_until) => {
+                now + not_until
+                    .wait_time_from(DefaultClock::default().now())
+                    .max(Duration::from_millis(1))
             }
-        } else if (200..300).contains(&status) {
-            if let Some(id) = key_id {
-                let mut verified = self.verified.lock().unwrap_or_else(PoisonError::into_inner);
-                bounded_insert(&mut verified, id.to_owned(), Instant::now());
+        };
+        let mut blocked = self.blocked.lock().unwrap_or_else(PoisonError::into_inner);
+        if blocked.len() >= TRACKED_MAX && !blocked.contains_key(&client) {
+            blocked.retain(|_, until| *until > now);
+            if blocked.len() >= TRACKED_MAX {
+                return;
             }
         }
+        blocked.insert(client, until);
     }
 
     /// Forgets what no longer matters (called periodically).
@@ -224,7 +322,7 @@ impl AuthFailureGuard {
         self.verified
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .retain(|_, at| now.duration_since(*at) < VERIFIED_KEY_MEMORY);
+            .retain(|_, remembered| remembered.at.elapsed() < VERIFIED_KEY_MEMORY);
     }
 
     /// Entries tracked now: (failure quotas, blocked, verified keys).
@@ -243,32 +341,9 @@ impl AuthFailureGuard {
     }
 }
 
-/// Inserts into a map of at most `TRACKED_MAX` entries: when it is full,
-/// lapsed entries go first; if it is still full, the new entry is dropped.
-fn bounded_insert<K: std::hash::Hash + Eq>(map: &mut HashMap<K, Instant>, key: K, at: Instant) {
-    if map.len() >= TRACKED_MAX && !map.contains_key(&key) {
-        let now = Instant::now();
-        map.retain(|_, when| *when > now || now.duration_since(*when) < VERIFIED_KEY_MEMORY);
-        if map.len() >= TRACKED_MAX {
-            return;
-        }
-    }
-    map.insert(key, at);
-}
-
-/// The id part of a well-formed presented key (`tbk_<id>_<secret>`).
-pub fn key_id_of(presented: &str) -> Option<&str> {
-    presented
-        .strip_prefix("tbk_")
-        .and_then(|rest| rest.split_once('_'))
-        .map(|(id, _)| id)
-        .filter(|id| id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()))
-}
-
-/// The bucket a presented key counts against, without a database lookup:
-/// the key id of a well-formed key, else one shared bucket.
-pub fn bucket_of(presented: &str) -> String {
-    key_id_of(presented).map_or_else(|| "unrecognised".to_owned(), |id| format!("key:{id}"))
+/// The rate bucket of a key: charged only once its secret is verified.
+pub fn bucket_of(id: &Uuid) -> String {
+    format!("key:{}", id.simple())
 }
 
 #[cfg(test)]
@@ -288,20 +363,38 @@ mod tests {
     }
 
     #[test]
-    fn failures_block_an_address_but_not_a_verified_key() {
+    fn failures_block_an_address_at_the_burst_but_not_a_verified_key() {
         let guard = AuthFailureGuard::new(5, 6, Vec::new());
         let client: IpAddr = "203.0.113.7".parse().expect("ip");
         let other: IpAddr = "203.0.113.8".parse().expect("ip");
-        guard.record(client, Some("good"), 200);
-        for _ in 0..5 {
-            assert_eq!(guard.admit(client, Some("made-up")), Ok(()));
-            guard.record(client, Some("made-up"), 401);
+        let good: PresentedKey = (Uuid::new_v4(), [7; 32]);
+        let good_id_wrong_secret: PresentedKey = (good.0, [8; 32]);
+        let made_up: PresentedKey = (Uuid::new_v4(), [9; 32]);
+        guard.remember(&good);
+        for failure in 0..5 {
+            assert_eq!(guard.admit(client, Some(&made_up)), Ok(()), "{failure}");
+            guard.record(client, 401);
         }
-        guard.record(client, Some("made-up"), 401);
-        assert!(guard.admit(client, Some("made-up")).is_err());
+        // Five failures (the burst) and the sixth request is refused.
+        assert!(guard.admit(client, Some(&made_up)).is_err());
         assert!(guard.admit(client, None).is_err());
-        assert_eq!(guard.admit(client, Some("good")), Ok(()));
-        assert_eq!(guard.admit(other, Some("made-up")), Ok(()));
+        assert_eq!(guard.admit(client, Some(&good)), Ok(()));
+        // The id of a verified key with another secret opens nothing.
+        assert!(guard.admit(client, Some(&good_id_wrong_secret)).is_err());
+        assert_eq!(guard.admit(other, Some(&made_up)), Ok(()));
+    }
+
+    #[test]
+    fn the_memory_knows_a_key_by_its_secret_not_its_id() {
+        let guard = AuthFailureGuard::new(0, 0, Vec::new());
+        let key: PresentedKey = (Uuid::new_v4(), [1; 32]);
+        assert_eq!(guard.recognise(&key), Known::Unknown);
+        guard.remember(&key);
+        assert_eq!(guard.recognise(&key), Known::Verified);
+        assert_eq!(guard.recognise(&(key.0, [2; 32])), Known::WrongSecret);
+        assert_eq!(guard.recognise(&(Uuid::new_v4(), [1; 32])), Known::Unknown);
+        guard.forget(&key.0);
+        assert_eq!(guard.recognise(&key), Known::Unknown);
     }
 
     #[test]
@@ -327,9 +420,7 @@ mod tests {
 
     #[test]
     fn buckets() {
-        let id = "0123456789abcdef0123456789abcdef";
-        assert_eq!(bucket_of(&format!("tbk_{id}_secret")), format!("key:{id}"));
-        assert_eq!(bucket_of("garbage"), "unrecognised");
-        assert_eq!(bucket_of("tbk_short_x"), "unrecognised");
+        let id: Uuid = "0123456789abcdef0123456789abcdef".parse().expect("uuid");
+        assert_eq!(bucket_of(&id), "key:0123456789abcdef0123456789abcdef");
     }
 }

@@ -16,12 +16,12 @@ use crate::coalesce::Coalescer;
 use crate::config::{Config, PriceList, BODY_LIMIT_BYTES};
 use crate::db::read_replica::ReadReplica;
 use crate::db::DbPool;
-use crate::domain::api_keys::sha256;
+use crate::domain::api_keys::{sha256, Credentials};
 use crate::error::ApiError;
 use crate::job_watch::JobSignals;
 use crate::metrics::Metrics;
 use crate::provider::AnyProvider;
-use crate::rate_limit::{key_id_of, AuthFailureGuard, KeyRateLimiter};
+use crate::rate_limit::{AuthFailureGuard, KeyRateLimiter};
 use crate::routes;
 use crate::scheduler;
 use crate::telemetry;
@@ -160,9 +160,9 @@ fn problem_json_for_framework_errors<B>(
 
 /// Authentication failures per client address (`AuthFailureGuard`): a
 /// blocked client is answered 429 before any handler runs (so before any
-/// database lookup); every `/v1` answer is recorded afterwards (401 counts
-/// against the address, a success marks the key as verified). The
-/// bootstrap admin key is never throttled here.
+/// database lookup), unless it presents a key whose secret this replica
+/// has verified; every `/v1` answer is recorded afterwards (a 401 counts
+/// against the address). The bootstrap admin key is never throttled here.
 fn guard_authentication_failures<S>(
     request: actix_web::dev::ServiceRequest,
     service: &S,
@@ -180,14 +180,8 @@ where
     let guarded = state
         .filter(|_| request.path().starts_with("/v1/"))
         .and_then(|state| {
-            let presented = request
-                .headers()
-                .get(header::AUTHORIZATION)
-                .and_then(|value| value.to_str().ok())
-                .and_then(|value| value.split_once(' ').map(|(_, key)| key.trim().to_owned()));
-            let bootstrap = presented
-                .as_deref()
-                .is_some_and(|key| state.is_bootstrap_key(key));
+            let presented = routes::bearer_key(request.request());
+            let bootstrap = presented.is_some_and(|key| state.is_bootstrap_key(key));
             let forwarded_for = request
                 .headers()
                 .get("x-forwarded-for")
@@ -195,19 +189,31 @@ where
             let client = state
                 .auth_guard
                 .client_address(request.peer_addr().map(|peer| peer.ip()), forwarded_for)?;
-            let key_id = presented.as_deref().and_then(key_id_of).map(str::to_owned);
-            (!bootstrap).then_some((state, client, key_id))
+            let key = presented
+                .and_then(Credentials::parse)
+                .and_then(|credentials| credentials.presented());
+            (!bootstrap).then_some((state, client, key))
         });
-    let Some((state, client, key_id)) = guarded else {
-        return service.call(request).boxed_local();
+    let Some((state, client, key)) = guarded else {
+        return service
+            .call(request)
+            .map(|response| {
+                let response = response?;
+                if let Some(state) = response.request().app_data::<web::Data<AppState>>() {
+                    let status = response.status().as_u16();
+                    routes::remember_verified_by_the_answer(state, response.request(), status);
+                }
+                Ok(response)
+            })
+            .boxed_local();
     };
-    if let Err(retry_after_seconds) = state.auth_guard.admit(client, key_id.as_deref()) {
+    if let Err(retry_after_seconds) = state.auth_guard.admit(client, key.as_ref()) {
         state
             .metrics
             .auth_failures_total
             .with_label_values(&["throttled"])
             .inc();
-        let response = ApiError::RateLimited {
+        let response = ApiError::AddressThrottled {
             retry_after_seconds,
         }
         .error_response();
@@ -224,7 +230,8 @@ where
                 .with_label_values(&["unauthorized"])
                 .inc();
         }
-        state.auth_guard.record(client, key_id.as_deref(), status);
+        state.auth_guard.record(client, status);
+        routes::remember_verified_by_the_answer(&state, response.request(), status);
         Ok(response)
     }
     .boxed_local()

@@ -141,6 +141,13 @@ pub struct AccountView {
     pub version: i64,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// Only in the answer to `POST /v1/accounts`: what the admin should
+    /// know about the account just created — `[]`, or `name_taken` when
+    /// other active accounts have the same name (two booths may share one
+    /// on purpose, so it is no error).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub warnings: Option<Vec<Warning>>,
 }
 
 impl From<AccountRow> for AccountView {
@@ -161,6 +168,7 @@ impl From<AccountRow> for AccountView {
             version: row.version,
             created_at: row.created_at,
             updated_at: row.updated_at,
+            warnings: None,
         }
     }
 }
@@ -238,6 +246,47 @@ pub fn create_account_by(
         Ok(row)
     })
 }
+
+/// Most account ids a `name_taken` warning lists.
+pub const SAME_NAME_LISTED_MAX: i64 = 10;
+
+/// Something the client should know about a change that was made anyway.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct Warning {
+    /// `name_taken`: other active accounts have this name (ignoring case).
+    #[schema(example = "name_taken")]
+    pub code: String,
+    pub detail: String,
+    /// The other active accounts of that name (at most 10).
+    pub account_ids: Vec<AccountId>,
+}
+
+/// `name_taken` when other active accounts have this account's name,
+/// compared case-insensitively (names are stored in NFC).
+pub fn name_warnings(conn: &mut PgConnection, row: &AccountRow) -> Result<Vec<Warning>, ApiError> {
+    let others: Vec<Uuid> = accounts::table
+        .filter(accounts::status.eq(AccountStatus::Active))
+        .filter(accounts::id.ne(row.id))
+        .filter(lower(accounts::name).eq(lower(row.name.clone())))
+        .order(accounts::id.asc())
+        .limit(SAME_NAME_LISTED_MAX)
+        .select(accounts::id)
+        .load(conn)?;
+    if others.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(vec![Warning {
+        code: "name_taken".to_owned(),
+        detail: format!(
+            "another active account is already named {:?} (ignoring case); \
+             the account was created, rename or suspend one if they are not meant to look alike",
+            row.name
+        ),
+        account_ids: others.into_iter().map(AccountId).collect(),
+    }])
+}
+
+diesel::define_sql_function!(fn lower(text: diesel::sql_types::Text) -> diesel::sql_types::Text);
 
 pub fn get_account(conn: &mut PgConnection, account: AccountId) -> Result<AccountRow, ApiError> {
     accounts::table

@@ -176,6 +176,15 @@ impl Credentials {
         })
     }
 
+    /// The key's id and the SHA-256 of its secret (not for the bootstrap
+    /// key, which is checked against its own hash in memory).
+    pub fn presented(&self) -> Option<(Uuid, [u8; 32])> {
+        match self {
+            Credentials::Bootstrap => None,
+            Credentials::Key { id, secret_hash } => Some((*id, *secret_hash)),
+        }
+    }
+
     /// The ledger's `actor`, known before verification: the key id is part
     /// of the key (a statement that verifies the key writes it only when the
     /// key is valid).
@@ -277,6 +286,90 @@ fn touch_last_used(conn: &mut PgConnection, keys: &[Uuid]) -> Result<(), ApiErro
     .bind::<diesel::sql_types::Double, _>(LAST_USED_RESOLUTION_SECONDS as f64)
     .execute(conn)?;
     Ok(())
+}
+
+/// How a kiosk is shown who acted: the `actor` of a ledger entry or an
+/// event is a key id, which a kiosk must not learn (an id is no handle on
+/// a key, but it is not the kiosk's business either). Each key id among
+/// `actors` maps to that key's scope and label (`admin:Front desk`); an
+/// actor that is no key id (`bootstrap-admin`, `cli`, a worker's or the
+/// reaper's name) maps to itself. One query for a whole page.
+pub fn actors_for_kiosk(
+    conn: &mut PgConnection,
+    actors: impl IntoIterator<Item = String>,
+) -> Result<std::collections::HashMap<String, String>, ApiError> {
+    let mut names = std::collections::HashMap::new();
+    let mut key_actors: Vec<(String, Uuid)> = Vec::new();
+    for actor in actors {
+        match Uuid::try_parse(&actor) {
+            Ok(id) => key_actors.push((actor, id)),
+            Err(_) => {
+                names.insert(actor.clone(), actor);
+            }
+        }
+    }
+    if key_actors.is_empty() {
+        return Ok(names);
+    }
+    let ids: Vec<Uuid> = key_actors.iter().map(|(_, id)| *id).collect();
+    let keys: Vec<(Uuid, String, String)> = api_keys::table
+        .filter(api_keys::id.eq_any(&ids))
+        .select((api_keys::id, api_keys::scope, api_keys::label))
+        .load(conn)?;
+    for (actor, id) in key_actors {
+        let shown = keys.iter().find(|(key, _, _)| *key == id).map_or_else(
+            || "key".to_owned(),
+            |(_, scope, label)| format!("{scope}:{label}"),
+        );
+        names.insert(actor, shown);
+    }
+    Ok(names)
+}
+
+/// Replaces every string `actor` member anywhere in `value` (an event's
+/// data: its `entry`, `credit`, `adjustment`) by its name in `names`.
+pub fn rename_actors(
+    value: &mut serde_json::Value,
+    names: &std::collections::HashMap<String, String>,
+) {
+    match value {
+        serde_json::Value::Object(object) => {
+            for (key, member) in object.iter_mut() {
+                match member {
+                    serde_json::Value::String(actor) if key == "actor" => {
+                        if let Some(name) = names.get(actor.as_str()) {
+                            *actor = name.clone();
+                        } else if Uuid::try_parse(actor).is_ok() {
+                            "key".clone_into(actor);
+                        }
+                    }
+                    other => rename_actors(other, names),
+                }
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for item in items {
+                rename_actors(item, names);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Every string `actor` member anywhere in `value`.
+pub fn actors_in(value: &serde_json::Value, found: &mut Vec<String>) {
+    match value {
+        serde_json::Value::Object(object) => {
+            for (key, member) in object {
+                match member {
+                    serde_json::Value::String(actor) if key == "actor" => found.push(actor.clone()),
+                    other => actors_in(other, found),
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|item| actors_in(item, found)),
+        _ => {}
+    }
 }
 
 /// A key as the key list shows it: never its secret nor its hash.

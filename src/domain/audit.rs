@@ -98,17 +98,37 @@ pub struct AuditEventView {
 }
 
 impl From<AuditEventRow> for AuditEventView {
+    /// Rows are history (the table is append-only), and rows written before
+    /// URLs were redacted on the way in still hold whole webhook URLs: they
+    /// are redacted on the way out too.
     fn from(row: AuditEventRow) -> Self {
+        let redact = row.action.starts_with("webhook_endpoint.");
+        let shown = |value: Option<serde_json::Value>| {
+            value.map(|mut value| {
+                if redact {
+                    redact_url_member(&mut value);
+                }
+                value
+            })
+        };
         AuditEventView {
             event_id: row.event_id,
             actor: row.actor,
             action: row.action,
             target: row.target,
-            before: row.before,
-            after: row.after,
+            before: shown(row.before),
+            after: shown(row.after),
             request_id: row.request_id,
             created_at: row.created_at,
         }
+    }
+}
+
+/// Redacts a `url` string member of an object (a webhook endpoint's
+/// recorded state).
+pub fn redact_url_member(value: &mut serde_json::Value) {
+    if let Some(serde_json::Value::String(url)) = value.get_mut("url") {
+        *url = crate::webhooks::url_guard::redacted(url);
     }
 }
 

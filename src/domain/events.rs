@@ -12,6 +12,7 @@ use diesel::sql_types::{BigInt, Integer, Jsonb, Nullable, Text, Timestamptz, Uui
 use serde::Serialize;
 use uuid::Uuid;
 
+use crate::domain::api_keys;
 use crate::domain::paging::page_limit;
 use crate::domain::states::{parse_param, EventType};
 use crate::error::ApiError;
@@ -126,9 +127,39 @@ pub fn list_events(conn: &mut PgConnection, filter: &EventFilter) -> Result<Even
     .bind::<Nullable<Text>, _>(filter.event_type.map(EventType::as_str))
     .bind::<Nullable<SqlUuid>, _>(filter.account)
     .load(conn)?;
-    let events: Vec<EventView> = rows.into_iter().map(|row| row.event).collect();
+    let events: Vec<EventView> = rows
+        .into_iter()
+        .map(|row| {
+            let mut event = row.event;
+            // Written with the whole URL before URLs were redacted on the
+            // way in; events are history, so they are redacted on the way
+            // out.
+            if event.event_type == "endpoint.disabled" {
+                crate::domain::audit::redact_url_member(&mut event.data);
+            }
+            event
+        })
+        .collect();
     let next_after = events.last().map(|event| event.id).or(filter.after);
     Ok(EventPage { events, next_after })
+}
+
+/// The page as a kiosk may see it: no key ids (`actor` members become the
+/// acting key's scope and label, `api_keys::actors_for_kiosk`). The events
+/// themselves are history and stay as written.
+pub fn as_kiosk_sees_it(
+    conn: &mut PgConnection,
+    mut page: EventPage,
+) -> Result<EventPage, ApiError> {
+    let mut actors = Vec::new();
+    for event in &page.events {
+        api_keys::actors_in(&event.data, &mut actors);
+    }
+    let names = api_keys::actors_for_kiosk(conn, actors)?;
+    for event in &mut page.events {
+        api_keys::rename_actors(&mut event.data, &names);
+    }
+    Ok(page)
 }
 
 /// Writes an event that is not a money movement (`invariant.violated`,

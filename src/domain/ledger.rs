@@ -171,6 +171,23 @@ pub fn list_entries(
     })
 }
 
+/// The page as a kiosk may see it: each `actor` that is a key id becomes
+/// that key's scope and label (`api_keys::actors_for_kiosk`), so a kiosk
+/// never learns another key's id. The ledger itself stays as written.
+pub fn as_kiosk_sees_it(
+    conn: &mut PgConnection,
+    mut page: LedgerPage,
+) -> Result<LedgerPage, ApiError> {
+    let actors = page.entries.iter().map(|entry| entry.actor.clone());
+    let names = crate::domain::api_keys::actors_for_kiosk(conn, actors)?;
+    for entry in &mut page.entries {
+        if let Some(name) = names.get(&entry.actor) {
+            entry.actor.clone_from(name);
+        }
+    }
+    Ok(page)
+}
+
 /// Replays entries (oldest first) from zero balances.
 pub fn replay<'a>(entries: impl IntoIterator<Item = (&'a str, i64)>) -> Result<Balances, String> {
     entries

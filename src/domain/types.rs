@@ -201,8 +201,122 @@ fn bounded_text(field: &str, value: String, max: usize) -> Result<String, String
     Ok(value)
 }
 
+/// A character a name people read must not hold: a control character, or
+/// one that is invisible or changes the direction of the text — format
+/// characters (Unicode category Cf: bidi overrides and isolates such as
+/// U+202E, zero-width spaces and joiners, the soft hyphen, the BOM), line
+/// and paragraph separators (Zl, Zp: U+2028/U+2029), private-use code
+/// points (Co), variation selectors and the letters and symbols that draw
+/// nothing (Hangul fillers, the braille blank, the combining grapheme
+/// joiner).
+fn hidden_in_names(character: char) -> bool {
+    use unicode_properties::{GeneralCategory, UnicodeGeneralCategory};
+    /// Blank-looking characters of other categories.
+    const BLANKS: [char; 7] = [
+        '\u{034F}', '\u{115F}', '\u{1160}', '\u{180E}', '\u{2800}', '\u{3164}', '\u{FFA0}',
+    ];
+    character.is_control()
+        || matches!(
+            character.general_category(),
+            GeneralCategory::Format
+                | GeneralCategory::LineSeparator
+                | GeneralCategory::ParagraphSeparator
+                | GeneralCategory::PrivateUse
+        )
+        || BLANKS.contains(&character)
+        || ('\u{FE00}'..='\u{FE0F}').contains(&character)
+        || ('\u{E0100}'..='\u{E01EF}').contains(&character)
+}
+
+/// A name people read and tell apart (an account's name, a key's label):
+/// [`bounded_text`], no character of [`hidden_in_names`], not whitespace
+/// alone; stored in Unicode normalization form C, so the same name typed
+/// two ways is one name.
+fn display_name(field: &str, value: String, max: usize) -> Result<String, String> {
+    use unicode_normalization::UnicodeNormalization;
+    let value: String = value.nfc().collect();
+    let value = bounded_text(field, value, max)?;
+    if let Some(refused) = value.chars().find(|character| hidden_in_names(*character)) {
+        return Err(format!(
+            "{field} must not contain invisible or direction-changing characters \
+             (found U+{:04X})",
+            u32::from(refused)
+        ));
+    }
+    if value.chars().all(char::is_whitespace) {
+        return Err(format!("{field} must not be only whitespace"));
+    }
+    Ok(value)
+}
+
+/// The OpenAPI `pattern` of a display name, generated from the same rules
+/// (so the document is exactly as strict as the check): no character of
+/// [`hidden_in_names`], and at least one that is not whitespace. Code
+/// points above U+FFFF are written as themselves.
+fn display_name_pattern() -> &'static str {
+    static PATTERN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PATTERN.get_or_init(|| {
+        let hidden = character_class(hidden_in_names);
+        let hidden_or_blank =
+            character_class(|character| hidden_in_names(character) || character.is_whitespace());
+        format!("^[^{hidden}]*[^{hidden_or_blank}][^{hidden}]*$")
+    })
+}
+
+/// The ranges of the characters for which `member` holds, as the inside of
+/// a regular expression character class.
+fn character_class(member: impl Fn(char) -> bool) -> String {
+    let escape = |character: char| {
+        let code = u32::from(character);
+        if code <= 0xFFFF {
+            format!("\\u{code:04X}")
+        } else {
+            character.to_string()
+        }
+    };
+    let mut class = String::new();
+    let mut run: Option<(char, char)> = None;
+    let close = |run: (char, char), class: &mut String| {
+        class.push_str(&escape(run.0));
+        if run.1 != run.0 {
+            class.push('-');
+            class.push_str(&escape(run.1));
+        }
+    };
+    for character in (0..=0x10FFFF_u32).filter_map(char::from_u32) {
+        let adjacent = |end: char| u32::from(character) == u32::from(end) + 1;
+        match (member(character), run) {
+            (true, Some((start, end))) if adjacent(end) => run = Some((start, character)),
+            (true, Some(done)) => {
+                close(done, &mut class);
+                run = Some((character, character));
+            }
+            (true, None) => run = Some((character, character)),
+            (false, Some(done)) => {
+                close(done, &mut class);
+                run = None;
+            }
+            (false, None) => {}
+        }
+    }
+    if let Some(done) = run {
+        close(done, &mut class);
+    }
+    class
+}
+
 macro_rules! text_newtype {
     ($name:ident, $field:literal, $max:expr) => {
+        text_newtype!(
+            $name,
+            $field,
+            $max,
+            bounded_text,
+            "^[^\\u0000-\\u001F\\u007F-\\u009F]+$",
+            "Text of 1 to `maxLength` characters, no control characters."
+        );
+    };
+    ($name:ident, $field:literal, $max:expr, $check:ident, $pattern:expr, $description:literal) => {
         #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
         #[serde(try_from = "String", into = "String")]
         pub struct $name(String);
@@ -216,7 +330,7 @@ macro_rules! text_newtype {
         impl TryFrom<String> for $name {
             type Error = String;
             fn try_from(value: String) -> Result<Self, String> {
-                bounded_text($field, value, $max).map($name)
+                $check($field, value, $max).map($name)
             }
         }
 
@@ -232,10 +346,8 @@ macro_rules! text_newtype {
                     .schema_type(Type::String)
                     .min_length(Some(1))
                     .max_length(Some($max))
-                    .pattern(Some("^[^\\u0000-\\u001F\\u007F-\\u009F]+$"))
-                    .description(Some(
-                        "Text of 1 to `maxLength` characters, no control characters.",
-                    ))
+                    .pattern(Some($pattern))
+                    .description(Some($description))
                     .into()
             }
         }
@@ -244,8 +356,26 @@ macro_rules! text_newtype {
     };
 }
 
-text_newtype!(Name, "name", NAME_LENGTH_MAX);
-text_newtype!(Label, "label", NAME_LENGTH_MAX);
+text_newtype!(
+    Name,
+    "name",
+    NAME_LENGTH_MAX,
+    display_name,
+    display_name_pattern(),
+    "Text of 1 to `maxLength` characters, not only whitespace; no control characters, \
+     no invisible or direction-changing ones (Unicode Cf, Zl, Zp, private use, blank fillers). \
+     Stored in Unicode normalization form C."
+);
+text_newtype!(
+    Label,
+    "label",
+    NAME_LENGTH_MAX,
+    display_name,
+    display_name_pattern(),
+    "Text of 1 to `maxLength` characters, not only whitespace; no control characters, \
+     no invisible or direction-changing ones (Unicode Cf, Zl, Zp, private use, blank fillers). \
+     Stored in Unicode normalization form C."
+);
 text_newtype!(ExternalRef, "external_ref", NAME_LENGTH_MAX);
 text_newtype!(Reason, "reason", REASON_LENGTH_MAX);
 text_newtype!(Note, "note", REASON_LENGTH_MAX);
@@ -265,6 +395,50 @@ mod tests {
         assert!(TtlSeconds::try_from(0).is_err());
         assert!(TtlSeconds::try_from(86_401).is_err());
         assert!(TtlSeconds::try_from(i64::MAX).is_err());
+    }
+
+    #[test]
+    fn names_people_read_are_visible_and_normalised() {
+        for refused in [
+            "Wedding\u{202E}kiosk",
+            "Wed\u{200B}ding",
+            "\u{FEFF}Wedding",
+            "Wedding\u{2028}kiosk",
+            "Wedding\u{2066}kiosk\u{2069}",
+            "Wed\u{200D}ding",
+            "Wed\u{00AD}ding",
+            "\u{3164}",
+            "Wedding\u{E000}",
+            "Wedding\u{FE0F}",
+            "   ",
+            "\u{00A0}\u{2003}",
+        ] {
+            assert!(Name::try_from(refused.to_owned()).is_err(), "{refused:?}");
+            assert!(Label::try_from(refused.to_owned()).is_err(), "{refused:?}");
+        }
+        // "é" as e + combining acute is stored as the one character é.
+        assert_eq!(
+            Name::try_from("Cafe\u{301}".to_owned()).map(String::from),
+            Ok("Caf\u{E9}".to_owned())
+        );
+        for accepted in ["Müller's booth", "東京 kiosk", "Booth #7 — lobby"] {
+            assert_eq!(
+                Name::try_from(accepted.to_owned()).map(String::from),
+                Ok(accepted.to_owned())
+            );
+        }
+        // The document's pattern says the same, character by character.
+        let pattern = display_name_pattern();
+        assert!(
+            pattern.starts_with("^[^\\u0000-\\u001F\\u007F-\\u009F\\u00AD"),
+            "{pattern}"
+        );
+        // Zero-width spaces and joiners, directional marks; separators and
+        // bidi embeddings and overrides.
+        assert!(pattern.contains("\\u200B-\\u200F"), "{pattern}");
+        assert!(pattern.contains("\\u2028-\\u202E"), "{pattern}");
+        // Other text (references, reasons) keeps what was sent.
+        assert!(ExternalRef::try_from("ref\u{200B}1".to_owned()).is_ok());
     }
 
     #[test]

@@ -59,7 +59,9 @@ struct CreateAccount {
     ),
     request_body = CreateAccount,
     responses(
-        (status = 201, description = "The new account", body = AccountView,
+        (status = 201, description = "The new account; `warnings` lists `name_taken` when \
+                                      another active account has the same name",
+         body = AccountView,
          headers(("Location" = String, description = "The account's URL"))),
         (status = 200, description = "A replay: the account created earlier with this \
                                       `Idempotency-Key`", body = AccountView,
@@ -105,14 +107,19 @@ async fn create_account(
         let create = |conn: &mut diesel::PgConnection| {
             accounts::create_account_by(conn, &by, &name, limit, threshold).map(|row| (row.id, row))
         };
-        match claim {
-            None => create(conn).map(|(_, row)| (AccountView::from(row), false)),
+        let (row, replay) = match claim {
+            None => (create(conn)?.1, false),
             Some(claim) => match idempotency::create_once(conn, &claim, create)? {
-                Created::New(row) => Ok((AccountView::from(row), false)),
-                Created::Existing(id) => accounts::get_account(conn, AccountId(id))
-                    .map(|row| (AccountView::from(row), true)),
+                Created::New(row) => (row, false),
+                Created::Existing(id) => (accounts::get_account(conn, AccountId(id))?, true),
             },
-        }
+        };
+        let warnings = accounts::name_warnings(conn, &row)?;
+        let view = AccountView {
+            warnings: Some(warnings),
+            ..AccountView::from(row)
+        };
+        Ok::<_, ApiError>((view, replay))
     })
     .await?;
     if replay {
@@ -464,9 +471,15 @@ async fn list_ledger(
                 })
         })
         .transpose()?;
+    let for_kiosk = caller.scope == Scope::Kiosk;
     let read = move |conn: &mut diesel::PgConnection| {
         accounts::get_account(conn, account)?;
-        ledger::list_entries(conn, account, after, since, limit)
+        let page = ledger::list_entries(conn, account, after, since, limit)?;
+        if for_kiosk {
+            ledger::as_kiosk_sees_it(conn, page)
+        } else {
+            Ok(page)
+        }
     };
     // Admin and finance exports (the console's chart too) may read a
     // replica; a kiosk's own ledger must show what it has just done.

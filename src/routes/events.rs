@@ -2,12 +2,12 @@
 
 use std::time::Duration;
 
-use actix_web::{get, web, HttpResponse};
+use actix_web::{get, web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::State;
+use super::{recheck_key, State};
 use crate::config::{JOB_WAIT_SECONDS_MAX, JOB_WATCH_POLL};
 use crate::db::run_blocking;
 use crate::domain::api_keys::{Caller, Scope};
@@ -66,6 +66,7 @@ struct EventQuery {
 async fn list_events(
     caller: Caller,
     state: State,
+    request: HttpRequest,
     query: web::Query<EventQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let EventQuery {
@@ -91,13 +92,27 @@ async fn list_events(
     }
     let filter = EventFilter::parse(after, limit, event_type.as_deref(), account)?;
     let deadline = Instant::now() + Duration::from_secs(wait);
+    let mut waited = false;
+    let for_kiosk = caller.scope == Scope::Kiosk;
     loop {
         let filter = filter.clone();
-        let page =
-            run_blocking(&state.pool, move |conn| events::list_events(conn, &filter)).await?;
+        let page = run_blocking(&state.pool, move |conn| {
+            let page = events::list_events(conn, &filter)?;
+            if for_kiosk {
+                events::as_kiosk_sees_it(conn, page)
+            } else {
+                Ok(page)
+            }
+        })
+        .await?;
         if !page.events.is_empty() || Instant::now() >= deadline {
+            if waited {
+                // The key may have been revoked while this request waited.
+                recheck_key(&state, &request).await?;
+            }
             return Ok(HttpResponse::Ok().json(page));
         }
+        waited = true;
         // Between looks no connection is held.
         tokio::time::sleep_until((Instant::now() + JOB_WATCH_POLL).min(deadline)).await;
     }

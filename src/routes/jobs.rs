@@ -173,6 +173,7 @@ async fn get_job(
         })
     };
     // The key is verified in the same trip to the pool as the first read.
+    let recheck = credentials.clone();
     let view = run_blocking(&state.pool, move |conn| {
         credentials.verify(conn)?.authorize_read(account)?;
         jobs::get_job(conn, account, request_id)
@@ -188,7 +189,14 @@ async fn get_job(
         return Ok(HttpResponse::Ok().json(view));
     }
     let _ = tokio::time::timeout(Duration::from_secs(wait), finished).await;
-    Ok(HttpResponse::Ok().json(fetch().await?))
+    // After the wait the key is verified again, with the last read: a key
+    // revoked while this request waited gets 401, not the job.
+    let view = run_blocking(&state.pool, move |conn| {
+        recheck.verify(conn)?;
+        jobs::get_job(conn, account, request_id)
+    })
+    .await?;
+    Ok(HttpResponse::Ok().json(view))
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]

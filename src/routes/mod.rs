@@ -27,13 +27,13 @@ use std::future::Future;
 use std::pin::Pin;
 
 use actix_web::http::header;
-use actix_web::{web, FromRequest, HttpRequest, HttpResponse};
+use actix_web::{web, FromRequest, HttpMessage, HttpRequest, HttpResponse};
 use serde::Serialize;
 
 use crate::db::run_blocking;
 use crate::domain::api_keys::{Caller, Credentials};
 use crate::error::ApiError;
-use crate::rate_limit;
+use crate::rate_limit::{self, Known};
 use crate::startup::AppState;
 
 pub type State = web::Data<AppState>;
@@ -209,24 +209,9 @@ fn from_json_object<T: serde::de::DeserializeOwned>(
     })
 }
 
-/// `Authorization: Bearer <key>` → the presented credentials, without a
-/// database lookup: a missing or malformed key is 401, the bootstrap admin
-/// key is recognised by its hash in memory, and the rate limit applies
-/// before any database work (a flood never reaches the pool).
-impl FromRequest for Credentials {
-    type Error = ApiError;
-    type Future = std::future::Ready<Result<Credentials, ApiError>>;
-
-    fn from_request(request: &HttpRequest, _payload: &mut actix_web::dev::Payload) -> Self::Future {
-        std::future::ready(credentials_of(request))
-    }
-}
-
-fn credentials_of(request: &HttpRequest) -> Result<Credentials, ApiError> {
-    let state = request
-        .app_data::<State>()
-        .ok_or_else(|| ApiError::Internal("application state missing".into()))?;
-    let presented = request
+/// The key of `Authorization: Bearer <key>`, if any.
+pub fn bearer_key(request: &HttpRequest) -> Option<&str> {
+    request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|value| value.to_str().ok())
@@ -235,21 +220,115 @@ fn credentials_of(request: &HttpRequest) -> Result<Credentials, ApiError> {
             scheme.eq_ignore_ascii_case("bearer").then(|| key.trim())
         })
         .filter(|key| !key.is_empty())
-        .ok_or(ApiError::Unauthorized)?;
-    let limit = |bucket: &str| {
-        state
-            .rate_limiter
-            .check(bucket)
-            .map_err(|retry_after_seconds| ApiError::RateLimited {
-                retry_after_seconds,
-            })
-    };
+}
+
+/// The presented credentials and what this replica already knows of them,
+/// without a database lookup: a missing or malformed key is 401, the
+/// bootstrap admin key is recognised by its hash in memory, and a key whose
+/// secret this replica has verified is charged to its rate bucket here,
+/// before any database work (its flood never reaches the pool). A key this
+/// replica does not know is charged only once the database has verified
+/// it (`verify_and_remember`); one whose id it knows with another secret is
+/// 401 at once.
+fn presented_credentials(request: &HttpRequest) -> Result<(Credentials, Known), ApiError> {
+    let state = state_of(request)?;
+    let presented = bearer_key(request).ok_or(ApiError::Unauthorized)?;
     if state.is_bootstrap_key(presented) {
-        limit("bootstrap-admin")?;
-        return Ok(Credentials::Bootstrap);
+        limit(state, "bootstrap-admin")?;
+        return Ok((Credentials::Bootstrap, Known::Verified));
     }
-    limit(&rate_limit::bucket_of(presented))?;
-    Credentials::parse(presented).ok_or(ApiError::Unauthorized)
+    let credentials = Credentials::parse(presented).ok_or(ApiError::Unauthorized)?;
+    let Some(key) = credentials.presented() else {
+        return Ok((credentials, Known::Verified));
+    };
+    match state.auth_guard.recognise(&key) {
+        Known::Verified => {
+            limit(state, &rate_limit::bucket_of(&key.0))?;
+            Ok((credentials, Known::Verified))
+        }
+        Known::WrongSecret => Err(ApiError::Unauthorized),
+        Known::Unknown => Ok((credentials, Known::Unknown)),
+    }
+}
+
+fn state_of(request: &HttpRequest) -> Result<&State, ApiError> {
+    request
+        .app_data::<State>()
+        .ok_or_else(|| ApiError::Internal("application state missing".into()))
+}
+
+fn limit(state: &State, bucket: &str) -> Result<(), ApiError> {
+    state
+        .rate_limiter
+        .check(bucket)
+        .map_err(|retry_after_seconds| ApiError::RateLimited {
+            retry_after_seconds,
+        })
+}
+
+/// Verifies a key in the database and keeps the replica's memory in step:
+/// a success is remembered (and, when the key was not known before,
+/// charged to its bucket now); a refusal of a remembered key forgets it.
+async fn verify_and_remember(
+    state: &State,
+    credentials: Credentials,
+    known: Known,
+) -> Result<Caller, ApiError> {
+    let presented = credentials.presented();
+    let verified = run_blocking(&state.pool, move |conn| credentials.verify(conn)).await;
+    match (&verified, presented) {
+        (Ok(_), Some(key)) if known == Known::Unknown => {
+            state.auth_guard.remember(&key);
+            limit(state, &rate_limit::bucket_of(&key.0))?;
+        }
+        (Ok(_), Some(key)) => state.auth_guard.remember(&key),
+        (Err(ApiError::Unauthorized), Some(key)) => state.auth_guard.forget(&key.0),
+        _ => {}
+    }
+    verified
+}
+
+/// A key that a handler hands to the money engine before this replica has
+/// verified it: the engine verifies it in the spending statement, and a
+/// success answer is the proof. The middleware then remembers the key and
+/// charges its bucket (`startup::remember_engine_verified`), so a cold
+/// key's first requests cost no extra lookup.
+#[derive(Clone, Copy)]
+pub struct VerifiedByTheAnswer(pub rate_limit::PresentedKey);
+
+/// The presented credentials, for handlers that hand the key to the money
+/// engine (which verifies it in the spending statement, or the handler
+/// with its first read). A key this replica knows is charged to its
+/// bucket here; one it does not know is charged once a success answer has
+/// shown it valid ([`VerifiedByTheAnswer`]), never before.
+impl FromRequest for Credentials {
+    type Error = ApiError;
+    type Future = std::future::Ready<Result<Credentials, ApiError>>;
+
+    fn from_request(request: &HttpRequest, _payload: &mut actix_web::dev::Payload) -> Self::Future {
+        let presented = presented_credentials(request).map(|(credentials, known)| {
+            if let (Known::Unknown, Some(key)) = (known, credentials.presented()) {
+                request.extensions_mut().insert(VerifiedByTheAnswer(key));
+            }
+            credentials
+        });
+        std::future::ready(presented)
+    }
+}
+
+/// After a success answer: a key the handler handed on unverified was
+/// verified by the engine (or the handler's read); remember it and charge
+/// its bucket now.
+pub fn remember_verified_by_the_answer(state: &State, request: &HttpRequest, status: u16) {
+    if !(200..300).contains(&status) {
+        return;
+    }
+    let key = request.extensions().get::<VerifiedByTheAnswer>().copied();
+    if let Some(VerifiedByTheAnswer(key)) = key {
+        state.auth_guard.remember(&key);
+        // The request is answered already; the charge counts for the next.
+        let _ = limit(state, &rate_limit::bucket_of(&key.0));
+    }
 }
 
 /// The verified caller: the credentials, then the key looked up (`revoked_at`
@@ -259,19 +338,28 @@ impl FromRequest for Caller {
     type Future = Pin<Box<dyn Future<Output = Result<Caller, ApiError>>>>;
 
     fn from_request(request: &HttpRequest, _payload: &mut actix_web::dev::Payload) -> Self::Future {
-        let credentials = credentials_of(request);
-        let state = request.app_data::<State>().cloned();
+        let presented = presented_credentials(request);
+        let state = state_of(request).cloned();
         Box::pin(async move {
-            match credentials? {
-                Credentials::Bootstrap => Ok(Caller::bootstrap_admin()),
-                key => {
-                    let state = state
-                        .ok_or_else(|| ApiError::Internal("application state missing".into()))?;
-                    run_blocking(&state.pool, move |conn| key.verify(conn)).await
-                }
+            match presented? {
+                (Credentials::Bootstrap, _) => Ok(Caller::bootstrap_admin()),
+                (key, known) => verify_and_remember(&state?, key, known).await,
             }
         })
     }
+}
+
+/// For a long poll about to answer: the key is looked up again, so a key
+/// revoked (or expired) while the request waited gets 401, not the answer.
+pub async fn recheck_key(state: &State, request: &HttpRequest) -> Result<(), ApiError> {
+    let presented = bearer_key(request).ok_or(ApiError::Unauthorized)?;
+    if state.is_bootstrap_key(presented) {
+        return Ok(());
+    }
+    let credentials = Credentials::parse(presented).ok_or(ApiError::Unauthorized)?;
+    verify_and_remember(state, credentials, Known::Verified)
+        .await
+        .map(|_| ())
 }
 
 /// For handlers that verify the key inside their own statement: an input

@@ -26,7 +26,7 @@ use diesel::sql_types::{
 use futures_util::StreamExt;
 use rand::Rng;
 use reqwest::header::{HeaderMap, RETRY_AFTER};
-use secrecy::SecretString;
+use secrecy::{ExposeSecret, SecretString};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use uuid::Uuid;
@@ -37,7 +37,7 @@ use crate::error::ApiError;
 use crate::metrics::Metrics;
 
 use super::signing::signature_header;
-use super::url_guard::{is_public, GuardedResolver};
+use super::url_guard::{is_public, redacted, GuardedResolver};
 
 /// How often an idle relay or delivery task looks for work.
 pub const WEBHOOK_POLL: Duration = Duration::from_millis(250);
@@ -63,6 +63,46 @@ pub struct WebhookSettings {
     pub concurrency: u32,
     /// Attempts per second this replica starts at most (0: no cap).
     pub max_per_second: u32,
+    /// `WEBHOOK_PROXY`: the only proxy deliveries use (none by default;
+    /// the `*_PROXY` environment variables are ignored).
+    pub proxy: Option<SecretString>,
+}
+
+/// Checks `WEBHOOK_PROXY` (empty: none). The error never repeats the value,
+/// which may carry credentials.
+pub fn parse_proxy(text: Option<&SecretString>) -> Result<Option<SecretString>, String> {
+    let Some(text) = text.filter(|text| !text.expose_secret().trim().is_empty()) else {
+        return Ok(None);
+    };
+    let url = reqwest::Url::parse(text.expose_secret().trim())
+        .map_err(|_| "WEBHOOK_PROXY must be a URL such as http://proxy:3128".to_owned())?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err("WEBHOOK_PROXY must be an http:// or https:// URL with a host".into());
+    }
+    Ok(Some(text.clone()))
+}
+
+/// The delivery client: no redirects, a timeout, and no proxy but
+/// `WEBHOOK_PROXY`. Left to itself reqwest would use `HTTP_PROXY` and
+/// friends from the environment; through a proxy, the proxy resolves the
+/// receiver's name and our resolver's check of the address never runs.
+pub fn delivery_client(settings: &WebhookSettings) -> Result<reqwest::Client, reqwest::Error> {
+    let mut builder = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(settings.timeout)
+        .user_agent(concat!(
+            "token-billing-webhooks/",
+            env!("CARGO_PKG_VERSION")
+        ))
+        .no_proxy();
+    if let Some(proxy) = &settings.proxy {
+        // The resolver below would only see the proxy's own name (often a
+        // private address): the proxy is trusted to apply the rule.
+        builder = builder.proxy(reqwest::Proxy::all(proxy.expose_secret().trim())?);
+    } else if !settings.allow_private {
+        builder = builder.dns_resolver(Arc::new(GuardedResolver));
+    }
+    builder.build()
 }
 
 impl WebhookSettings {
@@ -109,17 +149,7 @@ pub fn start(
     if settings.concurrency == 0 {
         return Ok(Vec::new());
     }
-    let mut builder = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(settings.timeout)
-        .user_agent(concat!(
-            "token-billing-webhooks/",
-            env!("CARGO_PKG_VERSION")
-        ));
-    if !settings.allow_private {
-        builder = builder.dns_resolver(Arc::new(GuardedResolver));
-    }
-    let client = builder.build()?;
+    let client = delivery_client(&settings)?;
     // A burst of one batch, then `max_per_second` on average.
     let burst = std::num::NonZeroU32::new(DELIVERY_BATCH.unsigned_abs().try_into().unwrap_or(8))
         .unwrap_or(std::num::NonZeroU32::MIN);
@@ -626,7 +656,9 @@ fn endpoint_health(
             None,
             &serde_json::json!({
                 "endpoint_id": endpoint,
-                "url": health.url,
+                // The feed is read by finance, and the event is sent to
+                // other endpoints: never the URL's secret parts.
+                "url": redacted(&health.url),
                 "reason": health.disabled_reason,
                 "failing_since": health.failing_since,
                 "last_status_code": sent.status_code,
@@ -655,6 +687,7 @@ mod tests {
             allow_private: false,
             concurrency: 1,
             max_per_second: 0,
+            proxy: None,
         };
         // After the first attempt: 5 s ± 20 %.
         let delay = settings.next_delay(1, None).expect("attempts left");

@@ -16,6 +16,7 @@ use crate::domain::states::EventType;
 use crate::error::ApiError;
 
 use super::signing::new_secret;
+use super::url_guard::redacted;
 
 /// Page sizes of the endpoint list and the delivery log.
 pub const WEBHOOK_PAGE_DEFAULT: i64 = 100;
@@ -146,9 +147,12 @@ pub struct NewEndpoint {
     pub description: Option<String>,
 }
 
+/// An endpoint as its audit events record it: the URL redacted
+/// (`url_guard::redacted`), since finance reads the audit log and a URL is
+/// often the receiver's credential.
 fn audit_view(view: &EndpointView) -> serde_json::Value {
     serde_json::json!({
-        "url": view.url,
+        "url": redacted(&view.url),
         "events": view.events,
         "account_id": view.account_id,
         "description": view.description,
@@ -263,13 +267,16 @@ pub fn update(
         .bind::<Nullable<Text>, _>(change.description.as_deref())
         .bind::<Nullable<Bool>, _>(change.enabled)
         .get_result(conn)?;
+        // The redacted URLs may read the same: say whether it changed.
+        let mut recorded_after = audit_view(&after);
+        recorded_after["url_changed"] = serde_json::json!(before.url != after.url);
         audit::record(
             conn,
             by,
             "webhook_endpoint.updated",
             &format!("webhook_endpoint:{endpoint}"),
             Some(audit_view(&before)),
-            Some(audit_view(&after)),
+            Some(recorded_after),
         )?;
         Ok(after)
     })

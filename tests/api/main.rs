@@ -37,5 +37,6 @@ mod receiver;
 mod reconciliation;
 mod reservations;
 mod secrets;
+mod security;
 mod webhook_durability;
 mod webhooks;

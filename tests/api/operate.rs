@@ -362,17 +362,20 @@ async fn each_api_key_is_rate_limited_on_its_own() {
         "another key has its own quota"
     );
 
-    // Garbage keys share one bucket and are refused before any lookup.
-    let (statuses, regained) = burst(&app, &path, "garbage", 12).await;
+    // Garbage keys are refused before any lookup, and charged to no key's
+    // bucket: a key is charged only once its secret is verified (what
+    // limits a flood of bad keys is the per-address failure throttle,
+    // auth_throttle.rs).
+    let (statuses, _) = burst(&app, &path, "garbage", 12).await;
     assert!(
-        statuses[..5].iter().all(|s| *s == StatusCode::UNAUTHORIZED),
+        statuses.iter().all(|s| *s == StatusCode::UNAUTHORIZED),
         "{statuses:?}"
     );
-    let limited = statuses
-        .iter()
-        .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
-        .count();
-    assert!(limited >= 7 - regained.min(7), "{statuses:?}");
+    assert_eq!(
+        app.get(&path, &second).await.status(),
+        StatusCode::OK,
+        "nor does the flood touch a real key's quota"
+    );
 }
 
 /// A newcomer's compose: the service can be scaled (no fixed host port in
