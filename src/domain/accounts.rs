@@ -211,8 +211,23 @@ pub fn create_account(
     create_account_by(conn, &Audit::local(), name, max_active_reservations, 0)
 }
 
+/// Judges the account's balance against its low-balance threshold with the
+/// money engine's rule (`engine_low_balance`, `src/engine/sql/10_record.sql`):
+/// the `balance_low` flag is brought up to date and a change is reported
+/// (`account.balance_low` / `account.balance_recovered`) in the caller's
+/// transaction. Returns the account as it now is.
+fn judge_low_balance(conn: &mut PgConnection, account: AccountId) -> Result<AccountRow, ApiError> {
+    diesel::sql_query("SELECT engine_low_balance(a, NULL, now()) FROM accounts a WHERE a.id = $1")
+        .bind::<diesel::sql_types::Uuid, _>(account.0)
+        .execute(conn)?;
+    get_account(conn, account)
+}
+
 /// Creates an account and its audit event (`account.created`) in one
-/// transaction.
+/// transaction. An account created with a threshold above its (empty)
+/// balance is low from the start: `balance_low` is true, reported as
+/// `account.balance_low`, and the first credit that lifts it over the
+/// threshold reports `account.balance_recovered`.
 pub fn create_account_by(
     conn: &mut PgConnection,
     by: &Audit,
@@ -230,6 +245,11 @@ pub fn create_account_by(
             })
             .returning(AccountRow::as_returning())
             .get_result(conn)?;
+        let row = if low_balance_threshold > 0 {
+            judge_low_balance(conn, AccountId(row.id))?
+        } else {
+            row
+        };
         audit::record(
             conn,
             by,
@@ -335,12 +355,7 @@ pub fn update_account(
             .returning(AccountRow::as_returning())
             .get_result(conn)?;
         let row = if low_balance_threshold.is_some() {
-            diesel::sql_query(
-                "SELECT engine_low_balance(a, NULL, now()) FROM accounts a WHERE a.id = $1",
-            )
-            .bind::<diesel::sql_types::Uuid, _>(account.0)
-            .execute(conn)?;
-            get_account(conn, account)?
+            judge_low_balance(conn, account)?
         } else {
             row
         };

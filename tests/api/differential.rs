@@ -524,7 +524,8 @@ fn compare_final(model: &Model, real: &Real, conn: &mut PgConnection) {
     compare_events(model, real, conn);
 }
 
-/// The events the model's ledger implies — per entry: credit.created,
+/// The events the model's ledger implies — at creation, a low balance when
+/// a threshold is set; per entry: credit.created,
 /// adjustment.created or reservation.expired; then a low-balance crossing
 /// (the threshold is fixed per account) and a depletion — against the
 /// account's events in entry order; and every event against the books.
@@ -536,8 +537,13 @@ fn compare_events(model: &Model, real: &Real, conn: &mut PgConnection) {
     }
     for (index, ledger) in model.ledger.iter().enumerate() {
         let threshold = THRESHOLDS[index];
-        let (mut low, mut before) = (false, 0);
+        // Every account starts empty: one created with a threshold is low
+        // from the start (reported at creation, before any entry).
+        let (mut low, mut before) = (threshold > 0, 0);
         let mut expected = Vec::new();
+        if low {
+            expected.push("account.balance_low");
+        }
         for &(kind, _, available, _, _) in ledger {
             match kind {
                 "credit" => expected.push("credit.created"),
@@ -561,7 +567,7 @@ fn compare_events(model: &Model, real: &Real, conn: &mut PgConnection) {
         }
         let actual: Vec<String> = diesel::sql_query(
             "SELECT type FROM events WHERE account_id = $1 AND type NOT LIKE 'job.%' \
-             ORDER BY (data->'entry'->>'id')::bigint, seq",
+             ORDER BY (data->'entry'->>'id')::bigint NULLS FIRST, seq",
         )
         .bind::<SqlUuid, _>(real.accounts[index])
         .load::<Event>(conn)

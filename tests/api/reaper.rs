@@ -120,9 +120,10 @@ fn every_fixup_is_made_exactly_once_even_by_two_passes_at_once() {
     );
     // (c) job still queued, reservation no longer held.
     let orphan = job(&mut conn, account);
-    // Released behind the job's back, by the engine's resolve rule itself.
+    // Released behind the job's back, by the engine's settle rule itself.
     diesel::sql_query(
-        "SELECT outcome FROM engine_resolve($1, $2, 'release', NULL, $3, 'test', 'test', clock_timestamp())",
+        "SELECT outcome FROM engine_settle(ARRAY[ROW(1, 'release', $1, $2, NULL, NULL, $3, 'test', \
+         'test')::engine_settle_item])",
     )
     .bind::<SqlUuid, _>(account.0)
     .bind::<SqlUuid, _>(orphan.reservation_id)

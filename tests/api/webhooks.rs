@@ -133,16 +133,22 @@ async fn one_balance_low_per_crossing_under_concurrent_spending() {
     };
     let held = spend(25).await;
     assert_eq!(held.len(), 20);
+    // Created below its threshold (0 < 50): low from the start; the credit
+    // of 100 recovers it.
     let events = all_events(&app, account).await;
     assert_eq!(
         types_of(&events),
         [
+            "account.balance_low",
             "credit.created",
+            "account.balance_recovered",
             "account.balance_low",
             "account.balance_depleted"
         ]
     );
-    let low = &events[1];
+    assert_eq!(events[0]["data"]["balances"]["available"], 0);
+    assert_eq!(events[2]["data"]["balances"]["available"], 100);
+    let low = &events[3];
     assert_eq!(low["data"]["account_id"], json!(account));
     assert_eq!(low["data"]["low_balance_threshold"], 50);
     let available_at_low = low["data"]["balances"]["available"]
@@ -150,7 +156,7 @@ async fn one_balance_low_per_crossing_under_concurrent_spending() {
         .expect("available");
     assert!((45..50).contains(&available_at_low), "{low}");
     assert_eq!(low["data"]["entry"]["kind"], "reserve");
-    assert_eq!(events[2]["data"]["balances"]["available"], 0);
+    assert_eq!(events[4]["data"]["balances"]["available"], 0);
 
     // Release 12 at once: 0 → 60, one recovery (at the crossing release).
     let releases: Vec<_> = held[..12]
@@ -177,7 +183,9 @@ async fn one_balance_low_per_crossing_under_concurrent_spending() {
     assert_eq!(
         types_of(&events),
         [
+            "account.balance_low",
             "credit.created",
+            "account.balance_recovered",
             "account.balance_low",
             "account.balance_depleted",
             "account.balance_recovered",
@@ -185,21 +193,25 @@ async fn one_balance_low_per_crossing_under_concurrent_spending() {
             "account.balance_depleted",
         ]
     );
-    let recovered = events[3]["data"]["balances"]["available"]
+    let recovered = events[5]["data"]["balances"]["available"]
         .as_i64()
         .expect("available");
-    assert!((50..55).contains(&recovered), "{}", events[3]);
+    assert!((50..55).contains(&recovered), "{}", events[5]);
     // Admin's type filter and a kiosk's own feed agree.
     let lows = feed_until(
         &app,
         ADMIN_KEY,
         &format!("account_id={account}&type=account.balance_low"),
-        2,
+        3,
     )
     .await;
     assert_eq!(
         types_of(&lows),
-        ["account.balance_low", "account.balance_low"]
+        [
+            "account.balance_low",
+            "account.balance_low",
+            "account.balance_low"
+        ]
     );
     let own = feed_until(&app, &kiosk, "type=account.balance_depleted", 2).await;
     assert_eq!(
