@@ -128,8 +128,11 @@ class FaultProxy:
                     self._fire(request, action.kind)
                     return
                 if action.kind == "answer":
-                    client.sendall(_problem(action))
+                    # Recorded before it is sent: the client may act on the
+                    # answer (and a test read `fired`) before this thread
+                    # runs again.
                     self._fire(request, f"answer {action.status}")
+                    client.sendall(_problem(action))
                     continue
                 if upstream is None:
                     upstream = socket.create_connection(self.upstream)
