@@ -74,6 +74,10 @@ enum Step {
     /// own), optionally partially.
     Commit(usize, usize, Option<i64>, Key),
     Release(usize, usize, Key),
+    /// A client's retry of the latest commit or release the API answered:
+    /// a commit (all, or this amount) or a release (`None`), through the
+    /// account's own kiosk key.
+    Again(Option<Option<i64>>),
     Extend(usize, usize),
     /// Push the n-th reservation past its expiry.
     Age(usize),
@@ -121,6 +125,7 @@ fn step() -> impl Strategy<Value = Step> {
         4 => (account.clone(), 0..40usize, prop::option::weighted(0.3, 1..4i64), key())
             .prop_map(|(a, n, m, k)| Step::Commit(a, n, m, k)),
         2 => (account.clone(), 0..40usize, key()).prop_map(|(a, n, k)| Step::Release(a, n, k)),
+        2 => prop::option::weighted(0.8, prop::option::of(1..4i64)).prop_map(Step::Again),
         1 => (account.clone(), 0..40usize).prop_map(|(a, n)| Step::Extend(a, n)),
         2 => (0..40usize).prop_map(Step::Age),
         2 => (0..20usize).prop_map(Step::AgeJob),
@@ -171,6 +176,8 @@ struct Real {
     reservations: Vec<Uuid>,
     jobs: Vec<(Uuid, Uuid)>,
     leases: Vec<Lease>,
+    /// The reservation (account, index) of the latest commit or release.
+    resolved: Option<(usize, usize)>,
     credit_refs: Vec<String>,
     adjustment_refs: Vec<String>,
     requests: Vec<Vec<(u64, i64, Option<i32>)>>,
@@ -348,6 +355,9 @@ async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut Pg
             let body = amount.map_or(json!({}), |amount| json!({"amount": amount}));
             let (secret, caller) = real.key(key, account);
             let actual = resolve_request(real, account, index, "commit", &body, &secret).await;
+            if actual.status == 200 {
+                real.resolved = Some((account, index));
+            }
             (model.resolve(caller, account, index, Some(amount)), actual)
         }
         Step::Release(account, n, key) if !model.reservations.is_empty() => {
@@ -355,7 +365,22 @@ async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut Pg
             let (secret, caller) = real.key(key, account);
             let actual =
                 resolve_request(real, account, index, "release", &json!({}), &secret).await;
+            if actual.status == 200 {
+                real.resolved = Some((account, index));
+            }
             (model.resolve(caller, account, index, None), actual)
+        }
+        Step::Again(action) if real.resolved.is_some() => {
+            let (account, index) = real.resolved.expect("a resolution");
+            let (secret, caller) = real.key(Key::OwnKiosk, account);
+            let actual = match action {
+                Some(amount) => {
+                    let body = amount.map_or(json!({}), |amount| json!({"amount": amount}));
+                    resolve_request(real, account, index, "commit", &body, &secret).await
+                }
+                None => resolve_request(real, account, index, "release", &json!({}), &secret).await,
+            };
+            (model.resolve(caller, account, index, action), actual)
         }
         Step::Extend(account, n) if !model.reservations.is_empty() => {
             let index = n % model.reservations.len();
@@ -899,6 +924,7 @@ async fn run_history(steps: Vec<Step>) {
         reservations: Vec::new(),
         jobs: Vec::new(),
         leases: Vec::new(),
+        resolved: None,
         credit_refs: Vec::new(),
         adjustment_refs: Vec::new(),
         requests: vec![Vec::new(); ACCOUNTS],
