@@ -66,7 +66,7 @@ CONF
 as_postgres "$pg_bin/pg_ctl" start -w -D "$dir/data" -l "$dir/postgres.log" > /dev/null
 psql_db() { psql -h 127.0.0.1 -p "$port" -U postgres -v ON_ERROR_STOP=1 -qtA "$@"; }
 
-database_url="postgres://postgres@127.0.0.1:$port/tb_profile"
+database_url="postgres://postgres@127.0.0.1:$port/tb_profile${PROFILE_URL_SUFFIX:-}"
 DATABASE_URL="$database_url" BIND_ADDR="127.0.0.1:$service_port" ADMIN_API_KEY="$key" \
   RATE_LIMIT_PER_SECOND=0 RUST_LOG=warn "$binary" serve > "$dir/service.log" 2>&1 &
 service=$!

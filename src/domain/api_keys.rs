@@ -16,7 +16,6 @@ use diesel::prelude::*;
 use diesel::IntoSql;
 use rand::RngCore;
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use crate::db::models::{ApiKeyRow, NewApiKey};
@@ -133,9 +132,7 @@ impl Caller {
     }
 }
 
-pub fn sha256(bytes: &[u8]) -> [u8; 32] {
-    Sha256::digest(bytes).into()
-}
+pub use crate::engine::types::sha256;
 
 /// Splits a presented key into its id and secret; `None` when malformed.
 fn parse_key(presented: &str) -> Option<(Uuid, &str)> {
@@ -199,6 +196,22 @@ impl Credentials {
             .pop()
             .flatten()
             .ok_or(ApiError::Unauthorized)
+    }
+}
+
+/// What the money engine is told of a presented key: the engine verifies
+/// a key itself (`engine_verify_keys`) in the statement that spends; the
+/// bootstrap admin key was verified by the service already.
+impl From<Credentials> for crate::engine::Authority {
+    fn from(credentials: Credentials) -> Self {
+        match credentials {
+            Credentials::Bootstrap => crate::engine::Authority::Verified {
+                actor: BOOTSTRAP_ACTOR.to_owned(),
+            },
+            Credentials::Key { id, secret_hash } => {
+                crate::engine::Authority::Key { id, secret_hash }
+            }
+        }
     }
 }
 

@@ -25,6 +25,7 @@ mod frozen_files;
 mod jobs;
 mod json_numbers;
 mod keys_audit;
+mod layers;
 mod ledger_property;
 mod model;
 mod newcomer;
