@@ -15,7 +15,9 @@
 # line, then the statements by total time (calls, mean ms, share of the
 # total, time per cycle) and the engine's functions by their own time
 # (self_time: without the functions they call). Everything it made is
-# removed at the end.
+# removed at the end. PROFILE_URL_SUFFIX is appended to the service's
+# DATABASE_URL, to try a setting on its sessions, e.g.
+# PROFILE_URL_SUFFIX='?options=-c%20plan_cache_mode%3Dforce_generic_plan'.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
