@@ -4,8 +4,11 @@
 #
 # Usage:
 #   bench/job_writes.sh [--kiosks N] [--seconds S] [--accounts A] [--latency-ms MS] [--profile release|debug]
-# Defaults: 8 kiosks, 5 s, 8 accounts, 0 ms simulated provider, release
-# (build first: cargo build --release, or --bins for debug).
+# Defaults: 8 kiosks, 5 s, 0 ms simulated provider per job, release (build
+# first: cargo build --release, or --bins for debug). The service's other
+# settings come from the environment (JOB_LEASE_SECONDS,
+# WORKER_CONCURRENCY, …); TOOLS names another load generator (one that
+# knows --job-delay-ms, for an older service).
 #
 # A private cluster (initdb in a temporary directory, port
 # JOB_WRITES_PORT, default 5473; the main cluster is not touched). The
@@ -35,7 +38,7 @@ done
 
 target_dir="${CARGO_TARGET_DIR:-target}"
 binary="$target_dir/$profile/token-billing"
-tools="$target_dir/$profile/token-billing-tools"
+tools="${TOOLS:-$target_dir/$profile/token-billing-tools}"
 for file in "$binary" "$tools"; do
   [ -x "$file" ] || { echo "build first ($file missing)" >&2; exit 1; }
 done
@@ -107,7 +110,8 @@ idle="$(delta "$before" "$(sample)")"
 before="$(sample)"
 start_service
 line="$("$tools" bench load --url "http://127.0.0.1:$service_port" --admin-key "$key" \
-  --scenario jobs --accounts "$accounts" --concurrency "$kiosks" --seconds "$seconds")"
+  --scenario jobs --accounts "$accounts" --concurrency "$kiosks" --seconds "$seconds" \
+  --job-delay-ms "$latency")"
 stop_service
 load="$(delta "$before" "$(sample)")"
 grep -q 'books=ok' <<< "$line" || { echo "the books did not balance: $line" >&2; exit 1; }
