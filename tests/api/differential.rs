@@ -23,7 +23,7 @@ use uuid::Uuid;
 
 use token_billing::db::schema::{accounts, generation_jobs, reservations};
 use token_billing::domain::job_leases::{
-    finish_failure, finish_success, heartbeat, retry_later, Fenced, JobError,
+    finish_failure, finish_success, heartbeat, heartbeat_many, retry_later, Fenced, JobError,
 };
 use token_billing::domain::reaper::{run_pass, ReaperSettings};
 
@@ -93,6 +93,11 @@ enum Step {
     /// The n-th job's worker heartbeats; `stale`: with the token of the
     /// lease before its latest (a worker that lost it).
     Heartbeat(usize, bool),
+    /// The replica's heartbeat ticker: one set-based heartbeat for every
+    /// job the history's worker holds a lease token of; the n-th job with
+    /// bit n % 8 of the mask set sends the token before its latest (a
+    /// worker that lost the lease and does not know it yet).
+    HeartbeatAll(u8),
     /// The n-th job's provider attempt fails retryably: back to the queue,
     /// or a final failure on the last attempt.
     Retry(usize, bool),
@@ -137,6 +142,7 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(|(a, r, s)| Step::Job(a, r, s)),
         3 => Just(Step::Claim),
         1 => (0..20usize, prop::bool::weighted(0.2)).prop_map(|(n, s)| Step::Heartbeat(n, s)),
+        2 => any::<u8>().prop_map(Step::HeartbeatAll),
         2 => (0..20usize, prop::bool::weighted(0.2)).prop_map(|(n, s)| Step::Retry(n, s)),
         3 => (0..20usize, any::<bool>(), prop::bool::weighted(0.2))
             .prop_map(|(n, ok, s)| Step::Finish(n, ok, s)),
@@ -507,6 +513,35 @@ async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut Pg
                 (actual, model.heartbeat(index, token, false))
             };
             assert_eq!(fenced(actual), expected, "{step:?}");
+            return;
+        }
+        Step::HeartbeatAll(stale) => {
+            let held: Vec<(usize, i64)> = real
+                .leases
+                .iter()
+                .enumerate()
+                .filter(|(_, lease)| lease.token > 0)
+                .map(|(index, lease)| {
+                    let older = stale & (1 << (index % 8)) != 0;
+                    (index, lease.token - i64::from(older))
+                })
+                .collect();
+            let ids: Vec<(Uuid, i64)> = held
+                .iter()
+                .map(|&(index, token)| (real.jobs[index].0, token))
+                .collect();
+            let mut actual: Vec<(usize, &'static str)> = heartbeat_many(conn, &ids, 30, 300)
+                .expect("heartbeat")
+                .into_iter()
+                .map(|(id, _, outcome)| (real.job_index(id), fenced(outcome)))
+                .collect();
+            actual.sort_unstable();
+            // The engine takes them in job order (creation order here).
+            let expected: Vec<(usize, &'static str)> = held
+                .iter()
+                .map(|&(index, token)| (index, model.heartbeat(index, token, false)))
+                .collect();
+            assert_eq!(actual, expected, "{step:?}");
             return;
         }
         Step::Finish(n, success, stale) if !model.jobs.is_empty() => {
