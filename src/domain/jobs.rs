@@ -12,6 +12,7 @@ use crate::config::{JOB_PARAMS_DEPTH_MAX, JOB_PARAMS_MAX_BYTES};
 use crate::db::models::JobRow;
 use crate::db::schema::{generation_jobs, reservations};
 use crate::domain::api_keys::sha256;
+use crate::domain::paging::page_of;
 use crate::domain::states::{JobStatus, ReservationState};
 use crate::domain::types::{AccountId, RequestId};
 use crate::error::ApiError;
@@ -310,7 +311,7 @@ pub fn list_jobs(
         .filter(generation_jobs::account_id.eq(account.0))
         .select(JobRow::as_select())
         .order(generation_jobs::id.desc())
-        .limit(limit)
+        .limit(limit + 1)
         .into_boxed();
     if let Some(status) = status {
         query = query.filter(generation_jobs::status.eq(status));
@@ -318,13 +319,7 @@ pub fn list_jobs(
     if let Some(after) = after {
         query = query.filter(generation_jobs::id.lt(after));
     }
-    let rows = query.load(conn)?;
-    let full = i64::try_from(rows.len()).ok() == Some(limit);
-    let next_after = if full {
-        rows.last().map(|job| job.id)
-    } else {
-        None
-    };
+    let (rows, next_after) = page_of(query.load(conn)?, limit, |job: &JobRow| job.id);
     Ok(JobPage {
         jobs: with_reservations(conn, rows)?,
         next_after,
