@@ -190,7 +190,7 @@ pub fn states_before(
     before: DateTime<Utc>,
     accounts: Accounts,
 ) -> Result<(Vec<AccountState>, Vec<Discrepancy>), ApiError> {
-    let states = query_states(conn, before, first_unusable_day(before), accounts)?;
+    let states = query_states(conn, before, Some(first_unusable_day(before)), accounts)?;
     let discrepancies: Vec<Discrepancy> = states
         .iter()
         .flat_map(AccountState::closing_discrepancies)
@@ -207,31 +207,31 @@ pub fn states_before(
             "daily closing does not match the ledger; answering from the ledger alone"
         );
     }
-    // No closing row is used for the whole answer (a day before any entry).
-    let never = NaiveDate::MIN;
-    let states = query_states(conn, before, never, accounts)?;
+    // No closing row is used for the whole answer.
+    let states = query_states(conn, before, None, accounts)?;
     Ok((states, discrepancies))
 }
 
 fn query_states(
     conn: &mut PgConnection,
     before: DateTime<Utc>,
-    usable_before_day: NaiveDate,
+    usable_before_day: Option<NaiveDate>,
     accounts: Accounts,
 ) -> Result<Vec<AccountState>, ApiError> {
     Ok(diesel::sql_query(STATE_SQL)
         .bind::<Timestamptz, _>(before)
-        .bind::<Date, _>(usable_before_day)
+        .bind::<Date, _>(usable_before_day.unwrap_or_default())
         .bind::<Nullable<SqlUuid>, _>(accounts.only)
         .bind::<Nullable<SqlUuid>, _>(accounts.after)
         .bind::<BigInt, _>(accounts.limit)
         .bind::<Timestamptz, _>(accounts.opened_before)
+        .bind::<Bool, _>(usable_before_day.is_some())
         .load(conn)?)
 }
 
 /// `$1` the instant (exclusive), `$2` the first day whose closing rows are
 /// not used, `$3` one account, `$4` the cursor, `$5` the page size, `$6`
-/// accounts opened before. The tail of an account is bounded above by its
+/// accounts opened before, `$7` whether closing rows are used at all. The tail of an account is bounded above by its
 /// first closing row from `$2` on (it covers the books through that day's
 /// end, which is at or after `$1`), so it is at most one day of entries
 /// plus the days not closed yet.
@@ -245,9 +245,9 @@ WITH base AS ( \
         u.last_entry_id AS u_last \
     FROM accounts a \
     LEFT JOIN LATERAL (SELECT * FROM ledger_daily_closings c \
-        WHERE c.account_id = a.id AND c.day < $2 ORDER BY c.day DESC LIMIT 1) c ON true \
+        WHERE $7 AND c.account_id = a.id AND c.day < $2 ORDER BY c.day DESC LIMIT 1) c ON true \
     LEFT JOIN LATERAL (SELECT u.last_entry_id FROM ledger_daily_closings u \
-        WHERE u.account_id = a.id AND u.day >= $2 ORDER BY u.day LIMIT 1) u ON true \
+        WHERE $7 AND u.account_id = a.id AND u.day >= $2 ORDER BY u.day LIMIT 1) u ON true \
     WHERE a.created_at < $6 AND ($3::uuid IS NULL OR a.id = $3) \
       AND ($4::uuid IS NULL OR a.id > $4) \
     ORDER BY a.id LIMIT $5 \
