@@ -234,7 +234,7 @@ enum AccountListAnswer {
     AsOf(BalancesAsOfPage),
 }
 
-/// An account's balances, now or at an instant (`as_of`).
+/// An account's balances, now or at an instant.
 ///
 /// The version is sent as `ETag`; `If-None-Match` with it answers 304
 /// (without `as_of`).
