@@ -70,12 +70,17 @@ fn shift(conn: &mut PgConnection, seconds: i64) -> anyhow::Result<()> {
 
 /// Builds the history; prints its size and how long it took.
 pub fn build(database_url: &str, args: &HistoryBenchArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(args.accounts >= 1 && args.batch >= 1, "--accounts and --batch must be ≥ 1");
+    anyhow::ensure!(
+        args.accounts >= 1 && args.batch >= 1,
+        "--accounts and --batch must be ≥ 1"
+    );
     crate::db::create_database_if_missing(database_url)?;
     let mut conn = PgConnection::establish(database_url)?;
     crate::db::run_migrations(&mut conn)?;
     crate::engine::install::install(&mut conn)?;
-    let existing: i64 = crate::db::schema::accounts::table.count().get_result(&mut conn)?;
+    let existing: i64 = crate::db::schema::accounts::table
+        .count()
+        .get_result(&mut conn)?;
     anyhow::ensure!(
         existing == 0,
         "the bench builds on a scratch database; this one already has {existing} accounts"
@@ -143,7 +148,10 @@ pub fn build(database_url: &str, args: &HistoryBenchArgs) -> anyhow::Result<()> 
     while done < cycles {
         let size = usize::try_from((cycles - done).min(args.batch as i64)).unwrap_or(1);
         let elapsed_share = done as f64 / cycles as f64;
-        shift(&mut conn, ((1.0 - elapsed_share) * span_seconds as f64) as i64)?;
+        shift(
+            &mut conn,
+            ((1.0 - elapsed_share) * span_seconds as f64) as i64,
+        )?;
         let reserves: Vec<Operation> = (0..size)
             .map(|i| {
                 let account = accounts[(next_account + i) % accounts.len()];
@@ -345,10 +353,16 @@ pub async fn measure(database_url: &str, args: &HistoryBenchArgs) -> anyhow::Res
         let mut after: Option<String> = None;
         let mut listed = 0;
         loop {
-            let cursor = after.as_ref().map(|a| format!("&after={a}")).unwrap_or_default();
+            let cursor = after
+                .as_ref()
+                .map(|a| format!("&after={a}"))
+                .unwrap_or_default();
             let (_, page) = timed_get(
                 &client,
-                &format!("{url}/v1/accounts?limit=1000&as_of={}{cursor}", rfc3339(instant)),
+                &format!(
+                    "{url}/v1/accounts?limit=1000&as_of={}{cursor}",
+                    rfc3339(instant)
+                ),
                 key,
             )
             .await?;
@@ -366,7 +380,11 @@ pub async fn measure(database_url: &str, args: &HistoryBenchArgs) -> anyhow::Res
     let month_end = first_entry + Duration::microseconds(span_micros / 2);
     for (name, from, to) in [
         ("one month", month_end - Duration::days(30), month_end),
-        ("whole span", now - Duration::days(365).min(now - first_entry), now),
+        (
+            "whole span",
+            now - Duration::days(365).min(now - first_entry),
+            now,
+        ),
     ] {
         for _ in 0..3 {
             let (ms, report) = timed_get(

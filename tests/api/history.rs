@@ -23,6 +23,7 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use token_billing::domain::accounts::create_account;
+use token_billing::domain::checks::find_violations;
 use token_billing::domain::history::{account_as_of, close_days};
 use token_billing::domain::ledger::replay;
 use token_billing::domain::reconciliation::reconcile;
@@ -318,6 +319,22 @@ fn a_corrupted_daily_closing_is_flagged_and_never_trusted() {
     assert_eq!(line.closing_available, 30);
     let entries = entries(&mut conn, account);
     check_as_of(&mut conn, account, &entries, &[from, now]);
+    // The reaper's replay starts from the last closing's totals: altered
+    // totals are a violation there too.
+    assert!(find_violations(&mut conn).expect("checks").is_empty());
+    conn.batch_execute(&format!(
+        "UPDATE ledger_daily_closings SET credited = credited + 1 \
+         WHERE account_id = '{}' AND day = (SELECT max(day) FROM ledger_daily_closings)",
+        account.0
+    ))
+    .expect("corrupt the last closing's totals");
+    let violations = find_violations(&mut conn).expect("checks");
+    assert!(
+        violations
+            .iter()
+            .any(|d| d.account_id == account.0 && d.check == "ledger_replay_available"),
+        "{violations:?}"
+    );
 }
 
 #[tokio::test]
