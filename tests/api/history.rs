@@ -637,4 +637,33 @@ async fn retention_killed_mid_pass_loses_nothing_and_the_feed_says_so() {
             .contains("retention"),
         "{body}"
     );
+    // So is a redelivery of a deleted event.
+    let endpoint: Value = app
+        .post(
+            "/v1/webhook-endpoints",
+            ADMIN_KEY,
+            &json!({"url": "http://127.0.0.1:9/hook", "events": ["credit.created"]}),
+        )
+        .await
+        .json()
+        .await
+        .expect("json");
+    let endpoint = endpoint["endpoint_id"].as_str().expect("endpoint id");
+    let (status, body) = problem(
+        app.post(
+            &format!("/v1/webhook-endpoints/{endpoint}/events/{oldest}/redeliver"),
+            ADMIN_KEY,
+            &json!({}),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(
+        body["detail"]
+            .as_str()
+            .expect("detail")
+            .contains("RETENTION_EVENTS"),
+        "{body}"
+    );
 }
