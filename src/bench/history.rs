@@ -45,6 +45,9 @@ pub struct HistoryBenchArgs {
     /// Reservations per engine call (then as many commits in the next).
     #[arg(long, default_value_t = 500)]
     pub batch: usize,
+    /// Connections building at once (each on its own share of the accounts).
+    #[arg(long, default_value_t = 2)]
+    pub parallel: usize,
     /// Measure only, over the history built earlier in this database.
     #[arg(long)]
     pub skip_build: bool,
@@ -142,6 +145,90 @@ pub fn build(database_url: &str, args: &HistoryBenchArgs) -> anyhow::Result<()> 
         apply(&mut conn, &credits)?;
     }
     let cycles = ((args.entries - args.accounts).max(0) / 2).max(0);
+    let workers = args.parallel.max(1);
+    let groups: Vec<Vec<AccountId>> = (0..workers)
+        .map(|w| accounts.iter().skip(w).step_by(workers).copied().collect())
+        .collect();
+    std::thread::scope(|scope| -> anyhow::Result<()> {
+        let handles: Vec<_> = groups
+            .iter()
+            .enumerate()
+            .filter(|(_, group)| !group.is_empty())
+            .map(|(w, group)| {
+                let share =
+                    cycles / workers as i64 + i64::from((w as i64) < cycles % workers as i64);
+                scope.spawn(move || {
+                    cycle_worker(
+                        database_url,
+                        group,
+                        share,
+                        args,
+                        span_seconds,
+                        w == 0,
+                        started,
+                    )
+                })
+            })
+            .collect();
+        for handle in handles {
+            handle
+                .join()
+                .map_err(|_| anyhow::anyhow!("a build worker panicked"))??;
+        }
+        Ok(())
+    })?;
+    shift(&mut conn, 0)?;
+    let built = started.elapsed().as_secs_f64();
+    let entries = args.accounts + cycles * 2;
+    println!(
+        "built accounts={} ledger_entries={entries} months={} in {built:.0} s ({:.0} entries/s through engine_apply)",
+        args.accounts,
+        args.months,
+        entries as f64 / built
+    );
+    let closing = Instant::now();
+    let closed = crate::domain::history::close_days(&mut conn, Utc::now(), usize::MAX)?;
+    println!(
+        "closed days={} closing_rows={} in {:.1} s",
+        closed.days.len(),
+        closed.rows,
+        closing.elapsed().as_secs_f64()
+    );
+    conn.batch_execute("ANALYZE")?;
+    print_sizes(&mut conn)?;
+    Ok(())
+}
+
+/// A connection whose engine reads the shifted `bench_clock`.
+fn shifted_connection(database_url: &str) -> anyhow::Result<PgConnection> {
+    let mut conn = PgConnection::establish(database_url)?;
+    conn.batch_execute(&format!(
+        "SET search_path TO bench_clock, pg_catalog, public, {}; SET statement_timeout = 0",
+        crate::engine::install::SCHEMA
+    ))?;
+    Ok(conn)
+}
+
+/// `cycles` reserve → commit cycles over `accounts`, the clock moving from
+/// the start of the span to now as they go.
+fn cycle_worker(
+    database_url: &str,
+    accounts: &[AccountId],
+    cycles: i64,
+    args: &HistoryBenchArgs,
+    span_seconds: i64,
+    report: bool,
+    started: Instant,
+) -> anyhow::Result<()> {
+    let mut conn = shifted_connection(database_url)?;
+    let authority = Authority::Verified {
+        actor: "bench".into(),
+    };
+    let operation = |account: AccountId, op: Op| Operation {
+        account,
+        authority: authority.clone(),
+        op,
+    };
     let mut done: i64 = 0;
     let mut next_account = 0usize;
     let mut reported = 0;
@@ -187,34 +274,14 @@ pub fn build(database_url: &str, args: &HistoryBenchArgs) -> anyhow::Result<()> 
         apply(&mut conn, &commits)?;
         done += size as i64;
         let percent = done * 100 / cycles.max(1);
-        if percent >= reported + 5 {
+        if report && percent >= reported + 5 {
             reported = percent;
             eprintln!(
-                "built {percent}%: {} entries in {:.0} s",
-                args.accounts + done * 2,
+                "built {percent}% (worker 0: {done} cycles) in {:.0} s",
                 started.elapsed().as_secs_f64()
             );
         }
     }
-    shift(&mut conn, 0)?;
-    let built = started.elapsed().as_secs_f64();
-    let entries = args.accounts + cycles * 2;
-    println!(
-        "built accounts={} ledger_entries={entries} months={} in {built:.0} s ({:.0} entries/s through engine_apply)",
-        args.accounts,
-        args.months,
-        entries as f64 / built
-    );
-    let closing = Instant::now();
-    let closed = crate::domain::history::close_days(&mut conn, Utc::now(), usize::MAX)?;
-    println!(
-        "closed days={} closing_rows={} in {:.1} s",
-        closed.days.len(),
-        closed.rows,
-        closing.elapsed().as_secs_f64()
-    );
-    conn.batch_execute("ANALYZE")?;
-    print_sizes(&mut conn)?;
     Ok(())
 }
 
