@@ -286,7 +286,7 @@ fn balances_command(database_url: &str, as_of: &str, csv: bool) -> anyhow::Resul
     let mut after = None;
     loop {
         let page = list_as_of(&mut conn, as_of, after, 1_000)?;
-        for line in &page.accounts {
+        for line in &page.balances {
             if csv {
                 writeln!(
                     out,

@@ -433,7 +433,7 @@ pub async fn measure(database_url: &str, args: &HistoryBenchArgs) -> anyhow::Res
                 key,
             )
             .await?;
-            listed += page["accounts"].as_array().map_or(0, Vec::len);
+            listed += page["balances"].as_array().map_or(0, Vec::len);
             match page["next_after"].as_str() {
                 Some(next) => after = Some(next.to_owned()),
                 None => break,

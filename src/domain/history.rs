@@ -318,7 +318,9 @@ pub struct BalancesAsOf {
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct BalancesAsOfPage {
     pub as_of: String,
-    pub accounts: Vec<BalancesAsOf>,
+    /// One line per account (named `balances`, not `accounts`, so the two
+    /// answers of the list never look alike).
+    pub balances: Vec<BalancesAsOf>,
     pub next_after: Option<Uuid>,
 }
 
@@ -409,11 +411,11 @@ pub fn list_as_of(
         limit: limit + 1,
     };
     let rows = balances_as_of(conn, as_of, accounts)?;
-    let (accounts, next_after) =
+    let (balances, next_after) =
         crate::domain::paging::page_of(rows, limit, |row: &BalancesAsOf| row.account_id);
     Ok(BalancesAsOfPage {
         as_of: rfc3339(as_of),
-        accounts,
+        balances,
         next_after,
     })
 }

@@ -379,7 +379,7 @@ async fn balances_as_of_over_http_and_the_cli() {
         .json()
         .await
         .expect("json");
-    assert_eq!(list["accounts"][0]["available"], json!(7), "{list}");
+    assert_eq!(list["balances"][0]["available"], json!(7), "{list}");
     assert_eq!(list["next_after"], Value::Null);
     for bad in [
         "yesterday".to_owned(),
