@@ -2,7 +2,7 @@
 -- Run on a database built by `token-billing-tools bench history`:
 --   psql "$PG/tb_bench_history" -f bench/partition_probe.sql
 -- It copies ledger_entries into a table partitioned by month of created_at
--- (same indexes), times the account ledger page and the as_of tail read on
+-- (with the two indexes these reads use), times the account ledger page and the as_of tail read on
 -- both, 2,000 random accounts each, and drops the copy. Printed as NOTICEs.
 \set ON_ERROR_STOP on
 SET statement_timeout = 0;
