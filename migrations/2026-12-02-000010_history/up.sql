@@ -79,3 +79,10 @@ CREATE INDEX webhook_deliveries_created_at_idx ON webhook_deliveries (created_at
 CREATE INDEX webhook_attempts_delivery_idx ON webhook_attempts (delivery_id);
 CREATE INDEX webhook_deliveries_event_idx ON webhook_deliveries (event_id);
 CREATE INDEX audit_events_created_at_idx ON audit_events (created_at);
+
+COMMENT ON TABLE ledger_closed_days IS
+    'distribution: reference table (one row per closed day, read with every closing)';
+COMMENT ON TABLE ledger_daily_closings IS
+    'distribution: distributed by account_id, colocated with accounts';
+COMMENT ON TABLE retention_watermarks IS
+    'distribution: local to the coordinator (one row per pruned table)';
