@@ -36,6 +36,14 @@ pub const DB_STATEMENT_TIMEOUT_MS: u64 = 10_000;
 /// when `from` is omitted.
 pub const RECONCILIATION_RANGE_MAX: Duration = Duration::from_secs(366 * 24 * 3600);
 pub const RECONCILIATION_RANGE_DEFAULT: Duration = Duration::from_secs(30 * 24 * 3600);
+/// The tables retention prunes (the metrics' `table` label).
+pub const RETENTION_TABLES: [&str; 5] = [
+    "idempotency_keys",
+    "events",
+    "webhook_deliveries",
+    "webhook_attempts",
+    "audit_events",
+];
 /// Rows one retention batch archives and deletes in one transaction.
 pub const RETENTION_BATCH_MAX: i64 = 5_000;
 /// Batches of one table in one retention pass (the rest waits for the next).
@@ -303,7 +311,7 @@ impl Config {
     /// Checks every cross-field rule; the error names the variable to fix.
     pub fn validate(&self) -> Result<(), String> {
         self.trusted_proxy_networks()?;
-        crate::db::check_multi_host(&self.database_url)?;
+        check_multi_host(&self.database_url)?;
         if !(1..=1000).contains(&self.coalesce_max_batch) {
             return Err("COALESCE_MAX_BATCH must be between 1 and 1000".into());
         }
@@ -384,7 +392,7 @@ impl Config {
     }
 
     /// The `WEBHOOK_*` settings, checked.
-    pub fn webhook_settings(&self) -> Result<crate::webhooks::delivery::WebhookSettings, String> {
+    pub fn webhook_settings(&self) -> Result<WebhookSettings, String> {
         if !(1..=300).contains(&self.webhook_timeout_seconds) {
             return Err("WEBHOOK_TIMEOUT_SECONDS must be between 1 and 300".into());
         }
@@ -400,14 +408,14 @@ impl Config {
         if self.webhook_max_per_second > 100_000 {
             return Err("WEBHOOK_MAX_PER_SECOND must be between 0 (no cap) and 100000".into());
         }
-        Ok(crate::webhooks::delivery::WebhookSettings {
+        Ok(WebhookSettings {
             timeout: Duration::from_secs(self.webhook_timeout_seconds),
-            schedule: crate::webhooks::delivery::parse_schedule(&self.webhook_retry_schedule)?,
+            schedule: parse_schedule(&self.webhook_retry_schedule)?,
             disable_after: Duration::from_secs_f64(self.webhook_disable_after_hours * 3_600.0),
             allow_private: self.webhook_allow_private_urls,
             concurrency: self.webhook_concurrency,
             max_per_second: self.webhook_max_per_second,
-            proxy: crate::webhooks::delivery::parse_proxy(self.webhook_proxy.as_ref())?,
+            proxy: parse_proxy(self.webhook_proxy.as_ref())?,
         })
     }
 
@@ -463,6 +471,112 @@ pub fn parse_price_list(text: &str) -> Result<PriceList, String> {
         return Err("PRICE_LIST must name at least one kind".into());
     }
     Ok(prices)
+}
+
+/// The hosts a `DATABASE_URL` names: several in libpq's multi-host form
+/// (`postgres://u@h1:5432,h2:5433/db`, or `host=h1,h2` in the key=value
+/// form), one otherwise.
+pub fn database_hosts(database_url: &str) -> Vec<String> {
+    let authority = match database_url.split_once("://") {
+        Some((_, rest)) => {
+            let end = rest.find(['/', '?']).unwrap_or(rest.len());
+            let authority = &rest[..end];
+            authority
+                .rsplit_once('@')
+                .map_or(authority, |(_, hosts)| hosts)
+        }
+        None => database_url
+            .split_whitespace()
+            .find_map(|pair| pair.strip_prefix("host="))
+            .unwrap_or(""),
+    };
+    authority.split(',').map(str::to_owned).collect()
+}
+
+/// A `DATABASE_URL` listing several hosts must ask libpq for the one that
+/// takes writes (`target_session_attrs=read-write` or `primary`): without
+/// it, libpq takes the first host that answers, which after a failover may
+/// be a standby.
+pub fn check_multi_host(database_url: &str) -> Result<(), String> {
+    if database_hosts(database_url).len() < 2 {
+        return Ok(());
+    }
+    let asks_for_primary = [
+        "target_session_attrs=read-write",
+        "target_session_attrs=primary",
+    ]
+    .iter()
+    .any(|setting| database_url.contains(setting));
+    if asks_for_primary {
+        Ok(())
+    } else {
+        Err(format!(
+            "DATABASE_URL lists several hosts but not target_session_attrs=read-write, so \
+             writes could go to a standby: add ?target_session_attrs=read-write ({})",
+            redact_database_url(database_url)
+        ))
+    }
+}
+
+/// `database_url` fit to print: the password of a URL's user
+/// (`postgres://user:secret@…`, also in a malformed URL) and any `password=`
+/// parameter replaced by `***` (see `secrets`).
+pub fn redact_database_url(database_url: &str) -> String {
+    crate::secrets::redact_connection_strings(database_url)
+}
+
+/// The delivery settings (`WEBHOOK_*`).
+#[derive(Clone, Debug)]
+pub struct WebhookSettings {
+    pub timeout: Duration,
+    /// Delay before attempt n (0-based); its length is the attempts.
+    pub schedule: Vec<Duration>,
+    pub disable_after: Duration,
+    pub allow_private: bool,
+    pub concurrency: u32,
+    /// Attempts per second this replica starts at most (0: no cap).
+    pub max_per_second: u32,
+    /// `WEBHOOK_PROXY`: the only proxy deliveries use (none by default;
+    /// the `*_PROXY` environment variables are ignored).
+    pub proxy: Option<SecretString>,
+}
+
+/// Checks `WEBHOOK_PROXY` (empty: none). The error never repeats the value,
+/// which may carry credentials.
+pub fn parse_proxy(text: Option<&SecretString>) -> Result<Option<SecretString>, String> {
+    let Some(text) = text.filter(|text| !text.expose_secret().trim().is_empty()) else {
+        return Ok(None);
+    };
+    let url = reqwest::Url::parse(text.expose_secret().trim())
+        .map_err(|_| "WEBHOOK_PROXY must be a URL such as http://proxy:3128".to_owned())?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err("WEBHOOK_PROXY must be an http:// or https:// URL with a host".into());
+    }
+    Ok(Some(text.clone()))
+}
+
+/// Parses `WEBHOOK_RETRY_SCHEDULE`: seconds, comma-separated, ≥ 1 entry.
+pub fn parse_schedule(text: &str) -> Result<Vec<Duration>, String> {
+    let schedule: Vec<Duration> = text
+        .split(',')
+        .map(str::trim)
+        .map(|item| {
+            item.parse::<f64>()
+                .ok()
+                .filter(|seconds| seconds.is_finite() && (0.0..=604_800.0).contains(seconds))
+                .map(Duration::from_secs_f64)
+                .ok_or_else(|| {
+                    format!(
+                        "WEBHOOK_RETRY_SCHEDULE: {item:?} is not a number of seconds \
+                         between 0 and 604800"
+                    )
+                })
+        })
+        .collect::<Result<_, _>>()?;
+    if schedule.is_empty() || schedule.len() > 50 {
+        return Err("WEBHOOK_RETRY_SCHEDULE must list 1 to 50 delays".into());
+    }
+    Ok(schedule)
 }
 
 #[cfg(test)]

@@ -221,7 +221,7 @@ impl From<diesel::result::Error> for ApiError {
                 | DatabaseErrorKind::ReadOnlyTransaction,
                 info,
             ) => {
-                crate::db::connection_lost();
+                connection_lost();
                 ApiError::Unavailable(info.message().to_owned())
             }
             // A deadlock victim or a serialization failure was rolled back:
@@ -232,7 +232,7 @@ impl From<diesel::result::Error> for ApiError {
             Error::DatabaseError(DatabaseErrorKind::Unknown, ref info)
                 if is_connection_lost_message(info.message()) =>
             {
-                crate::db::connection_lost();
+                connection_lost();
                 ApiError::Unavailable(info.message().to_owned())
             }
             // A statement cancelled by statement_timeout, or a deadlock
@@ -248,7 +248,7 @@ impl From<diesel::result::Error> for ApiError {
             // A transaction's connection broke under diesel's transaction
             // manager; the pool discards such a connection.
             Error::BrokenTransactionManager => {
-                crate::db::connection_lost();
+                connection_lost();
                 ApiError::Unavailable("the connection's transaction state is broken".into())
             }
             other => ApiError::Internal(format!("{other:?}")),
@@ -353,6 +353,52 @@ pub struct Problem {
     pub request_id: Option<String>,
 }
 
+// Connection marks. An error that means "this connection is dead or points
+// at a server that cannot take writes" marks the thread that holds the
+// connection; the pool (`db::failover`) reads the mark when the connection
+// comes back and discards it, and checks every checkout for a while after
+// any loss.
+
+thread_local! {
+    /// Set when a statement on this thread failed because its connection
+    /// is unusable; read (and cleared) when that connection is returned.
+    static LOST_ON_THIS_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Milliseconds since `EPOCH` of the last loss, plus one (0: none yet).
+static LAST_LOSS_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
+fn now_ms() -> u64 {
+    let epoch = EPOCH.get_or_init(std::time::Instant::now);
+    u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX) + 1
+}
+
+/// Records that the connection in use on this thread is unusable (the
+/// server went away, or it no longer accepts writes).
+pub fn connection_lost() {
+    LOST_ON_THIS_THREAD.with(|lost| lost.set(true));
+    LAST_LOSS_MS.store(now_ms(), std::sync::atomic::Ordering::Relaxed);
+}
+
+/// True when the connection in use on this thread was found unusable
+/// (until it is returned to the pool).
+pub fn lost_on_this_thread() -> bool {
+    LOST_ON_THIS_THREAD.with(std::cell::Cell::get)
+}
+
+/// [`lost_on_this_thread`], and clears the mark (the connection is being
+/// returned to the pool).
+pub fn take_lost_on_this_thread() -> bool {
+    LOST_ON_THIS_THREAD.with(std::cell::Cell::take)
+}
+
+/// True within `window` of the last [`connection_lost`] on any thread.
+pub fn lost_within(window: std::time::Duration) -> bool {
+    let last = LAST_LOSS_MS.load(std::sync::atomic::Ordering::Relaxed);
+    last != 0 && now_ms().saturating_sub(last) < window.as_millis() as u64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -429,7 +475,7 @@ mod tests {
         let classify = |error: Error| {
             std::thread::spawn(move || {
                 let api = ApiError::from(error);
-                (api, crate::db::lost_on_this_thread())
+                (api, lost_on_this_thread())
             })
             .join()
             .expect("thread")

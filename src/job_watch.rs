@@ -1,6 +1,6 @@
 //! Wake-ups around jobs, without a busy loop per client:
-//! - `queued`: a job created on this replica wakes one idle worker at once
-//!   (workers also poll, for jobs created on other replicas);
+//! - `queued`: a job created on this replica wakes the replica's idle job
+//!   claimer at once (it also polls, for jobs created on other replicas);
 //! - waiters: `GET …/jobs/{id}?wait_seconds=` parks on a oneshot channel,
 //!   holding no database connection. A local worker's finish wakes it at
 //!   once; one poller per replica checks all parked jobs in one query, so a

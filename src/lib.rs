@@ -14,7 +14,6 @@ pub mod metrics;
 pub mod openapi;
 pub mod provider;
 pub mod rate_limit;
-pub mod retention;
 pub mod routes;
 pub mod scheduler;
 pub mod secrets;

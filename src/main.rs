@@ -326,14 +326,14 @@ fn close_days_command(database_url: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One retention pass now (token_billing::retention), printed as JSON.
+/// One retention pass now (token_billing::domain::retention), printed as JSON.
 fn prune_command(
     database_url: &str,
     durations: [String; 4],
     archive_dir: Option<std::path::PathBuf>,
     batch: i64,
 ) -> anyhow::Result<()> {
-    use token_billing::retention::{run_pass_exclusive, RetentionSettings};
+    use token_billing::domain::retention::{run_pass_exclusive, RetentionSettings};
     let parse = |text: &str| -> anyhow::Result<Option<std::time::Duration>> {
         let duration = humantime::parse_duration(text.trim())
             .map_err(|error| anyhow::anyhow!("{text:?} is not a duration such as 30d: {error}"))?;

@@ -244,8 +244,14 @@ impl Metrics {
         // Every fixed label value exists from the start (at 0), so rates and
         // alerts see a series before the first event.
         let known: [(&IntCounterVec, &[&str]); 11] = [
-            (&retention_pruned_rows_total, &crate::retention::TABLES),
-            (&retention_archived_rows_total, &crate::retention::TABLES),
+            (
+                &retention_pruned_rows_total,
+                &crate::config::RETENTION_TABLES,
+            ),
+            (
+                &retention_archived_rows_total,
+                &crate::config::RETENTION_TABLES,
+            ),
             (
                 &webhook_deliveries_total,
                 &["delivered", "retrying", "exhausted", "endpoint_gone"],

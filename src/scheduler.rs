@@ -14,8 +14,8 @@ use crate::db::DbPool;
 use crate::domain::checks::accounts_violating;
 use crate::domain::history::{close_days, last_closed_day};
 use crate::domain::reaper::{run_pass_exclusive, PassReport, ReaperSettings, REAPER_BATCH_MAX};
+use crate::domain::retention::{run_pass_exclusive as run_retention, RetentionSettings};
 use crate::error::ApiError;
-use crate::retention::{run_pass_exclusive as run_retention, RetentionSettings};
 
 /// Days one scheduled pass closes at most (a backlog closes over passes).
 const CLOSE_DAYS_PER_PASS_MAX: usize = 400;
@@ -91,7 +91,7 @@ pub async fn history_pass(
     pool: DbPool,
     retention: RetentionSettings,
     metrics: Arc<Metrics>,
-) -> Result<Option<crate::retention::PassReport>, ApiError> {
+) -> Result<Option<crate::domain::retention::PassReport>, ApiError> {
     let counted = Arc::clone(&metrics);
     let result = tokio::task::spawn_blocking(move || {
         let mut conn = pool.get()?;

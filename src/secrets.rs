@@ -286,6 +286,30 @@ pub fn install_panic_hook() {
     }));
 }
 
+/// A webhook receiver's URL fit to show: its scheme, host and port. A
+/// receiver's URL is often its credential (a token in the query or the
+/// path, or userinfo), so everything after the authority becomes
+/// `/[redacted]`. Idempotent; a text that is no URL becomes `[redacted]`.
+pub fn redact_url(url: &str) -> String {
+    let Ok(parsed) = reqwest::Url::parse(url) else {
+        return "[redacted]".to_owned();
+    };
+    let Some(host) = parsed.host_str() else {
+        return "[redacted]".to_owned();
+    };
+    let port = parsed
+        .port()
+        .map(|port| format!(":{port}"))
+        .unwrap_or_default();
+    let bare = parsed.path() == "/"
+        && parsed.query().is_none()
+        && parsed.fragment().is_none()
+        && parsed.username().is_empty()
+        && parsed.password().is_none();
+    let rest = if bare { "/" } else { "/[redacted]" };
+    format!("{}://{host}{port}{rest}", parsed.scheme())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,7 +2,6 @@
 //! table, and the bound server (port 0 picks a free port, for tests).
 
 use std::net::{SocketAddr, TcpListener};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use actix_web::dev::Server;
@@ -12,16 +11,10 @@ use actix_web::http::{header, StatusCode};
 use actix_web::middleware::{ErrorHandlerResponse, ErrorHandlers};
 use actix_web::{web, App, HttpRequest, HttpServer, ResponseError};
 
-use crate::coalesce::Coalescer;
-use crate::config::{Config, PriceList, BODY_LIMIT_BYTES};
-use crate::db::read_replica::ReadReplica;
-use crate::db::DbPool;
-use crate::domain::api_keys::{sha256, Credentials};
+use crate::config::BODY_LIMIT_BYTES;
+use crate::domain::api_keys::Credentials;
 use crate::error::ApiError;
-use crate::job_watch::JobSignals;
-use crate::metrics::Metrics;
 use crate::provider::AnyProvider;
-use crate::rate_limit::{AuthFailureGuard, KeyRateLimiter};
 use crate::routes;
 use crate::scheduler;
 use crate::telemetry;
@@ -29,85 +22,7 @@ use crate::worker::{self, Background, WorkerContext};
 use tokio_cron_scheduler::JobScheduler;
 use tracing::Instrument;
 
-/// What every handler can reach.
-pub struct AppState {
-    pub pool: DbPool,
-    /// `DATABASE_READ_URL`'s pool, for reads where staleness is harmless.
-    pub read_replica: Option<Arc<ReadReplica>>,
-    pub config: Config,
-    pub prices: PriceList,
-    /// SHA-256 of `ADMIN_API_KEY`, compared in constant time.
-    pub admin_key_hash: Option<[u8; 32]>,
-    /// False once shutdown began: `/readyz` answers 503.
-    pub accepting: AtomicBool,
-    /// Wake-ups for workers and for clients waiting on jobs.
-    pub signals: Arc<JobSignals>,
-    pub metrics: Arc<Metrics>,
-    pub rate_limiter: Arc<KeyRateLimiter>,
-    /// Authentication failures per client address.
-    pub auth_guard: Arc<AuthFailureGuard>,
-    /// Group commit of each account's concurrent spending requests.
-    pub coalescer: Arc<Coalescer>,
-}
-
-impl AppState {
-    pub fn new(config: Config, pool: DbPool) -> Result<Arc<AppState>, String> {
-        let prices = config.prices()?;
-        let rate_limiter = Arc::new(KeyRateLimiter::new(
-            config.rate_limit_per_second,
-            config.rate_limit_burst,
-        ));
-        let auth_guard = Arc::new(AuthFailureGuard::new(
-            config.auth_failure_burst,
-            config.auth_failures_per_minute,
-            config.trusted_proxy_networks()?,
-        ));
-        let admin_key_hash = config
-            .admin_api_key
-            .as_ref()
-            .map(|key| sha256(secrecy::ExposeSecret::expose_secret(key).as_bytes()));
-        let metrics = Arc::new(Metrics::new().map_err(|error| error.to_string())?);
-        let coalescer = Arc::new(Coalescer::new(
-            pool.clone(),
-            Arc::clone(&metrics),
-            usize::try_from(config.coalesce_max_batch).unwrap_or(1),
-            usize::try_from(config.coalesce_max_in_flight).unwrap_or(1),
-        ));
-        let read_replica = config
-            .database_read_url
-            .as_deref()
-            .map(|url| Arc::new(ReadReplica::new(url)));
-        Ok(Arc::new(AppState {
-            pool,
-            read_replica,
-            config,
-            prices,
-            admin_key_hash,
-            accepting: AtomicBool::new(true),
-            signals: Arc::new(JobSignals::default()),
-            metrics,
-            rate_limiter,
-            auth_guard,
-            coalescer,
-        }))
-    }
-
-    /// Whether `presented` is `ADMIN_API_KEY` (compared in constant time).
-    pub fn is_bootstrap_key(&self, presented: &str) -> bool {
-        use subtle::ConstantTimeEq;
-        self.admin_key_hash
-            .is_some_and(|hash| bool::from(sha256(presented.as_bytes()).ct_eq(&hash)))
-    }
-
-    pub fn is_accepting(&self) -> bool {
-        self.accepting.load(Ordering::SeqCst)
-    }
-
-    /// Shutdown began: answer `/readyz` with 503 so load balancers drain us.
-    pub fn stop_accepting(&self) {
-        self.accepting.store(false, Ordering::SeqCst);
-    }
-}
+pub use crate::routes::AppState;
 
 fn json_error(error: JsonPayloadError, _request: &HttpRequest) -> actix_web::Error {
     let api_error = match error {

@@ -1,17 +1,24 @@
-//! Job workers: `WORKER_CONCURRENCY` tokio tasks per replica. Each claims a
-//! due job (`FOR UPDATE SKIP LOCKED`, fenced lease), heartbeats at half the
-//! lease (extending the lease and the reservation), runs one provider
-//! attempt, and finishes with a fenced write: success commits the tokens,
-//! a retryable error requeues with backoff (tokens stay reserved), a final
-//! failure releases them. A worker that lost its lease writes nothing.
+//! Job workers: up to `WORKER_CONCURRENCY` jobs at once per replica. One
+//! claimer per replica claims as many due jobs as it has idle worker slots
+//! in one `engine_claim_jobs` call (`FOR UPDATE SKIP LOCKED`, fenced
+//! leases) and hands each to a worker task. One heartbeat ticker per
+//! replica extends the leases and reservations of all its in-flight jobs
+//! at half the lease, in one `engine_heartbeat_jobs` call; a job whose
+//! lease or reservation it finds lost is cancelled. Each worker runs one
+//! provider attempt and finishes with a fenced write: success commits the
+//! tokens, a retryable error requeues with backoff (tokens stay reserved),
+//! a final failure releases them. A worker that lost its lease writes
+//! nothing.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
-use tokio::time::{sleep, timeout, Instant};
+use tokio::sync::{oneshot, watch, Semaphore};
+use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::{sleep, timeout, Instant, MissedTickBehavior};
+use uuid::Uuid;
 
 use crate::config::{
     Config, GAUGE_REFRESH, JOB_RETRY_BACKOFF_MAX_MS, JOB_WATCH_POLL, PROVIDER_POLL_INITIAL,
@@ -83,16 +90,13 @@ impl Background {
 /// delivery (the relay and `WEBHOOK_CONCURRENCY` senders).
 pub fn start(context: Arc<WorkerContext>) -> Background {
     let (shutdown, receiver) = watch::channel(false);
-    let mut tasks: Vec<JoinHandle<()>> = (0..context.config.worker_concurrency)
-        .map(|index| {
-            let worker = Worker {
-                context: Arc::clone(&context),
-                owner: format!("{}/w{index}", context.replica),
-                shutdown: receiver.clone(),
-            };
-            tokio::spawn(worker.run())
-        })
-        .collect();
+    let mut tasks: Vec<JoinHandle<()>> = Vec::new();
+    if context.config.worker_concurrency > 0 {
+        tasks.push(tokio::spawn(run_jobs(
+            Arc::clone(&context),
+            receiver.clone(),
+        )));
+    }
     tasks.push(tokio::spawn(watch_waiters(
         Arc::clone(&context),
         receiver.clone(),
@@ -186,46 +190,165 @@ enum Attempt {
     Lost(Fenced),
 }
 
-struct Worker {
-    context: Arc<WorkerContext>,
-    owner: String,
-    shutdown: watch::Receiver<bool>,
+/// The jobs this replica is working on, with how to tell each one's worker
+/// that its lease or reservation was lost. The heartbeat ticker reads it.
+#[derive(Default)]
+struct InFlight {
+    jobs: Mutex<HashMap<(Uuid, i64), oneshot::Sender<Fenced>>>,
 }
 
-impl Worker {
-    async fn run(mut self) {
-        let config = &self.context.config;
-        let lease_seconds = config.job_lease_seconds;
-        let max_attempts = config.job_max_attempts;
-        loop {
-            if *self.shutdown.borrow() {
-                return;
+impl InFlight {
+    fn jobs(&self) -> std::sync::MutexGuard<'_, HashMap<(Uuid, i64), oneshot::Sender<Fenced>>> {
+        self.jobs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Adds a job held under `token`; the receiver hears if it is lost.
+    fn register(&self, job: Uuid, token: i64) -> oneshot::Receiver<Fenced> {
+        let (sender, receiver) = oneshot::channel();
+        self.jobs().insert((job, token), sender);
+        receiver
+    }
+
+    fn remove(&self, job: Uuid, token: i64) {
+        self.jobs().remove(&(job, token));
+    }
+
+    fn snapshot(&self) -> Vec<(Uuid, i64)> {
+        self.jobs().keys().copied().collect()
+    }
+
+    /// Tells the job's worker (if it still holds `token`) what was lost.
+    fn lost(&self, job: Uuid, token: i64, fenced: Fenced) {
+        if let Some(sender) = self.jobs().remove(&(job, token)) {
+            let _ = sender.send(fenced);
+        }
+    }
+}
+
+/// Removes a job from [`InFlight`] when its worker is done with it.
+struct Registered<'a> {
+    in_flight: &'a InFlight,
+    job: Uuid,
+    token: i64,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.in_flight.remove(self.job, self.token);
+    }
+}
+
+/// The replica's claimer: claims up to as many due jobs as there are idle
+/// worker slots (`WORKER_CONCURRENCY`) in one call, runs each in a worker
+/// task, and keeps the heartbeat ticker going while any runs. On shutdown
+/// it stops claiming and waits for its running jobs.
+async fn run_jobs(context: Arc<WorkerContext>, mut shutdown: watch::Receiver<bool>) {
+    let config = &context.config;
+    let (lease_seconds, max_attempts) = (config.job_lease_seconds, config.job_max_attempts);
+    let slots = Arc::new(Semaphore::new(
+        usize::try_from(config.worker_concurrency).unwrap_or(1),
+    ));
+    let in_flight = Arc::new(InFlight::default());
+    // Dropped (and so aborted) with this task.
+    let mut ticker = JoinSet::new();
+    ticker.spawn(heartbeat_ticker(
+        Arc::clone(&context),
+        Arc::clone(&in_flight),
+    ));
+    let mut running = JoinSet::new();
+    let owner = format!("{}/jobs", context.replica);
+    loop {
+        while running.try_join_next().is_some() {}
+        if *shutdown.borrow() {
+            break;
+        }
+        let first = tokio::select! {
+            _ = shutdown.changed() => continue,
+            permit = Arc::clone(&slots).acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break,
+            },
+        };
+        let mut permits = vec![first];
+        while let Ok(permit) = Arc::clone(&slots).try_acquire_owned() {
+            permits.push(permit);
+        }
+        let limit = i32::try_from(permits.len()).unwrap_or(i32::MAX);
+        let claimer = owner.clone();
+        let claimed = blocking(&context.pool, move |conn| {
+            job_leases::claim_jobs(conn, &claimer, lease_seconds, max_attempts, limit)
+        })
+        .await;
+        let idle = match claimed {
+            Ok(jobs) => {
+                let drained = jobs.len() < permits.len();
+                for (claimed, permit) in jobs.into_iter().zip(permits.drain(..)) {
+                    let worker = Worker {
+                        context: Arc::clone(&context),
+                        in_flight: Arc::clone(&in_flight),
+                    };
+                    running.spawn(async move {
+                        worker.process(claimed).await;
+                        drop(permit);
+                    });
+                }
+                drained
             }
-            let owner = self.owner.clone();
-            let claimed = blocking(&self.context.pool, move |conn| {
-                job_leases::claim_next_checked(conn, &owner, lease_seconds, max_attempts)
-            })
-            .await;
-            match claimed {
-                Ok(Some(claimed)) => self.process(claimed).await,
-                Ok(None) => {
-                    tokio::select! {
-                        _ = self.shutdown.changed() => {}
-                        () = self.context.signals.queued.notified() => {}
-                        () = sleep(WORKER_IDLE_POLL) => {}
-                    }
-                }
-                Err(error) => {
-                    tracing::warn!(?error, "claiming a job failed; retrying");
-                    tokio::select! {
-                        _ = self.shutdown.changed() => {}
-                        () = sleep(WORKER_IDLE_POLL) => {}
-                    }
-                }
+            Err(error) => {
+                tracing::warn!(?error, "claiming jobs failed; retrying");
+                true
+            }
+        };
+        drop(permits);
+        if idle {
+            tokio::select! {
+                _ = shutdown.changed() => {}
+                () = context.signals.queued.notified() => {}
+                () = sleep(WORKER_IDLE_POLL) => {}
             }
         }
     }
+    while running.join_next().await.is_some() {}
+}
 
+/// One heartbeat per replica every half lease, for all its in-flight jobs
+/// in one transaction; a job found lost is cancelled by its worker.
+async fn heartbeat_ticker(context: Arc<WorkerContext>, in_flight: Arc<InFlight>) {
+    let (lease, ttl) = (
+        context.config.job_lease_seconds,
+        context.config.reservation_ttl_seconds,
+    );
+    let mut ticks = tokio::time::interval(context.config.lease() / 2);
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    ticks.tick().await;
+    loop {
+        ticks.tick().await;
+        let jobs = in_flight.snapshot();
+        if jobs.is_empty() {
+            continue;
+        }
+        let answers = blocking(&context.pool, move |conn| {
+            job_leases::heartbeat_many(conn, &jobs, lease, ttl)
+        })
+        .await;
+        match answers {
+            Ok(answers) => answers
+                .into_iter()
+                .filter(|(_, _, fenced)| *fenced != Fenced::Done)
+                .for_each(|(job, token, fenced)| in_flight.lost(job, token, fenced)),
+            Err(error) => tracing::warn!(?error, "heartbeat failed; retrying at the next tick"),
+        }
+    }
+}
+
+struct Worker {
+    context: Arc<WorkerContext>,
+    in_flight: Arc<InFlight>,
+}
+
+impl Worker {
     async fn process(&self, claimed: job_leases::Claimed) {
         let job_leases::Claimed {
             job,
@@ -261,9 +384,15 @@ impl Worker {
         let attempt = if over_limit {
             self.exhausted(&job).await
         } else {
+            let lost = self.in_flight.register(job.id, token);
+            let _registered = Registered {
+                in_flight: &self.in_flight,
+                job: job.id,
+                token,
+            };
             tokio::select! {
                 attempt = self.attempt(&job) => attempt,
-                lost = self.heartbeat_until_lost(&job) => Attempt::Lost(lost),
+                Ok(lost) = lost => Attempt::Lost(lost),
             }
         };
         let outcome = match attempt {
@@ -327,22 +456,6 @@ impl Worker {
             job_leases::heartbeat(conn, id, token, lease, ttl)
         })
         .await
-    }
-
-    /// Heartbeats at half the lease; returns only when the lease or the
-    /// reservation is lost.
-    async fn heartbeat_until_lost(&self, job: &JobRow) -> Fenced {
-        let interval = self.context.config.lease() / 2;
-        loop {
-            sleep(interval).await;
-            match self.heartbeat(job).await {
-                Ok(Fenced::Done) => {}
-                Ok(lost) => return lost,
-                Err(error) => {
-                    tracing::warn!(job_id = %job.id, ?error, "heartbeat failed; retrying")
-                }
-            }
-        }
     }
 
     /// A job reclaimed more often than `JOB_MAX_ATTEMPTS` (its workers kept

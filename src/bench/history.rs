@@ -28,7 +28,7 @@ use rand::Rng;
 use uuid::Uuid;
 
 use super::percentile;
-use crate::domain::types::{AccountId, ExternalRef, RequestId, ReservationId, Tokens};
+use crate::engine::types::{AccountId, ExternalRef, RequestId, ReservationId, Tokens};
 use crate::engine::{apply, Authority, CommitAmount, Op, Operation};
 
 #[derive(Debug, clap::Args)]

@@ -50,6 +50,9 @@ pub struct LoadArgs {
     /// warm-up), e.g. a flood of events; it must succeed.
     #[arg(long)]
     pub on_measure: Option<String>,
+    /// The `jobs` scenario's simulated provider delay per job, in ms.
+    #[arg(long, default_value_t = 0)]
+    pub job_delay_ms: u64,
 }
 
 struct Fleet {
@@ -57,6 +60,7 @@ struct Fleet {
     url: String,
     /// (account id, kiosk key) per account.
     accounts: Vec<(String, String)>,
+    job_delay_ms: u64,
 }
 
 async fn send(request: reqwest::RequestBuilder) -> anyhow::Result<(reqwest::StatusCode, Value)> {
@@ -118,6 +122,7 @@ async fn set_up(args: &LoadArgs, client: &reqwest::Client) -> anyhow::Result<Fle
         client: client.clone(),
         url: args.url.clone(),
         accounts,
+        job_delay_ms: args.job_delay_ms,
     })
 }
 
@@ -155,7 +160,7 @@ async fn cycle(fleet: &Fleet, scenario: Scenario, pick: usize) -> anyhow::Result
         Scenario::Jobs => {
             let started = Instant::now();
             let request_id = Uuid::new_v4();
-            let body = json!({"request_id": request_id, "kind": "standard", "params": {"simulate": {"delay_ms": 0}}});
+            let body = json!({"request_id": request_id, "kind": "standard", "params": {"simulate": {"delay_ms": fleet.job_delay_ms}}});
             post_ok(
                 &fleet.client,
                 format!("{}/v1/accounts/{account}/jobs", fleet.url),

@@ -6,8 +6,9 @@
 //! that is gone. Rules:
 //!
 //! - an error that means "this connection is dead or points at a server
-//!   that cannot take writes" (`crate::error`'s classification) calls
-//!   [`connection_lost`] on the thread that holds the connection;
+//!   that cannot take writes" (`crate::error`'s classification) marks the
+//!   thread that holds the connection ([`connection_lost`], kept in
+//!   `crate::error` so that the error layer needs nothing above it);
 //! - when that connection goes back to the pool, [`has_broken`] sees the
 //!   mark and r2d2 discards it instead of handing it out again;
 //! - for [`SUSPICION`] after any loss, every checkout pings the idle
@@ -20,9 +21,6 @@
 //!
 //! [`has_broken`]: r2d2::ManageConnection::has_broken
 
-use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use diesel::pg::PgConnection;
@@ -37,38 +35,11 @@ pub const SUSPICION: Duration = Duration::from_secs(10);
 const RECONNECT_POLL: Duration = Duration::from_millis(100);
 const RECONNECT_WINDOW: Duration = Duration::from_secs(3);
 
-thread_local! {
-    /// Set when a statement on this thread failed because its connection
-    /// is unusable; read (and cleared) when that connection is returned.
-    static LOST_ON_THIS_THREAD: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Milliseconds since `EPOCH` of the last loss, plus one (0: none yet).
-static LAST_LOSS_MS: AtomicU64 = AtomicU64::new(0);
-static EPOCH: OnceLock<Instant> = OnceLock::new();
-
-fn now_ms() -> u64 {
-    let epoch = EPOCH.get_or_init(Instant::now);
-    u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX) + 1
-}
-
-/// Records that the connection in use on this thread is unusable (the
-/// server went away, or it no longer accepts writes).
-pub fn connection_lost() {
-    LOST_ON_THIS_THREAD.with(|lost| lost.set(true));
-    LAST_LOSS_MS.store(now_ms(), Ordering::Relaxed);
-}
-
-/// True when the connection in use on this thread was found unusable
-/// (until it is returned to the pool).
-pub fn lost_on_this_thread() -> bool {
-    LOST_ON_THIS_THREAD.with(Cell::get)
-}
+pub use crate::error::{connection_lost, lost_on_this_thread};
 
 /// True within `SUSPICION` of the last [`connection_lost`].
 pub fn recently_lost() -> bool {
-    let last = LAST_LOSS_MS.load(Ordering::Relaxed);
-    last != 0 && now_ms().saturating_sub(last) < SUSPICION.as_millis() as u64
+    crate::error::lost_within(SUSPICION)
 }
 
 /// diesel's r2d2 manager, plus discarding what a failover left dead.
@@ -108,7 +79,7 @@ impl r2d2::ManageConnection for FailoverAwareManager {
     }
 
     fn has_broken(&self, conn: &mut PgConnection) -> bool {
-        let lost = LOST_ON_THIS_THREAD.with(Cell::take);
+        let lost = crate::error::take_lost_on_this_thread();
         lost || self.inner.has_broken(conn)
     }
 }

@@ -4,6 +4,7 @@
 pub mod models;
 pub mod prepared;
 pub mod schema;
+pub mod states;
 
 pub use prepared::{prepared, PreparedSql};
 
@@ -14,6 +15,8 @@ use diesel::prelude::*;
 use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
+/// `DATABASE_URL` checks are the configuration's (`crate::config`).
+pub use crate::config::{check_multi_host, database_hosts, redact_database_url};
 use crate::config::{DB_CHECKOUT_TIMEOUT, DB_STATEMENT_TIMEOUT_MS};
 use crate::error::ApiError;
 
@@ -181,58 +184,6 @@ pub fn split_database_url(database_url: &str) -> anyhow::Result<(String, String)
         None => format!("{server}/postgres"),
     };
     Ok((name.to_owned(), maintenance))
-}
-
-/// The hosts a `DATABASE_URL` names: several in libpq's multi-host form
-/// (`postgres://u@h1:5432,h2:5433/db`, or `host=h1,h2` in the key=value
-/// form), one otherwise.
-pub fn database_hosts(database_url: &str) -> Vec<String> {
-    let authority = match database_url.split_once("://") {
-        Some((_, rest)) => {
-            let end = rest.find(['/', '?']).unwrap_or(rest.len());
-            let authority = &rest[..end];
-            authority
-                .rsplit_once('@')
-                .map_or(authority, |(_, hosts)| hosts)
-        }
-        None => database_url
-            .split_whitespace()
-            .find_map(|pair| pair.strip_prefix("host="))
-            .unwrap_or(""),
-    };
-    authority.split(',').map(str::to_owned).collect()
-}
-
-/// A `DATABASE_URL` listing several hosts must ask libpq for the one that
-/// takes writes (`target_session_attrs=read-write` or `primary`): without
-/// it, libpq takes the first host that answers, which after a failover may
-/// be a standby.
-pub fn check_multi_host(database_url: &str) -> Result<(), String> {
-    if database_hosts(database_url).len() < 2 {
-        return Ok(());
-    }
-    let asks_for_primary = [
-        "target_session_attrs=read-write",
-        "target_session_attrs=primary",
-    ]
-    .iter()
-    .any(|setting| database_url.contains(setting));
-    if asks_for_primary {
-        Ok(())
-    } else {
-        Err(format!(
-            "DATABASE_URL lists several hosts but not target_session_attrs=read-write, so \
-             writes could go to a standby: add ?target_session_attrs=read-write ({})",
-            redact_database_url(database_url)
-        ))
-    }
-}
-
-/// `database_url` fit to print: the password of a URL's user
-/// (`postgres://user:secret@…`, also in a malformed URL) and any `password=`
-/// parameter replaced by `***` (see `secrets`).
-pub fn redact_database_url(database_url: &str) -> String {
-    crate::secrets::redact_connection_strings(database_url)
 }
 
 /// Creates the database named in `database_url` when it does not exist.

@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use diesel::prelude::*;
 use uuid::Uuid;
 
-use crate::domain::states::{AccountStatus, JobStatus, ReservationState};
+use crate::db::states::{AccountStatus, JobStatus, ReservationState};
 
 use super::schema::{
     accounts, adjustments, api_keys, audit_events, credits, generation_jobs, ledger_entries,

@@ -1,22 +1,21 @@
 //! API keys and what each caller may do.
 //!
 //! A key reads `tbk_<key id, 32 hex>_<secret, 64 hex>`. Only SHA-256 of the
-//! secret is stored; a presented key is looked up by its id and its secret
-//! compared in constant time. Revocation and expiry are column reads on
-//! every request, so they take effect at once on every replica; an expired
-//! key is refused exactly like a revoked one (401).
+//! secret is stored; a presented key is looked up by its id and the hash of
+//! its secret compared. Revocation and expiry are column reads on every
+//! request, so they take effect at once on every replica; an expired key is
+//! refused exactly like a revoked one (401).
 //!
-//! `last_used_at` is written at most once a minute per key: only when the
-//! stored value is older than [`LAST_USED_RESOLUTION_SECONDS`], by a
-//! conditional UPDATE that skips a row another transaction holds.
+//! The rule lives in the money engine (`engine_verify_keys`,
+//! `src/engine/sql/20_keys.sql`), with `last_used_at`, written at most once
+//! a minute per key by a conditional UPDATE that skips a row another
+//! transaction holds.
 
 use chrono::{DateTime, Utc};
 use diesel::prelude::*;
 use diesel::IntoSql;
 use rand::RngCore;
 use serde::Serialize;
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
 use uuid::Uuid;
 
 use crate::db::models::{ApiKeyRow, NewApiKey};
@@ -27,9 +26,6 @@ use crate::domain::types::{AccountId, ApiKeyId, Label};
 use crate::error::ApiError;
 
 const KEY_PREFIX: &str = "tbk_";
-/// `last_used_at` is brought up to date when it is older than this (the
-/// same minute is hard-coded in `engine_authorize_spend`).
-pub const LAST_USED_RESOLUTION_SECONDS: i64 = 60;
 /// Page sizes of the key list.
 pub const KEY_PAGE_DEFAULT: i64 = 100;
 pub const KEY_PAGE_MAX: i64 = 1_000;
@@ -136,9 +132,7 @@ impl Caller {
     }
 }
 
-pub fn sha256(bytes: &[u8]) -> [u8; 32] {
-    Sha256::digest(bytes).into()
-}
+pub use crate::engine::types::sha256;
 
 /// Splits a presented key into its id and secret; `None` when malformed.
 fn parse_key(presented: &str) -> Option<(Uuid, &str)> {
@@ -205,87 +199,80 @@ impl Credentials {
     }
 }
 
+/// What the money engine is told of a presented key: the engine verifies
+/// a key itself (`engine_verify_keys`) in the statement that spends; the
+/// bootstrap admin key was verified by the service already.
+impl From<Credentials> for crate::engine::Authority {
+    fn from(credentials: Credentials) -> Self {
+        match credentials {
+            Credentials::Bootstrap => crate::engine::Authority::Verified {
+                actor: BOOTSTRAP_ACTOR.to_owned(),
+            },
+            Credentials::Key { id, secret_hash } => {
+                crate::engine::Authority::Key { id, secret_hash }
+            }
+        }
+    }
+}
+
 /// [`Credentials::verify`] for many requests in one query: the caller of
-/// each, or `None` for an unknown, wrong, revoked or expired key. Keys
-/// verified here whose `last_used_at` is more than a minute old are
-/// touched by one more statement (at most once a minute per key).
+/// each, or `None` for an unknown, wrong, revoked or expired key. The rule
+/// and the once-a-minute `last_used_at` write are the engine's
+/// (`engine_verify_keys`, `src/engine/sql/20_keys.sql`), the same function
+/// spending requests use.
 pub fn verify_many(
     conn: &mut PgConnection,
     presented: &[&Credentials],
 ) -> Result<Vec<Option<Caller>>, ApiError> {
-    let ids: Vec<Uuid> = presented
+    #[derive(QueryableByName)]
+    struct Valid {
+        #[diesel(sql_type = diesel::sql_types::Integer)]
+        n: i32,
+        #[diesel(sql_type = diesel::sql_types::Uuid)]
+        key_id: Uuid,
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        scope: String,
+        #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Uuid>)]
+        account_id: Option<Uuid>,
+    }
+    let mut callers: Vec<Option<Caller>> = presented
         .iter()
-        .filter_map(|credentials| match credentials {
-            Credentials::Key { id, .. } => Some(*id),
+        .map(|credentials| {
+            matches!(credentials, Credentials::Bootstrap).then(Caller::bootstrap_admin)
+        })
+        .collect();
+    // (position among `presented`, key id, SHA-256 of the secret)
+    let keys: Vec<(usize, Uuid, Vec<u8>)> = presented
+        .iter()
+        .enumerate()
+        .filter_map(|(index, credentials)| match credentials {
+            Credentials::Key { id, secret_hash } => Some((index, *id, secret_hash.to_vec())),
             Credentials::Bootstrap => None,
         })
         .collect();
-    let rows: Vec<ApiKeyRow> = if ids.is_empty() {
-        Vec::new()
-    } else {
-        api_keys::table
-            .filter(api_keys::id.eq_any(&ids))
-            .filter(
-                api_keys::expires_at
-                    .is_null()
-                    .or(api_keys::expires_at.gt(diesel::dsl::now)),
-            )
-            .select(ApiKeyRow::as_select())
-            .load(conn)?
-    };
-    let callers: Vec<Option<Caller>> = presented
-        .iter()
-        .map(|credentials| match credentials {
-            Credentials::Bootstrap => Some(Caller::bootstrap_admin()),
-            Credentials::Key { id, secret_hash } => {
-                let row = rows.iter().find(|row| row.id == *id)?;
-                let matches: bool = secret_hash.ct_eq(row.secret_hash.as_slice()).into();
-                if !matches || row.revoked_at.is_some() {
-                    return None;
-                }
-                Some(Caller {
-                    key_id: Some(ApiKeyId(row.id)),
-                    scope: Scope::parse(&row.scope)?,
-                    account_id: row.account_id.map(AccountId),
-                })
-            }
-        })
-        .collect();
-    let stale_before = Utc::now() - chrono::Duration::seconds(LAST_USED_RESOLUTION_SECONDS);
-    let mut stale: Vec<Uuid> = callers
-        .iter()
-        .flatten()
-        .filter_map(|caller| caller.key_id)
-        .filter(|id| {
-            rows.iter()
-                .find(|row| row.id == id.0)
-                .is_some_and(|row| row.last_used_at.is_none_or(|at| at < stale_before))
-        })
-        .map(|id| id.0)
-        .collect();
-    stale.sort_unstable();
-    stale.dedup();
-    if !stale.is_empty() {
-        touch_last_used(conn, &stale)?;
+    if keys.is_empty() {
+        return Ok(callers);
+    }
+    let ids: Vec<Uuid> = keys.iter().map(|(_, id, _)| *id).collect();
+    let hashes: Vec<&[u8]> = keys.iter().map(|(_, _, hash)| hash.as_slice()).collect();
+    let valid: Vec<Valid> =
+        crate::db::prepared("SELECT n, key_id, scope, account_id FROM engine_verify_keys($1, $2)")
+            .bind::<diesel::sql_types::Array<diesel::sql_types::Uuid>, _>(&ids)
+            .bind::<diesel::sql_types::Array<diesel::sql_types::Bytea>, _>(&hashes)
+            .load(conn)?;
+    for row in valid {
+        let position = usize::try_from(row.n - 1)
+            .ok()
+            .and_then(|n| keys.get(n))
+            .map(|(index, _, _)| *index)
+            .ok_or_else(|| ApiError::Internal("engine_verify_keys: position".into()))?;
+        callers[position] = Scope::parse(&row.scope).map(|scope| Caller {
+            key_id: Some(ApiKeyId(row.key_id)),
+            scope,
+            account_id: row.account_id.map(AccountId),
+        });
     }
     Ok(callers)
-}
-
-/// Sets `last_used_at` of these keys to now where it is more than a minute
-/// old. Rows another transaction holds are skipped, not waited for.
-fn touch_last_used(conn: &mut PgConnection, keys: &[Uuid]) -> Result<(), ApiError> {
-    diesel::sql_query(
-        "UPDATE api_keys SET last_used_at = now() \
-         WHERE id IN (SELECT id FROM api_keys \
-                      WHERE id = ANY($1) \
-                        AND (last_used_at IS NULL \
-                             OR last_used_at < now() - make_interval(secs => $2)) \
-                      ORDER BY id FOR UPDATE SKIP LOCKED)",
-    )
-    .bind::<diesel::sql_types::Array<diesel::sql_types::Uuid>, _>(keys)
-    .bind::<diesel::sql_types::Double, _>(LAST_USED_RESOLUTION_SECONDS as f64)
-    .execute(conn)?;
-    Ok(())
 }
 
 /// How a kiosk is shown who acted: the `actor` of a ledger entry or an

@@ -128,7 +128,7 @@ impl From<AuditEventRow> for AuditEventView {
 /// recorded state).
 pub fn redact_url_member(value: &mut serde_json::Value) {
     if let Some(serde_json::Value::String(url)) = value.get_mut("url") {
-        *url = crate::webhooks::url_guard::redacted(url);
+        *url = crate::secrets::redact_url(url);
     }
 }
 

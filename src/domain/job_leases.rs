@@ -3,11 +3,14 @@
 //! that lost its lease (paused, partitioned, reclaimed) changes nothing.
 //!
 //! Every write that touches tokens goes through the money engine's entry
-//! points (`engine_finish_job`, `engine_job_heartbeat`), which lock the
+//! points (`engine_finish_job`, `engine_heartbeat_jobs`,
+//! `engine_job_heartbeat`), which lock the
 //! account row first, then the reservation, then the job, as everywhere.
 
 use diesel::prelude::*;
-use diesel::sql_types::{BigInt, Bool, Double, Integer, Jsonb, Nullable, Text, Uuid as SqlUuid};
+use diesel::sql_types::{
+    Array, BigInt, Bool, Double, Integer, Jsonb, Nullable, Text, Uuid as SqlUuid,
+};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
@@ -102,15 +105,29 @@ pub fn claim_next_checked(
     lease_seconds: i32,
     max_attempts: i32,
 ) -> Result<Option<Claimed>, ApiError> {
+    Ok(claim_jobs(conn, owner, lease_seconds, max_attempts, 1)?
+        .into_iter()
+        .next())
+}
+
+/// Claims up to `limit` due jobs in one transaction (the engine's
+/// `engine_claim_jobs`), all leased to `owner`; in job id order.
+pub fn claim_jobs(
+    conn: &mut PgConnection,
+    owner: &str,
+    lease_seconds: i32,
+    max_attempts: i32,
+    limit: i32,
+) -> Result<Vec<Claimed>, ApiError> {
     Ok(prepared(
         "SELECT (c.job).*, c.reservation_outlasts_lease, c.over_limit, c.last_attempt \
-         FROM engine_claim_jobs($1, $2, $3, 1) c",
+         FROM engine_claim_jobs($1, $2, $3, $4) c",
     )
     .bind::<Text, _>(owner)
     .bind::<Integer, _>(lease_seconds)
     .bind::<Integer, _>(max_attempts)
-    .get_result(conn)
-    .optional()?)
+    .bind::<Integer, _>(limit)
+    .load(conn)?)
 }
 
 /// The worker's heartbeat or retry through the engine
@@ -142,7 +159,8 @@ fn job_heartbeat(
     Fenced::parse(&row.outcome)
 }
 
-/// Extends the lease and the reservation (a heartbeat, at half the lease).
+/// Extends the lease and the reservation of one job (a heartbeat): the
+/// set-based heartbeat ([`heartbeat_many`]) with one job.
 pub fn heartbeat(
     conn: &mut PgConnection,
     job_id: Uuid,
@@ -150,14 +168,49 @@ pub fn heartbeat(
     lease_seconds: i32,
     ttl_seconds: i32,
 ) -> Result<Fenced, ApiError> {
-    job_heartbeat(
-        conn,
-        job_id,
-        lease_token,
-        lease_seconds,
-        f64::from(ttl_seconds),
-        None,
-    )
+    let answers = heartbeat_many(conn, &[(job_id, lease_token)], lease_seconds, ttl_seconds)?;
+    answers
+        .into_iter()
+        .find(|(id, token, _)| (*id, *token) == (job_id, lease_token))
+        .map(|(_, _, fenced)| fenced)
+        .ok_or_else(|| ApiError::Internal(format!("no heartbeat answer for job {job_id}")))
+}
+
+/// The heartbeat of many jobs in one transaction (`engine_heartbeat_jobs`):
+/// each `(job, lease token)` still holding its lease has its lease extended
+/// by `lease_seconds` and its reservation by `ttl_seconds` (never
+/// shortened); a job whose reservation ran out fails
+/// (`ReservationLost`). One answer per distinct job and token, in job id
+/// order; a stale token is `LeaseLost`.
+pub fn heartbeat_many(
+    conn: &mut PgConnection,
+    jobs: &[(Uuid, i64)],
+    lease_seconds: i32,
+    ttl_seconds: i32,
+) -> Result<Vec<(Uuid, i64, Fenced)>, ApiError> {
+    #[derive(QueryableByName)]
+    struct Row {
+        #[diesel(sql_type = SqlUuid)]
+        job_id: Uuid,
+        #[diesel(sql_type = BigInt)]
+        lease_token: i64,
+        #[diesel(sql_type = Text)]
+        outcome: String,
+    }
+    if jobs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (ids, tokens): (Vec<Uuid>, Vec<i64>) = jobs.iter().copied().unzip();
+    let rows: Vec<Row> =
+        prepared("SELECT job_id, lease_token, outcome FROM engine_heartbeat_jobs($1, $2, $3, $4)")
+            .bind::<Array<SqlUuid>, _>(ids)
+            .bind::<Array<BigInt>, _>(tokens)
+            .bind::<Integer, _>(lease_seconds)
+            .bind::<Double, _>(f64::from(ttl_seconds))
+            .load(conn)?;
+    rows.into_iter()
+        .map(|row| Ok((row.job_id, row.lease_token, Fenced::parse(&row.outcome)?)))
+        .collect()
 }
 
 /// Remembers the provider's id for this job, so a reclaim asks the provider

@@ -16,6 +16,10 @@ pub mod paging;
 pub mod reaper;
 pub mod reconciliation;
 pub mod reservations;
-pub mod states;
+pub mod retention;
 pub mod system;
-pub mod types;
+
+// The value types and states live below the domain (the engine's contract
+// and the stored states); their old paths keep working.
+pub use crate::db::states;
+pub use crate::engine::types;

@@ -20,7 +20,9 @@
 //! there is no second read to guess why something was refused.
 
 pub mod install;
+pub mod jobs;
 mod outcome;
+pub mod types;
 
 use diesel::prelude::*;
 use diesel::sql_types::{
@@ -30,13 +32,12 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::db::prepared;
-use crate::domain::api_keys::Credentials;
-use crate::domain::jobs::JobRequest;
-use crate::domain::types::{
+use crate::error::ApiError;
+use jobs::JobRequest;
+use types::{
     AccountId, ExternalRef, Note, Reason, RequestId, ReservationId, SignedTokens, Tokens,
     TtlSeconds,
 };
-use crate::error::ApiError;
 
 pub use outcome::{Answer, Outcome, Replay};
 
@@ -95,7 +96,11 @@ pub enum CommitAmount {
 /// `request_id` of a credit or an adjustment).
 #[derive(Clone, Debug)]
 pub enum Authority {
-    Key(Credentials),
+    /// A presented key: its id and the SHA-256 of its secret.
+    Key {
+        id: Uuid,
+        secret_hash: [u8; 32],
+    },
     Verified {
         actor: String,
     },
@@ -108,7 +113,7 @@ pub enum Authority {
 impl Authority {
     fn actor(&self) -> String {
         match self {
-            Authority::Key(credentials) => credentials.actor(),
+            Authority::Key { id, .. } => types::ApiKeyId(*id).to_string(),
             Authority::Verified { actor } | Authority::Request { actor, .. } => actor.clone(),
         }
     }
@@ -313,12 +318,10 @@ impl Columns {
             // A presented key is verified by the engine; every other
             // caller was authorised by the service already.
             let (key_id, key_hash, authorized) = match &operation.authority {
-                Authority::Key(Credentials::Key { id, secret_hash }) => {
+                Authority::Key { id, secret_hash } => {
                     (Some(*id), Some(secret_hash.to_vec()), false)
                 }
-                Authority::Key(Credentials::Bootstrap)
-                | Authority::Verified { .. }
-                | Authority::Request { .. } => (None, None, true),
+                Authority::Verified { .. } | Authority::Request { .. } => (None, None, true),
             };
             columns.key_id.push(key_id);
             columns.key_hash.push(key_hash);

@@ -3,8 +3,8 @@
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use super::jobs::{JobJson, JobView};
 use crate::db::models::{AdjustmentRow, CreditRow, LedgerEntryRow, ReservationRow};
-use crate::domain::jobs::JobView;
 use crate::error::ApiError;
 
 use super::{Op, Operation};
@@ -201,7 +201,7 @@ impl Answer {
         if let Some(error) = self.error(operation) {
             return Err(error);
         }
-        let job: crate::domain::jobs::JobJson = decode(self.object_field(None)?)?;
+        let job: JobJson = decode(self.object_field(None)?)?;
         Ok((job.into_view(), self.replay()))
     }
 

@@ -5,6 +5,7 @@ use actix_web::{get, patch, post, web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use super::api_keys::{create_key_once, key_canonical};
 use super::{created, idempotency_key, replayed, JsonObject, State};
 use crate::config::{LEDGER_PAGE_DEFAULT, LEDGER_PAGE_MAX};
 use crate::db::read_replica::run_read_blocking;
@@ -440,7 +441,7 @@ async fn create_kiosk_key(
     let expires_at = parse_expires_at(expires_at.as_deref())?;
     let claim = idempotency_key(&request)?
         .map(|key| {
-            let canonical = super::api_keys::key_canonical(scope, &label, expires_at);
+            let canonical = key_canonical(scope, &label, expires_at);
             Claim::new(caller.actor(), request.path().to_owned(), &key, &canonical)
         })
         .transpose()?;
@@ -449,29 +450,6 @@ async fn create_kiosk_key(
         create_api_key_by(conn, &by, scope, Some(account), &label, expires_at)
     })
     .await
-}
-
-/// Creates a key, once per `Idempotency-Key` when there is one: 201 with
-/// the secret, or 200 with the earlier key and no secret.
-pub(super) async fn create_key_once(
-    state: &State,
-    claim: Option<Claim>,
-    create: impl FnOnce(&mut diesel::PgConnection) -> Result<CreatedApiKey, ApiError> + Send + 'static,
-) -> Result<HttpResponse, ApiError> {
-    let outcome = run_blocking(&state.pool, move |conn| match claim {
-        None => create(conn).map(Created::New),
-        Some(claim) => match idempotency::create_once(conn, &claim, |conn| {
-            create(conn).map(|key| (key.key_id.0, key))
-        })? {
-            Created::New(key) => Ok(Created::New(key)),
-            Created::Existing(id) => idempotency::replayed_api_key(conn, id).map(Created::Existing),
-        },
-    })
-    .await?;
-    Ok(match outcome {
-        Created::New(key) => HttpResponse::Created().json(key),
-        Created::Existing(key) => replayed(&key),
-    })
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]

@@ -4,15 +4,14 @@ use actix_web::{delete, get, post, web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::accounts::create_key_once;
-use super::{idempotency_key, JsonObject, State};
+use super::{idempotency_key, replayed, JsonObject, State};
 use crate::db::run_blocking;
 use crate::domain::api_keys::{
     self, create_api_key_by, parse_expires_at, revoke_api_key, ApiKeyPage, Caller, CreatedApiKey,
     Scope,
 };
 use crate::domain::audit::Audit;
-use crate::domain::idempotency::{Claim, ReplayedApiKey};
+use crate::domain::idempotency::{self, Claim, Created, ReplayedApiKey};
 use crate::domain::types::AccountId;
 use crate::domain::types::{ApiKeyId, Label};
 use crate::error::{ApiError, Problem};
@@ -22,6 +21,29 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .service(create_key)
         .service(list_keys)
         .service(revoke_key);
+}
+
+/// Creates a key, once per `Idempotency-Key` when there is one: 201 with
+/// the secret, or 200 with the earlier key and no secret.
+pub(super) async fn create_key_once(
+    state: &State,
+    claim: Option<Claim>,
+    create: impl FnOnce(&mut diesel::PgConnection) -> Result<CreatedApiKey, ApiError> + Send + 'static,
+) -> Result<HttpResponse, ApiError> {
+    let outcome = run_blocking(&state.pool, move |conn| match claim {
+        None => create(conn).map(Created::New),
+        Some(claim) => match idempotency::create_once(conn, &claim, |conn| {
+            create(conn).map(|key| (key.key_id.0, key))
+        })? {
+            Created::New(key) => Ok(Created::New(key)),
+            Created::Existing(id) => idempotency::replayed_api_key(conn, id).map(Created::Existing),
+        },
+    })
+    .await?;
+    Ok(match outcome {
+        Created::New(key) => HttpResponse::Created().json(key),
+        Created::Existing(key) => replayed(&key),
+    })
 }
 
 /// The canonical request of a key creation, for its `Idempotency-Key`.

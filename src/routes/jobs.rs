@@ -97,7 +97,7 @@ async fn create_job(
     let request = after_key_check(&state, &credentials, request).await?;
     let operation = Operation {
         account,
-        authority: Authority::Key(credentials),
+        authority: Authority::from(credentials),
         op: Op::CreateJob {
             request,
             ttl_seconds: state.config.reservation_ttl_seconds,

@@ -20,8 +20,11 @@ pub(crate) mod health;
 pub(crate) mod jobs;
 pub(crate) mod reconciliation;
 pub(crate) mod reservations;
+mod state;
 pub(crate) mod system;
 pub(crate) mod webhooks;
+
+pub use state::AppState;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -34,7 +37,6 @@ use crate::db::run_blocking;
 use crate::domain::api_keys::{Caller, Credentials};
 use crate::error::ApiError;
 use crate::rate_limit::{self, Known};
-use crate::startup::AppState;
 
 pub type State = web::Data<AppState>;
 

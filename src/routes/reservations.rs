@@ -47,7 +47,7 @@ async fn spend(
 ) -> Result<(ReservationRow, Replay), ApiError> {
     let operation = Operation {
         account,
-        authority: Authority::Key(credentials),
+        authority: Authority::from(credentials),
         op,
     };
     let (operation, answer) = state.coalescer.submit(operation).await;

@@ -39,6 +39,9 @@ use crate::metrics::Metrics;
 use super::signing::signature_header;
 use super::url_guard::{is_public, redacted, GuardedResolver};
 
+/// The `WEBHOOK_*` settings are parsed and checked by the configuration.
+pub use crate::config::{parse_proxy, parse_schedule, WebhookSettings};
+
 /// How often an idle relay or delivery task looks for work.
 pub const WEBHOOK_POLL: Duration = Duration::from_millis(250);
 /// Events fanned out per relay transaction.
@@ -51,36 +54,6 @@ const RESPONSE_BODY_LIMIT: usize = 16 * 1024;
 const LEASE_MARGIN: Duration = Duration::from_secs(5);
 /// Longest wait a `Retry-After` can impose.
 const RETRY_AFTER_MAX: Duration = Duration::from_secs(24 * 3_600);
-
-/// The delivery settings (`WEBHOOK_*`).
-#[derive(Clone, Debug)]
-pub struct WebhookSettings {
-    pub timeout: Duration,
-    /// Delay before attempt n (0-based); its length is the attempts.
-    pub schedule: Vec<Duration>,
-    pub disable_after: Duration,
-    pub allow_private: bool,
-    pub concurrency: u32,
-    /// Attempts per second this replica starts at most (0: no cap).
-    pub max_per_second: u32,
-    /// `WEBHOOK_PROXY`: the only proxy deliveries use (none by default;
-    /// the `*_PROXY` environment variables are ignored).
-    pub proxy: Option<SecretString>,
-}
-
-/// Checks `WEBHOOK_PROXY` (empty: none). The error never repeats the value,
-/// which may carry credentials.
-pub fn parse_proxy(text: Option<&SecretString>) -> Result<Option<SecretString>, String> {
-    let Some(text) = text.filter(|text| !text.expose_secret().trim().is_empty()) else {
-        return Ok(None);
-    };
-    let url = reqwest::Url::parse(text.expose_secret().trim())
-        .map_err(|_| "WEBHOOK_PROXY must be a URL such as http://proxy:3128".to_owned())?;
-    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
-        return Err("WEBHOOK_PROXY must be an http:// or https:// URL with a host".into());
-    }
-    Ok(Some(text.clone()))
-}
 
 /// The delivery client: no redirects, a timeout, and no proxy but
 /// `WEBHOOK_PROXY`. Left to itself reqwest would use `HTTP_PROXY` and
@@ -113,30 +86,6 @@ impl WebhookSettings {
         let jittered = base.mul_f64(rand::thread_rng().gen_range(0.8..=1.2));
         Some(retry_after.map_or(jittered, |wait| jittered.max(wait.min(RETRY_AFTER_MAX))))
     }
-}
-
-/// Parses `WEBHOOK_RETRY_SCHEDULE`: seconds, comma-separated, ≥ 1 entry.
-pub fn parse_schedule(text: &str) -> Result<Vec<Duration>, String> {
-    let schedule: Vec<Duration> = text
-        .split(',')
-        .map(str::trim)
-        .map(|item| {
-            item.parse::<f64>()
-                .ok()
-                .filter(|seconds| seconds.is_finite() && (0.0..=604_800.0).contains(seconds))
-                .map(Duration::from_secs_f64)
-                .ok_or_else(|| {
-                    format!(
-                        "WEBHOOK_RETRY_SCHEDULE: {item:?} is not a number of seconds \
-                         between 0 and 604800"
-                    )
-                })
-        })
-        .collect::<Result<_, _>>()?;
-    if schedule.is_empty() || schedule.len() > 50 {
-        return Err("WEBHOOK_RETRY_SCHEDULE must list 1 to 50 delays".into());
-    }
-    Ok(schedule)
 }
 
 /// Starts the relay and `concurrency` delivery tasks (none when 0).

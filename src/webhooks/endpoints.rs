@@ -449,7 +449,7 @@ pub fn redeliver(
         .optional()?;
         let Some(delivery) = delivery else {
             // Said plainly when retention may have deleted it.
-            return Err(match crate::retention::events_pruned_before(conn)? {
+            return Err(match crate::domain::retention::events_pruned_before(conn)? {
                 None => ApiError::NotFound("event"),
                 Some(_) => ApiError::NotFound(
                     "event (it never existed, or it was older than RETENTION_EVENTS and retention \

@@ -181,23 +181,7 @@ pub async fn check_url(text: &str, allow_private: bool) -> Result<Url, String> {
 /// authority becomes `/[redacted]`. Idempotent; a text that is no URL
 /// becomes `[redacted]`.
 pub fn redacted(url: &str) -> String {
-    let Ok(parsed) = Url::parse(url) else {
-        return "[redacted]".to_owned();
-    };
-    let Some(host) = parsed.host_str() else {
-        return "[redacted]".to_owned();
-    };
-    let port = parsed
-        .port()
-        .map(|port| format!(":{port}"))
-        .unwrap_or_default();
-    let bare = parsed.path() == "/"
-        && parsed.query().is_none()
-        && parsed.fragment().is_none()
-        && parsed.username().is_empty()
-        && parsed.password().is_none();
-    let rest = if bare { "/" } else { "/[redacted]" };
-    format!("{}://{host}{port}{rest}", parsed.scheme())
+    crate::secrets::redact_url(url)
 }
 
 /// The delivery client's resolver: the system's, with every non-public

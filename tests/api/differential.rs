@@ -1,12 +1,18 @@
-//! Differential test: random histories — credits, adjustments, reserves
-//! (with refusals, replays and reuses), full and partial commits, releases,
-//! extends, expiries, suspensions, limit changes, jobs succeeding and
-//! failing, reaper passes, and bursts of concurrent requests on several
-//! accounts (which the coalescer runs as cross-account batches) — go to the
-//! real service (HTTP, the worker's fenced finish, the reaper) and to the
-//! plain model (`model.rs`). Every answer (status and code), every
-//! account's balances after every step, and at the end every reservation,
-//! job and ledger entry must agree.
+//! Differential test: random histories — credits (with notes) and
+//! adjustments (with reasons), their replays and reuses; reserves with
+//! refusals, replays and reuses, through every kind of key (admin, the
+//! account's kiosk, another account's kiosk, finance, revoked, expired);
+//! full and partial commits and their retries with other amounts; releases,
+//! extends, expiries; suspensions, limit and threshold changes; jobs
+//! through the engine's claim, heartbeat, retry and fenced finish (stale
+//! tokens included), lapsed leases, attempts running out, finished jobs
+//! with a held reservation; reaper passes; and bursts of concurrent
+//! requests across accounts (cross-account batches) and on one account —
+//! go to the real service and to the plain model (`model.rs`). Every
+//! answer (status and code; a worker's fenced outcome; a claim's attempts
+//! and flags), every account's balances after every step, and at the end
+//! every reservation, job (status, error code, attempts), ledger entry and
+//! event must agree.
 
 use diesel::prelude::*;
 use diesel::sql_types::Uuid as SqlUuid;
@@ -16,37 +22,62 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use token_billing::db::schema::{accounts, generation_jobs, reservations};
-use token_billing::domain::job_leases::{finish_failure, finish_success, JobError};
+use token_billing::domain::job_leases::{
+    finish_failure, finish_success, heartbeat, retry_later, Fenced, JobError,
+};
 use token_billing::domain::reaper::{run_pass, ReaperSettings};
 
 use crate::helpers::{ledger_of, property_config, TestApp, ADMIN_KEY};
-use crate::model::{JobStatus, Model, Reply};
+use crate::model::{Caller, Claim, Model, Reply};
 
 const ACCOUNTS: usize = 3;
-/// Each account's low-balance threshold (0: off).
+/// Each account's low-balance threshold at creation (0: off).
 const THRESHOLDS: [i64; ACCOUNTS] = [0, 3, 20];
+/// `JOB_MAX_ATTEMPTS` of the history's worker and reaper: small, so that
+/// histories run out of attempts.
+const MAX_ATTEMPTS: i32 = 2;
 
-#[derive(Clone, Debug)]
+/// The key a request carries, relative to the account it names.
+#[derive(Clone, Copy, Debug)]
 enum Key {
     Admin,
     OwnKiosk,
     OtherKiosk,
+    Finance,
+    Revoked,
+    Expired,
+}
+
+fn key() -> impl Strategy<Value = Key> {
+    prop_oneof![
+        12 => Just(Key::Admin),
+        6 => Just(Key::OwnKiosk),
+        1 => Just(Key::OtherKiosk),
+        1 => Just(Key::Finance),
+        1 => Just(Key::Revoked),
+        1 => Just(Key::Expired),
+    ]
 }
 
 #[derive(Clone, Debug)]
 enum Step {
-    /// `reuse`: the reference of an earlier credit (a replay, or a reuse
-    /// with another amount or account).
-    Credit(usize, i64, Option<usize>),
-    Adjust(usize, i64, Option<usize>),
+    /// `note`: one of two notes or none; `reuse`: the reference of an
+    /// earlier credit (a replay, or a reuse with another body).
+    Credit(usize, i64, Option<u8>, Option<usize>),
+    /// `reason`: one of two reasons.
+    Adjust(usize, i64, u8, Option<usize>),
     /// `replay`: an earlier request_id of the account, with this amount.
     /// TTLs are long (≥ 10 min) so nothing expires by the clock during a
     /// history: expiry is the explicit `Age` step, which the model sees.
     Reserve(usize, i64, Option<i32>, Option<usize>, Key),
     /// Commit the n-th reservation through account `a` (maybe not its
     /// own), optionally partially.
-    Commit(usize, usize, Option<i64>),
-    Release(usize, usize),
+    Commit(usize, usize, Option<i64>, Key),
+    Release(usize, usize, Key),
+    /// A client's retry of the latest commit or release the API answered:
+    /// a commit (all, or this amount) or a release (`None`), through the
+    /// account's own kiosk key.
+    Again(Option<Option<i64>>),
     Extend(usize, usize),
     /// Push the n-th reservation past its expiry.
     Age(usize),
@@ -54,54 +85,99 @@ enum Step {
     AgeJob(usize),
     Suspend(usize, bool),
     Limit(usize, i64),
+    Threshold(usize, i64),
     /// A job (`replay`: an earlier request of the account; `seed`: params).
     Job(usize, Option<usize>, u64),
-    /// A worker finishes the n-th job.
-    Finish(usize, bool),
+    /// A worker claims every due job (`engine_claim_jobs`).
+    Claim,
+    /// The n-th job's worker heartbeats; `stale`: with the token of the
+    /// lease before its latest (a worker that lost it).
+    Heartbeat(usize, bool),
+    /// The n-th job's provider attempt fails retryably: back to the queue,
+    /// or a final failure on the last attempt.
+    Retry(usize, bool),
+    /// The n-th job's worker finishes (success or a provider failure).
+    Finish(usize, bool, bool),
+    /// The n-th job's worker dies: its lease runs out.
+    Lapse(usize),
+    /// The n-th job is found finished with its reservation still held (an
+    /// earlier version's crash between the two writes): the reaper's
+    /// fix-up settles it.
+    FinishedUnsettled(usize, bool),
     Reaper,
     /// One reserve on each listed account, all at once.
     Burst(Vec<(usize, i64)>),
+    /// Several reserves on one account, all at once.
+    Crowd(usize, Vec<i64>),
 }
 
 fn step() -> impl Strategy<Value = Step> {
     let account = 0..ACCOUNTS;
-    let key = prop_oneof![
-        6 => Just(Key::Admin),
-        3 => Just(Key::OwnKiosk),
-        1 => Just(Key::OtherKiosk),
-    ];
+    let reuse = || prop::option::weighted(0.2, 0..20usize);
     prop_oneof![
-        3 => (account.clone(), 1..8i64, prop::option::weighted(0.2, 0..20usize))
-            .prop_map(|(a, n, r)| Step::Credit(a, n, r)),
-        1 => (account.clone(), prop_oneof![-6..0i64, 1..4i64], prop::option::weighted(0.2, 0..20usize))
-            .prop_map(|(a, n, r)| Step::Adjust(a, n, r)),
+        3 => (account.clone(), 1..8i64, prop::option::of(0..2u8), reuse())
+            .prop_map(|(a, n, note, r)| Step::Credit(a, n, note, r)),
+        1 => (account.clone(), prop_oneof![-6..0i64, 1..4i64], 0..2u8, reuse())
+            .prop_map(|(a, n, why, r)| Step::Adjust(a, n, why, r)),
         6 => (account.clone(), 1..4i64, prop::option::weighted(0.2, 600..86_400i32),
-              prop::option::weighted(0.2, 0..20usize), key)
+              reuse(), key())
             .prop_map(|(a, n, t, r, k)| Step::Reserve(a, n, t, r, k)),
-        4 => (account.clone(), 0..40usize, prop::option::weighted(0.3, 1..4i64))
-            .prop_map(|(a, n, m)| Step::Commit(a, n, m)),
-        2 => (account.clone(), 0..40usize).prop_map(|(a, n)| Step::Release(a, n)),
+        4 => (account.clone(), 0..40usize, prop::option::weighted(0.3, 1..4i64), key())
+            .prop_map(|(a, n, m, k)| Step::Commit(a, n, m, k)),
+        2 => (account.clone(), 0..40usize, key()).prop_map(|(a, n, k)| Step::Release(a, n, k)),
+        2 => prop::option::weighted(0.8, prop::option::of(1..4i64)).prop_map(Step::Again),
         1 => (account.clone(), 0..40usize).prop_map(|(a, n)| Step::Extend(a, n)),
         2 => (0..40usize).prop_map(Step::Age),
         2 => (0..20usize).prop_map(Step::AgeJob),
         1 => (account.clone(), any::<bool>()).prop_map(|(a, s)| Step::Suspend(a, s)),
         1 => (account.clone(), 0..4i64).prop_map(|(a, l)| Step::Limit(a, l)),
+        1 => (account.clone(), prop_oneof![Just(0i64), 1..25i64])
+            .prop_map(|(a, t)| Step::Threshold(a, t)),
         3 => (account.clone(), prop::option::weighted(0.2, 0..10usize), 0..2u64)
             .prop_map(|(a, r, s)| Step::Job(a, r, s)),
-        2 => (0..20usize, any::<bool>()).prop_map(|(n, s)| Step::Finish(n, s)),
+        3 => Just(Step::Claim),
+        1 => (0..20usize, prop::bool::weighted(0.2)).prop_map(|(n, s)| Step::Heartbeat(n, s)),
+        2 => (0..20usize, prop::bool::weighted(0.2)).prop_map(|(n, s)| Step::Retry(n, s)),
+        3 => (0..20usize, any::<bool>(), prop::bool::weighted(0.2))
+            .prop_map(|(n, ok, s)| Step::Finish(n, ok, s)),
+        1 => (0..20usize).prop_map(Step::Lapse),
+        1 => (0..20usize, any::<bool>()).prop_map(|(n, ok)| Step::FinishedUnsettled(n, ok)),
         1 => Just(Step::Reaper),
-        2 => prop::collection::btree_map(account, 1..3i64, 2..=ACCOUNTS)
+        2 => prop::collection::btree_map(account.clone(), 1..3i64, 2..=ACCOUNTS)
             .prop_map(|m| Step::Burst(m.into_iter().collect())),
+        2 => (account, prop::collection::vec(1..4i64, 2..=4))
+            .prop_map(|(a, amounts)| Step::Crowd(a, amounts)),
     ]
+}
+
+/// The keys of the history: per account a live kiosk key, one revoked and
+/// one expired kiosk key, and a finance key.
+struct Keys {
+    kiosks: Vec<String>,
+    revoked: String,
+    expired: String,
+    finance: String,
+}
+
+/// The worker's side of a job: the token of its latest claim (0: never
+/// claimed) and what the engine said of that claim.
+#[derive(Clone, Copy, Default)]
+struct Lease {
+    token: i64,
+    over_limit: bool,
+    last_attempt: bool,
 }
 
 /// The service side of the test: ids the model's indices stand for.
 struct Real {
     app: TestApp,
     accounts: Vec<Uuid>,
-    kiosks: Vec<String>,
+    keys: Keys,
     reservations: Vec<Uuid>,
     jobs: Vec<(Uuid, Uuid)>,
+    leases: Vec<Lease>,
+    /// The reservation (account, index) of the latest commit or release.
+    resolved: Option<(usize, usize)>,
     credit_refs: Vec<String>,
     adjustment_refs: Vec<String>,
     requests: Vec<Vec<(u64, i64, Option<i32>)>>,
@@ -124,25 +200,40 @@ async fn reply(response: reqwest::Response) -> (Reply, Value) {
 }
 
 impl Real {
+    /// The key to send, and who the model sees calling.
+    fn key(&self, key: Key, account: usize) -> (String, Caller) {
+        let other = (account + 1) % ACCOUNTS;
+        match key {
+            Key::Admin => (ADMIN_KEY.to_owned(), Caller::Admin),
+            Key::OwnKiosk => (self.keys.kiosks[account].clone(), Caller::Kiosk(account)),
+            Key::OtherKiosk => (self.keys.kiosks[other].clone(), Caller::Kiosk(other)),
+            Key::Finance => (self.keys.finance.clone(), Caller::Finance),
+            Key::Revoked => (self.keys.revoked.clone(), Caller::Revoked),
+            Key::Expired => (self.keys.expired.clone(), Caller::Expired),
+        }
+    }
+
     async fn reserve_request(
-        &mut self,
+        &self,
         account: usize,
         n: u64,
         amount: i64,
         ttl: Option<i32>,
-        key: &Key,
+        key: &str,
     ) -> (Reply, Value) {
-        let key = match key {
-            Key::Admin => ADMIN_KEY.to_owned(),
-            Key::OwnKiosk => self.kiosks[account].clone(),
-            Key::OtherKiosk => self.kiosks[(account + 1) % ACCOUNTS].clone(),
-        };
         let mut body = json!({"request_id": request_uuid(n), "amount": amount});
         if let Some(ttl) = ttl {
             body["ttl_seconds"] = json!(ttl);
         }
         let path = format!("/v1/accounts/{}/reservations", self.accounts[account]);
-        reply(self.app.post(&path, &key, &body).await).await
+        reply(self.app.post(&path, key, &body).await).await
+    }
+
+    fn job_index(&self, id: Uuid) -> usize {
+        self.jobs
+            .iter()
+            .position(|&(job, _)| job == id)
+            .expect("a job of the history")
     }
 }
 
@@ -164,54 +255,75 @@ async fn resolve_request(
     index: usize,
     verb: &str,
     body: &Value,
+    key: &str,
 ) -> Reply {
     let url = format!(
         "/v1/accounts/{}/reservations/{}/{verb}",
         real.accounts[account], real.reservations[index]
     );
-    reply(real.app.post(&url, ADMIN_KEY, body).await).await.0
+    reply(real.app.post(&url, key, body).await).await.0
 }
+
+/// Every order of `0..n` (n ≤ 4 here).
+fn orders(n: usize) -> Vec<Vec<usize>> {
+    if n == 0 {
+        return vec![Vec::new()];
+    }
+    let mut all = Vec::new();
+    for shorter in orders(n - 1) {
+        for at in 0..=shorter.len() {
+            let mut order = shorter.clone();
+            order.insert(at, n - 1);
+            all.push(order);
+        }
+    }
+    all
+}
+
+#[derive(QueryableByName)]
+struct ClaimRow {
+    #[diesel(sql_type = SqlUuid)]
+    id: Uuid,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    lease_token: i64,
+    #[diesel(sql_type = diesel::sql_types::Integer)]
+    attempts: i32,
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    over_limit: bool,
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    last_attempt: bool,
+}
+
+const NOTES: [&str; 2] = ["event package", "promotion"];
+const REASONS: [&str; 2] = ["correction", "goodwill"];
 
 async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut PgConnection) {
     let path = |real: &Real, account: usize| format!("/v1/accounts/{}", real.accounts[account]);
     let (expected, actual) = match step.clone() {
-        Step::Credit(account, amount, reuse) => {
+        Step::Credit(account, amount, note, reuse) => {
             let reference = reuse
                 .and_then(|n| real.credit_refs.get(n).cloned())
                 .unwrap_or_else(|| Uuid::new_v4().to_string());
             real.credit_refs.push(reference.clone());
-            let body = json!({"amount": amount, "external_ref": reference});
-            let actual = reply(
-                real.app
-                    .post(
-                        &format!("{}/credits", path(real, account)),
-                        ADMIN_KEY,
-                        &body,
-                    )
-                    .await,
-            )
-            .await
-            .0;
-            (model.credit(account, amount, &reference), actual)
+            let note = note.map(|n| NOTES[usize::from(n)]);
+            let mut body = json!({"amount": amount, "external_ref": reference});
+            if let Some(note) = note {
+                body["note"] = json!(note);
+            }
+            let url = format!("{}/credits", path(real, account));
+            let actual = reply(real.app.post(&url, ADMIN_KEY, &body).await).await.0;
+            (model.credit(account, amount, note, &reference), actual)
         }
-        Step::Adjust(account, amount, reuse) => {
+        Step::Adjust(account, amount, reason, reuse) => {
             let reference = reuse
                 .and_then(|n| real.adjustment_refs.get(n).cloned())
                 .unwrap_or_else(|| Uuid::new_v4().to_string());
             real.adjustment_refs.push(reference.clone());
-            let body = json!({"amount": amount, "reason": "correction", "external_ref": reference});
-            let actual = reply(
-                real.app
-                    .post(
-                        &format!("{}/adjustments", path(real, account)),
-                        ADMIN_KEY,
-                        &body,
-                    )
-                    .await,
-            )
-            .await
-            .0;
-            (model.adjust(account, amount, &reference), actual)
+            let reason = REASONS[usize::from(reason)];
+            let body = json!({"amount": amount, "reason": reason, "external_ref": reference});
+            let url = format!("{}/adjustments", path(real, account));
+            let actual = reply(real.app.post(&url, ADMIN_KEY, &body).await).await.0;
+            (model.adjust(account, amount, reason, &reference), actual)
         }
         Step::Reserve(account, amount, ttl, replay, key) => {
             let earlier = replay.and_then(|n| {
@@ -225,54 +337,56 @@ async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut Pg
                     real.next_request
                 }
             };
-            let (actual, body) = real.reserve_request(account, n, amount, ttl, &key).await;
-            if matches!(key, Key::OtherKiosk) {
-                (
-                    Reply {
-                        status: 404,
-                        code: Some("not_found"),
-                    },
-                    actual,
-                )
-            } else {
-                let (expected, index) = model.reserve(account, n, amount, ttl);
-                if expected.status == 201 {
-                    real.requests[account].push((n, amount, ttl));
-                }
-                remember(
-                    &mut real.reservations,
-                    index,
-                    uuid_of(&body["reservation_id"]),
-                );
-                (expected, actual)
+            let (secret, caller) = real.key(key, account);
+            let (actual, body) = real.reserve_request(account, n, amount, ttl, &secret).await;
+            let (expected, index) = model.reserve(caller, account, n, amount, ttl);
+            if expected.status == 201 {
+                real.requests[account].push((n, amount, ttl));
             }
+            remember(
+                &mut real.reservations,
+                index,
+                uuid_of(&body["reservation_id"]),
+            );
+            (expected, actual)
         }
-        Step::Commit(account, n, amount) if !model.reservations.is_empty() => {
+        Step::Commit(account, n, amount, key) if !model.reservations.is_empty() => {
             let index = n % model.reservations.len();
             let body = amount.map_or(json!({}), |amount| json!({"amount": amount}));
-            let actual = resolve_request(real, account, index, "commit", &body).await;
-            (model.resolve(account, index, Some(amount)), actual)
+            let (secret, caller) = real.key(key, account);
+            let actual = resolve_request(real, account, index, "commit", &body, &secret).await;
+            if actual.status == 200 {
+                real.resolved = Some((account, index));
+            }
+            (model.resolve(caller, account, index, Some(amount)), actual)
         }
-        Step::Release(account, n) if !model.reservations.is_empty() => {
+        Step::Release(account, n, key) if !model.reservations.is_empty() => {
             let index = n % model.reservations.len();
-            let actual = resolve_request(real, account, index, "release", &json!({})).await;
-            (model.resolve(account, index, None), actual)
+            let (secret, caller) = real.key(key, account);
+            let actual =
+                resolve_request(real, account, index, "release", &json!({}), &secret).await;
+            if actual.status == 200 {
+                real.resolved = Some((account, index));
+            }
+            (model.resolve(caller, account, index, None), actual)
+        }
+        Step::Again(action) if real.resolved.is_some() => {
+            let (account, index) = real.resolved.expect("a resolution");
+            let (secret, caller) = real.key(Key::OwnKiosk, account);
+            let actual = match action {
+                Some(amount) => {
+                    let body = amount.map_or(json!({}), |amount| json!({"amount": amount}));
+                    resolve_request(real, account, index, "commit", &body, &secret).await
+                }
+                None => resolve_request(real, account, index, "release", &json!({}), &secret).await,
+            };
+            (model.resolve(caller, account, index, action), actual)
         }
         Step::Extend(account, n) if !model.reservations.is_empty() => {
             let index = n % model.reservations.len();
-            let url = format!(
-                "{}/reservations/{}/extend",
-                path(real, account),
-                real.reservations[index]
-            );
-            let actual = reply(
-                real.app
-                    .post(&url, ADMIN_KEY, &json!({"ttl_seconds": 300}))
-                    .await,
-            )
-            .await
-            .0;
-            (model.extend(account, index), actual)
+            let body = json!({"ttl_seconds": 300});
+            let actual = resolve_request(real, account, index, "extend", &body, ADMIN_KEY).await;
+            (model.extend(Caller::Admin, account, index), actual)
         }
         Step::AgeJob(n) if !model.jobs.is_empty() => {
             let reservation = model.jobs[n % model.jobs.len()].reservation;
@@ -304,6 +418,14 @@ async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut Pg
             let response = real.app.patch(&path(real, account), ADMIN_KEY, &body).await;
             (model.set_limit(account, limit), reply(response).await.0)
         }
+        Step::Threshold(account, threshold) => {
+            let body = json!({"low_balance_threshold": threshold});
+            let response = real.app.patch(&path(real, account), ADMIN_KEY, &body).await;
+            (
+                model.set_threshold(account, threshold),
+                reply(response).await.0,
+            )
+        }
         Step::Job(account, replay, seed) => {
             let earlier = replay.and_then(|n| {
                 let list = &real.job_requests[account];
@@ -330,42 +452,126 @@ async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut Pg
                     .push(uuid_of(&body["reservation"]["reservation_id"]).expect("reservation id"));
                 real.jobs
                     .push((uuid_of(&body["job_id"]).expect("job id"), request_uuid(n)));
+                real.leases.push(Lease::default());
             }
             (expected, actual)
         }
-        Step::Finish(n, success) if !model.jobs.is_empty() => {
-            let index = n % model.jobs.len();
-            let job_id = real.jobs[index].0;
-            // The worker's claim (no money moves), then its fenced finish.
-            let claimed: Option<token_billing::db::models::JobRow> = diesel::sql_query(
-                "UPDATE generation_jobs SET status = 'running', lease_token = lease_token + 1, \
-                 lease_expires_at = now() + interval '30 seconds', attempts = attempts + 1 \
-                 WHERE id = $1 AND status = 'queued' RETURNING *",
+        Step::Claim => {
+            let rows: Vec<ClaimRow> = diesel::sql_query(
+                "SELECT (c.job).id, (c.job).lease_token, (c.job).attempts, c.over_limit, \
+                 c.last_attempt FROM engine_claim_jobs('differential', 30, $1, 1000) c",
             )
-            .bind::<SqlUuid, _>(job_id)
-            .get_result(conn)
-            .optional()
+            .bind::<diesel::sql_types::Integer, _>(MAX_ATTEMPTS)
+            .load(conn)
             .expect("claim");
-            assert_eq!(
-                claimed.is_some(),
-                model.jobs[index].status == JobStatus::Queued,
-                "job {index} claimable"
-            );
-            if let Some(job) = claimed {
-                if success {
-                    finish_success(conn, &job, job.lease_token, &json!({"output": "x"}))
-                        .expect("finish");
-                } else {
-                    finish_failure(
-                        conn,
-                        &job,
-                        job.lease_token,
-                        &JobError::new("provider_failed", "no"),
-                    )
-                    .expect("finish");
-                }
+            let mut actual: Vec<Claim> = rows
+                .iter()
+                .map(|row| Claim {
+                    job: real.job_index(row.id),
+                    token: row.lease_token,
+                    attempts: row.attempts,
+                    over_limit: row.over_limit,
+                    last_attempt: row.last_attempt,
+                })
+                .collect();
+            actual.sort_by_key(|claim| claim.job);
+            for claim in &actual {
+                real.leases[claim.job] = Lease {
+                    token: claim.token,
+                    over_limit: claim.over_limit,
+                    last_attempt: claim.last_attempt,
+                };
             }
-            model.finish_job(index, success);
+            assert_eq!(actual, model.claim_due(MAX_ATTEMPTS), "claims");
+            return;
+        }
+        Step::Heartbeat(n, stale) | Step::Retry(n, stale) if !model.jobs.is_empty() => {
+            let index = n % model.jobs.len();
+            let lease = real.leases[index];
+            let token = lease.token - i64::from(stale);
+            let job_id = real.jobs[index].0;
+            let retry = matches!(step, Step::Retry(..));
+            let error = JobError::new("provider_unavailable", "503");
+            let (actual, expected) = if retry && lease.last_attempt {
+                // The worker's rule: a retryable failure on the last
+                // attempt is final.
+                let job = job_row(conn, job_id);
+                let actual = finish_failure(conn, &job, token, &error).expect("finish");
+                (actual.fenced, model.finish(index, token, Some(error.code)))
+            } else if retry {
+                let job = job_row(conn, job_id);
+                let actual = retry_later(conn, &job, token, &error, 0, 300).expect("retry");
+                (actual, model.heartbeat(index, token, true))
+            } else {
+                let actual = heartbeat(conn, job_id, token, 30, 300).expect("heartbeat");
+                (actual, model.heartbeat(index, token, false))
+            };
+            assert_eq!(fenced(actual), expected, "{step:?}");
+            return;
+        }
+        Step::Finish(n, success, stale) if !model.jobs.is_empty() => {
+            let index = n % model.jobs.len();
+            let lease = real.leases[index];
+            let token = lease.token - i64::from(stale);
+            let job = job_row(conn, real.jobs[index].0);
+            // The worker's rule: a job claimed with no attempt left fails
+            // (no provider result to take in this test).
+            let error = if lease.over_limit {
+                Some(JobError::new("attempts_exhausted", "too many attempts"))
+            } else if success {
+                None
+            } else {
+                Some(JobError::new("provider_failed", "no"))
+            };
+            let actual = match &error {
+                None => finish_success(conn, &job, token, &json!({"output": "x"})),
+                Some(error) => finish_failure(conn, &job, token, error),
+            }
+            .expect("finish");
+            let expected = model.finish(index, token, error.as_ref().map(|e| e.code));
+            assert_eq!(fenced(actual.fenced), expected, "{step:?}");
+            return;
+        }
+        Step::Lapse(n) if !model.jobs.is_empty() => {
+            let index = n % model.jobs.len();
+            diesel::sql_query(
+                "UPDATE generation_jobs SET lease_expires_at = now() - interval '1 second' \
+                 WHERE id = $1 AND status = 'running'",
+            )
+            .bind::<SqlUuid, _>(real.jobs[index].0)
+            .execute(conn)
+            .expect("lapse");
+            model.lapse_lease(index);
+            return;
+        }
+        Step::FinishedUnsettled(n, succeeded) if !model.jobs.is_empty() => {
+            let index = n % model.jobs.len();
+            if model.finish_without_settling(index, succeeded) {
+                let (status, error) = if succeeded {
+                    ("succeeded", Value::Null)
+                } else {
+                    (
+                        "failed",
+                        json!({"code": "provider_failed", "message": "no"}),
+                    )
+                };
+                diesel::sql_query(
+                    "UPDATE generation_jobs SET status = $2, error = $3, lease_expires_at = NULL, \
+                     finished_at = now() WHERE id = $1",
+                )
+                .bind::<SqlUuid, _>(real.jobs[index].0)
+                .bind::<diesel::sql_types::Text, _>(status)
+                .bind::<diesel::sql_types::Nullable<diesel::sql_types::Jsonb>, _>(
+                    Some(error).filter(|error| !error.is_null()),
+                )
+                .execute(conn)
+                .expect("finished unsettled");
+                // The version that crashed had sent the job's event.
+                diesel::sql_query("SELECT engine_job_finished_events(ARRAY[$1])")
+                    .bind::<SqlUuid, _>(real.jobs[index].0)
+                    .execute(conn)
+                    .expect("job event");
+            }
             return;
         }
         Step::Reaper => {
@@ -380,12 +586,12 @@ async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut Pg
                 conn,
                 &ReaperSettings {
                     batch: 500,
-                    job_max_attempts: 3,
+                    job_max_attempts: MAX_ATTEMPTS,
                 },
                 None,
             )
             .expect("reaper");
-            model.reaper_pass(&order);
+            model.reaper_pass(&order, MAX_ATTEMPTS);
             return;
         }
         Step::Burst(ops) => {
@@ -394,24 +600,9 @@ async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut Pg
                 real.next_request += 1;
                 requests.push((*account, real.next_request, *amount));
             }
-            let app = &real.app;
-            let futures = requests.iter().map(|&(account, n, amount)| {
-                let path = format!("/v1/accounts/{}/reservations", real.accounts[account]);
-                async move {
-                    reply(
-                        app.post(
-                            &path,
-                            ADMIN_KEY,
-                            &json!({"request_id": request_uuid(n), "amount": amount}),
-                        )
-                        .await,
-                    )
-                    .await
-                }
-            });
-            let answers = futures_util::future::join_all(futures).await;
+            let answers = concurrently(real, &requests).await;
             for ((account, n, amount), (actual, body)) in requests.into_iter().zip(answers) {
-                let (expected, index) = model.reserve(account, n, amount, None);
+                let (expected, index) = model.reserve(Caller::Admin, account, n, amount, None);
                 if expected.status == 201 {
                     real.requests[account].push((n, amount, None));
                 }
@@ -424,9 +615,91 @@ async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut Pg
             }
             return;
         }
+        Step::Crowd(account, amounts) => {
+            let mut requests = Vec::new();
+            for amount in &amounts {
+                real.next_request += 1;
+                requests.push((account, real.next_request, *amount));
+            }
+            let answers = concurrently(real, &requests).await;
+            let actual: Vec<Reply> = answers.iter().map(|(reply, _)| reply.clone()).collect();
+            let ledger: Vec<(String, i64, i64, i64, i64)> = ledger_of(conn, real.accounts[account]);
+            // The service took them in some order: the model, taking them
+            // in that order, must give the same answers and the same
+            // ledger.
+            let explained = orders(requests.len()).into_iter().find_map(|order| {
+                let mut candidate = model.clone();
+                let mut outcomes = vec![None; requests.len()];
+                for &i in &order {
+                    let (_, n, amount) = requests[i];
+                    outcomes[i] = Some(candidate.reserve(Caller::Admin, account, n, amount, None));
+                }
+                let replies: Vec<Reply> = outcomes
+                    .iter()
+                    .map(|outcome| outcome.as_ref().expect("answered").0.clone())
+                    .collect();
+                let same_ledger = candidate.ledger[account]
+                    .iter()
+                    .map(|&(kind, amount, a, r, u)| (kind.to_owned(), amount, a, r, u))
+                    .eq(ledger.iter().cloned());
+                (replies == actual && same_ledger).then_some((candidate, order, outcomes))
+            });
+            let (candidate, order, outcomes) = explained.unwrap_or_else(|| {
+                panic!("no order of {requests:?} explains the answers {actual:?} and ledger {ledger:?}")
+            });
+            *model = candidate;
+            for i in order {
+                let (_, n, amount) = requests[i];
+                let (expected, index) = outcomes[i].clone().expect("answered");
+                if expected.status == 201 {
+                    real.requests[account].push((n, amount, None));
+                }
+                remember(
+                    &mut real.reservations,
+                    index,
+                    uuid_of(&answers[i].1["reservation_id"]),
+                );
+            }
+            return;
+        }
         _ => return,
     };
     assert_eq!(actual, expected, "{step:?}");
+}
+
+/// Reserves `(account, request, amount)` with the admin key, all at once.
+async fn concurrently(real: &Real, requests: &[(usize, u64, i64)]) -> Vec<(Reply, Value)> {
+    let app = &real.app;
+    let futures = requests.iter().map(|&(account, n, amount)| {
+        let path = format!("/v1/accounts/{}/reservations", real.accounts[account]);
+        async move {
+            reply(
+                app.post(
+                    &path,
+                    ADMIN_KEY,
+                    &json!({"request_id": request_uuid(n), "amount": amount}),
+                )
+                .await,
+            )
+            .await
+        }
+    });
+    futures_util::future::join_all(futures).await
+}
+
+fn job_row(conn: &mut PgConnection, id: Uuid) -> token_billing::db::models::JobRow {
+    generation_jobs::table
+        .find(id)
+        .first(conn)
+        .expect("job row")
+}
+
+fn fenced(outcome: Fenced) -> &'static str {
+    match outcome {
+        Fenced::Done => "done",
+        Fenced::LeaseLost => "lease_lost",
+        Fenced::ReservationLost => "reservation_lost",
+    }
 }
 
 fn compare_balances(model: &Model, real: &Real, conn: &mut PgConnection, step: &Step) {
@@ -487,23 +760,36 @@ fn compare_final(model: &Model, real: &Real, conn: &mut PgConnection) {
         );
     }
     for (index, expected) in model.jobs.iter().enumerate() {
-        let status: String = generation_jobs::table
+        let (status, error, attempts): (String, Option<Value>, i32) = generation_jobs::table
             .find(real.jobs[index].0)
-            .select(generation_jobs::status)
+            .select((
+                generation_jobs::status,
+                generation_jobs::error,
+                generation_jobs::attempts,
+            ))
             .first(conn)
             .expect("job");
-        let expected = match expected.status {
-            JobStatus::Queued => "queued",
-            JobStatus::Succeeded => "succeeded",
-            JobStatus::Failed => "failed",
+        let code = error.as_ref().and_then(|error| error["code"].as_str());
+        // A requeued job keeps its last error; only a failed job's counts.
+        let code = if status == "failed" { code } else { None };
+        let expected_code = if expected.status == crate::model::JobStatus::Failed {
+            expected.error
+        } else {
+            None
         };
-        assert_eq!(status, expected, "job {index}");
+        assert_eq!(
+            (status.as_str(), code, attempts),
+            (expected.status.as_str(), expected_code, expected.attempts),
+            "job {index}"
+        );
     }
     // One movement, one timestamp: a finished job's finished_at is the
-    // created_at of the ledger entries its finish wrote.
+    // created_at of the ledger entries its finish wrote (a fix-up settles
+    // a finish of earlier).
     let mismatched: i64 = diesel::sql_query(
         "SELECT count(*) AS count FROM generation_jobs j JOIN ledger_entries e \
          ON e.job_id = j.id AND e.kind IN ('commit', 'release') \
+         AND e.reason IS DISTINCT FROM 'fixup' \
          WHERE j.finished_at IS DISTINCT FROM e.created_at",
     )
     .get_result::<Count>(conn)
@@ -524,50 +810,17 @@ fn compare_final(model: &Model, real: &Real, conn: &mut PgConnection) {
     compare_events(model, real, conn);
 }
 
-/// The events the model's ledger implies — at creation, a low balance when
-/// a threshold is set; per entry: credit.created,
-/// adjustment.created or reservation.expired; then a low-balance crossing
-/// (the threshold is fixed per account) and a depletion — against the
-/// account's events in entry order; and every event against the books.
+/// Each account's events (the model's, in the order it raised them)
+/// against the service's in feed order; and every event against the books.
 fn compare_events(model: &Model, real: &Real, conn: &mut PgConnection) {
     #[derive(QueryableByName)]
     struct Event {
         #[diesel(sql_type = diesel::sql_types::Text)]
         r#type: String,
     }
-    for (index, ledger) in model.ledger.iter().enumerate() {
-        let threshold = THRESHOLDS[index];
-        // Every account starts empty: one created with a threshold is low
-        // from the start (reported at creation, before any entry).
-        let (mut low, mut before) = (threshold > 0, 0);
-        let mut expected = Vec::new();
-        if low {
-            expected.push("account.balance_low");
-        }
-        for &(kind, _, available, _, _) in ledger {
-            match kind {
-                "credit" => expected.push("credit.created"),
-                "adjustment" => expected.push("adjustment.created"),
-                "expire" => expected.push("reservation.expired"),
-                _ => {}
-            }
-            let below = threshold > 0 && available < threshold;
-            if below != low {
-                low = below;
-                expected.push(if below {
-                    "account.balance_low"
-                } else {
-                    "account.balance_recovered"
-                });
-            }
-            if available == 0 && before > 0 {
-                expected.push("account.balance_depleted");
-            }
-            before = available;
-        }
+    for (index, expected) in model.events.iter().enumerate() {
         let actual: Vec<String> = diesel::sql_query(
-            "SELECT type FROM events WHERE account_id = $1 AND type NOT LIKE 'job.%' \
-             ORDER BY (data->'entry'->>'id')::bigint NULLS FIRST, seq",
+            "SELECT type FROM events WHERE account_id = $1 AND type NOT LIKE 'job.%' ORDER BY seq",
         )
         .bind::<SqlUuid, _>(real.accounts[index])
         .load::<Event>(conn)
@@ -575,11 +828,59 @@ fn compare_events(model: &Model, real: &Real, conn: &mut PgConnection) {
         .into_iter()
         .map(|event| event.r#type)
         .collect();
-        assert_eq!(actual, expected, "events of account {index}");
+        assert_eq!(actual, *expected, "events of account {index}");
     }
     let disagreements =
         token_billing::domain::checks::events_disagreeing_with_books(conn).expect("events check");
     assert!(disagreements.is_empty(), "{disagreements:#?}");
+}
+
+/// A kiosk key of `account`, revoked through the API.
+async fn revoked_key(app: &TestApp, account: Uuid) -> String {
+    let created: Value = app
+        .post(
+            &format!("/v1/accounts/{account}/api-keys"),
+            ADMIN_KEY,
+            &json!({"scope": "kiosk", "label": "revoked"}),
+        )
+        .await
+        .json()
+        .await
+        .expect("json");
+    let id = created["key_id"].as_str().expect("key id");
+    let response = app
+        .client
+        .delete(app.url(&format!("/v1/api-keys/{id}")))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .expect("request sent");
+    assert_eq!(response.status().as_u16(), 204);
+    created["key"].as_str().expect("key").to_owned()
+}
+
+/// A kiosk key of `account` whose expiry has passed (set in the database
+/// before the key is ever used, so no replica has it cached).
+async fn expired_key(app: &TestApp, account: Uuid, conn: &mut PgConnection) -> String {
+    let created: Value = app
+        .post(
+            &format!("/v1/accounts/{account}/api-keys"),
+            ADMIN_KEY,
+            &json!({"scope": "kiosk", "label": "expired"}),
+        )
+        .await
+        .json()
+        .await
+        .expect("json");
+    let id: Uuid = created["key_id"]
+        .as_str()
+        .and_then(|id| id.parse().ok())
+        .expect("key id");
+    diesel::sql_query("UPDATE api_keys SET expires_at = now() - interval '1 minute' WHERE id = $1")
+        .bind::<SqlUuid, _>(id)
+        .execute(conn)
+        .expect("expire key");
+    created["key"].as_str().expect("key").to_owned()
 }
 
 async fn run_history(steps: Vec<Step>) {
@@ -589,6 +890,8 @@ async fn run_history(steps: Vec<Step>) {
         // expire aged reservations behind the model's back on a slow run.
         config.worker_concurrency = 0;
         config.reaper_schedule = "0 0 0 1 1 *".into();
+        // Revoked and expired keys are refused on purpose, many times.
+        config.auth_failure_burst = 1_000;
     })
     .await;
     let mut model = Model::default();
@@ -603,17 +906,25 @@ async fn run_history(steps: Vec<Step>) {
                 "low_balance_threshold": threshold,
             }))
             .await;
-        model.create_account(limit);
+        model.create_account(limit, threshold);
         kiosks.push(app.kiosk_key(account).await);
         accounts.push(account);
     }
     let mut conn = app.database.connect();
+    let keys = Keys {
+        kiosks,
+        revoked: revoked_key(&app, accounts[0]).await,
+        expired: expired_key(&app, accounts[0], &mut conn).await,
+        finance: app.finance_key().await,
+    };
     let mut real = Real {
         app,
         accounts,
-        kiosks,
+        keys,
         reservations: Vec::new(),
         jobs: Vec::new(),
+        leases: Vec::new(),
+        resolved: None,
         credit_refs: Vec::new(),
         adjustment_refs: Vec::new(),
         requests: vec![Vec::new(); ACCOUNTS],

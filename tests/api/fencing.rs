@@ -220,3 +220,179 @@ fn a_job_whose_reservation_expired_fails_instead_of_succeeding_for_free() {
         .expect("account");
     assert_eq!(used, 0, "no job was charged");
 }
+
+#[test]
+fn one_heartbeat_for_many_jobs_answers_each_and_changes_only_what_it_should() {
+    use diesel::sql_types::{Double, Text, Uuid as SqlUuid};
+    #[derive(QueryableByName)]
+    struct Row {
+        #[diesel(sql_type = Text)]
+        row: String,
+    }
+    #[derive(QueryableByName)]
+    struct Seconds {
+        #[diesel(sql_type = Double)]
+        seconds: f64,
+    }
+    // The whole job and reservation rows, as text.
+    let rows = |conn: &mut PgConnection, job: uuid::Uuid| -> (String, String) {
+        let mut row = |sql: &'static str| {
+            diesel::sql_query(sql)
+                .bind::<SqlUuid, _>(job)
+                .get_result::<Row>(conn)
+                .expect("row")
+                .row
+        };
+        let job_row = row("SELECT to_jsonb(j)::text AS row FROM generation_jobs j WHERE id = $1");
+        let reservation = row("SELECT to_jsonb(r)::text AS row FROM reservations r \
+             JOIN generation_jobs j ON j.reservation_id = r.id WHERE j.id = $1");
+        (job_row, reservation)
+    };
+    // Seconds from now to the job's lease end and its reservation's expiry.
+    let ahead = |conn: &mut PgConnection, job: uuid::Uuid| -> (f64, f64) {
+        let mut seconds = |sql: &'static str| {
+            diesel::sql_query(sql)
+                .bind::<SqlUuid, _>(job)
+                .get_result::<Seconds>(conn)
+                .expect("seconds")
+                .seconds
+        };
+        (
+            seconds(
+                "SELECT extract(epoch FROM lease_expires_at - now())::float8 AS seconds \
+                 FROM generation_jobs WHERE id = $1",
+            ),
+            seconds(
+                "SELECT extract(epoch FROM r.expires_at - now())::float8 AS seconds \
+                 FROM reservations r JOIN generation_jobs j ON j.reservation_id = r.id \
+                 WHERE j.id = $1",
+            ),
+        )
+    };
+    let database = TestDatabase::create();
+    let mut conn = database.connect();
+    let mut account = |name: &str, tokens| {
+        let account = AccountId(
+            create_account(
+                &mut conn,
+                &Name::try_from(name.to_owned()).expect("name"),
+                0,
+            )
+            .expect("account")
+            .id,
+        );
+        credit(&mut conn, account, tokens);
+        account
+    };
+    let (first, second) = (account("beats-1", 10), account("beats-2", 10));
+    let claim = |conn: &mut PgConnection, account| {
+        create_job(conn, account);
+        job_leases::claim_next(conn, "worker", 30, 3)
+            .expect("claim")
+            .expect("a job")
+    };
+    let fine = claim(&mut conn, first);
+    let stale = claim(&mut conn, first);
+    let expired = claim(&mut conn, second);
+    let far = claim(&mut conn, second);
+    // `stale`: another worker holds it now. `expired`: its reservation is
+    // past its expiry, still held (the reaper has not come by). `far`: lease
+    // and reservation already run beyond what a heartbeat asks for.
+    diesel::sql_query("UPDATE generation_jobs SET lease_token = lease_token + 1 WHERE id = $1")
+        .bind::<SqlUuid, _>(stale.id)
+        .execute(&mut conn)
+        .expect("reclaim");
+    diesel::sql_query(
+        "UPDATE reservations SET expires_at = now() - interval '1 second' WHERE id = $1",
+    )
+    .bind::<SqlUuid, _>(expired.reservation_id)
+    .execute(&mut conn)
+    .expect("past expiry");
+    diesel::sql_query(
+        "WITH j AS (UPDATE generation_jobs SET lease_expires_at = now() + interval '1 hour' \
+                    WHERE id = $1 RETURNING reservation_id) \
+         UPDATE reservations SET expires_at = now() + interval '2 hours' \
+         WHERE id = (SELECT reservation_id FROM j)",
+    )
+    .bind::<SqlUuid, _>(far.id)
+    .execute(&mut conn)
+    .expect("far");
+    let stale_before = rows(&mut conn, stale.id);
+    let far_reservation_before = rows(&mut conn, far.id).1;
+    let ledger = |conn: &mut PgConnection| -> i64 {
+        token_billing::db::schema::ledger_entries::table
+            .count()
+            .get_result(conn)
+            .expect("ledger")
+    };
+    let ledger_before = ledger(&mut conn);
+
+    let answers = job_leases::heartbeat_many(
+        &mut conn,
+        &[
+            (far.id, far.lease_token),
+            (fine.id, fine.lease_token),
+            (expired.id, expired.lease_token),
+            (stale.id, stale.lease_token),
+            (fine.id, fine.lease_token),
+        ],
+        30,
+        300,
+    )
+    .expect("heartbeat");
+    let mut expected = vec![
+        (fine.id, fine.lease_token, Fenced::Done),
+        (stale.id, stale.lease_token, Fenced::LeaseLost),
+        (expired.id, expired.lease_token, Fenced::ReservationLost),
+        (far.id, far.lease_token, Fenced::Done),
+    ];
+    expected.sort_by_key(|(id, token, _)| (*id, *token));
+    assert_eq!(answers, expected, "one answer per job, in id order");
+
+    // Fine: lease and reservation extended.
+    let (lease, reservation) = ahead(&mut conn, fine.id);
+    assert!((25.0..=30.0).contains(&lease), "lease {lease} s ahead");
+    assert!(
+        (295.0..=300.0).contains(&reservation),
+        "reservation {reservation} s ahead"
+    );
+    // Far: never shortened; the reservation row untouched.
+    let (lease, _) = ahead(&mut conn, far.id);
+    assert!(lease > 3_500.0, "lease {lease} s ahead: not shortened");
+    assert_eq!(rows(&mut conn, far.id).1, far_reservation_before);
+    // Stale: nothing changed.
+    assert_eq!(rows(&mut conn, stale.id), stale_before);
+    // Past expiry: expired now (its tokens back), the job failed and fenced.
+    let failed: (String, Option<serde_json::Value>, i64) = generation_jobs::table
+        .find(expired.id)
+        .select((
+            generation_jobs::status,
+            generation_jobs::error,
+            generation_jobs::lease_token,
+        ))
+        .first(&mut conn)
+        .expect("job");
+    assert_eq!(
+        (
+            failed.0.as_str(),
+            failed.1.map(|error| error["code"].clone())
+        ),
+        ("failed", Some(json!("reservation_expired")))
+    );
+    assert_eq!(failed.2, expired.lease_token + 1);
+    let state: String = reservations::table
+        .find(expired.reservation_id)
+        .select(reservations::state)
+        .first(&mut conn)
+        .expect("reservation");
+    assert_eq!(state, "expired");
+    assert_eq!(
+        ledger(&mut conn),
+        ledger_before + 1,
+        "one expire entry, nothing else"
+    );
+    let balances = assert_account_invariants(&mut conn, first.0);
+    assert_eq!((balances.available, balances.reserved), (8, 2));
+    let balances = assert_account_invariants(&mut conn, second.0);
+    assert_eq!((balances.available, balances.reserved), (9, 1));
+}

@@ -27,7 +27,7 @@ use token_billing::domain::checks::find_violations;
 use token_billing::domain::history::{account_as_of, close_days};
 use token_billing::domain::ledger::replay;
 use token_billing::domain::reconciliation::reconcile;
-use token_billing::domain::types::{
+use token_billing::engine::types::{
     AccountId, ExternalRef, Name, RequestId, ReservationId, Tokens,
 };
 use token_billing::engine::{CommitAmount, Op};

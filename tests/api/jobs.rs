@@ -620,3 +620,104 @@ async fn job_params_keep_big_integers_exactly_and_refuse_nul() {
         "only the first job reserved"
     );
 }
+
+/// One heartbeat ticker per replica keeps all its running jobs leased (no
+/// job is reclaimed over several leases), and a job whose reservation it
+/// finds past expiry fails at once and its worker lets go of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_replica_heartbeat_keeps_its_jobs_and_drops_one_whose_reservation_expired() {
+    let app = TestApp::spawn_with(|config| {
+        config.simulated_latency_ms = 50_000;
+        config.job_lease_seconds = 2;
+        config.worker_concurrency = 4;
+        // The reaper would expire the reservation itself.
+        config.reaper_schedule = "0 0 0 1 1 *".into();
+    })
+    .await;
+    let account = app.funded_account(10).await;
+    for index in 0..3 {
+        let response = app
+            .create_job(account, ADMIN_KEY, Uuid::new_v4(), &json!({"n": index}))
+            .await;
+        assert_eq!(response.status(), StatusCode::CREATED);
+    }
+    let mut conn = app.conn();
+    type Running = (Uuid, Uuid, i64, i32, chrono::DateTime<chrono::Utc>);
+    let claimed: Vec<Running> =
+        crate::helpers::eventually("three jobs running", Duration::from_secs(20), || {
+            let jobs: Vec<Running> = generation_jobs::table
+                .filter(generation_jobs::status.eq("running"))
+                .select((
+                    generation_jobs::id,
+                    generation_jobs::reservation_id,
+                    generation_jobs::lease_token,
+                    generation_jobs::attempts,
+                    generation_jobs::lease_expires_at.assume_not_null(),
+                ))
+                .order(generation_jobs::id)
+                .load(&mut conn)
+                .expect("jobs");
+            (jobs.len() == 3).then_some(jobs)
+        })
+        .await;
+    let (doomed, doomed_reservation) = (claimed[0].0, claimed[0].1);
+    diesel::sql_query(
+        "UPDATE reservations SET expires_at = now() - interval '1 second' WHERE id = $1",
+    )
+    .bind::<diesel::sql_types::Uuid, _>(doomed_reservation)
+    .execute(&mut conn)
+    .expect("past expiry");
+    let failed = || {
+        app.state
+            .metrics
+            .jobs_total
+            .with_label_values(&["failed"])
+            .get()
+    };
+    crate::helpers::eventually(
+        "the worker saw its job fail",
+        Duration::from_secs(10),
+        || (failed() == 1).then_some(()),
+    )
+    .await;
+    let (status, error): (String, Option<Value>) = generation_jobs::table
+        .find(doomed)
+        .select((generation_jobs::status, generation_jobs::error))
+        .first(&mut conn)
+        .expect("job");
+    assert_eq!(status, "failed");
+    assert_eq!(error.expect("error")["code"], "reservation_expired");
+
+    // The others' leases keep moving on, three leases past their claim,
+    // under the same claim (same token, one attempt).
+    let claimed_until = claimed[1].4.max(claimed[2].4);
+    crate::helpers::eventually(
+        "leases renewed past three leases",
+        Duration::from_secs(20),
+        || {
+            let leases: Vec<chrono::DateTime<chrono::Utc>> = generation_jobs::table
+                .filter(generation_jobs::id.eq_any([claimed[1].0, claimed[2].0]))
+                .select(generation_jobs::lease_expires_at.assume_not_null())
+                .load(&mut conn)
+                .expect("leases");
+            leases
+                .iter()
+                .all(|lease| *lease > claimed_until + chrono::Duration::seconds(6))
+                .then_some(())
+        },
+    )
+    .await;
+    for (id, _, token, attempts, _) in &claimed[1..] {
+        let now: (String, i64, i32) = generation_jobs::table
+            .find(id)
+            .select((
+                generation_jobs::status,
+                generation_jobs::lease_token,
+                generation_jobs::attempts,
+            ))
+            .first(&mut conn)
+            .expect("job");
+        assert_eq!(now, ("running".to_owned(), *token, *attempts));
+    }
+    assert_eq!(failed(), 1);
+}

@@ -26,6 +26,7 @@ mod history;
 mod jobs;
 mod json_numbers;
 mod keys_audit;
+mod layers;
 mod ledger_property;
 mod model;
 mod newcomer;

@@ -1,6 +1,7 @@
 //! A plain-Rust model of the money rules: in-memory accounts,
-//! reservations, jobs and ledger, the rules written as plainly as they can
-//! be read, with no SQL. The differential test (`differential.rs`) drives
+//! reservations, jobs, keys, events and ledger, the rules written as the
+//! docs state them (docs/api.md, docs/architecture.md), with no SQL and
+//! without the engine's order of checks. The differential test (`differential.rs`) drives
 //! the real service and this model with the same history and compares
 //! every answer, balance, reservation and ledger entry. It shares no code
 //! with the engine: a rule changed in one and not the other fails it.
@@ -30,6 +31,9 @@ fn refused(status: u16, code: &'static str) -> Reply {
 pub struct Account {
     pub suspended: bool,
     pub limit: i64,
+    /// `low_balance_threshold` (0: off) and whether the account is below it.
+    pub threshold: i64,
+    pub low: bool,
     pub available: i64,
     pub reserved: i64,
     pub used: i64,
@@ -72,8 +76,20 @@ pub struct Reservation {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum JobStatus {
     Queued,
+    Running,
     Succeeded,
     Failed,
+}
+
+impl JobStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobStatus::Queued => "queued",
+            JobStatus::Running => "running",
+            JobStatus::Succeeded => "succeeded",
+            JobStatus::Failed => "failed",
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -83,35 +99,114 @@ pub struct Job {
     pub seed: u64,
     pub reservation: usize,
     pub status: JobStatus,
+    /// Claims so far, and the fencing token of the latest lease (every
+    /// claim and every reaper requeue or finish moves it on).
+    pub attempts: i32,
+    pub token: i64,
+    /// A running job whose lease ran out (its worker stopped).
+    pub lease_expired: bool,
+    /// The failure's code.
+    pub error: Option<&'static str>,
+}
+
+/// Who calls: the keys of docs/api.md's scope rules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Caller {
+    Admin,
+    Finance,
+    /// A live kiosk key of this account.
+    Kiosk(usize),
+    Revoked,
+    Expired,
+}
+
+/// What the engine tells a worker of one claimed job: the max-attempts
+/// rule (`JOB_MAX_ATTEMPTS` attempts per job).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Claim {
+    pub job: usize,
+    pub token: i64,
+    pub attempts: i32,
+    /// It had no attempt left before this claim.
+    pub over_limit: bool,
+    /// No retry may follow this attempt.
+    pub last_attempt: bool,
 }
 
 /// One ledger entry: kind, amount, balances after.
 pub type Entry = (&'static str, i64, i64, i64, i64);
 
-#[derive(Default)]
+/// The max-attempts rule as docs/architecture.md states it: a job is
+/// attempted at most `JOB_MAX_ATTEMPTS` times.
+fn no_attempt_left(attempts: i32, max_attempts: i32) -> bool {
+    attempts >= max_attempts
+}
+
+/// An external movement's identity for replays: account, amount, and the
+/// note (credit) or reason (adjustment).
+type External = (usize, i64, Option<String>);
+
+#[derive(Clone, Default)]
 pub struct Model {
     pub accounts: Vec<Account>,
     pub reservations: Vec<Reservation>,
     pub jobs: Vec<Job>,
     pub ledger: Vec<Vec<Entry>>,
-    credits: HashMap<String, (usize, i64)>,
-    adjustments: HashMap<String, (usize, i64)>,
+    /// Each account's events (other than jobs'), in order.
+    pub events: Vec<Vec<&'static str>>,
+    credits: HashMap<String, External>,
+    adjustments: HashMap<String, External>,
 }
 
 impl Model {
-    pub fn create_account(&mut self, limit: i64) -> usize {
+    /// A new account; it starts empty, so one created with a threshold is
+    /// low from the start (reported at creation).
+    pub fn create_account(&mut self, limit: i64, threshold: i64) -> usize {
         self.accounts.push(Account {
             limit,
+            threshold,
+            low: threshold > 0,
             ..Account::default()
         });
         self.ledger.push(Vec::new());
+        self.events.push(if threshold > 0 {
+            vec!["account.balance_low"]
+        } else {
+            Vec::new()
+        });
         self.accounts.len() - 1
     }
 
+    /// One ledger entry, and the events it causes: its own (credit,
+    /// adjustment, expiry), a crossing of the low-balance threshold either
+    /// way, and a depletion (available reaching 0 from above).
     fn record(&mut self, account: usize, kind: &'static str, amount: i64) {
         let a = &self.accounts[account];
         let entry = (kind, amount, a.available, a.reserved, a.used);
+        let before = self.ledger[account]
+            .last()
+            .map_or(0, |&(_, _, available, _, _)| available);
         self.ledger[account].push(entry);
+        let events = &mut self.events[account];
+        match kind {
+            "credit" => events.push("credit.created"),
+            "adjustment" => events.push("adjustment.created"),
+            "expire" => events.push("reservation.expired"),
+            _ => {}
+        }
+        let a = &mut self.accounts[account];
+        let below = a.threshold > 0 && a.available < a.threshold;
+        if below != a.low {
+            a.low = below;
+            events.push(if below {
+                "account.balance_low"
+            } else {
+                "account.balance_recovered"
+            });
+        }
+        if a.available == 0 && before > 0 {
+            events.push("account.balance_depleted");
+        }
     }
 
     pub fn set_status(&mut self, account: usize, suspended: bool) -> Reply {
@@ -124,15 +219,51 @@ impl Model {
         ok(200)
     }
 
-    pub fn credit(&mut self, account: usize, amount: i64, reference: &str) -> Reply {
-        if let Some(&(first_account, first_amount)) = self.credits.get(reference) {
-            return if (first_account, first_amount) == (account, amount) {
+    /// A new threshold: the low state follows at once, with its event when
+    /// it changes; switching it off (0) forgets the state silently.
+    pub fn set_threshold(&mut self, account: usize, threshold: i64) -> Reply {
+        let a = &mut self.accounts[account];
+        a.threshold = threshold;
+        let below = threshold > 0 && a.available < threshold;
+        if below != a.low {
+            a.low = below;
+            if threshold > 0 {
+                self.events[account].push(if below {
+                    "account.balance_low"
+                } else {
+                    "account.balance_recovered"
+                });
+            }
+        }
+        ok(200)
+    }
+
+    /// Who may spend on `account` (reserve, commit, release, extend, jobs).
+    pub fn may_spend(caller: Caller, account: usize) -> Result<(), Reply> {
+        match caller {
+            Caller::Revoked | Caller::Expired => Err(refused(401, "unauthorized")),
+            Caller::Finance => Err(refused(403, "forbidden")),
+            Caller::Kiosk(own) if own != account => Err(refused(404, "not_found")),
+            Caller::Kiosk(_) | Caller::Admin => Ok(()),
+        }
+    }
+
+    pub fn credit(
+        &mut self,
+        account: usize,
+        amount: i64,
+        note: Option<&str>,
+        reference: &str,
+    ) -> Reply {
+        let this = (account, amount, note.map(str::to_owned));
+        if let Some(first) = self.credits.get(reference) {
+            return if *first == this {
                 ok(200)
             } else {
                 refused(422, "idempotency_key_reused")
             };
         }
-        self.credits.insert(reference.to_owned(), (account, amount));
+        self.credits.insert(reference.to_owned(), this);
         let a = &mut self.accounts[account];
         a.available += amount;
         a.credited += amount;
@@ -140,9 +271,10 @@ impl Model {
         ok(201)
     }
 
-    pub fn adjust(&mut self, account: usize, amount: i64, reference: &str) -> Reply {
-        if let Some(&(first_account, first_amount)) = self.adjustments.get(reference) {
-            return if (first_account, first_amount) == (account, amount) {
+    pub fn adjust(&mut self, account: usize, amount: i64, reason: &str, reference: &str) -> Reply {
+        let this = (account, amount, Some(reason.to_owned()));
+        if let Some(first) = self.adjustments.get(reference) {
+            return if *first == this {
                 ok(200)
             } else {
                 refused(422, "idempotency_key_reused")
@@ -151,8 +283,7 @@ impl Model {
         if self.accounts[account].available + amount < 0 {
             return refused(402, "insufficient_tokens");
         }
-        self.adjustments
-            .insert(reference.to_owned(), (account, amount));
+        self.adjustments.insert(reference.to_owned(), this);
         let a = &mut self.accounts[account];
         a.available += amount;
         a.adjusted += amount;
@@ -204,11 +335,15 @@ impl Model {
     /// or replayed).
     pub fn reserve(
         &mut self,
+        caller: Caller,
         account: usize,
         request: u64,
         amount: i64,
         ttl: Option<i32>,
     ) -> (Reply, Option<usize>) {
+        if let Err(reply) = Model::may_spend(caller, account) {
+            return (reply, None);
+        }
         let existing = self
             .reservations
             .iter()
@@ -260,17 +395,42 @@ impl Model {
         }
     }
 
+    /// Expiry dominates: a held reservation past its expiry expires before
+    /// anything else may touch it; its unfinished job fails.
     fn expire_if_due(&mut self, index: usize) -> bool {
         let r = &self.reservations[index];
         if r.state == State::Held && r.past_expiry {
             self.settle(index, State::Expired, 0);
+            if let Some(job) = self.reservations[index].job {
+                self.fail_unfinished(job, "reservation_expired");
+            }
             return true;
         }
         false
     }
 
-    /// Commit (`amount`: default all held) or release by the API.
-    pub fn resolve(&mut self, account: usize, index: usize, commit: Option<Option<i64>>) -> Reply {
+    fn fail_unfinished(&mut self, job: usize, code: &'static str) {
+        let job = &mut self.jobs[job];
+        if matches!(job.status, JobStatus::Queued | JobStatus::Running) {
+            job.status = JobStatus::Failed;
+            job.error = Some(code);
+            job.lease_expired = false;
+        }
+    }
+
+    /// Commit (`amount`: default all held) or release by the API. A retry
+    /// of a commit or release that already happened is answered 200 only
+    /// when it asks for the same thing (the same amount committed).
+    pub fn resolve(
+        &mut self,
+        caller: Caller,
+        account: usize,
+        index: usize,
+        commit: Option<Option<i64>>,
+    ) -> Reply {
+        if let Err(reply) = Model::may_spend(caller, account) {
+            return reply;
+        }
         let r = self.reservations[index].clone();
         if r.account != account {
             return refused(404, "not_found");
@@ -306,7 +466,10 @@ impl Model {
         ok(200)
     }
 
-    pub fn extend(&mut self, account: usize, index: usize) -> Reply {
+    pub fn extend(&mut self, caller: Caller, account: usize, index: usize) -> Reply {
+        if let Err(reply) = Model::may_spend(caller, account) {
+            return reply;
+        }
         let r = self.reservations[index].clone();
         if r.account != account {
             return refused(404, "not_found");
@@ -351,43 +514,183 @@ impl Model {
             seed,
             reservation,
             status: JobStatus::Queued,
+            attempts: 0,
+            token: 0,
+            lease_expired: false,
+            error: None,
         });
         (ok(201), Some(job))
     }
 
-    /// A worker finishes a queued job: success commits its cost, failure
-    /// releases it; a reservation past its expiry is expired and the job
-    /// fails. A job no longer queued is not touched.
-    pub fn finish_job(&mut self, job: usize, success: bool) {
-        if self.jobs[job].status != JobStatus::Queued {
-            return;
+    /// A worker's claim of every due job — queued ones, and running ones
+    /// whose lease ran out — in creation order: each gets a new lease (the
+    /// token moves on) and counts an attempt. No money moves.
+    pub fn claim_due(&mut self, max_attempts: i32) -> Vec<Claim> {
+        let mut claims = Vec::new();
+        for (index, job) in self.jobs.iter_mut().enumerate() {
+            let due = job.status == JobStatus::Queued
+                || job.status == JobStatus::Running && job.lease_expired;
+            if !due {
+                continue;
+            }
+            job.status = JobStatus::Running;
+            job.lease_expired = false;
+            job.token += 1;
+            job.attempts += 1;
+            claims.push(Claim {
+                job: index,
+                token: job.token,
+                attempts: job.attempts,
+                over_limit: no_attempt_left(job.attempts - 1, max_attempts),
+                last_attempt: no_attempt_left(job.attempts, max_attempts),
+            });
         }
-        let index = self.jobs[job].reservation;
-        if self.expire_if_due(index) {
-            self.jobs[job].status = JobStatus::Failed;
-            return;
+        claims
+    }
+
+    /// Whether a worker holding `token` still holds the job's lease.
+    fn holds_lease(&self, job: usize, token: i64) -> bool {
+        let job = &self.jobs[job];
+        job.status == JobStatus::Running && job.token == token
+    }
+
+    /// A worker's heartbeat (`requeue`: false) or retryable failure
+    /// (`requeue`: true, back to the queue at once): fenced on the lease;
+    /// the reservation is extended, or, past its expiry, expires and the job
+    /// fails. Returns `done`, `lease_lost` or `reservation_lost`.
+    pub fn heartbeat(&mut self, job: usize, token: i64, requeue: bool) -> &'static str {
+        if !self.holds_lease(job, token) {
+            return "lease_lost";
         }
-        let amount = self.reservations[index].amount;
-        if success {
-            self.settle(index, State::Committed, amount);
-            self.jobs[job].status = JobStatus::Succeeded;
-        } else {
-            self.settle(index, State::Released, 0);
-            self.jobs[job].status = JobStatus::Failed;
+        let reservation = self.jobs[job].reservation;
+        if self.expire_if_due(reservation) {
+            return "reservation_lost";
+        }
+        self.reservations[reservation].past_expiry = false;
+        let job = &mut self.jobs[job];
+        job.lease_expired = false;
+        if requeue {
+            job.status = JobStatus::Queued;
+            job.error = Some("provider_unavailable");
+        }
+        "done"
+    }
+
+    /// A worker's final answer, fenced on its lease: success commits the
+    /// job's cost, failure (`error`) releases it. A reservation past its
+    /// expiry expires instead, and a success then becomes a failure
+    /// (`reservation_expired`, `reservation_lost`).
+    pub fn finish(&mut self, job: usize, token: i64, error: Option<&'static str>) -> &'static str {
+        if !self.holds_lease(job, token) {
+            return "lease_lost";
+        }
+        let reservation = self.jobs[job].reservation;
+        if self.expire_if_due(reservation) {
+            if error.is_none() {
+                return "reservation_lost";
+            }
+            let job = &mut self.jobs[job];
+            job.status = JobStatus::Failed;
+            job.error = error;
+            return "done";
+        }
+        let amount = self.reservations[reservation].amount;
+        let job = &mut self.jobs[job];
+        job.lease_expired = false;
+        match error {
+            None => {
+                job.status = JobStatus::Succeeded;
+                job.error = None;
+                self.settle(reservation, State::Committed, amount);
+            }
+            Some(code) => {
+                job.status = JobStatus::Failed;
+                job.error = Some(code);
+                self.settle(reservation, State::Released, 0);
+            }
+        }
+        "done"
+    }
+
+    /// A running job's worker stopped: its lease runs out.
+    pub fn lapse_lease(&mut self, job: usize) {
+        if self.jobs[job].status == JobStatus::Running {
+            self.jobs[job].lease_expired = true;
         }
     }
 
-    /// The reaper: every held reservation past its expiry expires, its
-    /// unfinished job fails. `order` lists the reservations in the order
-    /// the reaper takes them (by account, then id).
-    pub fn reaper_pass(&mut self, order: &[usize]) {
+    /// A finished job whose reservation was left held (a crash of an
+    /// earlier version between the two writes).
+    pub fn finish_without_settling(&mut self, job: usize, succeeded: bool) -> bool {
+        let j = &self.jobs[job];
+        let held = self.reservations[j.reservation].state == State::Held;
+        if !matches!(j.status, JobStatus::Queued | JobStatus::Running) || !held {
+            return false;
+        }
+        let j = &mut self.jobs[job];
+        j.lease_expired = false;
+        if succeeded {
+            j.status = JobStatus::Succeeded;
+        } else {
+            j.status = JobStatus::Failed;
+            j.error = Some("provider_failed");
+        }
+        true
+    }
+
+    /// The reaper, as docs/architecture.md's table lists its steps:
+    /// expire held reservations past their expiry (`order`: by account,
+    /// then reservation id), failing their unfinished jobs; requeue running
+    /// jobs whose lease ran out and that have an attempt left; fail those
+    /// without one (`attempts_exhausted`, tokens released); settle the held
+    /// reservation of a finished job (commit a success, release a failure);
+    /// fail unfinished jobs whose reservation is no longer held.
+    pub fn reaper_pass(&mut self, order: &[usize], max_attempts: i32) {
         for &index in order {
-            if self.expire_if_due(index) {
-                if let Some(job) = self.reservations[index].job {
-                    if self.jobs[job].status == JobStatus::Queued {
-                        self.jobs[job].status = JobStatus::Failed;
-                    }
+            self.expire_if_due(index);
+        }
+        for job in &mut self.jobs {
+            if job.status == JobStatus::Running
+                && job.lease_expired
+                && !no_attempt_left(job.attempts, max_attempts)
+            {
+                job.status = JobStatus::Queued;
+                job.lease_expired = false;
+                job.token += 1;
+            }
+        }
+        for index in 0..self.jobs.len() {
+            let job = &self.jobs[index];
+            if job.status == JobStatus::Running
+                && job.lease_expired
+                && no_attempt_left(job.attempts, max_attempts)
+            {
+                let reservation = job.reservation;
+                let job = &mut self.jobs[index];
+                job.status = JobStatus::Failed;
+                job.error = Some("attempts_exhausted");
+                job.lease_expired = false;
+                job.token += 1;
+                self.settle(reservation, State::Released, 0);
+            }
+        }
+        for index in 0..self.jobs.len() {
+            let (status, reservation) = (self.jobs[index].status, self.jobs[index].reservation);
+            if self.reservations[reservation].state != State::Held {
+                continue;
+            }
+            match status {
+                JobStatus::Succeeded => {
+                    let amount = self.reservations[reservation].amount;
+                    self.settle(reservation, State::Committed, amount);
                 }
+                JobStatus::Failed => self.settle(reservation, State::Released, 0),
+                JobStatus::Queued | JobStatus::Running => {}
+            }
+        }
+        for index in 0..self.jobs.len() {
+            if self.reservations[self.jobs[index].reservation].state != State::Held {
+                self.fail_unfinished(index, "reservation_expired");
             }
         }
     }

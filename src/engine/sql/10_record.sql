@@ -81,7 +81,9 @@ BEGIN
                sum(d_adjusted)::bigint AS d_adjusted, sum(active_delta)::bigint AS d_active, count(*) AS moved
         FROM moves GROUP BY account
     ), before AS (
-        SELECT a.* FROM accounts a WHERE a.id IN (SELECT account FROM totals)
+        -- By the primary key (= ANY of the batch's accounts): a join here
+        -- is planned as a scan of every account.
+        SELECT a.* FROM accounts a WHERE a.id = ANY (ARRAY(SELECT account FROM totals))
     ), updated AS (
         UPDATE accounts a
         SET available = b.available + t.d_available,
@@ -94,7 +96,7 @@ BEGIN
             balance_low = engine_is_low(b.available + t.d_available, b.low_balance_threshold),
             updated_at = now()
         FROM totals t JOIN before b ON b.id = t.account
-        WHERE a.id = t.account
+        WHERE a.id = t.account AND a.id = ANY (ARRAY(SELECT account FROM totals))
         RETURNING a.id
     ), entries AS (
         INSERT INTO ledger_entries (account_id, kind, amount, available_after, reserved_after,

@@ -75,12 +75,17 @@ BEGIN
                            WHEN a.status <> 'active' THEN 'account_suspended'
                        END AS early
                 FROM items i
-                LEFT JOIN accounts a ON a.id = i.account
+                -- Each lookup by its index (= ANY of the batch's keys): a
+                -- plain join is planned as a scan of the whole table.
+                LEFT JOIN accounts a
+                       ON a.id = i.account AND a.id = ANY (ARRAY(SELECT account FROM items))
                 LEFT JOIN reservations x
                        ON i.op = 'reserve' AND x.account_id = i.account AND x.request_id = i.request
                       AND x.job_id IS NULL
+                      AND x.request_id = ANY (ARRAY(SELECT request FROM items))
                 LEFT JOIN generation_jobs g
                        ON i.op = 'create_job' AND g.account_id = i.account AND g.request_id = i.request
+                      AND g.request_id = ANY (ARRAY(SELECT request FROM items))
             ), summed AS (
                 SELECT s.*,
                        sum(s.amount) OVER w AS through_amount,

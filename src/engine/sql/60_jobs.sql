@@ -123,13 +123,77 @@ BEGIN
 END;
 $$;
 
--- The worker's heartbeat and retry: the job's reservation is extended by
--- `p_reservation_seconds` (never shortened) and then, fenced on the lease,
--- `p_requeue_after` NULL extends the lease by `p_lease_seconds`; otherwise
--- the job goes back to the queue for that many seconds, with `p_error`
--- recorded. A job whose reservation is no longer held fails instead
--- (engine_fail_unreserved_jobs): it is never queued again. Outcomes: done,
--- lease_lost, reservation_lost.
+-- The heartbeat of all of a replica's in-flight jobs at once: `p_jobs`
+-- with the lease token each worker holds (`p_tokens`, same order). Their
+-- accounts are locked in id order, then the jobs still running under those
+-- tokens; each one's reservation is extended by `p_reservation_seconds` and
+-- its lease by `p_lease_seconds` (neither ever shortened), in one
+-- engine_settle. A job whose reservation is no longer held (expired
+-- meanwhile, or past its expiry on this access) fails
+-- (engine_fail_unreserved_jobs). One row per distinct job and token: done,
+-- lease_lost (that token no longer holds the job), reservation_lost.
+CREATE FUNCTION engine_heartbeat_jobs(
+    p_jobs uuid[], p_tokens bigint[], p_lease_seconds integer, p_reservation_seconds double precision
+)
+RETURNS TABLE (job_id uuid, lease_token bigint, outcome text)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    fenced generation_jobs[];
+    extended uuid[];
+    lost uuid[];
+    lost_at timestamptz;
+BEGIN
+    IF cardinality(p_jobs) IS DISTINCT FROM cardinality(p_tokens) THEN
+        RAISE EXCEPTION 'engine_heartbeat_jobs: % jobs but % tokens',
+            cardinality(p_jobs), cardinality(p_tokens);
+    END IF;
+    PERFORM 1 FROM accounts
+    WHERE id IN (SELECT j.account_id FROM generation_jobs j WHERE j.id = ANY (p_jobs))
+    ORDER BY id FOR NO KEY UPDATE;
+    fenced := ARRAY(
+        SELECT j FROM generation_jobs j
+        JOIN (SELECT DISTINCT u.id, u.token FROM unnest(p_jobs, p_tokens) AS u(id, token)) h
+          ON h.id = j.id AND h.token = j.lease_token
+        WHERE j.status = 'running'
+        ORDER BY j.id
+        FOR UPDATE OF j);
+    IF cardinality(fenced) > 0 THEN
+        SELECT array_agg((fenced[s.pos]).id) FILTER (WHERE s.outcome = 'extended'),
+               array_agg((fenced[s.pos]).id) FILTER (WHERE s.outcome <> 'extended'),
+               max(s.at)
+        INTO extended, lost, lost_at
+        FROM engine_settle(ARRAY(
+            SELECT ROW(f.ordinality::integer, 'extend', f.account_id, f.reservation_id, NULL,
+                       p_reservation_seconds, f.id, NULL, 'system')::engine_settle_item
+            FROM unnest(fenced) WITH ORDINALITY AS f
+            ORDER BY f.ordinality)) s;
+        UPDATE generation_jobs j
+        SET lease_expires_at = GREATEST(j.lease_expires_at,
+                now() + make_interval(secs => p_lease_seconds)),
+            updated_at = now()
+        WHERE j.id = ANY (extended);
+        IF lost IS NOT NULL THEN
+            PERFORM engine_fail_unreserved_jobs(lost, lost_at);
+        END IF;
+    END IF;
+    RETURN QUERY
+    SELECT h.id, h.token,
+           CASE WHEN f.id IS NULL THEN 'lease_lost'
+                WHEN f.id = ANY (extended) THEN 'done'
+                ELSE 'reservation_lost' END
+    FROM (SELECT DISTINCT u.id, u.token FROM unnest(p_jobs, p_tokens) AS u(id, token)) h
+    LEFT JOIN unnest(fenced) f ON f.id = h.id AND f.lease_token = h.token
+    ORDER BY h.id, h.token;
+END;
+$$;
+
+-- The worker's heartbeat of one job (engine_heartbeat_jobs) and its retry:
+-- `p_requeue_after` NULL is the heartbeat; otherwise, once the heartbeat
+-- has extended the reservation by `p_reservation_seconds`, the job goes
+-- back to the queue for that many seconds, with `p_error` recorded. A job
+-- whose reservation is no longer held fails instead: it is never queued
+-- again. Outcomes: done, lease_lost, reservation_lost.
 CREATE FUNCTION engine_job_heartbeat(
     p_job uuid, p_lease_token bigint, p_lease_seconds integer, p_reservation_seconds double precision,
     p_requeue_after double precision, p_error jsonb,
@@ -137,40 +201,16 @@ CREATE FUNCTION engine_job_heartbeat(
 )
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
-DECLARE
-    job generation_jobs;
-    extended record;
 BEGIN
-    SELECT * INTO job FROM generation_jobs WHERE id = p_job;
-    IF NOT FOUND THEN
-        outcome := 'lease_lost';
-        RETURN;
-    END IF;
-    PERFORM 1 FROM accounts WHERE id = job.account_id FOR NO KEY UPDATE;
-    SELECT * INTO job FROM generation_jobs
-    WHERE id = p_job AND lease_token = p_lease_token AND status = 'running' FOR UPDATE;
-    IF NOT FOUND THEN
-        outcome := 'lease_lost';
-        RETURN;
-    END IF;
-    SELECT * INTO extended FROM engine_settle(ARRAY[ROW(1, 'extend', job.account_id,
-        job.reservation_id, NULL, p_reservation_seconds, job.id, NULL, 'system')::engine_settle_item]);
-    IF extended.outcome <> 'extended' THEN
-        PERFORM engine_fail_unreserved_jobs(ARRAY[p_job], extended.at);
-        outcome := 'reservation_lost';
-        RETURN;
-    END IF;
-    IF p_requeue_after IS NULL THEN
-        UPDATE generation_jobs
-        SET lease_expires_at = now() + make_interval(secs => p_lease_seconds), updated_at = now()
-        WHERE id = p_job;
-    ELSE
+    SELECT h.outcome INTO outcome
+    FROM engine_heartbeat_jobs(ARRAY[p_job], ARRAY[p_lease_token], p_lease_seconds,
+                               p_reservation_seconds) h;
+    IF outcome = 'done' AND p_requeue_after IS NOT NULL THEN
         UPDATE generation_jobs
         SET status = 'queued', lease_expires_at = NULL, error = p_error, updated_at = now(),
             next_attempt_at = now() + make_interval(secs => p_requeue_after)
         WHERE id = p_job;
     END IF;
-    outcome := 'done';
 END;
 $$;
 

@@ -34,13 +34,7 @@ use crate::metrics::Metrics;
 const RETENTION_LOCK: i64 = 7_243_024;
 
 /// The tables retention prunes (metric labels).
-pub const TABLES: [&str; 5] = [
-    "idempotency_keys",
-    "events",
-    "webhook_deliveries",
-    "webhook_attempts",
-    "audit_events",
-];
+pub use crate::config::RETENTION_TABLES as TABLES;
 
 /// How long each table keeps its rows (`None`: forever), and where to archive.
 #[derive(Clone, Debug)]

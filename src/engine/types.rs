@@ -380,6 +380,12 @@ text_newtype!(ExternalRef, "external_ref", NAME_LENGTH_MAX);
 text_newtype!(Reason, "reason", REASON_LENGTH_MAX);
 text_newtype!(Note, "note", REASON_LENGTH_MAX);
 
+/// SHA-256 of `bytes` (key secrets, canonical job requests).
+pub fn sha256(bytes: &[u8]) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).into()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Where the service's time goes inside PostgreSQL, under kiosk load.
+#
+# Usage:
+#   bench/profile.sh [--scenario spread|hot|jobs] [--kiosks N] [--seconds S] [--accounts A]
+# Defaults: spread, 32 kiosks, 10 s, 1,000 accounts. Needs a release build
+# (cargo build --release) and the PostgreSQL server packages.
+#
+# A private cluster (initdb in a temporary directory, port PROFILE_PORT,
+# default 5471; the main cluster is not touched) with pg_stat_statements
+# (track = all: statements inside the engine's functions too) and
+# track_functions = pl. The release service runs on it;
+# `token-billing-tools bench load` drives it; the statistics are reset when
+# the load's measured window opens (after its warm-up). Printed: the load's
+# line, then the statements by total time (calls, mean ms, share of the
+# total, time per cycle) and the engine's functions by their own time
+# (self_time: without the functions they call). Everything it made is
+# removed at the end. PROFILE_URL_SUFFIX is appended to the service's
+# DATABASE_URL, to try a setting on its sessions, e.g.
+# PROFILE_URL_SUFFIX='?options=-c%20plan_cache_mode%3Dforce_generic_plan'.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scenario=spread kiosks=32 seconds=10 accounts=1000
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --scenario) scenario="$2"; shift ;;
+    --kiosks) kiosks="$2"; shift ;;
+    --seconds) seconds="$2"; shift ;;
+    --accounts) accounts="$2"; shift ;;
+    *) sed -n '2,7p' "$0" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+target_dir="${CARGO_TARGET_DIR:-target}"
+binary="$target_dir/release/token-billing"
+tools="$target_dir/release/token-billing-tools"
+for file in "$binary" "$tools"; do
+  [ -x "$file" ] || { echo "build first: cargo build --release ($file missing)" >&2; exit 1; }
+done
+pg_bin="/usr/lib/postgresql/$(ls /usr/lib/postgresql | sort -n | tail -n 1)/bin"
+port="${PROFILE_PORT:-5471}"
+service_port=18095
+key="profile-admin-key-$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+dir="$(mktemp -d /tmp/tb-profile.XXXXXX)"
+chown postgres "$dir"
+as_postgres() { runuser -u postgres -- "$@"; }
+service=""
+cleanup() {
+  [ -n "$service" ] && { kill -TERM "$service" 2> /dev/null || true; wait "$service" 2> /dev/null || true; }
+  [ -f "$dir/data/postmaster.pid" ] && as_postgres "$pg_bin/pg_ctl" stop -m immediate -D "$dir/data" > /dev/null 2>&1
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+
+as_postgres "$pg_bin/initdb" -D "$dir/data" -U postgres --auth=trust > /dev/null
+cat >> "$dir/data/postgresql.conf" << CONF
+listen_addresses = '127.0.0.1'
+port = $port
+unix_socket_directories = '$dir'
+max_connections = 100
+shared_buffers = 256MB
+shared_preload_libraries = 'pg_stat_statements'
+pg_stat_statements.track = all
+track_functions = pl
+CONF
+as_postgres "$pg_bin/pg_ctl" start -w -D "$dir/data" -l "$dir/postgres.log" > /dev/null
+psql_db() { psql -h 127.0.0.1 -p "$port" -U postgres -v ON_ERROR_STOP=1 -qtA "$@"; }
+
+database_url="postgres://postgres@127.0.0.1:$port/tb_profile${PROFILE_URL_SUFFIX:-}"
+DATABASE_URL="$database_url" BIND_ADDR="127.0.0.1:$service_port" ADMIN_API_KEY="$key" \
+  RATE_LIMIT_PER_SECOND=0 RUST_LOG=warn "$binary" serve > "$dir/service.log" 2>&1 &
+service=$!
+for _ in $(seq 1 600); do
+  curl -fsS "http://127.0.0.1:$service_port/readyz" > /dev/null 2>&1 && break
+  sleep 0.1
+done
+curl -fsS "http://127.0.0.1:$service_port/readyz" > /dev/null || { cat "$dir/service.log" >&2; exit 1; }
+psql_db -d tb_profile -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" > /dev/null
+
+reset="psql -h 127.0.0.1 -p $port -U postgres -qtA -d tb_profile -c 'SELECT pg_stat_statements_reset()' -c 'SELECT pg_stat_reset()' > /dev/null"
+line="$("$tools" bench load --url "http://127.0.0.1:$service_port" --admin-key "$key" \
+  --scenario "$scenario" --accounts "$accounts" --concurrency "$kiosks" --seconds "$seconds" \
+  --service-pid "$service" --on-measure "$reset")"
+echo "$line"
+cycles_per_s="$(sed -n 's/.*cycles_per_s=\([0-9.]*\).*/\1/p' <<< "$line")"
+cycles="$(awk -v r="${cycles_per_s:-0}" -v s="$seconds" 'BEGIN { printf "%d", r * s }')"
+[ "$cycles" -gt 0 ] || { echo "no cycles measured" >&2; exit 1; }
+
+echo
+echo "statements by total time ($cycles cycles measured; 'top' = called by the service, not from inside a function)"
+psql_db -d tb_profile -F ' | ' -c "
+  SELECT to_char(total_exec_time / sum(total_exec_time) OVER () * 100, 'FM990.0') || ' %',
+         calls, to_char(mean_exec_time, 'FM990.000') || ' ms',
+         to_char(total_exec_time / $cycles, 'FM990.000') || ' ms/cycle',
+         CASE WHEN toplevel THEN 'top' ELSE 'nested' END,
+         left(regexp_replace(query, '\s+', ' ', 'g'), 110)
+  FROM pg_stat_statements
+  WHERE dbid = (SELECT oid FROM pg_database WHERE datname = 'tb_profile')
+  ORDER BY total_exec_time DESC LIMIT 15"
+echo
+echo "engine functions by own time (self_time excludes the functions they call)"
+psql_db -d tb_profile -F ' | ' -c "
+  SELECT funcname, calls, to_char(self_time / calls, 'FM990.000') || ' ms self',
+         to_char(total_time / calls, 'FM990.000') || ' ms total',
+         to_char(self_time / $cycles, 'FM990.000') || ' ms/cycle self'
+  FROM pg_stat_user_functions WHERE calls > 0 ORDER BY self_time DESC LIMIT 15"
+echo
+echo "transactions and WAL per cycle"
+psql_db -d tb_profile -F ' | ' -c "
+  SELECT 'commits/cycle ' || to_char(xact_commit::numeric / $cycles, 'FM990.00'),
+         'rollbacks ' || xact_rollback
+  FROM pg_stat_database WHERE datname = 'tb_profile'"
