@@ -90,6 +90,44 @@ pub enum Command {
         #[arg(long)]
         csv: bool,
     },
+    /// Print every account's balances as the books stood at an instant, as
+    /// JSON lines (or CSV): finance's month-end statement.
+    #[command(after_help = "Examples:\n  \
+        token-billing balances --as-of 2026-12-01 --csv > november-closing.csv\n  \
+        token-billing balances --as-of 2026-11-30T23:59:59.999999Z | jq -c '{account_id, available}'\n\n\
+        Entries written at the instant count; a bare date is its midnight UTC. docs/api.md explains `as_of`.")]
+    Balances {
+        /// The instant: RFC 3339, or YYYY-MM-DD (midnight UTC); not in the future.
+        #[arg(long)]
+        as_of: String,
+        /// CSV instead of JSON lines.
+        #[arg(long)]
+        csv: bool,
+    },
+    /// Write the daily closing balances of every UTC day that has ended and is
+    /// not closed yet (the service does this on RETENTION_SCHEDULE too).
+    #[command(after_help = "Example:\n  token-billing close-days")]
+    CloseDays,
+    /// Run one retention pass now (RETENTION_* and ARCHIVE_DIR as for `serve`)
+    /// and print what it pruned and archived as JSON.
+    #[command(
+        after_help = "Example:\n  ARCHIVE_DIR=/var/lib/token-billing/archive RETENTION_EVENTS=90d token-billing prune"
+    )]
+    Prune {
+        #[arg(long, env = "RETENTION_IDEMPOTENCY_KEYS", default_value = "30d")]
+        retention_idempotency_keys: String,
+        #[arg(long, env = "RETENTION_EVENTS", default_value = "90d")]
+        retention_events: String,
+        #[arg(long, env = "RETENTION_WEBHOOK_ATTEMPTS", default_value = "30d")]
+        retention_webhook_attempts: String,
+        #[arg(long, env = "RETENTION_AUDIT_EVENTS", default_value = "0")]
+        retention_audit_events: String,
+        #[arg(long, env = "ARCHIVE_DIR")]
+        archive_dir: Option<std::path::PathBuf>,
+        /// Rows per batch (one transaction each).
+        #[arg(long, default_value_t = crate::config::RETENTION_BATCH_MAX)]
+        batch: i64,
+    },
     /// Print the ledger's hash chain up to an instant as JSON `{digest, entries, until,
     /// last_entry_id, format}`: keep it, and compare it after a restore or in an audit.
     #[command(after_help = "Examples:\n  \

@@ -36,6 +36,26 @@ pub const DB_STATEMENT_TIMEOUT_MS: u64 = 10_000;
 /// when `from` is omitted.
 pub const RECONCILIATION_RANGE_MAX: Duration = Duration::from_secs(366 * 24 * 3600);
 pub const RECONCILIATION_RANGE_DEFAULT: Duration = Duration::from_secs(30 * 24 * 3600);
+/// The tables retention prunes (the metrics' `table` label).
+pub const RETENTION_TABLES: [&str; 5] = [
+    "idempotency_keys",
+    "events",
+    "webhook_deliveries",
+    "webhook_attempts",
+    "audit_events",
+];
+/// Rows one retention batch archives and deletes in one transaction.
+pub const RETENTION_BATCH_MAX: i64 = 5_000;
+/// Batches of one table in one retention pass (the rest waits for the next).
+pub const RETENTION_BATCHES_PER_PASS_MAX: usize = 2_000;
+
+/// A retention duration (humantime: `30d`, `12h`, `3s`; `0` keeps forever).
+fn parse_retention(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text.trim()).map_err(|error| {
+        format!("{text:?} is not a duration such as 30d, 12h or 3s (0 keeps forever): {error}")
+    })
+}
+
 /// Largest `params` object of a job, serialized, in bytes.
 pub const JOB_PARAMS_MAX_BYTES: usize = 16 * 1024;
 /// Deepest nesting of arrays and objects accepted in `params`.
@@ -135,6 +155,30 @@ pub struct Config {
     /// Reaper schedule: cron with a seconds field.
     #[arg(long, env = "REAPER_SCHEDULE", default_value = "*/30 * * * * *")]
     pub reaper_schedule: String,
+
+    /// How long idempotency keys are kept (humantime: `30d`, `12h`, `3s`; `0` keeps them forever).
+    #[arg(long, env = "RETENTION_IDEMPOTENCY_KEYS", default_value = "30d", value_parser = parse_retention)]
+    pub retention_idempotency_keys: Duration,
+
+    /// How long events (the feed, webhooks' payloads) are kept; `0` keeps them forever.
+    #[arg(long, env = "RETENTION_EVENTS", default_value = "90d", value_parser = parse_retention)]
+    pub retention_events: Duration,
+
+    /// How long finished webhook deliveries and their attempts are kept; `0` keeps them forever.
+    #[arg(long, env = "RETENTION_WEBHOOK_ATTEMPTS", default_value = "30d", value_parser = parse_retention)]
+    pub retention_webhook_attempts: Duration,
+
+    /// How long audit events are kept; `0` (the default) keeps them forever.
+    #[arg(long, env = "RETENTION_AUDIT_EVENTS", default_value = "0", value_parser = parse_retention)]
+    pub retention_audit_events: Duration,
+
+    /// When retention passes and the daily closings run: cron with a seconds field.
+    #[arg(long, env = "RETENTION_SCHEDULE", default_value = "0 0 * * * *")]
+    pub retention_schedule: String,
+
+    /// Where pruned rows are archived first (gzip JSON Lines under `<dir>/<table>/`); unset: no archive.
+    #[arg(long, env = "ARCHIVE_DIR")]
+    pub archive_dir: Option<std::path::PathBuf>,
 
     /// Image generation provider.
     #[arg(long, env = "PROVIDER", value_enum, default_value_t = ProviderKind::Simulated)]
@@ -329,6 +373,13 @@ impl Config {
                 "REAPER_SCHEDULE ({:?}) must be a cron expression with 6 fields, seconds first, \
                  e.g. \"*/30 * * * * *\"",
                 self.reaper_schedule
+            ));
+        }
+        if self.retention_schedule.split_whitespace().count() != 6 {
+            return Err(format!(
+                "RETENTION_SCHEDULE ({:?}) must be a cron expression with 6 fields, seconds first, \
+                 e.g. \"0 0 * * * *\" (hourly)",
+                self.retention_schedule
             ));
         }
         if let Some(key) = &self.admin_api_key {

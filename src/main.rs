@@ -61,6 +61,26 @@ async fn main() -> ExitCode {
             return reconcile_command(&database_url, from.as_deref(), to.as_deref(), account, csv)
         }
         Some(Command::LedgerDigest { until }) => ledger_digest_command(&database_url, &until),
+        Some(Command::Balances { as_of, csv }) => balances_command(&database_url, &as_of, csv),
+        Some(Command::CloseDays) => close_days_command(&database_url),
+        Some(Command::Prune {
+            retention_idempotency_keys,
+            retention_events,
+            retention_webhook_attempts,
+            retention_audit_events,
+            archive_dir,
+            batch,
+        }) => prune_command(
+            &database_url,
+            [
+                retention_idempotency_keys,
+                retention_events,
+                retention_webhook_attempts,
+                retention_audit_events,
+            ],
+            archive_dir,
+            batch,
+        ),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -247,6 +267,94 @@ fn reconcile_command(
             ExitCode::FAILURE
         }
     }
+}
+
+/// Prints every account's balances at `as_of` (domain::history), a page
+/// of accounts at a time, as JSON lines or CSV.
+fn balances_command(database_url: &str, as_of: &str, csv: bool) -> anyhow::Result<()> {
+    use std::io::Write;
+    use token_billing::domain::history::{list_as_of, parse_as_of};
+    let as_of = parse_as_of(as_of, chrono::Utc::now())?;
+    let mut conn = connect(database_url)?;
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    if csv {
+        writeln!(
+            out,
+            "account_id,name,as_of,available,reserved,used,credited,adjusted,last_entry_id"
+        )?;
+    }
+    let mut after = None;
+    loop {
+        let page = list_as_of(&mut conn, as_of, after, 1_000)?;
+        for line in &page.balances {
+            if csv {
+                writeln!(
+                    out,
+                    "{},{},{},{},{},{},{},{},{}",
+                    line.account_id,
+                    token_billing::domain::reconciliation::csv_text(&line.name),
+                    line.as_of,
+                    line.available,
+                    line.reserved,
+                    line.used,
+                    line.credited,
+                    line.adjusted,
+                    line.last_entry_id
+                        .map(|id| id.to_string())
+                        .unwrap_or_default()
+                )?;
+            } else {
+                writeln!(out, "{}", serde_json::to_string(line)?)?;
+            }
+        }
+        match page.next_after {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// Closes every UTC day that has ended (domain::history::close_days) and
+/// prints what it did as JSON.
+fn close_days_command(database_url: &str) -> anyhow::Result<()> {
+    use token_billing::domain::history::close_days;
+    let mut conn = connect(database_url)?;
+    let closed = close_days(&mut conn, chrono::Utc::now(), usize::MAX)?;
+    println!("{}", serde_json::to_string(&closed)?);
+    Ok(())
+}
+
+/// One retention pass now (token_billing::domain::retention), printed as JSON.
+fn prune_command(
+    database_url: &str,
+    durations: [String; 4],
+    archive_dir: Option<std::path::PathBuf>,
+    batch: i64,
+) -> anyhow::Result<()> {
+    use token_billing::domain::retention::{run_pass_exclusive, RetentionSettings};
+    let parse = |text: &str| -> anyhow::Result<Option<std::time::Duration>> {
+        let duration = humantime::parse_duration(text.trim())
+            .map_err(|error| anyhow::anyhow!("{text:?} is not a duration such as 30d: {error}"))?;
+        Ok((!duration.is_zero()).then_some(duration))
+    };
+    anyhow::ensure!(batch >= 1, "--batch must be at least 1");
+    let settings = RetentionSettings {
+        idempotency_keys: parse(&durations[0])?,
+        events: parse(&durations[1])?,
+        webhook_attempts: parse(&durations[2])?,
+        audit_events: parse(&durations[3])?,
+        archive_dir,
+        batch,
+        batches_max: usize::MAX,
+    };
+    let mut conn = connect(database_url)?;
+    match run_pass_exclusive(&mut conn, &settings, None)? {
+        Some(report) => println!("{}", serde_json::to_string(&report)?),
+        None => anyhow::bail!("another replica is running a retention pass; try again later"),
+    }
+    Ok(())
 }
 
 /// Prints the ledger's hash chain up to `until` (domain::ledger_digest).

@@ -9,8 +9,8 @@
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Double};
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec,
-    Opts, Registry, TextEncoder,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::engine::{Answer, Op, Operation, Outcome as EngineOutcome};
@@ -47,6 +47,15 @@ pub struct Metrics {
     pub webhook_delivery_seconds: Histogram,
     pub webhook_pending: IntGauge,
     pub webhook_oldest_pending_seconds: Gauge,
+    /// Rows deleted by retention, by table.
+    pub retention_pruned_rows_total: IntCounterVec,
+    /// Rows written to ARCHIVE_DIR by retention before their delete, by table.
+    pub retention_archived_rows_total: IntCounterVec,
+    /// Age of the oldest row of each table retention prunes, after a pass.
+    pub retention_oldest_row_age_seconds: GaugeVec,
+    /// The last UTC day whose daily closing balances are written (Unix time
+    /// of its midnight; 0 before the first).
+    pub ledger_last_closed_day_timestamp_seconds: Gauge,
 }
 
 fn opts(name: &str, help: &str) -> Opts {
@@ -157,6 +166,28 @@ impl Metrics {
             "webhook_oldest_pending_seconds",
             "Age of the oldest event not yet delivered to an enabled endpoint (database).",
         )?;
+        let retention_pruned_rows_total = counter(
+            "retention_pruned_rows_total",
+            "Rows deleted by retention (RETENTION_*), by table.",
+            &["table"],
+        )?;
+        let retention_archived_rows_total = counter(
+            "retention_archived_rows_total",
+            "Rows written to ARCHIVE_DIR (gzip JSON Lines, fsynced) before retention deleted them, by table.",
+            &["table"],
+        )?;
+        let retention_oldest_row_age_seconds = GaugeVec::new(
+            opts(
+                "retention_oldest_row_age_seconds",
+                "Age of the oldest row of each table retention prunes, after the last pass.",
+            ),
+            &["table"],
+        )?;
+        registry.register(Box::new(retention_oldest_row_age_seconds.clone()))?;
+        let ledger_last_closed_day_timestamp_seconds = gauge(
+            "ledger_last_closed_day_timestamp_seconds",
+            "Midnight (Unix time) starting the last UTC day whose daily closing balances are written.",
+        )?;
         let invariant_violations = int_gauge(
             "invariant_violations",
             "Accounts currently violating a token invariant.",
@@ -212,7 +243,15 @@ impl Metrics {
             .set(1);
         // Every fixed label value exists from the start (at 0), so rates and
         // alerts see a series before the first event.
-        let known: [(&IntCounterVec, &[&str]); 9] = [
+        let known: [(&IntCounterVec, &[&str]); 11] = [
+            (
+                &retention_pruned_rows_total,
+                &crate::config::RETENTION_TABLES,
+            ),
+            (
+                &retention_archived_rows_total,
+                &crate::config::RETENTION_TABLES,
+            ),
             (
                 &webhook_deliveries_total,
                 &["delivered", "retrying", "exhausted", "endpoint_gone"],
@@ -297,6 +336,10 @@ impl Metrics {
             webhook_delivery_seconds,
             webhook_pending,
             webhook_oldest_pending_seconds,
+            retention_pruned_rows_total,
+            retention_archived_rows_total,
+            retention_oldest_row_age_seconds,
+            ledger_last_closed_day_timestamp_seconds,
         })
     }
 

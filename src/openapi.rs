@@ -15,7 +15,7 @@ use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use crate::domain::{
-    accounts, api_keys, audit, checks, credits, events, idempotency, jobs, ledger,
+    accounts, api_keys, audit, checks, credits, events, history, idempotency, jobs, ledger,
 };
 use crate::domain::{reconciliation, reservations, system, types};
 use crate::error::{ApiError, Problem, ProblemCode};
@@ -84,6 +84,8 @@ use crate::webhooks::endpoints;
         accounts::AccountView,
         accounts::Warning,
         accounts::AccountPage,
+        history::BalancesAsOf,
+        history::BalancesAsOfPage,
         api_keys::CreatedApiKey,
         idempotency::ReplayedApiKey,
         api_keys::Scope,

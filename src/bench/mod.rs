@@ -6,6 +6,7 @@
 //! percentiles, never asserts on time.
 
 pub mod flood;
+pub mod history;
 pub mod load;
 pub mod sink;
 

@@ -80,6 +80,14 @@ enum BenchCommand {
     AuthFlood(token_billing::bench::flood::FloodArgs),
     /// Seed a scratch database (--database-url) and time reconciliation reports.
     Reconciliation(token_billing::bench::ReconciliationBenchArgs),
+    /// Build a long history through the engine on a scratch database
+    /// (--database-url), then measure a service's history reads over it.
+    #[command(after_help = "Example:\n  \
+        token-billing-tools --database-url postgres://postgres@127.0.0.1:5432/tb_history \\\n    \
+        bench history --entries 20000000 --accounts 10000\n  \
+        token-billing-tools --database-url postgres://postgres@127.0.0.1:5432/tb_history \\\n    \
+        bench history --skip-build --url http://127.0.0.1:8080 --admin-key dev-admin-key-change-me")]
+    History(token_billing::bench::history::HistoryBenchArgs),
     /// A webhook receiver that answers 204 and counts (`GET /count`).
     #[command(after_help = "Example:\n  \
         token-billing-tools bench webhook-sink --bind 127.0.0.1:18099")]
@@ -124,6 +132,27 @@ async fn main() -> ExitCode {
             .await
             .map_err(anyhow::Error::from)
             .and_then(|result| result)
+        }
+        Tool::Bench {
+            target: BenchCommand::History(args),
+        } => {
+            let url = cli.database_url.clone();
+            let args = std::sync::Arc::new(args);
+            let build = if args.skip_build {
+                Ok(())
+            } else {
+                let (url, args) = (url.clone(), std::sync::Arc::clone(&args));
+                tokio::task::spawn_blocking(move || {
+                    token_billing::bench::history::build(&url, &args)
+                })
+                .await
+                .map_err(anyhow::Error::from)
+                .and_then(|result| result)
+            };
+            match build {
+                Ok(()) => token_billing::bench::history::measure(&url, &args).await,
+                Err(error) => Err(error),
+            }
         }
         Tool::Bench {
             target: BenchCommand::WebhookSink { bind },

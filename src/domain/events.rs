@@ -109,12 +109,9 @@ pub fn list_events(conn: &mut PgConnection, filter: &EventFilter) -> Result<Even
                     .bind::<SqlUuid, _>(after)
                     .get_result(conn)
                     .optional()?;
-            let position = position.ok_or_else(|| {
-                ApiError::InvalidRequest(
-                    "after must be the id of an event of this feed (a previous `next_after`)"
-                        .into(),
-                )
-            })?;
+            let Some(position) = position else {
+                return Err(unknown_cursor(conn)?);
+            };
             (position.txid, position.seq)
         }
     };
@@ -142,6 +139,27 @@ pub fn list_events(conn: &mut PgConnection, filter: &EventFilter) -> Result<Even
         .collect();
     let next_after = events.last().map(|event| event.id).or(filter.after);
     Ok(EventPage { events, next_after })
+}
+
+/// The error for an `after` that names no event in the table: when
+/// retention has pruned events, it says that the cursor may be one of them
+/// and that resuming from it would skip events, instead of a silent gap.
+fn unknown_cursor(conn: &mut PgConnection) -> Result<ApiError, ApiError> {
+    Ok(
+        match crate::domain::retention::events_pruned_before(conn)? {
+            None => ApiError::InvalidRequest(
+                "after must be the id of an event of this feed (a previous `next_after`)".into(),
+            ),
+            Some(pruned_before) => ApiError::InvalidRequest(format!(
+                "after is not an event of this feed any more: events created before {} have been \
+             deleted by retention (RETENTION_EVENTS), and this cursor is unknown or was one of \
+             them; the events between it and the oldest kept event cannot be listed (they are \
+             in the archive when ARCHIVE_DIR is set). Start again without after to read the \
+             oldest events kept",
+                pruned_before.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+            )),
+        },
+    )
 }
 
 /// The page as a kiosk may see it: no key ids (`actor` members become the

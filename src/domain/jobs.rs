@@ -10,6 +10,7 @@ use uuid::Uuid;
 use crate::db::models::JobRow;
 use crate::db::schema::{generation_jobs, reservations};
 use crate::db::states::{JobStatus, ReservationState};
+use crate::domain::paging::page_of;
 pub use crate::engine::jobs::{JobJson, JobRequest, JobReservation, JobView};
 use crate::engine::types::{AccountId, RequestId};
 use crate::error::ApiError;
@@ -87,7 +88,7 @@ pub fn list_jobs(
         .filter(generation_jobs::account_id.eq(account.0))
         .select(JobRow::as_select())
         .order(generation_jobs::id.desc())
-        .limit(limit)
+        .limit(limit + 1)
         .into_boxed();
     if let Some(status) = status {
         query = query.filter(generation_jobs::status.eq(status));
@@ -95,13 +96,7 @@ pub fn list_jobs(
     if let Some(after) = after {
         query = query.filter(generation_jobs::id.lt(after));
     }
-    let rows = query.load(conn)?;
-    let full = i64::try_from(rows.len()).ok() == Some(limit);
-    let next_after = if full {
-        rows.last().map(|job| job.id)
-    } else {
-        None
-    };
+    let (rows, next_after) = page_of(query.load(conn)?, limit, |job: &JobRow| job.id);
     Ok(JobPage {
         jobs: with_reservations(conn, rows)?,
         next_after,

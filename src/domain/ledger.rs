@@ -9,6 +9,7 @@ use uuid::Uuid;
 
 use crate::db::models::LedgerEntryRow;
 use crate::db::schema::ledger_entries;
+use crate::domain::paging::page_of;
 use crate::domain::types::AccountId;
 use crate::error::ApiError;
 
@@ -153,18 +154,14 @@ pub fn list_entries(
         .filter(ledger_entries::account_id.eq(account.0))
         .filter(ledger_entries::id.gt(after.unwrap_or(0)))
         .order(ledger_entries::id.asc())
-        .limit(limit)
+        .limit(limit + 1)
         .select(LedgerEntryRow::as_select())
         .into_boxed();
     if let Some(since) = since {
         query = query.filter(ledger_entries::created_at.ge(since));
     }
     let rows: Vec<LedgerEntryRow> = query.load(conn)?;
-    let next_after = if i64::try_from(rows.len()).ok() == Some(limit) {
-        rows.last().map(|row| row.id)
-    } else {
-        None
-    };
+    let (rows, next_after) = page_of(rows, limit, |row: &LedgerEntryRow| row.id);
     Ok(LedgerPage {
         entries: rows.into_iter().map(LedgerEntryView::from).collect(),
         next_after,

@@ -6,6 +6,7 @@ pub mod audit;
 pub mod checks;
 pub mod credits;
 pub mod events;
+pub mod history;
 pub mod idempotency;
 pub mod job_leases;
 pub mod jobs;
@@ -15,6 +16,7 @@ pub mod paging;
 pub mod reaper;
 pub mod reconciliation;
 pub mod reservations;
+pub mod retention;
 pub mod system;
 
 // The value types and states live below the domain (the engine's contract

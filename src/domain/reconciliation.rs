@@ -17,6 +17,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::domain::checks::{find_violations, Discrepancy};
+use crate::domain::history::{states_before, AccountState, Accounts};
 use crate::error::ApiError;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, QueryableByName)]
@@ -225,7 +226,10 @@ fn rfc3339(instant: DateTime<Utc>) -> String {
     instant.to_rfc3339_opts(SecondsFormat::Micros, true)
 }
 
-/// Builds the report for `[from, to)`, optionally for one account.
+/// Builds the report for `[from, to)`, optionally for one account. The
+/// books at `from` and at `to` come from `history::states_before` (the
+/// daily closings plus the entries since, each closing checked against the
+/// ledger), so a long period costs about what a short one does.
 pub fn reconcile(
     conn: &mut PgConnection,
     from: DateTime<Utc>,
@@ -233,59 +237,91 @@ pub fn reconcile(
     account: Option<Uuid>,
 ) -> Result<Report, ApiError> {
     // One snapshot for the period query and the state checks.
-    conn.build_transaction().repeatable_read().read_only().run(|conn| {
-        let rows: Vec<AccountReconciliation> = diesel::sql_query(
-            "WITH opening AS ( \
-                 SELECT DISTINCT ON (account_id) account_id, available_after, reserved_after, used_after \
-                 FROM ledger_entries WHERE created_at < $1 ORDER BY account_id, id DESC), \
-             closing AS ( \
-                 SELECT DISTINCT ON (account_id) account_id, available_after, reserved_after, used_after \
-                 FROM ledger_entries WHERE created_at < $2 ORDER BY account_id, id DESC), \
-             movements AS ( \
-                 SELECT account_id, \
-                     COALESCE(sum(amount) FILTER (WHERE kind = 'credit'), 0)::bigint AS credited, \
-                     COALESCE(sum(amount) FILTER (WHERE kind = 'adjustment'), 0)::bigint AS adjusted, \
-                     COALESCE(sum(amount) FILTER (WHERE kind = 'reserve'), 0)::bigint AS reserved, \
-                     COALESCE(sum(amount) FILTER (WHERE kind = 'commit'), 0)::bigint AS committed, \
-                     COALESCE(sum(amount) FILTER (WHERE kind = 'release'), 0)::bigint AS released, \
-                     COALESCE(sum(amount) FILTER (WHERE kind = 'expire'), 0)::bigint AS expired, \
-                     count(*) FILTER (WHERE kind = 'commit' AND job_id IS NOT NULL) AS job_commit_entries \
-                 FROM ledger_entries WHERE created_at >= $1 AND created_at < $2 GROUP BY account_id), \
-             jobs AS ( \
-                 SELECT account_id, count(*) AS succeeded FROM generation_jobs \
-                 WHERE status = 'succeeded' AND finished_at >= $1 AND finished_at < $2 GROUP BY account_id) \
-             SELECT a.id AS account_id, a.name, \
-                 COALESCE(o.available_after, 0) AS opening_available, \
-                 COALESCE(o.reserved_after, 0) AS opening_reserved, \
-                 COALESCE(o.used_after, 0) AS opening_used, \
-                 COALESCE(m.credited, 0) AS credited, COALESCE(m.adjusted, 0) AS adjusted, \
-                 COALESCE(m.reserved, 0) AS reserved, COALESCE(m.committed, 0) AS committed, \
-                 COALESCE(m.released, 0) AS released, COALESCE(m.expired, 0) AS expired, \
-                 COALESCE(c.available_after, 0) AS closing_available, \
-                 COALESCE(c.reserved_after, 0) AS closing_reserved, \
-                 COALESCE(c.used_after, 0) AS closing_used, \
-                 COALESCE(j.succeeded, 0) AS jobs_succeeded, \
-                 COALESCE(m.job_commit_entries, 0) AS job_commit_entries \
-             FROM accounts a \
-             LEFT JOIN opening o ON o.account_id = a.id \
-             LEFT JOIN closing c ON c.account_id = a.id \
-             LEFT JOIN movements m ON m.account_id = a.id \
-             LEFT JOIN jobs j ON j.account_id = a.id \
-             WHERE a.created_at < $2 AND ($3::uuid IS NULL OR a.id = $3) \
-             ORDER BY a.id",
-        )
-        .bind::<Timestamptz, _>(from)
-        .bind::<Timestamptz, _>(to)
-        .bind::<Nullable<SqlUuid>, _>(account)
-        .load(conn)?;
-        let mut discrepancies: Vec<Discrepancy> = rows.iter().flat_map(AccountReconciliation::discrepancies).collect();
-        discrepancies.extend(
-            find_violations(conn)?.into_iter().filter(|d| account.is_none_or(|only| d.account_id == only)),
-        );
-        discrepancies.sort_by(|a, b| (a.account_id, &a.check).cmp(&(b.account_id, &b.check)));
-        let now: DateTime<Utc> = diesel::select(diesel::dsl::now.into_sql::<Timestamptz>()).get_result(conn)?;
-        Ok(build_report(from, to, now, rows, discrepancies))
-    })
+    conn.build_transaction()
+        .repeatable_read()
+        .read_only()
+        .run(|conn| {
+            let accounts = Accounts {
+                only: account,
+                opened_before: to,
+                after: None,
+                limit: i64::MAX,
+            };
+            let (opening, mut discrepancies) = states_before(conn, from, accounts)?;
+            let (closing, closing_discrepancies) = states_before(conn, to, accounts)?;
+            discrepancies.extend(closing_discrepancies);
+            let jobs: Vec<JobsSucceeded> = diesel::sql_query(
+                "SELECT account_id, count(*) AS succeeded FROM generation_jobs \
+             WHERE status = 'succeeded' AND finished_at >= $1 AND finished_at < $2 \
+               AND ($3::uuid IS NULL OR account_id = $3) GROUP BY account_id",
+            )
+            .bind::<Timestamptz, _>(from)
+            .bind::<Timestamptz, _>(to)
+            .bind::<Nullable<SqlUuid>, _>(account)
+            .load(conn)?;
+            let jobs: std::collections::HashMap<Uuid, i64> = jobs
+                .into_iter()
+                .map(|row| (row.account_id, row.succeeded))
+                .collect();
+            let rows: Vec<AccountReconciliation> = opening
+                .iter()
+                .zip(&closing)
+                .map(|(open, close)| {
+                    period_row(
+                        open,
+                        close,
+                        jobs.get(&open.account_id).copied().unwrap_or(0),
+                    )
+                })
+                .collect();
+            discrepancies.extend(rows.iter().flat_map(AccountReconciliation::discrepancies));
+            discrepancies.extend(
+                find_violations(conn)?
+                    .into_iter()
+                    .filter(|d| account.is_none_or(|only| d.account_id == only)),
+            );
+            discrepancies.sort_by(|a, b| (a.account_id, &a.check).cmp(&(b.account_id, &b.check)));
+            discrepancies.dedup();
+            let now: DateTime<Utc> =
+                diesel::select(diesel::dsl::now.into_sql::<Timestamptz>()).get_result(conn)?;
+            Ok(build_report(from, to, now, rows, discrepancies))
+        })
+}
+
+#[derive(QueryableByName)]
+struct JobsSucceeded {
+    #[diesel(sql_type = SqlUuid)]
+    account_id: Uuid,
+    #[diesel(sql_type = BigInt)]
+    succeeded: i64,
+}
+
+/// An account's line from its books at the start and at the end of the
+/// period: movements are differences of running totals.
+fn period_row(
+    open: &AccountState,
+    close: &AccountState,
+    jobs_succeeded: i64,
+) -> AccountReconciliation {
+    debug_assert_eq!(open.account_id, close.account_id);
+    AccountReconciliation {
+        account_id: close.account_id,
+        name: close.name.clone(),
+        opening_available: open.available,
+        opening_reserved: open.reserved,
+        opening_used: open.used,
+        credited: close.credited - open.credited,
+        adjusted: close.adjusted - open.adjusted,
+        reserved: close.reserved_total - open.reserved_total,
+        committed: close.committed - open.committed,
+        released: close.released - open.released,
+        expired: close.expired - open.expired,
+        closing_available: close.available,
+        closing_reserved: close.reserved,
+        closing_used: close.used,
+        jobs_succeeded,
+        job_commit_entries: close.job_commit_entries - open.job_commit_entries,
+    }
 }
 
 fn build_report(
@@ -398,7 +434,7 @@ pub fn to_csv(report: &Report) -> String {
 }
 
 /// One text field of the CSV: defused against formulas, quoted when needed.
-fn csv_text(text: &str) -> String {
+pub fn csv_text(text: &str) -> String {
     let defused = if text.starts_with(['=', '+', '-', '@', '\t', '\r']) {
         format!("'{text}")
     } else {

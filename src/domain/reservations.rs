@@ -11,6 +11,7 @@ use uuid::Uuid;
 
 use crate::db::models::ReservationRow;
 use crate::db::schema::reservations;
+use crate::domain::paging::page_of;
 use crate::domain::states::ReservationState;
 use crate::domain::types::{AccountId, RequestId, ReservationId};
 use crate::error::ApiError;
@@ -82,7 +83,7 @@ pub fn list_reservations(
         .filter(reservations::account_id.eq(account.0))
         .select(ReservationRow::as_select())
         .order(reservations::id.desc())
-        .limit(limit)
+        .limit(limit + 1)
         .into_boxed();
     if let Some(state) = state {
         query = query.filter(reservations::state.eq(state));
@@ -90,12 +91,7 @@ pub fn list_reservations(
     if let Some(after) = after {
         query = query.filter(reservations::id.lt(after));
     }
-    let rows = query.load(conn)?;
-    let next_after = if i64::try_from(rows.len()).ok() == Some(limit) {
-        rows.last().map(|row| row.id)
-    } else {
-        None
-    };
+    let (rows, next_after) = page_of(query.load(conn)?, limit, |row: &ReservationRow| row.id);
     Ok(ReservationPage {
         reservations: rows.into_iter().map(ReservationView::from).collect(),
         next_after,

@@ -2,7 +2,7 @@
 
 use actix_web::http::header;
 use actix_web::{get, patch, post, web, HttpRequest, HttpResponse};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::api_keys::{create_key_once, key_canonical};
@@ -12,10 +12,11 @@ use crate::db::read_replica::run_read_blocking;
 use crate::db::run_blocking;
 use crate::domain::accounts::{
     self, parse_low_balance_threshold, parse_max_active_reservations, AccountFilter, AccountPage,
-    AccountView,
+    AccountView, ACCOUNT_PAGE_DEFAULT, ACCOUNT_PAGE_MAX,
 };
 use crate::domain::api_keys::{create_api_key_by, parse_expires_at, Caller, CreatedApiKey, Scope};
 use crate::domain::audit::Audit;
+use crate::domain::history::{self, BalancesAsOf, BalancesAsOfPage};
 use crate::domain::idempotency::{self, Claim, Created, ReplayedApiKey};
 use crate::domain::ledger::{self, LedgerPage};
 use crate::domain::paging::page_limit;
@@ -149,6 +150,11 @@ struct AccountListQuery {
     /// Only accounts in this status.
     #[param(pattern = "^(active|suspended)$")]
     status: Option<String>,
+    /// Balances as the books stood at this instant (RFC 3339, or a
+    /// `YYYY-MM-DD` date meaning its midnight UTC; entries written at that
+    /// instant count): the page lists `BalancesAsOf` of the accounts opened
+    /// by then. Not with `q` or `status`. Not in the future.
+    as_of: Option<String>,
 }
 
 /// Lists accounts, oldest first, and finds them by name (admin, finance).
@@ -156,9 +162,10 @@ struct AccountListQuery {
     tag = "accounts",
     params(AccountListQuery),
     responses(
-        (status = 200, description = "One page of accounts; `next_after` is the next \
-                                      page's `after`, null on the last page", body = AccountPage),
-        (status = 400, description = "Invalid cursor, limit, q or status",
+        (status = 200, description = "One page of accounts (with `as_of`: their balances \
+                                      then); `next_after` is the next page's `after`, null on \
+                                      the last page", body = AccountListAnswer),
+        (status = 400, description = "Invalid cursor, limit, q, status or as_of",
          body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "A kiosk key",
          body = Problem, content_type = "application/problem+json"),
@@ -177,31 +184,78 @@ async fn list_accounts(
         limit,
         q,
         status,
+        as_of,
     } = query.into_inner();
+    if let Some(as_of) = as_of {
+        if q.is_some() || status.is_some() {
+            return Err(ApiError::InvalidRequest(
+                "as_of cannot be combined with q or status".into(),
+            ));
+        }
+        let as_of = history::parse_as_of(&as_of, chrono::Utc::now())?;
+        let limit = page_limit(limit, ACCOUNT_PAGE_DEFAULT, ACCOUNT_PAGE_MAX)?;
+        let page = run_blocking(&state.pool, move |conn| {
+            history::list_as_of(conn, as_of, after, limit)
+        })
+        .await?;
+        return Ok(HttpResponse::Ok().json(AccountListAnswer::AsOf(page)));
+    }
     let filter = AccountFilter::parse(after, limit, q.as_deref(), status.as_deref())?;
     let page = run_blocking(&state.pool, move |conn| {
         accounts::list_accounts(conn, &filter)
     })
     .await?;
-    Ok(HttpResponse::Ok().json(page))
+    Ok(HttpResponse::Ok().json(AccountListAnswer::Now(page)))
 }
 
-/// An account's balances.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+struct AccountQuery {
+    /// Balances as the books stood at this instant (RFC 3339, or a
+    /// `YYYY-MM-DD` date meaning its midnight UTC), exact to the entry:
+    /// entries written at that instant count. Not in the future.
+    as_of: Option<String>,
+}
+
+/// The answer of `GET /v1/accounts/{account_id}`: the account now, or its
+/// balances at `as_of`.
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+enum AccountAnswer {
+    Now(AccountView),
+    AsOf(BalancesAsOf),
+}
+
+/// The answer of `GET /v1/accounts`: a page of accounts, or of their
+/// balances at `as_of`.
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+enum AccountListAnswer {
+    Now(AccountPage),
+    AsOf(BalancesAsOfPage),
+}
+
+/// An account's balances, now or at an instant.
 ///
-/// The version is sent as `ETag`; `If-None-Match` with it answers 304.
+/// The version is sent as `ETag`; `If-None-Match` with it answers 304
+/// (without `as_of`).
 #[utoipa::path(
     tag = "accounts",
     params(
         ("account_id" = Uuid, Path, description = "The account"),
+        AccountQuery,
         ("If-None-Match" = Option<String>, Header,
          description = "A previous `ETag`: unchanged balances answer 304"),
     ),
     responses(
-        (status = 200, description = "The account and its balances", body = AccountView,
-         headers(("ETag" = String, description = "The account's version, quoted"))),
+        (status = 200, description = "The account and its balances (with `as_of`: its \
+                                      balances then, `BalancesAsOf`)", body = AccountAnswer,
+         headers(("ETag" = String, description = "The account's version, quoted (not with \
+                                                  `as_of`)"))),
         (status = 304, description = "Unchanged since the `If-None-Match` version",
          headers(("ETag" = String, description = "The account's version, quoted"))),
-        (status = 400, description = "The account id is not a UUID",
+        (status = 400, description = "The account id is not a UUID, or `as_of` is not an \
+                                      instant or is in the future",
          body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such account, or not this kiosk's",
          body = Problem, content_type = "application/problem+json"),
@@ -213,10 +267,19 @@ async fn get_account(
     caller: Caller,
     state: State,
     path: web::Path<Uuid>,
+    query: web::Query<AccountQuery>,
     request: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
     let account = AccountId(path.into_inner());
     caller.authorize_read(account)?;
+    if let Some(as_of) = query.into_inner().as_of {
+        let as_of = history::parse_as_of(&as_of, chrono::Utc::now())?;
+        let view = run_blocking(&state.pool, move |conn| {
+            history::account_as_of(conn, account.0, as_of)
+        })
+        .await?;
+        return Ok(HttpResponse::Ok().json(AccountAnswer::AsOf(view)));
+    }
     let view = AccountView::from(
         run_blocking(&state.pool, move |conn| {
             accounts::get_account(conn, account)
@@ -240,7 +303,7 @@ async fn get_account(
     }
     Ok(HttpResponse::Ok()
         .insert_header((header::ETAG, etag))
-        .json(view))
+        .json(AccountAnswer::Now(view)))
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]

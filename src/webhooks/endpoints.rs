@@ -433,7 +433,7 @@ pub fn redeliver(
 ) -> Result<DeliveryView, ApiError> {
     conn.transaction(|conn| {
         let view = get(conn, endpoint)?;
-        let delivery: DeliveryView = diesel::sql_query(
+        let delivery: Option<DeliveryView> = diesel::sql_query(
             "INSERT INTO webhook_deliveries (endpoint_id, event_id, account_id) \
              SELECT $1, e.id, e.account_id FROM events e \
              WHERE e.id = $2 AND ($3::uuid IS NULL OR e.account_id = $3) \
@@ -446,8 +446,17 @@ pub fn redeliver(
         .bind::<SqlUuid, _>(event)
         .bind::<Nullable<SqlUuid>, _>(view.account_id)
         .get_result(conn)
-        .optional()?
-        .ok_or(ApiError::NotFound("event"))?;
+        .optional()?;
+        let Some(delivery) = delivery else {
+            // Said plainly when retention may have deleted it.
+            return Err(match crate::domain::retention::events_pruned_before(conn)? {
+                None => ApiError::NotFound("event"),
+                Some(_) => ApiError::NotFound(
+                    "event (it never existed, or it was older than RETENTION_EVENTS and retention \
+                     deleted it; ARCHIVE_DIR keeps deleted events when set); the event",
+                ),
+            });
+        };
         audit::record(
             conn,
             by,

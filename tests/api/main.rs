@@ -22,6 +22,7 @@ mod docs_agree;
 mod failover;
 mod fencing;
 mod frozen_files;
+mod history;
 mod jobs;
 mod json_numbers;
 mod keys_audit;

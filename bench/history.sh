@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# History at scale (BENCHMARKS.md, "History at scale"):
+#   bench/history.sh [ENTRIES] [ACCOUNTS] [EVENTS]
+# 1. kiosk load (8 kiosks, spread) on an empty database: the baseline;
+# 2. a history of ENTRIES ledger entries over ACCOUNTS accounts spanning 12
+#    months, built through the engine (`bench history`), closed by day;
+# 3. with the service on it and the same kiosk load running: as_of of one
+#    account, the account list as_of, the ledger page, reconciliation of a
+#    month and of the year (`bench history --skip-build --url …`);
+# 4. the kiosk load alone on the big database (throughput against 1.);
+# 5. EVENTS expired events, then a retention pass that archives them
+#    (`token-billing prune` with ARCHIVE_DIR) while the kiosk load runs:
+#    its time, the WAL written, the kiosks' p99.
+# Needs release binaries (cargo build --release) and PostgreSQL at $PG; it
+# drops and recreates the databases tb_bench_history and
+# tb_bench_history_empty. Heavy: run it on an otherwise idle machine.
+set -euo pipefail
+ENTRIES=${1:-20000000}
+ACCOUNTS=${2:-10000}
+EVENTS=${3:-10000000}
+PG=${PG:-postgres://postgres@127.0.0.1:5432}
+BIN=${BIN:-target/release}
+PORT=${PORT:-18180}
+LOAD_SECONDS=${LOAD_SECONDS:-20}
+KEY=bench-history-admin-key-0123
+DB=tb_bench_history
+EMPTY=tb_bench_history_empty
+WORK=$(mktemp -d)
+ARCHIVE=${ARCHIVE:-$WORK/archive}
+URL=http://127.0.0.1:$PORT
+SERVICE=
+
+psql_admin() { psql "$PG/postgres" -qAtc "$1"; }
+sql() { psql "$PG/$DB" -qAtc "$1"; }
+
+serve() {
+  ADMIN_API_KEY=$KEY RATE_LIMIT_PER_SECOND=0 RETENTION_SCHEDULE="0 0 3 * * *" \
+    DATABASE_URL="$PG/$1" "$BIN/token-billing" serve --bind-addr "127.0.0.1:$PORT" \
+    >"$WORK/serve-$1.log" 2>&1 &
+  SERVICE=$!
+  for _ in $(seq 1 600); do
+    curl -fs "$URL/readyz" >/dev/null && return 0
+    sleep 0.1
+  done
+  echo "the service did not become ready" >&2
+  return 1
+}
+stop() {
+  if [ -n "$SERVICE" ]; then kill "$SERVICE" && wait "$SERVICE" || true; fi
+  SERVICE=
+}
+trap stop EXIT
+load() {
+  "$BIN/token-billing-tools" bench load --url "$URL" --admin-key "$KEY" --scenario spread \
+    --concurrency 8 --accounts 1000 --seconds "$LOAD_SECONDS" --service-pid "$SERVICE" "$@"
+}
+wal() { sql "SELECT pg_current_wal_lsn()"; }
+wal_since() { sql "SELECT pg_size_pretty(pg_wal_lsn_diff(pg_current_wal_lsn(), '$1'))"; }
+
+echo "== 1. kiosk load on an empty database"
+psql_admin "DROP DATABASE IF EXISTS $EMPTY WITH (FORCE)"
+serve "$EMPTY"
+load
+stop
+psql_admin "DROP DATABASE IF EXISTS $EMPTY WITH (FORCE)"
+
+echo "== 2. build: $ENTRIES entries, $ACCOUNTS accounts, 12 months"
+psql_admin "DROP DATABASE IF EXISTS $DB WITH (FORCE)"
+"$BIN/token-billing-tools" --database-url "$PG/$DB" bench history \
+  --entries "$ENTRIES" --accounts "$ACCOUNTS" --months 12
+
+echo "== 3. history reads under the kiosk load"
+serve "$DB"
+LOAD_SECONDS=$((LOAD_SECONDS * 6)) load >"$WORK/load-during-reads.txt" &
+LOADER=$!
+sleep 5
+"$BIN/token-billing-tools" --database-url "$PG/$DB" bench history --skip-build \
+  --url "$URL" --admin-key "$KEY"
+wait "$LOADER"
+echo "-- the kiosk load meanwhile:"
+cat "$WORK/load-during-reads.txt"
+
+echo "== 4. kiosk load alone on the big database"
+START=$(wal)
+load
+echo "WAL written by the kiosk load alone: $(wal_since "$START")"
+
+echo "== 5. retention pass over $EVENTS expired events, archived, under the kiosk load"
+sql "INSERT INTO events (type, account_id, data, created_at)
+     SELECT 'credit.created', NULL, jsonb_build_object('bench', g), now() - interval '100 days'
+     FROM generate_series(1, $EVENTS) g;
+     UPDATE webhook_relay SET after_txid = 9223372036854775807;
+     CHECKPOINT"
+START=$(wal)
+LOAD_SECONDS=$((LOAD_SECONDS * 3)) load >"$WORK/load-during-pass.txt" &
+LOADER=$!
+sleep 2
+BEGAN=$(date +%s.%N)
+ARCHIVE_DIR="$ARCHIVE" "$BIN/token-billing" --database-url "$PG/$DB" prune
+ENDED=$(date +%s.%N)
+echo "retention pass: $(awk "BEGIN {printf \"%.1f\", $ENDED - $BEGAN}") s; WAL during it (kiosks included): $(wal_since "$START")"
+echo "archive: $(du -sh "$ARCHIVE" | cut -f1) in $(find "$ARCHIVE" -name '*.jsonl.gz' | wc -l) files"
+wait "$LOADER"
+echo "-- the kiosk load meanwhile:"
+cat "$WORK/load-during-pass.txt"
+stop
+rm -rf "$WORK"
