@@ -42,13 +42,11 @@ tools="${TOOLS:-$target_dir/$profile/token-billing-tools}"
 for file in "$binary" "$tools"; do
   [ -x "$file" ] || { echo "build first ($file missing)" >&2; exit 1; }
 done
-pg_bin="/usr/lib/postgresql/$(ls /usr/lib/postgresql | sort -n | tail -n 1)/bin"
+. bench/private_cluster.sh
 port="${JOB_WRITES_PORT:-5473}"
 service_port=18097
 key="writes-admin-key-$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 dir="$(mktemp -d /tmp/tb-job-writes.XXXXXX)"
-chown postgres "$dir"
-as_postgres() { runuser -u postgres -- "$@"; }
 service=""
 stop_service() {
   [ -n "$service" ] || return 0
@@ -58,21 +56,12 @@ stop_service() {
 }
 cleanup() {
   stop_service
-  [ -f "$dir/data/postmaster.pid" ] && as_postgres "$pg_bin/pg_ctl" stop -m immediate -D "$dir/data" > /dev/null 2>&1
+  private_cluster_stop "$dir"
   rm -rf "$dir"
 }
 trap cleanup EXIT
 
-as_postgres "$pg_bin/initdb" -D "$dir/data" -U postgres --auth=trust > /dev/null
-cat >> "$dir/data/postgresql.conf" << CONF
-listen_addresses = '127.0.0.1'
-port = $port
-unix_socket_directories = '$dir'
-max_connections = 100
-shared_buffers = 256MB
-autovacuum = off
-CONF
-as_postgres "$pg_bin/pg_ctl" start -w -D "$dir/data" -l "$dir/postgres.log" > /dev/null
+private_cluster_start "$dir" "$port" "autovacuum = off"
 psql_db() { psql -h 127.0.0.1 -p "$port" -U postgres -v ON_ERROR_STOP=1 -qtA -d tb_writes -c "$1"; }
 database_url="postgres://postgres@127.0.0.1:$port/tb_writes"
 "$binary" --database-url "$database_url" migrate > /dev/null

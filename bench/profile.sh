@@ -2,9 +2,9 @@
 # Where the service's time goes inside PostgreSQL, under kiosk load.
 #
 # Usage:
-#   bench/profile.sh [--scenario spread|hot|jobs] [--kiosks N] [--seconds S] [--accounts A]
-# Defaults: spread, 32 kiosks, 10 s, 1,000 accounts. Needs a release build
-# (cargo build --release) and the PostgreSQL server packages.
+#   bench/profile.sh [--scenario spread|hot|jobs] [--kiosks N] [--seconds S] [--accounts A] [--build release|debug]
+# Defaults: spread, 32 kiosks, 10 s, 1,000 accounts, release (cargo build
+# --release first; debug: cargo build). Needs the PostgreSQL server packages.
 #
 # A private cluster (initdb in a temporary directory, port PROFILE_PORT,
 # default 5471; the main cluster is not touched) with pg_stat_statements
@@ -21,51 +21,42 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-scenario=spread kiosks=32 seconds=10 accounts=1000
+scenario=spread kiosks=32 seconds=10 accounts=1000 build=release
 while [ $# -gt 0 ]; do
   case "$1" in
     --scenario) scenario="$2"; shift ;;
     --kiosks) kiosks="$2"; shift ;;
     --seconds) seconds="$2"; shift ;;
     --accounts) accounts="$2"; shift ;;
+    --build) build="$2"; shift ;;
     *) sed -n '2,7p' "$0" >&2; exit 2 ;;
   esac
   shift
 done
 
 target_dir="${CARGO_TARGET_DIR:-target}"
-binary="$target_dir/release/token-billing"
-tools="$target_dir/release/token-billing-tools"
+binary="$target_dir/$build/token-billing"
+tools="$target_dir/$build/token-billing-tools"
 for file in "$binary" "$tools"; do
   [ -x "$file" ] || { echo "build first: cargo build --release ($file missing)" >&2; exit 1; }
 done
-pg_bin="/usr/lib/postgresql/$(ls /usr/lib/postgresql | sort -n | tail -n 1)/bin"
+. bench/private_cluster.sh
 port="${PROFILE_PORT:-5471}"
 service_port=18095
 key="profile-admin-key-$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 dir="$(mktemp -d /tmp/tb-profile.XXXXXX)"
-chown postgres "$dir"
-as_postgres() { runuser -u postgres -- "$@"; }
 service=""
 cleanup() {
   [ -n "$service" ] && { kill -TERM "$service" 2> /dev/null || true; wait "$service" 2> /dev/null || true; }
-  [ -f "$dir/data/postmaster.pid" ] && as_postgres "$pg_bin/pg_ctl" stop -m immediate -D "$dir/data" > /dev/null 2>&1
+  private_cluster_stop "$dir"
   rm -rf "$dir"
 }
 trap cleanup EXIT
 
-as_postgres "$pg_bin/initdb" -D "$dir/data" -U postgres --auth=trust > /dev/null
-cat >> "$dir/data/postgresql.conf" << CONF
-listen_addresses = '127.0.0.1'
-port = $port
-unix_socket_directories = '$dir'
-max_connections = 100
-shared_buffers = 256MB
-shared_preload_libraries = 'pg_stat_statements'
-pg_stat_statements.track = all
-track_functions = pl
-CONF
-as_postgres "$pg_bin/pg_ctl" start -w -D "$dir/data" -l "$dir/postgres.log" > /dev/null
+private_cluster_start "$dir" "$port" \
+  "shared_preload_libraries = 'pg_stat_statements'" \
+  "pg_stat_statements.track = all" \
+  "track_functions = pl"
 psql_db() { psql -h 127.0.0.1 -p "$port" -U postgres -v ON_ERROR_STOP=1 -qtA "$@"; }
 
 database_url="postgres://postgres@127.0.0.1:$port/tb_profile${PROFILE_URL_SUFFIX:-}"

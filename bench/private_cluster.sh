@@ -1,0 +1,34 @@
+# Sourced by the bench scripts that need a PostgreSQL of their own
+# (bench/profile.sh, bench/job_writes.sh): a throwaway cluster in a
+# temporary directory on a spare port; the main cluster is never touched.
+#
+#   private_cluster_start DIR PORT [postgresql.conf line]...
+#   private_cluster_stop DIR
+#
+# The cluster's data directory is DIR/data, its log DIR/postgres.log; it
+# listens on 127.0.0.1:PORT (trust authentication, user postgres).
+
+pg_bin="/usr/lib/postgresql/$(ls /usr/lib/postgresql | sort -n | tail -n 1)/bin"
+as_postgres() { runuser -u postgres -- "$@"; }
+
+private_cluster_start() {
+  local dir="$1" port="$2"
+  shift 2
+  chown postgres "$dir"
+  as_postgres "$pg_bin/initdb" -D "$dir/data" -U postgres --auth=trust > /dev/null
+  {
+    echo "listen_addresses = '127.0.0.1'"
+    echo "port = $port"
+    echo "unix_socket_directories = '$dir'"
+    echo "max_connections = 100"
+    echo "shared_buffers = 256MB"
+    printf '%s\n' "$@"
+  } >> "$dir/data/postgresql.conf"
+  as_postgres "$pg_bin/pg_ctl" start -w -D "$dir/data" -l "$dir/postgres.log" > /dev/null
+}
+
+private_cluster_stop() {
+  if [ -f "$1/data/postmaster.pid" ]; then
+    as_postgres "$pg_bin/pg_ctl" stop -m immediate -D "$1/data" > /dev/null 2>&1 || true
+  fi
+}
