@@ -186,6 +186,35 @@ pub fn split_database_url(database_url: &str) -> anyhow::Result<(String, String)
     Ok((name.to_owned(), maintenance))
 }
 
+/// Runs `work` under the session advisory lock `key` when no other session
+/// holds it (one replica at a time: the reaper, retention); `None` when
+/// another does. The lock is released even when `work` fails (a broken
+/// connection drops it too).
+pub fn with_advisory_lock<T>(
+    conn: &mut PgConnection,
+    key: i64,
+    work: impl FnOnce(&mut PgConnection) -> Result<T, ApiError>,
+) -> Result<Option<T>, ApiError> {
+    #[derive(QueryableByName)]
+    struct Locked {
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        locked: bool,
+    }
+    let Locked { locked } = diesel::sql_query("SELECT pg_try_advisory_lock($1) AS locked")
+        .bind::<diesel::sql_types::BigInt, _>(key)
+        .get_result(conn)?;
+    if !locked {
+        return Ok(None);
+    }
+    let result = work(conn);
+    let unlocked = diesel::sql_query("SELECT pg_advisory_unlock($1)")
+        .bind::<diesel::sql_types::BigInt, _>(key)
+        .execute(conn);
+    let done = result?;
+    unlocked?;
+    Ok(Some(done))
+}
+
 /// Creates the database named in `database_url` when it does not exist.
 pub fn create_database_if_missing(database_url: &str) -> anyhow::Result<bool> {
     check_multi_host(database_url).map_err(anyhow::Error::msg)?;

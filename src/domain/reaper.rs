@@ -92,28 +92,11 @@ pub fn run_pass_exclusive(
     settings: &ReaperSettings,
     metrics: Option<&Metrics>,
 ) -> Result<Option<PassReport>, ApiError> {
-    #[derive(QueryableByName)]
-    struct Locked {
-        #[diesel(sql_type = diesel::sql_types::Bool)]
-        locked: bool,
-    }
-    let Locked { locked } = diesel::sql_query("SELECT pg_try_advisory_lock($1) AS locked")
-        .bind::<BigInt, _>(REAPER_LOCK_KEY)
-        .get_result(conn)?;
-    if !locked {
-        return Ok(None);
-    }
-    let result = run_pass(conn, settings, metrics).and_then(|report| {
+    crate::db::with_advisory_lock(conn, REAPER_LOCK_KEY, |conn| {
+        let report = run_pass(conn, settings, metrics)?;
         record_success(conn, &report)?;
         Ok(report)
-    });
-    // Released even when the pass failed; a broken connection drops it too.
-    let unlocked = diesel::sql_query("SELECT pg_advisory_unlock($1)")
-        .bind::<BigInt, _>(REAPER_LOCK_KEY)
-        .execute(conn);
-    let report = result?;
-    unlocked?;
-    Ok(Some(report))
+    })
 }
 
 /// Records the pass in `reaper_status`, which every replica exports. When

@@ -128,25 +128,9 @@ pub fn run_pass_exclusive(
     settings: &RetentionSettings,
     metrics: Option<&Metrics>,
 ) -> Result<Option<PassReport>, ApiError> {
-    #[derive(QueryableByName)]
-    struct Locked {
-        #[diesel(sql_type = diesel::sql_types::Bool)]
-        locked: bool,
-    }
-    let Locked { locked } = diesel::sql_query("SELECT pg_try_advisory_lock($1) AS locked")
-        .bind::<BigInt, _>(RETENTION_LOCK)
-        .get_result(conn)?;
-    if !locked {
-        return Ok(None);
-    }
-    let result = run_pass(conn, settings, metrics);
-    // Released even when the pass failed; a broken connection drops it too.
-    let unlocked = diesel::sql_query("SELECT pg_advisory_unlock($1)")
-        .bind::<BigInt, _>(RETENTION_LOCK)
-        .execute(conn);
-    let report = result?;
-    unlocked?;
-    Ok(Some(report))
+    crate::db::with_advisory_lock(conn, RETENTION_LOCK, |conn| {
+        run_pass(conn, settings, metrics)
+    })
 }
 
 fn run_pass(
