@@ -110,9 +110,13 @@ fn prepare_database(database_url: &str) -> anyhow::Result<Prepared> {
     }
     let mut conn = PgConnection::establish(database_url)
         .map_err(|error| anyhow::anyhow!("connecting to the database (DATABASE_URL): {error}"))?;
-    diesel::sql_query("SELECT pg_advisory_lock(7243001)").execute(&mut conn)?;
+    diesel::sql_query("SELECT pg_advisory_lock($1)")
+        .bind::<diesel::sql_types::BigInt, _>(db::lock_keys::MIGRATE)
+        .execute(&mut conn)?;
     let applied = db::run_migrations(&mut conn);
-    diesel::sql_query("SELECT pg_advisory_unlock(7243001)").execute(&mut conn)?;
+    diesel::sql_query("SELECT pg_advisory_unlock($1)")
+        .bind::<diesel::sql_types::BigInt, _>(db::lock_keys::MIGRATE)
+        .execute(&mut conn)?;
     let applied = applied?;
     for migration in &applied {
         tracing::info!(%migration, "applied migration");

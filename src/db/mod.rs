@@ -186,6 +186,24 @@ pub fn split_database_url(database_url: &str) -> anyhow::Result<(String, String)
     Ok((name.to_owned(), maintenance))
 }
 
+/// The PostgreSQL advisory lock keys of this service, in one list, so no
+/// two jobs share a key by accident (the engine's install once shared the
+/// reaper's: a starting replica waited for another's reaper pass, and a
+/// pass was skipped during an install). The tests' template databases use
+/// 7_243_002 (tests/api/helpers.rs).
+pub mod lock_keys {
+    /// `migrate` and start-up: one replica migrates at a time.
+    pub const MIGRATE: i64 = 7_243_001;
+    /// A reaper pass (docs/operations.md names it for operators).
+    pub const REAPER: i64 = 7_243_003;
+    /// The engine's install (`engine::install`), a transaction lock.
+    pub const ENGINE_INSTALL: i64 = 7_243_004;
+    /// Closing days (`domain::history`), a transaction lock.
+    pub const CLOSE_DAYS: i64 = 7_243_023;
+    /// A retention pass.
+    pub const RETENTION: i64 = 7_243_024;
+}
+
 /// Runs `work` under the session advisory lock `key` when no other session
 /// holds it (one replica at a time: the reaper, retention); `None` when
 /// another does. The lock is released even when `work` fails (a broken
@@ -312,6 +330,24 @@ where
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn advisory_lock_keys_are_distinct() {
+        use super::lock_keys::*;
+        // 7_243_002: the tests' template databases.
+        let mut keys = vec![
+            MIGRATE,
+            7_243_002,
+            REAPER,
+            ENGINE_INSTALL,
+            CLOSE_DAYS,
+            RETENTION,
+        ];
+        let count = keys.len();
+        keys.sort_unstable();
+        keys.dedup();
+        assert_eq!(keys.len(), count, "two jobs share an advisory lock key");
+    }
+
     use super::split_database_url;
 
     #[test]

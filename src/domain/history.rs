@@ -30,7 +30,7 @@ use crate::domain::checks::Discrepancy;
 use crate::error::ApiError;
 
 /// Serialises `close_days` across replicas (a constant of this service's own).
-const CLOSE_LOCK: i64 = 7_243_023;
+const CLOSE_LOCK: i64 = crate::db::lock_keys::CLOSE_DAYS;
 /// A day is closed once this long has passed since its end (and no
 /// transaction that began before its end is still open).
 pub const CLOSE_GRACE_SECONDS: i64 = 300;

@@ -24,7 +24,7 @@ use crate::metrics::Metrics;
 /// Rows handled per transaction.
 pub const REAPER_BATCH_MAX: i64 = 500;
 /// PostgreSQL advisory lock key: one reaper pass at a time across replicas.
-pub const REAPER_LOCK_KEY: i64 = 7_243_003;
+pub const REAPER_LOCK_KEY: i64 = crate::db::lock_keys::REAPER;
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct PassReport {

@@ -31,7 +31,7 @@ use crate::error::ApiError;
 use crate::metrics::Metrics;
 
 /// Serialises retention passes across replicas.
-const RETENTION_LOCK: i64 = 7_243_024;
+const RETENTION_LOCK: i64 = crate::db::lock_keys::RETENTION;
 
 /// The tables retention prunes (metric labels).
 pub use crate::config::RETENTION_TABLES as TABLES;

@@ -30,7 +30,7 @@ pub use embedded::{FILES, SCHEMA};
 pub const UNUSED_SCHEMA_DAYS: i32 = 7;
 
 /// Serialises installs across replicas (any constant of this service's own).
-const INSTALL_LOCK: i64 = 7_243_003;
+const INSTALL_LOCK: i64 = crate::db::lock_keys::ENGINE_INSTALL;
 
 /// What an install did.
 #[derive(Debug, PartialEq, Eq)]
