@@ -200,11 +200,14 @@ class Kiosk:
         deadline = self._deadline(timeout)
         return self._wait(self.job(request_id, timeout=timeout), deadline)
 
-    def _create_job(self, entry: JournalEntry, deadline: float) -> Job:
+    def _post_journaled(self, entry: JournalEntry, path: str, deadline: float) -> Any:
+        """POSTs a journaled request and returns the answer's body. A refusal
+        is recorded in the journal before it is raised; a give-up that may
+        still have landed (``pending``) is not: recovery asks again."""
         try:
             _, data = self._http.call(
                 "POST",
-                f"/v1/accounts/{self.account_id}/jobs",
+                path,
                 body=entry.body,
                 deadline=deadline,
                 request_id=entry.request_id,
@@ -214,6 +217,10 @@ class Kiosk:
             if not error.pending:
                 self._journal.record(entry.request_id, "refused", error.problem)
             raise
+        return data
+
+    def _create_job(self, entry: JournalEntry, deadline: float) -> Job:
+        data = self._post_journaled(entry, f"/v1/accounts/{self.account_id}/jobs", deadline)
         job = Job.from_json(data)
         self._journal.record(entry.request_id, "done" if job.terminal else "accepted", data)
         return job
@@ -309,19 +316,9 @@ class Kiosk:
         return Heartbeat(self, _reservation_id(reservation), ttl_seconds, every)
 
     def _send_reserve(self, entry: JournalEntry, deadline: float) -> Reservation:
-        try:
-            _, data = self._http.call(
-                "POST",
-                f"/v1/accounts/{self.account_id}/reservations",
-                body=entry.body,
-                deadline=deadline,
-                request_id=entry.request_id,
-                pending_on_give_up=True,
-            )
-        except ApiError as error:
-            if not error.pending:
-                self._journal.record(entry.request_id, "refused", error.problem)
-            raise
+        data = self._post_journaled(
+            entry, f"/v1/accounts/{self.account_id}/reservations", deadline
+        )
         reservation = Reservation.from_json(data)
         self._journal.record(
             entry.request_id,
@@ -347,20 +344,12 @@ class Kiosk:
 
     def _send_resolution(self, entry: JournalEntry, deadline: float) -> Reservation:
         reservation_id = entry.reservation_id or ""
+        path = f"/v1/accounts/{self.account_id}/reservations/{reservation_id}/{entry.operation}"
         try:
-            _, data = self._http.call(
-                "POST",
-                f"/v1/accounts/{self.account_id}/reservations/{reservation_id}/{entry.operation}",
-                body=entry.body,
-                deadline=deadline,
-                request_id=entry.request_id,
-                pending_on_give_up=True,
-            )
-        except ApiError as error:
+            data = self._post_journaled(entry, path, deadline)
+        except ReservationNotHeld as error:
             if not error.pending:
-                self._journal.record(entry.request_id, "refused", error.problem)
-                if isinstance(error, ReservationNotHeld):
-                    self._journal.resolve_reservation(reservation_id)
+                self._journal.resolve_reservation(reservation_id)
             raise
         reservation = Reservation.from_json(data)
         self._journal.record(entry.request_id, "done", data)
