@@ -107,6 +107,7 @@ use crate::webhooks::endpoints;
         jobs::JobReservation,
         jobs::JobPage,
         reconciliation::Report,
+        reconciliation::InstantParam,
         reconciliation::AccountLine,
         reconciliation::Totals,
         checks::Discrepancy,

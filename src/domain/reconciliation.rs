@@ -485,6 +485,17 @@ pub fn parse_period(
     Ok((from, to))
 }
 
+/// The OpenAPI schema of an instant in a query string (`from`, `to`,
+/// `as_of`): the shape `parse_bound` reads, a date or a date and time with a
+/// UTC offset. A value of this shape that is no real instant (a 13th month)
+/// is still refused with 400 and the reason.
+#[derive(utoipa::ToSchema)]
+#[schema(
+    example = "2026-11-01",
+    pattern = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}([Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2}))?$"
+)]
+pub struct InstantParam(pub String);
+
 /// A period bound: `YYYY-MM-DD` (midnight UTC) or RFC 3339. A `+` of an
 /// offset that arrived unencoded in a query string reads as a space; it is
 /// taken back as the `+` it must have been.

@@ -19,6 +19,7 @@ use crate::domain::audit::Audit;
 use crate::domain::history::{self, BalancesAsOf, BalancesAsOfPage};
 use crate::domain::idempotency::{self, Claim, Created, ReplayedApiKey};
 use crate::domain::ledger::{self, LedgerPage};
+use crate::domain::reconciliation::InstantParam;
 use crate::domain::paging::page_limit;
 use crate::domain::types::{AccountId, Label, Name};
 use crate::error::{ApiError, Problem};
@@ -154,6 +155,7 @@ struct AccountListQuery {
     /// `YYYY-MM-DD` date meaning its midnight UTC; entries written at that
     /// instant count): the page lists `BalancesAsOf` of the accounts opened
     /// by then. Not with `q` or `status`. Not in the future.
+    #[param(value_type = Option<InstantParam>)]
     as_of: Option<String>,
 }
 
@@ -214,6 +216,7 @@ struct AccountQuery {
     /// Balances as the books stood at this instant (RFC 3339, or a
     /// `YYYY-MM-DD` date meaning its midnight UTC), exact to the entry:
     /// entries written at that instant count. Not in the future.
+    #[param(value_type = Option<InstantParam>)]
     as_of: Option<String>,
 }
 

@@ -9,15 +9,13 @@ use super::State;
 use crate::config::{RECONCILIATION_RANGE_DEFAULT, RECONCILIATION_RANGE_MAX};
 use crate::db::read_replica::run_read_blocking;
 use crate::domain::api_keys::Caller;
-use crate::domain::reconciliation::{parse_period, reconcile, to_csv, Report};
+use crate::domain::reconciliation::{parse_period, reconcile, to_csv, InstantParam, Report};
 use crate::error::{ApiError, Problem};
 
 pub fn configure(config: &mut web::ServiceConfig) {
     config.service(get_reconciliation);
 }
 
-// `pattern`: a date, or a date and time with a UTC offset (what
-// `reconciliation::parse_bound` reads).
 #[derive(Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
@@ -25,14 +23,14 @@ struct PeriodQuery {
     /// Start of the period, included: a date `YYYY-MM-DD` (its midnight UTC)
     /// or an RFC 3339 timestamp. Default: 30 days before `to`.
     #[param(
-        pattern = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}([Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2}))?$",
+        value_type = Option<InstantParam>,
         example = "2026-11-01"
     )]
     from: Option<String>,
     /// End of the period, excluded: a date `YYYY-MM-DD` (its midnight UTC) or
     /// an RFC 3339 timestamp. Default: now. At most 366 days after `from`.
     #[param(
-        pattern = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}([Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2}))?$",
+        value_type = Option<InstantParam>,
         example = "2026-12-01"
     )]
     to: Option<String>,
