@@ -42,7 +42,7 @@ $$;
 -- or the job (create_job) as JSON.
 CREATE FUNCTION engine_spend(p_items engine_spend_item[])
 RETURNS TABLE (pos integer, outcome text, detail jsonb, object jsonb)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     pending engine_spend_item[] := p_items;

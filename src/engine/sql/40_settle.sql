@@ -34,7 +34,7 @@
 CREATE FUNCTION engine_settle(p_items engine_settle_item[])
 RETURNS TABLE (pos integer, outcome text, detail jsonb, reservation reservations, resolved boolean,
                at timestamptz)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     moves engine_movement[] := '{}';

@@ -21,7 +21,7 @@ CREATE FUNCTION engine_external(
     p_reason text, p_actor text, p_request_id text,
     OUT outcome text, OUT detail jsonb, OUT object jsonb
 )
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     account accounts;

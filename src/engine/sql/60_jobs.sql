@@ -22,7 +22,7 @@ $$;
 -- (the time of the movement that took their tokens back), or now when
 -- NULL. Returns the jobs failed.
 CREATE FUNCTION engine_fail_unreserved_jobs(p_jobs uuid[], p_at timestamptz) RETURNS SETOF uuid
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     failed uuid[];
@@ -69,7 +69,7 @@ CREATE FUNCTION engine_finish_job(
     p_error jsonb, p_reason text, p_actor text,
     OUT outcome text, OUT job generation_jobs, OUT reservation reservations, OUT resolved boolean
 )
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     settled record;
@@ -136,7 +136,7 @@ CREATE FUNCTION engine_heartbeat_jobs(
     p_jobs uuid[], p_tokens bigint[], p_lease_seconds integer, p_reservation_seconds double precision
 )
 RETURNS TABLE (job_id uuid, lease_token bigint, outcome text)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     fenced generation_jobs[];
@@ -199,7 +199,7 @@ CREATE FUNCTION engine_job_heartbeat(
     p_requeue_after double precision, p_error jsonb,
     OUT outcome text
 )
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 BEGIN
     SELECT h.outcome INTO outcome
@@ -218,7 +218,7 @@ $$;
 -- succeeded → commit its cost, failed → release, reason `fixup`. Outcome:
 -- committed, released, not_finished, or what engine_settle decided.
 CREATE FUNCTION engine_fixup(p_job uuid, OUT outcome text, OUT amount bigint)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     job generation_jobs;
@@ -248,7 +248,7 @@ $$;
 -- no longer held (engine_fail_unreserved_jobs), up to `p_limit`, accounts
 -- locked in id order first. Returns how many failed.
 CREATE FUNCTION engine_fail_orphaned_jobs(p_limit integer) RETURNS integer
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     orphans uuid[];
@@ -277,7 +277,7 @@ $$;
 -- expired.
 CREATE FUNCTION engine_expire_due(p_limit integer)
 RETURNS TABLE (reservation_id uuid, amount bigint, job_failed boolean)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     due engine_settle_item[];
@@ -328,7 +328,7 @@ CREATE FUNCTION engine_claim_jobs(p_owner text, p_lease_seconds integer, p_max_a
     p_limit integer)
 RETURNS TABLE (job generation_jobs, reservation_outlasts_lease boolean, over_limit boolean,
                last_attempt boolean)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     candidates uuid[];
@@ -383,7 +383,7 @@ $$;
 -- Returns how many were requeued.
 CREATE FUNCTION engine_requeue_expired_leases(p_limit integer, p_max_attempts integer)
 RETURNS integer
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     candidates uuid[];
@@ -426,7 +426,7 @@ $$;
 -- jobs with their resolved reservation (for the metrics).
 CREATE FUNCTION engine_fail_exhausted_jobs(p_limit integer, p_max_attempts integer)
 RETURNS TABLE (job_id uuid, reservation reservations, resolved boolean)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     candidates uuid[];

@@ -43,7 +43,7 @@ CREATE FUNCTION engine_apply(
     p_http_request_id text[]
 )
 RETURNS TABLE (op_position integer, outcome text, detail jsonb, object jsonb)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     batch integer := cardinality(p_op);
