@@ -5,6 +5,17 @@
 -- reservation); a settle item moves a held reservation (commit, release,
 -- extend, expire). Every field of an item is set; a field that may be
 -- empty says so below. Callers never pass "missing means all".
+--
+-- Plans. The functions a request or a job's worker calls run with
+-- `SET plan_cache_mode = force_generic_plan`: each statement is planned once
+-- per connection (and again after its tables' statistics change), not on
+-- every call. Left to choose, PostgreSQL planned the batch statements anew
+-- on every call, and planning cost three times their execution (measured
+-- with pg_stat_statements; BENCHMARKS.md). A generic plan does not know the
+-- batch's keys, so every look-up by key is written as `= ANY (ARRAY(...))`
+-- of the batch's keys, which is found by index whatever the plan. The
+-- reaper's and the claimer's scans (a LIMIT over a status) keep the default:
+-- they run a few times a minute, and their plans depend on the limit.
 
 CREATE TYPE engine_movement AS (
     account      uuid,

@@ -248,7 +248,7 @@ $$;
 -- no longer held (engine_fail_unreserved_jobs), up to `p_limit`, accounts
 -- locked in id order first. Returns how many failed.
 CREATE FUNCTION engine_fail_orphaned_jobs(p_limit integer) RETURNS integer
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     orphans uuid[];
@@ -277,7 +277,7 @@ $$;
 -- expired.
 CREATE FUNCTION engine_expire_due(p_limit integer)
 RETURNS TABLE (reservation_id uuid, amount bigint, job_failed boolean)
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     due engine_settle_item[];
@@ -328,7 +328,7 @@ CREATE FUNCTION engine_claim_jobs(p_owner text, p_lease_seconds integer, p_max_a
     p_limit integer)
 RETURNS TABLE (job generation_jobs, reservation_outlasts_lease boolean, over_limit boolean,
                last_attempt boolean)
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     candidates uuid[];
@@ -383,7 +383,7 @@ $$;
 -- Returns how many were requeued.
 CREATE FUNCTION engine_requeue_expired_leases(p_limit integer, p_max_attempts integer)
 RETURNS integer
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     candidates uuid[];
@@ -426,7 +426,7 @@ $$;
 -- jobs with their resolved reservation (for the metrics).
 CREATE FUNCTION engine_fail_exhausted_jobs(p_limit integer, p_max_attempts integer)
 RETURNS TABLE (job_id uuid, reservation reservations, resolved boolean)
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     candidates uuid[];

@@ -52,6 +52,7 @@ DECLARE
     last_round integer;
     spends engine_spend_item[];
     settles engine_settle_item[];
+    externals boolean;
     bad record;
     r record;
     e record;
@@ -72,8 +73,9 @@ BEGIN
 
     SELECT array_agg(ROW(o.n, o.op, o.class, o.round, o.account, o.actor, o.key_id, o.key_hash, o.authorized, o.request, o.amount,
                o.requested_ttl, o.ttl, o.new_id, o.job, o.reservation, o.hash, o.kind, o.params,
-               o.external_ref, o.note, o.reason, o.http_request_id)::engine_op ORDER BY o.n)
-    INTO ops
+               o.external_ref, o.note, o.reason, o.http_request_id)::engine_op ORDER BY o.n),
+           max(o.round)
+    INTO ops, last_round
     FROM (
       SELECT s.*, sum(s.starts::integer) OVER (PARTITION BY s.account ORDER BY s.n)::integer AS round
       FROM (
@@ -150,23 +152,22 @@ BEGIN
         RETURN NEXT;
     END LOOP;
 
-    SELECT max(o.round) INTO last_round FROM unnest(ops) o;
     FOR k IN 0 .. last_round LOOP
+        -- The round's items of each class, in one pass.
         SELECT array_agg(ROW(o.n, o.op, o.account, o.actor, o.request, o.amount, o.requested_ttl,
                              o.ttl, o.new_id, o.job, o.hash, o.kind, o.params)::engine_spend_item
-                         ORDER BY o.n)
-        INTO spends
+                         ORDER BY o.n) FILTER (WHERE o.class = 'spend'),
+               array_agg(ROW(o.n, o.op, o.account, o.reservation, o.amount, o.ttl::double precision,
+                             NULL, NULL, o.actor)::engine_settle_item ORDER BY o.n)
+                   FILTER (WHERE o.class = 'settle'),
+               COALESCE(bool_or(o.class = 'external'), false)
+        INTO spends, settles, externals
         FROM unnest(ops) o
-        WHERE o.round = k AND o.class = 'spend' AND o.n <> ALL (refused);
+        WHERE o.round = k AND (o.class = 'external' OR o.n <> ALL (refused));
         IF spends IS NOT NULL THEN
             RETURN QUERY SELECT s.pos, s.outcome, s.detail, s.object FROM engine_spend(spends) s;
         END IF;
 
-        SELECT array_agg(ROW(o.n, o.op, o.account, o.reservation, o.amount, o.ttl::double precision,
-                             NULL, NULL, o.actor)::engine_settle_item ORDER BY o.n)
-        INTO settles
-        FROM unnest(ops) o
-        WHERE o.round = k AND o.class = 'settle' AND o.n <> ALL (refused);
         IF settles IS NOT NULL THEN
             RETURN QUERY
             SELECT s.pos, s.outcome, s.detail,
@@ -174,6 +175,7 @@ BEGIN
             FROM engine_settle(settles) s;
         END IF;
 
+        CONTINUE WHEN NOT externals;
         FOR e IN SELECT o.* FROM unnest(ops) o
                  WHERE o.round = k AND o.class = 'external' ORDER BY o.n LOOP
             SELECT * INTO r FROM engine_external(
