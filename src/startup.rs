@@ -297,6 +297,7 @@ pub async fn start_replica(
             "replica-{}",
             &uuid::Uuid::new_v4().simple().to_string()[..8]
         ),
+        coalescer: Arc::clone(&state.coalescer),
     });
     let (server, address) = build_server(Arc::clone(&state), http_workers)?;
     let background = worker::start(context);

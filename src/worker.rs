@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde_json::json;
+use serde_json::{json, Value};
 use tokio::sync::{oneshot, watch, Semaphore};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{sleep, timeout, Instant, MissedTickBehavior};
@@ -24,6 +24,7 @@ use crate::config::{
     Config, GAUGE_REFRESH, JOB_RETRY_BACKOFF_MAX_MS, JOB_WATCH_POLL, PROVIDER_POLL_INITIAL,
     PROVIDER_POLL_MAX, WORKER_IDLE_POLL,
 };
+use crate::coalesce::Coalescer;
 use crate::db::models::JobRow;
 use crate::db::DbPool;
 use crate::domain::job_leases::{self, Fenced, JobError};
@@ -50,6 +51,9 @@ pub struct WorkerContext {
     pub auth_guard: Arc<crate::rate_limit::AuthFailureGuard>,
     /// Identifies this replica in `lease_owner`.
     pub replica: String,
+    /// The group commit of spending requests; workers send their finishes
+    /// through it too.
+    pub coalescer: Arc<Coalescer>,
 }
 
 /// Background tasks of one replica: workers and the job-watch poller.
@@ -398,13 +402,7 @@ impl Worker {
         let outcome = match attempt {
             Attempt::Succeeded(prediction, output) => {
                 let result = json!({"output": output, "provider_job_id": prediction.id});
-                let (job_ref, metrics) = (job.clone(), Arc::clone(&self.context.metrics));
-                blocking(&self.context.pool, move |conn| {
-                    let finish = job_leases::finish_success(conn, &job_ref, token, &result)?;
-                    record_finish(&metrics, &job_ref, &finish, JobStatus::Succeeded);
-                    Ok(finish.fenced)
-                })
-                .await
+                self.finish(&job, Ok(&result)).await
             }
             Attempt::Failed(error) => Ok(self.finish_failure(&job, error).await),
             Attempt::Retryable(error) if !last_attempt => {
@@ -431,15 +429,24 @@ impl Worker {
         tracing::debug!(job_id = %job.id, elapsed_ms = started.elapsed().as_millis() as u64, "job processed");
     }
 
+    /// The job's final status, fenced on its lease token, through the
+    /// coalescer: the finish joins the batch of the requests around it (one
+    /// transaction, one WAL flush for all of them).
+    async fn finish(&self, job: &JobRow, outcome: Result<&Value, &JobError>) -> Result<Fenced, ApiError> {
+        let status = if outcome.is_ok() {
+            JobStatus::Succeeded
+        } else {
+            JobStatus::Failed
+        };
+        let operation = job_leases::finish_operation(job, job.lease_token, outcome);
+        let (_, answer) = self.context.coalescer.submit(operation).await;
+        let finish = job_leases::finished(answer?)?;
+        record_finish(&self.context.metrics, job, &finish, status);
+        Ok(finish.fenced)
+    }
+
     async fn finish_failure(&self, job: &JobRow, error: JobError) -> Fenced {
-        let (job_ref, token) = (job.clone(), job.lease_token);
-        let metrics = Arc::clone(&self.context.metrics);
-        let result = blocking(&self.context.pool, move |conn| {
-            let finish = job_leases::finish_failure(conn, &job_ref, token, &error)?;
-            record_finish(&metrics, &job_ref, &finish, JobStatus::Failed);
-            Ok(finish.fenced)
-        })
-        .await;
+        let result = self.finish(job, Err(&error)).await;
         result.unwrap_or_else(|error| {
             tracing::error!(job_id = %job.id, ?error, "recording a job failure failed; the lease will expire");
             Fenced::LeaseLost

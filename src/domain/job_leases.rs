@@ -3,7 +3,7 @@
 //! that lost its lease (paused, partitioned, reclaimed) changes nothing.
 //!
 //! Every write that touches tokens goes through the money engine's entry
-//! points (`engine_finish_job`, `engine_heartbeat_jobs`,
+//! points (`engine_apply`'s `finish_job`, `engine_heartbeat_jobs`,
 //! `engine_job_heartbeat`), which lock the
 //! account row first, then the reservation, then the job, as everywhere.
 
@@ -17,6 +17,8 @@ use uuid::Uuid;
 use crate::db::models::{JobRow, ReservationRow};
 use crate::db::prepared;
 use crate::domain::states::JobStatus;
+use crate::engine::{self, Answer, Authority, Op, Operation, Outcome};
+use crate::engine::types::AccountId;
 use crate::error::ApiError;
 
 /// The ledger `actor` of movements made by workers and the reaper.
@@ -55,13 +57,20 @@ pub enum Fenced {
 }
 
 impl Fenced {
+    /// The engine's outcome of a fenced write (one vocabulary: the
+    /// engine's `Outcome`).
     fn parse(text: &str) -> Result<Fenced, ApiError> {
-        match text {
-            "done" => Ok(Fenced::Done),
-            "lease_lost" => Ok(Fenced::LeaseLost),
-            "reservation_lost" => Ok(Fenced::ReservationLost),
+        Fenced::of(Outcome::parse(text)?)
+    }
+
+    fn of(outcome: Outcome) -> Result<Fenced, ApiError> {
+        match outcome {
+            Outcome::Done => Ok(Fenced::Done),
+            Outcome::LeaseLost => Ok(Fenced::LeaseLost),
+            Outcome::ReservationLost => Ok(Fenced::ReservationLost),
             other => Err(ApiError::Internal(format!(
-                "unknown fenced outcome {other:?}"
+                "unexpected outcome of a fenced job write: {}",
+                other.as_str()
             ))),
         }
     }
@@ -245,71 +254,54 @@ pub struct Finish {
     pub resolved: Option<ReservationRow>,
 }
 
-/// Which claim may finish a job.
-pub enum Fence {
-    /// The worker holding this lease token (job running).
-    Lease(i64),
-    /// The reaper: running, lease expired, at least this many attempts,
-    /// never submitted to the provider.
-    Exhausted(i32),
+/// A worker's finish of the job it holds under `lease_token`, as an
+/// engine operation: the worker sends it through the coalescer, so it
+/// shares a transaction (and its WAL flush) with the requests around it.
+/// Success (`Ok(result)`) commits the job's cost; failure releases it
+/// (reason `job_failed`). Read the answer with [`finished`].
+pub fn finish_operation(
+    job: &JobRow,
+    lease_token: i64,
+    outcome: Result<&Value, &JobError>,
+) -> Operation {
+    let (outcome, reason) = match outcome {
+        Ok(result) => (Ok(result.clone()), None),
+        Err(error) => (Err(Some(error.to_json())), Some("job_failed".to_owned())),
+    };
+    Operation {
+        account: AccountId(job.account_id),
+        authority: Authority::Verified {
+            actor: SYSTEM_ACTOR.to_owned(),
+        },
+        op: Op::FinishJob {
+            job: job.id,
+            lease_token,
+            outcome,
+            reason,
+        },
+    }
 }
 
-/// A job's final status through the engine (`engine_finish_job`): success
-/// commits its cost, failure releases it (`reason`); a job whose
-/// reservation expired meanwhile fails with `reservation_expired` and its
-/// tokens are recorded as expired. One transaction.
-pub fn finish_job(
-    conn: &mut PgConnection,
-    job_id: Uuid,
-    fence: Fence,
-    outcome: Result<&Value, &JobError>,
-    reason: Option<&str>,
-) -> Result<Finish, ApiError> {
-    #[derive(QueryableByName)]
-    struct Row {
-        #[diesel(sql_type = Text)]
-        outcome: String,
-        #[diesel(sql_type = Nullable<Jsonb>)]
-        reservation: Option<Value>,
-        #[diesel(sql_type = Nullable<Bool>)]
-        resolved: Option<bool>,
-    }
-    let (lease_token, exhausted_max) = match fence {
-        Fence::Lease(token) => (Some(token), None),
-        Fence::Exhausted(max_attempts) => (None, Some(max_attempts)),
-    };
-    let (status, result, error) = match outcome {
-        Ok(result) => (JobStatus::Succeeded, Some(result.clone()), None),
-        Err(error) => (JobStatus::Failed, None, Some(error.to_json())),
-    };
-    let row: Row = prepared(
-        "SELECT outcome, to_jsonb(reservation) AS reservation, resolved \
-         FROM engine_finish_job($1, $2, $3, $4, $5, $6, $7, $8)",
-    )
-    .bind::<SqlUuid, _>(job_id)
-    .bind::<Nullable<BigInt>, _>(lease_token)
-    .bind::<Nullable<Integer>, _>(exhausted_max)
-    .bind::<Text, _>(status.as_str())
-    .bind::<Nullable<Jsonb>, _>(result)
-    .bind::<Nullable<Jsonb>, _>(error)
-    .bind::<Nullable<Text>, _>(reason)
-    .bind::<Text, _>(SYSTEM_ACTOR)
-    .get_result(conn)?;
-    let resolved = match (row.resolved, row.reservation) {
-        (Some(true), Some(reservation)) => Some(
-            serde_json::from_value(reservation)
+/// How a finish sent with [`finish_operation`] ended. If the reservation
+/// expired meanwhile, a success became a failure with
+/// `reservation_expired` (`ReservationLost`; its tokens are recorded as
+/// expired).
+pub fn finished(answer: Answer) -> Result<Finish, ApiError> {
+    let fenced = Fenced::of(answer.outcome)?;
+    let object = answer.object.unwrap_or(Value::Null);
+    let resolved = match (object.get("resolved"), object.get("reservation")) {
+        (Some(Value::Bool(true)), Some(reservation)) if !reservation.is_null() => Some(
+            serde_json::from_value(reservation.clone())
                 .map_err(|error| ApiError::Internal(format!("engine reservation: {error}")))?,
         ),
         _ => None,
     };
-    Ok(Finish {
-        fenced: Fenced::parse(&row.outcome)?,
-        resolved,
-    })
+    Ok(Finish { fenced, resolved })
 }
 
 /// Success: job `succeeded` and its reservation committed, in one
-/// transaction. If the reservation expired meanwhile, the job fails with
+/// transaction (a batch of one; the worker batches through the
+/// coalescer). If the reservation expired meanwhile, the job fails with
 /// `reservation_expired` instead (its tokens are recorded as expired).
 pub fn finish_success(
     conn: &mut PgConnection,
@@ -317,7 +309,10 @@ pub fn finish_success(
     lease_token: i64,
     result: &Value,
 ) -> Result<Finish, ApiError> {
-    finish_job(conn, job.id, Fence::Lease(lease_token), Ok(result), None)
+    finished(engine::apply_one(
+        conn,
+        finish_operation(job, lease_token, Ok(result)),
+    )?)
 }
 
 /// Final failure: job `failed` and its reservation released (or expired,
@@ -328,13 +323,10 @@ pub fn finish_failure(
     lease_token: i64,
     error: &JobError,
 ) -> Result<Finish, ApiError> {
-    finish_job(
+    finished(engine::apply_one(
         conn,
-        job.id,
-        Fence::Lease(lease_token),
-        Err(error),
-        Some("job_failed"),
-    )
+        finish_operation(job, lease_token, Err(error)),
+    )?)
 }
 
 /// A retryable failure: back to `queued` after `delay_ms`, tokens still

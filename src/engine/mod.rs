@@ -78,6 +78,15 @@ pub enum Op {
         reason: Reason,
         external_ref: ExternalRef,
     },
+    /// A worker's fenced finish of the job it holds under `lease_token`:
+    /// success (`Ok(result)`) commits the job's cost, failure (`Err(error)`)
+    /// releases it with `reason`.
+    FinishJob {
+        job: Uuid,
+        lease_token: i64,
+        outcome: Result<Value, Option<Value>>,
+        reason: Option<String>,
+    },
 }
 
 /// How much of a held reservation a commit spends.
@@ -154,7 +163,7 @@ struct Row {
 /// operation (see `sql/70_apply.sql` for which fields each operation sets).
 pub const APPLY_SQL: &str = "SELECT op_position, outcome, detail, object \
      FROM engine_apply($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
-                       $18, $19, $20) ORDER BY op_position";
+                       $18, $19, $20, $21, $22, $23, $24) ORDER BY op_position";
 
 /// A batch as `engine_apply`'s arrays: element i of each is operation i's.
 /// New ids are chosen here.
@@ -180,6 +189,10 @@ struct Columns {
     note: Vec<Option<String>>,
     reason: Vec<Option<String>>,
     http_request_id: Vec<Option<String>>,
+    lease_token: Vec<Option<i64>>,
+    status: Vec<Option<&'static str>>,
+    result: Vec<Option<Value>>,
+    error: Vec<Option<Value>>,
 }
 
 /// One operation's fields; what an operation does not set stays `None`.
@@ -198,6 +211,10 @@ struct Fields {
     external_ref: Option<String>,
     note: Option<String>,
     reason: Option<String>,
+    lease_token: Option<i64>,
+    status: Option<&'static str>,
+    result: Option<Value>,
+    error: Option<Value>,
 }
 
 impl Op {
@@ -303,6 +320,29 @@ impl Op {
                     ..Fields::default()
                 },
             ),
+            Op::FinishJob {
+                job,
+                lease_token,
+                outcome,
+                reason,
+            } => {
+                let (status, result, error) = match outcome {
+                    Ok(result) => ("succeeded", Some(result.clone()), None),
+                    Err(error) => ("failed", None, error.clone()),
+                };
+                (
+                    "finish_job",
+                    Fields {
+                        job: Some(*job),
+                        lease_token: Some(*lease_token),
+                        status: Some(status),
+                        result,
+                        error,
+                        reason: reason.clone(),
+                        ..Fields::default()
+                    },
+                )
+            }
         }
     }
 }
@@ -343,6 +383,10 @@ impl Columns {
             columns.external_ref.push(fields.external_ref);
             columns.note.push(fields.note);
             columns.reason.push(fields.reason);
+            columns.lease_token.push(fields.lease_token);
+            columns.status.push(fields.status);
+            columns.result.push(fields.result);
+            columns.error.push(fields.error);
         }
         columns
     }
@@ -373,6 +417,10 @@ pub fn apply(conn: &mut PgConnection, operations: &[Operation]) -> Result<Vec<An
         .bind::<Array<Nullable<Text>>, _>(&columns.note)
         .bind::<Array<Nullable<Text>>, _>(&columns.reason)
         .bind::<Array<Nullable<Text>>, _>(&columns.http_request_id)
+        .bind::<Array<Nullable<BigInt>>, _>(&columns.lease_token)
+        .bind::<Array<Nullable<Text>>, _>(&columns.status)
+        .bind::<Array<Nullable<Jsonb>>, _>(&columns.result)
+        .bind::<Array<Nullable<Jsonb>>, _>(&columns.error)
         .load(conn)?;
     if rows.len() != operations.len()
         || rows

@@ -29,9 +29,15 @@ pub enum Outcome {
     OwnedByJob,
     AmountExceedsHeld,
     NotDue,
+    /// A fenced job write did what it asked.
+    Done,
+    /// The job's lease moved on: nothing was written.
+    LeaseLost,
+    /// The job's reservation is no longer held: the job failed.
+    ReservationLost,
 }
 
-const OUTCOMES: [(Outcome, &str); 17] = [
+const OUTCOMES: [(Outcome, &str); 20] = [
     (Outcome::Created, "created"),
     (Outcome::Replayed, "replayed"),
     (Outcome::Committed, "committed"),
@@ -52,6 +58,9 @@ const OUTCOMES: [(Outcome, &str); 17] = [
     (Outcome::OwnedByJob, "owned_by_job"),
     (Outcome::AmountExceedsHeld, "amount_exceeds_held"),
     (Outcome::NotDue, "not_due"),
+    (Outcome::Done, "done"),
+    (Outcome::LeaseLost, "lease_lost"),
+    (Outcome::ReservationLost, "reservation_lost"),
 ];
 
 impl Outcome {

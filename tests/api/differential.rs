@@ -23,7 +23,8 @@ use uuid::Uuid;
 
 use token_billing::db::schema::{accounts, generation_jobs, reservations};
 use token_billing::domain::job_leases::{
-    finish_failure, finish_success, heartbeat, heartbeat_many, retry_later, Fenced, JobError,
+    finish_failure, finish_operation, finish_success, finished, heartbeat, heartbeat_many,
+    retry_later, Fenced, JobError,
 };
 use token_billing::domain::reaper::{run_pass, ReaperSettings};
 
@@ -103,6 +104,10 @@ enum Step {
     Retry(usize, bool),
     /// The n-th job's worker finishes (success or a provider failure).
     Finish(usize, bool, bool),
+    /// Several workers' finishes in one engine batch (as the coalescer
+    /// joins them): the n-th job, success, stale token. A job comes once
+    /// (the first of its finishes is kept).
+    FinishMany(Vec<(usize, bool, bool)>),
     /// The n-th job's worker dies: its lease runs out.
     Lapse(usize),
     /// The n-th job is found finished with its reservation still held (an
@@ -146,6 +151,8 @@ fn step() -> impl Strategy<Value = Step> {
         2 => (0..20usize, prop::bool::weighted(0.2)).prop_map(|(n, s)| Step::Retry(n, s)),
         3 => (0..20usize, any::<bool>(), prop::bool::weighted(0.2))
             .prop_map(|(n, ok, s)| Step::Finish(n, ok, s)),
+        2 => prop::collection::vec((0..20usize, any::<bool>(), prop::bool::weighted(0.2)), 2..=4)
+            .prop_map(Step::FinishMany),
         1 => (0..20usize).prop_map(Step::Lapse),
         1 => (0..20usize, any::<bool>()).prop_map(|(n, ok)| Step::FinishedUnsettled(n, ok)),
         1 => Just(Step::Reaper),
@@ -565,6 +572,42 @@ async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut Pg
             .expect("finish");
             let expected = model.finish(index, token, error.as_ref().map(|e| e.code));
             assert_eq!(fenced(actual.fenced), expected, "{step:?}");
+            return;
+        }
+        Step::FinishMany(finishes) if !model.jobs.is_empty() => {
+            let mut operations = Vec::new();
+            let mut expected = Vec::new();
+            let mut seen = Vec::new();
+            for &(n, success, stale) in &finishes {
+                let index = n % model.jobs.len();
+                if seen.contains(&index) {
+                    continue;
+                }
+                seen.push(index);
+                let lease = real.leases[index];
+                let token = lease.token - i64::from(stale);
+                let job = job_row(conn, real.jobs[index].0);
+                let error = if lease.over_limit {
+                    Some(JobError::new("attempts_exhausted", "too many attempts"))
+                } else if success {
+                    None
+                } else {
+                    Some(JobError::new("provider_failed", "no"))
+                };
+                let result = json!({"output": "x"});
+                let outcome = match &error {
+                    None => Ok(&result),
+                    Some(error) => Err(error),
+                };
+                operations.push(finish_operation(&job, token, outcome));
+                expected.push(model.finish(index, token, error.as_ref().map(|e| e.code)));
+            }
+            let actual: Vec<&'static str> = token_billing::engine::apply(conn, &operations)
+                .expect("batch of finishes")
+                .into_iter()
+                .map(|answer| fenced(finished(answer).expect("finish").fenced))
+                .collect();
+            assert_eq!(actual, expected, "{step:?}");
             return;
         }
         Step::Lapse(n) if !model.jobs.is_empty() => {

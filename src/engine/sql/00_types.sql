@@ -59,8 +59,8 @@ CREATE TYPE engine_settle_item AS (
 );
 
 -- One operation of an engine_apply batch, as engine_apply reads its typed
--- arrays, with its place in the batch: `class` (spend, settle, external)
--- and `round` (see engine_apply).
+-- arrays, with its place in the batch: `class` (spend, settle, external,
+-- job) and `round` (see engine_apply).
 CREATE TYPE engine_op AS (
     n               integer,
     op              text,
@@ -84,5 +84,9 @@ CREATE TYPE engine_op AS (
     external_ref    text,
     note            text,
     reason          text,
-    http_request_id text
+    http_request_id text,
+    lease_token     bigint,
+    status          text,
+    result          jsonb,
+    error           jsonb
 );

@@ -16,13 +16,18 @@
 --   extend       account, actor, reservation, ttl
 --   credit       account, actor, new_id, amount, external_ref; note may be NULL
 --   adjust       account, actor, new_id, amount, external_ref, reason
+--   finish_job   account (the job's), actor, job, lease_token (the
+--                worker's lease), status (succeeded or failed), result
+--                (succeeded) or error (failed; may be NULL), reason (the
+--                ledger reason of a release; may be NULL)
 -- `p_authorized` says who vouches for the caller: true when the service has
 -- authorised it already (the ADMIN_API_KEY bootstrap admin, an admin
 -- request, a worker); false when the operation carries the caller's key —
 -- key_id and key_hash (SHA-256 of its secret), both set — verified here in
 -- the same statement (engine_verify_keys, engine_spend_authority). Credits
 -- and adjustments are always authorised by the caller (admin);
--- http_request_id is the audit event's request id. A missing field is an
+-- http_request_id is the audit event's request id. A job's finish comes
+-- from a worker the service vouches for (authorised). A missing field is an
 -- error (the whole batch fails), never a default.
 --
 -- Accounts are locked in id order first. Operations are then applied as if
@@ -30,17 +35,21 @@
 -- alone at that point: an operation that cannot be decided together with
 -- the ones before it on its account — a different class of operation
 -- (spend: reserve, create_job; settle: commit, release, extend; external:
--- credit, adjust), or the same request_id, reservation or external_ref
--- again — starts a new round on that account. Each round is one
--- engine_spend and one engine_settle for all accounts (set-based), and the
--- external operations one by one. Returns one row per operation: its
--- position (1-based), outcome, detail and object (JSON).
+-- credit, adjust; job: finish_job), or the same request_id, reservation,
+-- external_ref or job again — starts a new round on that account. Each
+-- round is one engine_spend and one engine_settle for all accounts
+-- (set-based), then the external operations and the job finishes one by
+-- one (engine_external, engine_finish_job: a worker's finish shares the
+-- batch's transaction and WAL flush with the requests around it). Returns
+-- one row per operation: its position (1-based), outcome, detail and
+-- object (JSON).
 CREATE FUNCTION engine_apply(
     p_op text[], p_account uuid[], p_actor text[], p_key_id uuid[], p_key_hash bytea[],
     p_authorized boolean[], p_request uuid[], p_amount bigint[], p_requested_ttl integer[],
     p_ttl integer[], p_new_id uuid[], p_job uuid[], p_reservation uuid[], p_hash bytea[],
     p_kind text[], p_params jsonb[], p_external_ref text[], p_note text[], p_reason text[],
-    p_http_request_id text[]
+    p_http_request_id text[], p_lease_token bigint[], p_status text[], p_result jsonb[],
+    p_error jsonb[]
 )
 RETURNS TABLE (op_position integer, outcome text, detail jsonb, object jsonb)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
@@ -53,6 +62,9 @@ DECLARE
     spends engine_spend_item[];
     settles engine_settle_item[];
     externals boolean;
+    finishes boolean;
+    owner uuid;
+    f record;
     bad record;
     r record;
     e record;
@@ -66,14 +78,16 @@ BEGIN
             cardinality(p_new_id), cardinality(p_job), cardinality(p_reservation),
             cardinality(p_hash), cardinality(p_kind), cardinality(p_params),
             cardinality(p_external_ref), cardinality(p_note), cardinality(p_reason),
-            cardinality(p_http_request_id)])) IS NOT TRUE THEN
+            cardinality(p_http_request_id), cardinality(p_lease_token), cardinality(p_status),
+            cardinality(p_result), cardinality(p_error)])) IS NOT TRUE THEN
         RAISE EXCEPTION 'engine_apply: every array must have % elements', batch
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
     SELECT array_agg(ROW(o.n, o.op, o.class, o.round, o.account, o.actor, o.key_id, o.key_hash, o.authorized, o.request, o.amount,
                o.requested_ttl, o.ttl, o.new_id, o.job, o.reservation, o.hash, o.kind, o.params,
-               o.external_ref, o.note, o.reason, o.http_request_id)::engine_op ORDER BY o.n),
+               o.external_ref, o.note, o.reason, o.http_request_id, o.lease_token, o.status,
+               o.result, o.error)::engine_op ORDER BY o.n),
            max(o.round)
     INTO ops, last_round
     FROM (
@@ -87,16 +101,20 @@ BEGIN
             SELECT u.*,
                    CASE WHEN u.op IN ('reserve', 'create_job') THEN 'spend'
                         WHEN u.op IN ('commit', 'commit_all', 'release', 'extend') THEN 'settle'
+                        WHEN u.op = 'finish_job' THEN 'job'
                         ELSE 'external' END AS class,
                    CASE WHEN u.op IN ('reserve', 'create_job') THEN u.op || ':' || u.request
                         WHEN u.op IN ('credit', 'adjust') THEN u.op || ':' || u.external_ref
+                        WHEN u.op = 'finish_job' THEN u.job::text
                         ELSE u.reservation::text END AS target
             FROM unnest(p_op, p_account, p_actor, p_key_id, p_key_hash, p_authorized, p_request,
                         p_amount, p_requested_ttl, p_ttl, p_new_id, p_job, p_reservation, p_hash,
-                        p_kind, p_params, p_external_ref, p_note, p_reason, p_http_request_id)
+                        p_kind, p_params, p_external_ref, p_note, p_reason, p_http_request_id,
+                        p_lease_token, p_status, p_result, p_error)
                  WITH ORDINALITY AS u (op, account, actor, key_id, key_hash, authorized, request,
                      amount, requested_ttl, ttl, new_id, job, reservation, hash, kind, params,
-                     external_ref, note, reason, http_request_id, n)
+                     external_ref, note, reason, http_request_id, lease_token, status, result,
+                     error, n)
         ) c
       ) s
     ) o;
@@ -116,9 +134,13 @@ BEGIN
                            AND o.external_ref IS NOT NULL
         WHEN 'adjust' THEN o.new_id IS NOT NULL AND o.amount IS NOT NULL
                            AND o.external_ref IS NOT NULL AND o.reason IS NOT NULL
+        WHEN 'finish_job' THEN o.job IS NOT NULL AND o.lease_token IS NOT NULL
+                           AND (o.status = 'succeeded' AND o.result IS NOT NULL
+                                OR o.status = 'failed' AND o.result IS NULL)
         ELSE false END
        OR o.authorized IS NULL
-       OR (o.authorized = false AND (o.class = 'external' OR o.key_id IS NULL OR o.key_hash IS NULL))
+       OR (o.authorized = false AND (o.class IN ('external', 'job') OR o.key_id IS NULL
+                                     OR o.key_hash IS NULL))
     ORDER BY o.n LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION 'engine_apply: operation % (%) lacks a required field or names an unknown operation',
@@ -142,7 +164,7 @@ BEGIN
         LEFT JOIN engine_verify_keys(ARRAY(SELECT x.key_id FROM unnest(ops) x ORDER BY x.n),
                                      ARRAY(SELECT x.key_hash FROM unnest(ops) x ORDER BY x.n)) k
                ON k.n = o.n
-        WHERE o.class <> 'external'
+        WHERE o.class IN ('spend', 'settle')
         ORDER BY o.n
     LOOP
         CONTINUE WHEN r.verdict = 'ok';
@@ -160,10 +182,11 @@ BEGIN
                array_agg(ROW(o.n, o.op, o.account, o.reservation, o.amount, o.ttl::double precision,
                              NULL, NULL, o.actor)::engine_settle_item ORDER BY o.n)
                    FILTER (WHERE o.class = 'settle'),
-               COALESCE(bool_or(o.class = 'external'), false)
-        INTO spends, settles, externals
+               COALESCE(bool_or(o.class = 'external'), false),
+               COALESCE(bool_or(o.class = 'job'), false)
+        INTO spends, settles, externals, finishes
         FROM unnest(ops) o
-        WHERE o.round = k AND (o.class = 'external' OR o.n <> ALL (refused));
+        WHERE o.round = k AND (o.class IN ('external', 'job') OR o.n <> ALL (refused));
         IF spends IS NOT NULL THEN
             RETURN QUERY SELECT s.pos, s.outcome, s.detail, s.object FROM engine_spend(spends) s;
         END IF;
@@ -175,13 +198,30 @@ BEGIN
             FROM engine_settle(settles) s;
         END IF;
 
-        CONTINUE WHEN NOT externals;
+        CONTINUE WHEN NOT (externals OR finishes);
         FOR e IN SELECT o.* FROM unnest(ops) o
-                 WHERE o.round = k AND o.class = 'external' ORDER BY o.n LOOP
-            SELECT * INTO r FROM engine_external(
-                CASE e.op WHEN 'credit' THEN 'credit' ELSE 'adjustment' END, e.account, e.new_id,
-                e.amount, e.external_ref, e.note, e.reason, e.actor, e.http_request_id);
-            op_position := e.n; outcome := r.outcome; detail := r.detail; object := r.object;
+                 WHERE o.round = k AND o.class IN ('external', 'job') ORDER BY o.n LOOP
+            op_position := e.n; detail := NULL; object := NULL;
+            IF e.class = 'external' THEN
+                SELECT * INTO r FROM engine_external(
+                    CASE e.op WHEN 'credit' THEN 'credit' ELSE 'adjustment' END, e.account,
+                    e.new_id, e.amount, e.external_ref, e.note, e.reason, e.actor,
+                    e.http_request_id);
+                outcome := r.outcome; detail := r.detail; object := r.object;
+            ELSE
+                -- The job's account is locked above only if it is the one
+                -- the operation names: any other is refused unread.
+                SELECT g.account_id INTO owner FROM generation_jobs g WHERE g.id = e.job;
+                IF owner IS DISTINCT FROM e.account THEN
+                    outcome := 'not_found'; detail := '{"what": "job"}';
+                ELSE
+                    SELECT * INTO f FROM engine_finish_job(e.job, e.lease_token, NULL, e.status,
+                        e.result, e.error, e.reason, e.actor);
+                    outcome := f.outcome;
+                    object := jsonb_build_object('job', to_jsonb(f.job) - 'request_hash',
+                        'reservation', to_jsonb(f.reservation), 'resolved', f.resolved);
+                END IF;
+            END IF;
             RETURN NEXT;
         END LOOP;
     END LOOP;
