@@ -48,7 +48,7 @@ BEGIN
             SELECT i.* FROM unnest(p_items) i
         ), locked AS (
             SELECT r AS found FROM reservations r
-            WHERE r.id IN (SELECT i.reservation FROM items i)
+            WHERE r.id = ANY (ARRAY(SELECT i.reservation FROM items i))
             ORDER BY r.id
             FOR UPDATE
         ), decided AS (

@@ -149,13 +149,13 @@ BEGIN
             cardinality(p_jobs), cardinality(p_tokens);
     END IF;
     PERFORM 1 FROM accounts
-    WHERE id IN (SELECT j.account_id FROM generation_jobs j WHERE j.id = ANY (p_jobs))
+    WHERE id = ANY (ARRAY(SELECT j.account_id FROM generation_jobs j WHERE j.id = ANY (p_jobs)))
     ORDER BY id FOR NO KEY UPDATE;
     fenced := ARRAY(
         SELECT j FROM generation_jobs j
         JOIN (SELECT DISTINCT u.id, u.token FROM unnest(p_jobs, p_tokens) AS u(id, token)) h
           ON h.id = j.id AND h.token = j.lease_token
-        WHERE j.status = 'running'
+        WHERE j.status = 'running' AND j.id = ANY (p_jobs)
         ORDER BY j.id
         FOR UPDATE OF j);
     IF cardinality(fenced) > 0 THEN
