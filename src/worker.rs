@@ -20,11 +20,11 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{sleep, timeout, Instant, MissedTickBehavior};
 use uuid::Uuid;
 
+use crate::coalesce::Coalescer;
 use crate::config::{
     Config, GAUGE_REFRESH, JOB_RETRY_BACKOFF_MAX_MS, JOB_WATCH_POLL, PROVIDER_POLL_INITIAL,
     PROVIDER_POLL_MAX, WORKER_IDLE_POLL,
 };
-use crate::coalesce::Coalescer;
 use crate::db::models::JobRow;
 use crate::db::DbPool;
 use crate::domain::job_leases::{self, Fenced, JobError};
@@ -432,7 +432,11 @@ impl Worker {
     /// The job's final status, fenced on its lease token, through the
     /// coalescer: the finish joins the batch of the requests around it (one
     /// transaction, one WAL flush for all of them).
-    async fn finish(&self, job: &JobRow, outcome: Result<&Value, &JobError>) -> Result<Fenced, ApiError> {
+    async fn finish(
+        &self,
+        job: &JobRow,
+        outcome: Result<&Value, &JobError>,
+    ) -> Result<Fenced, ApiError> {
         let status = if outcome.is_ok() {
             JobStatus::Succeeded
         } else {

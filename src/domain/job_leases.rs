@@ -16,9 +16,8 @@ use uuid::Uuid;
 
 use crate::db::models::{JobRow, ReservationRow};
 use crate::db::prepared;
-use crate::domain::states::JobStatus;
-use crate::engine::{self, Answer, Authority, Op, Operation, Outcome};
 use crate::engine::types::AccountId;
+use crate::engine::{self, Answer, Authority, Op, Operation, Outcome};
 use crate::error::ApiError;
 
 /// The ledger `actor` of movements made by workers and the reaper.
