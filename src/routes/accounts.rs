@@ -19,8 +19,8 @@ use crate::domain::audit::Audit;
 use crate::domain::history::{self, BalancesAsOf, BalancesAsOfPage};
 use crate::domain::idempotency::{self, Claim, Created, ReplayedApiKey};
 use crate::domain::ledger::{self, LedgerPage};
-use crate::domain::reconciliation::InstantParam;
 use crate::domain::paging::page_limit;
+use crate::domain::reconciliation::InstantParam;
 use crate::domain::types::{AccountId, Label, Name};
 use crate::error::{ApiError, Problem};
 
