@@ -111,7 +111,8 @@ pub enum Command {
     /// Run one retention pass now (RETENTION_* and ARCHIVE_DIR as for `serve`)
     /// and print what it pruned and archived as JSON.
     #[command(
-        after_help = "Example:\n  ARCHIVE_DIR=/var/lib/token-billing/archive RETENTION_EVENTS=90d token-billing prune"
+        after_help = "Examples:\n  ARCHIVE_DIR=/var/lib/token-billing/archive RETENTION_EVENTS=90d token-billing prune\n  \
+            token-billing prune --pause 500ms   # gentler on the kiosks during opening hours"
     )]
     Prune {
         #[arg(long, env = "RETENTION_IDEMPOTENCY_KEYS", default_value = "30d")]
@@ -127,6 +128,16 @@ pub enum Command {
         /// Rows per batch (one transaction each).
         #[arg(long, default_value_t = crate::config::RETENTION_BATCH_MAX)]
         batch: i64,
+        /// The pause after a batch that deleted rows, before the next one (`100ms`, `1s`; `0`:
+        /// none; at most 10s); overrides RETENTION_PAUSE.
+        #[arg(
+            long,
+            visible_alias = "retention-pause",
+            env = "RETENTION_PAUSE",
+            default_value = crate::config::RETENTION_PAUSE_DEFAULT,
+            value_parser = crate::config::parse_retention_pause
+        )]
+        pause: std::time::Duration,
     },
     /// Print the ledger's hash chain up to an instant as JSON `{digest, entries, until,
     /// last_entry_id, format}`: keep it, and compare it after a restore or in an audit.

@@ -48,12 +48,32 @@ pub const RETENTION_TABLES: [&str; 5] = [
 pub const RETENTION_BATCH_MAX: i64 = 5_000;
 /// Batches of one table in one retention pass (the rest waits for the next).
 pub const RETENTION_BATCHES_PER_PASS_MAX: usize = 2_000;
+/// The pause between two retention batches (`RETENTION_PAUSE`) by default,
+/// and the longest one accepted.
+pub const RETENTION_PAUSE_DEFAULT: &str = "100ms";
+pub const RETENTION_PAUSE_MAX: Duration = Duration::from_secs(10);
 
 /// A retention duration (humantime: `30d`, `12h`, `3s`; `0` keeps forever).
 fn parse_retention(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text.trim()).map_err(|error| {
         format!("{text:?} is not a duration such as 30d, 12h or 3s (0 keeps forever): {error}")
     })
+}
+
+/// A pause between retention batches (humantime: `100ms`, `1s`; `0`: none),
+/// at most [`RETENTION_PAUSE_MAX`].
+pub fn parse_retention_pause(text: &str) -> Result<Duration, String> {
+    let pause = humantime::parse_duration(text.trim()).map_err(|error| {
+        format!("{text:?} is not a duration such as 100ms or 1s (0: no pause): {error}")
+    })?;
+    if pause > RETENTION_PAUSE_MAX {
+        return Err(format!(
+            "{text:?} is longer than {}, the longest pause between retention batches \
+             (a pass of many batches would take hours)",
+            humantime::format_duration(RETENTION_PAUSE_MAX)
+        ));
+    }
+    Ok(pause)
 }
 
 /// Largest `params` object of a job, serialized, in bytes.
@@ -175,6 +195,12 @@ pub struct Config {
     /// When retention passes and the daily closings run: cron with a seconds field.
     #[arg(long, env = "RETENTION_SCHEDULE", default_value = "0 0 * * * *")]
     pub retention_schedule: String,
+
+    /// The pause between two retention batches (humantime: `100ms`, `1s`; `0`: none), at most 10s:
+    /// room for the kiosks' statements between the batches' deletes. No transaction or lock is held
+    /// during it.
+    #[arg(long, env = "RETENTION_PAUSE", default_value = RETENTION_PAUSE_DEFAULT, value_parser = parse_retention_pause)]
+    pub retention_pause: Duration,
 
     /// Where pruned rows are archived first (gzip JSON Lines under `<dir>/<table>/`); unset: no archive.
     #[arg(long, env = "ARCHIVE_DIR")]
@@ -640,6 +666,31 @@ mod tests {
         assert!(config(&["--reaper-schedule", "*/30 * * * *"])
             .validate()
             .is_err());
+    }
+
+    #[test]
+    fn retention_pause_defaults_to_100ms_and_0_turns_it_off() {
+        assert_eq!(config(&[]).retention_pause, Duration::from_millis(100));
+        assert_eq!(
+            config(&["--retention-pause", "0"]).retention_pause,
+            Duration::ZERO
+        );
+        assert_eq!(
+            config(&["--retention-pause", "250ms"]).retention_pause,
+            Duration::from_millis(250)
+        );
+        assert_eq!(parse_retention_pause("10s"), Ok(RETENTION_PAUSE_MAX));
+        for bad in ["10001ms", "1m", "fast", "-1s", ""] {
+            assert!(
+                parse_retention_pause(bad).is_err(),
+                "{bad:?} should be refused"
+            );
+        }
+        let refused = Wrapper::try_parse_from(["token-billing", "--retention-pause", "1h"])
+            .err()
+            .expect("1h is refused")
+            .to_string();
+        assert!(refused.contains("longest pause"), "{refused}");
     }
 
     #[test]

@@ -70,6 +70,7 @@ async fn main() -> ExitCode {
             retention_audit_events,
             archive_dir,
             batch,
+            pause,
         }) => prune_command(
             &database_url,
             [
@@ -80,6 +81,7 @@ async fn main() -> ExitCode {
             ],
             archive_dir,
             batch,
+            pause,
         ),
     };
     match result {
@@ -336,6 +338,7 @@ fn prune_command(
     durations: [String; 4],
     archive_dir: Option<std::path::PathBuf>,
     batch: i64,
+    pause: Duration,
 ) -> anyhow::Result<()> {
     use token_billing::domain::retention::{run_pass_exclusive, RetentionSettings};
     let parse = |text: &str| -> anyhow::Result<Option<std::time::Duration>> {
@@ -352,6 +355,7 @@ fn prune_command(
         archive_dir,
         batch,
         batches_max: usize::MAX,
+        pause,
     };
     let mut conn = connect(database_url)?;
     match run_pass_exclusive(&mut conn, &settings, None)? {

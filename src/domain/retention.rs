@@ -7,6 +7,16 @@
 //! their `webhook_attempts`, and `audit_events`. Never pruned: the ledger,
 //! reservations, jobs, credits, adjustments, the daily closings.
 //!
+//! Batches are paced: after a batch that deleted rows, the pass sleeps
+//! `RETENTION_PAUSE` before the next one, outside any transaction and with
+//! no row lock held (only the session's advisory lock, which keeps other
+//! replicas from starting a pass), so the kiosks' statements get the disk
+//! and the WAL between two deletes.
+//!
+//! What was pruned is recorded where a reader's cursor needs it, in the
+//! transaction of the delete: `retention_watermarks` for the event feed,
+//! `webhook_attempt_watermarks` (per endpoint) for the delivery log.
+//!
 //! With `ARCHIVE_DIR`, each batch's rows are first written to a new gzip
 //! JSON Lines file under `ARCHIVE_DIR/<table>/` (one JSON object per row,
 //! as `row_to_json` gives it), fsynced with its directory, and only then
@@ -48,6 +58,9 @@ pub struct RetentionSettings {
     pub batch: i64,
     /// Batches per table and pass.
     pub batches_max: usize,
+    /// The sleep after a batch that deleted rows, before the next batch
+    /// (zero: none). Outside any transaction: no row lock is held.
+    pub pause: Duration,
 }
 
 fn keep(duration: Duration) -> Option<Duration> {
@@ -64,6 +77,7 @@ impl RetentionSettings {
             archive_dir: config.archive_dir.clone(),
             batch: RETENTION_BATCH_MAX,
             batches_max: RETENTION_BATCHES_PER_PASS_MAX,
+            pause: config.retention_pause,
         }
     }
 }
@@ -123,13 +137,28 @@ fn retention_of(settings: &RetentionSettings, table: &str) -> Option<Duration> {
 }
 
 /// One pass, if no other replica is running one: `None` when skipped.
+/// Sleeps `settings.pause` between batches (the calling thread blocks).
 pub fn run_pass_exclusive(
     conn: &mut PgConnection,
     settings: &RetentionSettings,
     metrics: Option<&Metrics>,
 ) -> Result<Option<PassReport>, ApiError> {
+    run_pass_exclusive_paced(conn, settings, metrics, &mut std::thread::sleep)
+}
+
+/// [`run_pass_exclusive`] with the pause between batches made by `pause`
+/// (called with `settings.pause`, never with zero). It is called after a
+/// batch that deleted rows, before the pass's next batch, between
+/// transactions: `conn` holds no transaction and no row lock meanwhile,
+/// only the session's advisory lock.
+pub fn run_pass_exclusive_paced(
+    conn: &mut PgConnection,
+    settings: &RetentionSettings,
+    metrics: Option<&Metrics>,
+    pause: &mut dyn FnMut(Duration),
+) -> Result<Option<PassReport>, ApiError> {
     crate::db::with_advisory_lock(conn, RETENTION_LOCK, |conn| {
-        run_pass(conn, settings, metrics)
+        run_pass(conn, settings, metrics, pause)
     })
 }
 
@@ -137,8 +166,11 @@ fn run_pass(
     conn: &mut PgConnection,
     settings: &RetentionSettings,
     metrics: Option<&Metrics>,
+    pause: &mut dyn FnMut(Duration),
 ) -> Result<PassReport, ApiError> {
     let mut report = PassReport::default();
+    // The previous batch (of any table) deleted rows: pause before the next.
+    let mut deleted_last = false;
     for rule in &RULES {
         let Some(age) = retention_of(settings, rule.table) else {
             continue;
@@ -147,7 +179,12 @@ fn run_pass(
             .map_err(|error| ApiError::Internal(format!("retention of {}: {error}", rule.table)))?;
         let cutoff = Utc::now() - age;
         for _ in 0..settings.batches_max {
+            if deleted_last && !settings.pause.is_zero() {
+                // Between two transactions (prune_batch commits its own).
+                pause(settings.pause);
+            }
             let batch = prune_batch(conn, rule, cutoff, settings)?;
+            deleted_last = batch.iter().any(|(_, pruned, _)| *pruned > 0);
             for (table, pruned, archived) in &batch {
                 *report.pruned.entry(table).or_default() += pruned;
                 *report.archived.entry(table).or_default() += archived;
@@ -241,6 +278,20 @@ fn prune_batch(
             .load(conn)?;
             let archived = archive(settings.archive_dir.as_deref(), "webhook_attempts", &attempts)?;
             let attempt_tids: Vec<String> = attempts.iter().map(|row| row.tid.clone()).collect();
+            // Per endpoint, the newest attempt deleted: a delivery-log
+            // cursor below it would skip attempts (webhooks::endpoints).
+            diesel::sql_query(
+                "INSERT INTO webhook_attempt_watermarks AS w \
+                   (endpoint_id, last_attempt_id, last_attempted_at) \
+                 SELECT endpoint_id, max(id), max(attempted_at) FROM webhook_attempts \
+                 WHERE ctid = ANY($1::text[]::tid[]) GROUP BY endpoint_id \
+                 ON CONFLICT (endpoint_id) DO UPDATE SET \
+                   last_attempt_id = GREATEST(w.last_attempt_id, EXCLUDED.last_attempt_id), \
+                   last_attempted_at = GREATEST(w.last_attempted_at, EXCLUDED.last_attempted_at), \
+                   updated_at = now()",
+            )
+            .bind::<Array<Text>, _>(&attempt_tids)
+            .execute(conn)?;
             let pruned =
                 diesel::sql_query("DELETE FROM webhook_attempts WHERE ctid = ANY($1::text[]::tid[])")
                     .bind::<Array<Text>, _>(&attempt_tids)
@@ -330,4 +381,30 @@ pub fn events_pruned_before(conn: &mut PgConnection) -> Result<Option<DateTime<U
     .get_result(conn)
     .optional()?;
     Ok(mark.map(|mark| mark.pruned_before))
+}
+
+/// Where retention has got in one endpoint's delivery log: the highest
+/// `attempt_id` it deleted for the endpoint, and the latest `attempted_at`
+/// among the deleted. `None` while none of its attempts was deleted (or
+/// only before this was recorded, see the migration
+/// `2026-12-02-000011_webhook_attempt_watermarks`).
+pub fn webhook_attempts_pruned_through(
+    conn: &mut PgConnection,
+    endpoint: uuid::Uuid,
+) -> Result<Option<(i64, DateTime<Utc>)>, ApiError> {
+    #[derive(QueryableByName)]
+    struct Mark {
+        #[diesel(sql_type = BigInt)]
+        last_attempt_id: i64,
+        #[diesel(sql_type = Timestamptz)]
+        last_attempted_at: DateTime<Utc>,
+    }
+    let mark: Option<Mark> = diesel::sql_query(
+        "SELECT last_attempt_id, last_attempted_at FROM webhook_attempt_watermarks \
+         WHERE endpoint_id = $1",
+    )
+    .bind::<diesel::sql_types::Uuid, _>(endpoint)
+    .get_result(conn)
+    .optional()?;
+    Ok(mark.map(|mark| (mark.last_attempt_id, mark.last_attempted_at)))
 }

@@ -299,6 +299,8 @@ async fn rotate_secret(
 #[serde(deny_unknown_fields)]
 struct AttemptQuery {
     /// Attempts after this `attempt_id`: the previous page's `next_after`.
+    /// Absent: from the oldest attempt kept. Refused (400) once retention
+    /// has deleted attempts of this endpoint after it.
     #[param(minimum = 0)]
     after: Option<i64>,
     /// Attempts per page, default 100.
@@ -308,12 +310,27 @@ struct AttemptQuery {
 
 /// Every delivery attempt to the endpoint, oldest first (admin): the event,
 /// when, the status code or the error, the latency.
+///
+/// Pages go by `attempt_id`: pass each page's `next_after` as `after`.
+/// Retention (`RETENTION_WEBHOOK_ATTEMPTS`, 30 days by default) deletes
+/// finished deliveries with all their attempts, and a redelivered old
+/// delivery's attempts can have ids above a reader's cursor. Once retention
+/// has deleted an attempt of this endpoint with an `attempt_id` above
+/// `after`, that cursor is answered 400 `invalid_request` whose `detail`
+/// says so, never with a page that silently skips attempts: the deleted
+/// attempts are in the archive (`ARCHIVE_DIR/webhook_attempts/`, when
+/// `ARCHIVE_DIR` is set); start again without `after` to read from the
+/// oldest attempt kept. Another endpoint's retention never refuses this
+/// endpoint's cursor.
 #[utoipa::path(
     tag = "webhooks",
     params(("endpoint_id" = Uuid, Path, description = "The endpoint"), AttemptQuery),
     responses(
         (status = 200, description = "One page of attempts", body = AttemptPage),
-        (status = 400, description = "Invalid path, cursor or limit",
+        (status = 400, description = "Invalid path, cursor or limit; or a cursor (after) that \
+                                      retention has overtaken: attempts of this endpoint after it \
+                                      were deleted (RETENTION_WEBHOOK_ATTEMPTS; ARCHIVE_DIR keeps \
+                                      them), start again without after",
          body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Not an admin key",
          body = Problem, content_type = "application/problem+json"),

@@ -377,28 +377,64 @@ pub struct AttemptPage {
     pub next_after: Option<i64>,
 }
 
-/// The endpoint's attempts, oldest first.
+/// The endpoint's attempts, oldest first, after the cursor `after` (an
+/// `attempt_id`; none: from the oldest attempt kept).
+///
+/// Retention deletes old deliveries with all their attempts, whose ids need
+/// not be old (a redelivery adds attempts to an old delivery), so attempts
+/// after a reader's cursor can go before the reader gets to them. When
+/// retention has deleted an attempt of this endpoint with an id above
+/// `after` (`webhook_attempt_watermarks`), the cursor is refused with an
+/// error that says so, never answered with a page that silently skips it.
+/// The page and the watermark are read in one snapshot (a retention batch
+/// deletes attempts and raises the watermark in one transaction).
 pub fn attempts(
     conn: &mut PgConnection,
     endpoint: Uuid,
     after: Option<i64>,
     limit: i64,
 ) -> Result<AttemptPage, ApiError> {
-    get(conn, endpoint)?;
-    let rows: Vec<AttemptView> = diesel::sql_query(
-        "SELECT id AS attempt_id, event_id, delivery_id, attempt, attempted_at, status_code, \
-           error, latency_ms, outcome \
-         FROM webhook_attempts WHERE endpoint_id = $1 AND id > $2 ORDER BY id LIMIT $3",
-    )
-    .bind::<SqlUuid, _>(endpoint)
-    .bind::<BigInt, _>(after.unwrap_or(0))
-    .bind::<BigInt, _>(limit + 1)
-    .load(conn)?;
-    let (attempts, next_after) = page_of(rows, limit, |attempt| attempt.attempt_id);
-    Ok(AttemptPage {
-        attempts,
-        next_after,
-    })
+    conn.build_transaction()
+        .repeatable_read()
+        .read_only()
+        .run(|conn| {
+            get(conn, endpoint)?;
+            if let Some(after) = after {
+                if let Some((last_id, last_at)) =
+                    crate::domain::retention::webhook_attempts_pruned_through(conn, endpoint)?
+                {
+                    if last_id > after {
+                        return Err(pruned_cursor(after, last_id, last_at));
+                    }
+                }
+            }
+            let rows: Vec<AttemptView> = diesel::sql_query(
+                "SELECT id AS attempt_id, event_id, delivery_id, attempt, attempted_at, \
+                   status_code, error, latency_ms, outcome \
+                 FROM webhook_attempts WHERE endpoint_id = $1 AND id > $2 ORDER BY id LIMIT $3",
+            )
+            .bind::<SqlUuid, _>(endpoint)
+            .bind::<BigInt, _>(after.unwrap_or(0))
+            .bind::<BigInt, _>(limit + 1)
+            .load(conn)?;
+            let (attempts, next_after) = page_of(rows, limit, |attempt| attempt.attempt_id);
+            Ok(AttemptPage {
+                attempts,
+                next_after,
+            })
+        })
+}
+
+/// The error for a delivery-log cursor that retention has overtaken.
+fn pruned_cursor(after: i64, last_id: i64, last_at: DateTime<Utc>) -> ApiError {
+    ApiError::InvalidRequest(format!(
+        "after={after} cannot be continued: retention (RETENTION_WEBHOOK_ATTEMPTS) has deleted \
+         attempts of this endpoint with attempt_id above it (up to attempt_id {last_id}, made up \
+         to {}), together with their finished deliveries, so the next page would silently skip \
+         them. They are in the archive under ARCHIVE_DIR/webhook_attempts/ when ARCHIVE_DIR is \
+         set. Start again without after to read the log from the oldest attempt kept",
+        last_at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+    ))
 }
 
 /// The delivery of one event to one endpoint, as `redeliver` answers it.

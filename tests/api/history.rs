@@ -27,6 +27,7 @@ use token_billing::domain::checks::find_violations;
 use token_billing::domain::history::{account_as_of, close_days};
 use token_billing::domain::ledger::replay;
 use token_billing::domain::reconciliation::reconcile;
+use token_billing::domain::retention::{run_pass_exclusive_paced, RetentionSettings};
 use token_billing::engine::types::{
     AccountId, ExternalRef, Name, RequestId, ReservationId, Tokens,
 };
@@ -666,4 +667,195 @@ async fn retention_killed_mid_pass_loses_nothing_and_the_feed_says_so() {
             .contains("RETENTION_EVENTS"),
         "{body}"
     );
+}
+
+/// `n` idempotency keys 40 days old: `n / batch` full batches for a pass
+/// keeping them 30 days.
+fn old_keys(conn: &mut PgConnection, n: i64) {
+    conn.batch_execute(&format!(
+        "INSERT INTO idempotency_keys (actor, endpoint, idempotency_key, request_hash, resource_id, created_at) \
+         SELECT 'test', '/v1/accounts', 'key-' || gen_random_uuid(), sha256(g::text::bytea), \
+                gen_random_uuid(), now() - interval '40 days' FROM generate_series(1, {n}) g"
+    ))
+    .expect("old keys");
+}
+
+fn count_keys(conn: &mut PgConnection) -> i64 {
+    #[derive(QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    diesel::sql_query("SELECT count(*) AS n FROM idempotency_keys")
+        .get_result::<Count>(conn)
+        .expect("count")
+        .n
+}
+
+fn keys_only(batch: i64, pause: Duration) -> RetentionSettings {
+    RetentionSettings {
+        idempotency_keys: Some(Duration::from_secs(30 * 86_400)),
+        events: None,
+        webhook_attempts: None,
+        audit_events: None,
+        archive_dir: None,
+        batch,
+        batches_max: usize::MAX,
+        pause,
+    }
+}
+
+/// The pause comes between batches, each committed before it: during the
+/// pause the pass's connection is idle outside any transaction, holds no
+/// lock but the session's advisory lock (so kiosks wait for nothing), and
+/// the batch's deletes are visible to everyone. `0` makes no pause at all.
+#[test]
+fn retention_pauses_between_batches_holding_no_transaction_and_0_disables_it() {
+    let database = TestDatabase::create();
+    let mut conn = database.connect();
+    let mut observer = database.connect();
+    old_keys(&mut conn, 300);
+    #[derive(QueryableByName)]
+    struct Pid {
+        #[diesel(sql_type = diesel::sql_types::Integer)]
+        pid: i32,
+    }
+    let pid = diesel::sql_query("SELECT pg_backend_pid() AS pid")
+        .get_result::<Pid>(&mut conn)
+        .expect("pid")
+        .pid;
+    #[derive(QueryableByName, Debug)]
+    struct Seen {
+        #[diesel(sql_type = Text)]
+        state: String,
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        no_transaction: bool,
+        #[diesel(sql_type = Text)]
+        locks: String,
+    }
+    let mut pauses = Vec::new();
+    let mut left = Vec::new();
+    let report = run_pass_exclusive_paced(
+        &mut conn,
+        &keys_only(50, Duration::from_millis(250)),
+        None,
+        &mut |pause| {
+            let seen: Seen = diesel::sql_query(
+                "SELECT a.state, (a.xact_start IS NULL AND a.backend_xid IS NULL) AS no_transaction, \
+                        (SELECT string_agg(l.locktype, ',' ORDER BY l.locktype) FROM pg_locks l \
+                         WHERE l.pid = a.pid) AS locks \
+                 FROM pg_stat_activity a WHERE a.pid = $1",
+            )
+            .bind::<diesel::sql_types::Integer, _>(pid)
+            .get_result(&mut observer)
+            .expect("the pass's backend");
+            assert_eq!(seen.state, "idle", "{seen:?}");
+            assert!(seen.no_transaction, "{seen:?}");
+            assert_eq!(seen.locks, "advisory", "only the pass's advisory lock: {seen:?}");
+            pauses.push(pause);
+            left.push(count_keys(&mut observer));
+        },
+    )
+    .expect("pass")
+    .expect("the lock is free");
+    assert_eq!(report.pruned["idempotency_keys"], 300);
+    // Six batches deleted 50 rows each; each is followed by a pause (the
+    // sixth by the seventh batch, which finds nothing).
+    assert_eq!(pauses, vec![Duration::from_millis(250); 6]);
+    assert_eq!(left, [250, 200, 150, 100, 50, 0]);
+
+    old_keys(&mut conn, 300);
+    let mut paused = 0;
+    let report =
+        run_pass_exclusive_paced(&mut conn, &keys_only(50, Duration::ZERO), None, &mut |_| {
+            paused += 1
+        })
+        .expect("pass")
+        .expect("the lock is free");
+    assert_eq!(report.pruned["idempotency_keys"], 300);
+    assert_eq!(paused, 0, "RETENTION_PAUSE=0 makes no pause");
+}
+
+/// The pause really sleeps, in the scheduled pass (RETENTION_PAUSE of the
+/// service's configuration) and in `token-billing prune` (RETENTION_PAUSE,
+/// overridden by `--pause`): a pass of N deleting batches takes at least
+/// (N − 1) pauses. `--pause 0` overrides a long RETENTION_PAUSE.
+#[tokio::test]
+async fn the_scheduled_pass_and_prune_honour_the_configured_pause() {
+    let pause = Duration::from_millis(300);
+    let app = TestApp::spawn_with(|config| config.retention_pause = pause).await;
+    // Six batches of 50: at least five pauses.
+    let at_least = pause * 5;
+
+    old_keys(&mut app.conn(), 300);
+    let mut settings = RetentionSettings::from_config(&app.state.config);
+    assert_eq!(settings.pause, pause);
+    settings.batch = 50;
+    let started = Instant::now();
+    let report = token_billing::scheduler::history_pass(
+        app.state.pool.clone(),
+        settings,
+        std::sync::Arc::clone(&app.state.metrics),
+    )
+    .await
+    .expect("pass")
+    .expect("the lock is free");
+    let elapsed = started.elapsed();
+    assert_eq!(report.pruned["idempotency_keys"], 300);
+    assert!(elapsed >= at_least, "{elapsed:?} < {at_least:?}");
+
+    let prune = |env_pause: &str, flag: Option<&str>| {
+        old_keys(&mut app.conn(), 300);
+        let mut command = Command::new(BINARY);
+        command
+            .args([
+                "--database-url",
+                &app.database.url,
+                "prune",
+                "--batch",
+                "50",
+            ])
+            .env("RETENTION_PAUSE", env_pause)
+            .env("RETENTION_EVENTS", "0")
+            .env("RETENTION_WEBHOOK_ATTEMPTS", "0")
+            .env_remove("ARCHIVE_DIR");
+        if let Some(flag) = flag {
+            command.args(["--pause", flag]);
+        }
+        let started = Instant::now();
+        let output = command.output().expect("run prune");
+        let elapsed = started.elapsed();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let report: Value = serde_json::from_slice(&output.stdout).expect("report");
+        assert_eq!(report["pruned"]["idempotency_keys"], 300, "{report}");
+        elapsed
+    };
+    let elapsed = prune("300ms", None);
+    assert!(
+        elapsed >= at_least,
+        "RETENTION_PAUSE: {elapsed:?} < {at_least:?}"
+    );
+    let elapsed = prune("0", Some("300ms"));
+    assert!(elapsed >= at_least, "--pause: {elapsed:?} < {at_least:?}");
+    // Five pauses of RETENTION_PAUSE=10s would take 50 s.
+    let elapsed = prune("10s", Some("0"));
+    assert!(elapsed < Duration::from_secs(25), "--pause 0: {elapsed:?}");
+
+    let refused = Command::new(BINARY)
+        .args([
+            "--database-url",
+            &app.database.url,
+            "prune",
+            "--pause",
+            "1h",
+        ])
+        .output()
+        .expect("run prune");
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("longest pause"), "{stderr}");
 }

@@ -652,3 +652,219 @@ async fn private_addresses_and_non_admins_are_refused() {
         assert_eq!(response.status(), StatusCode::FORBIDDEN);
     }
 }
+
+/// One attempt written straight into the log; its `attempt_id`.
+fn logged_attempt(
+    conn: &mut diesel::PgConnection,
+    endpoint: Uuid,
+    delivery: Uuid,
+    event: Uuid,
+) -> i64 {
+    use diesel::prelude::*;
+    #[derive(QueryableByName)]
+    struct Id {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        id: i64,
+    }
+    let id: Id = diesel::sql_query(
+        "INSERT INTO webhook_attempts (delivery_id, endpoint_id, event_id, attempt, attempted_at, \
+           status_code, latency_ms, outcome) \
+         VALUES ($1, $2, $3, 1, now(), 200, 3.0, 'delivered') RETURNING id",
+    )
+    .bind::<diesel::sql_types::Uuid, _>(delivery)
+    .bind::<diesel::sql_types::Uuid, _>(endpoint)
+    .bind::<diesel::sql_types::Uuid, _>(event)
+    .get_result(conn)
+    .expect("attempt");
+    id.id
+}
+
+/// A finished delivery of a new event to the endpoint, created `days_ago`.
+fn finished_delivery(
+    conn: &mut diesel::PgConnection,
+    endpoint: Uuid,
+    days_ago: i64,
+) -> (Uuid, Uuid) {
+    use diesel::prelude::*;
+    #[derive(QueryableByName)]
+    struct Ids {
+        #[diesel(sql_type = diesel::sql_types::Uuid)]
+        delivery: Uuid,
+        #[diesel(sql_type = diesel::sql_types::Uuid)]
+        event: Uuid,
+    }
+    let ids: Ids = diesel::sql_query(
+        "WITH event AS (INSERT INTO events (type, data) VALUES ('credit.created', '{}') RETURNING id) \
+         INSERT INTO webhook_deliveries (endpoint_id, event_id, status, attempts, created_at, delivered_at) \
+         SELECT $1, id, 'delivered', 1, now() - make_interval(days => $2), now() FROM event \
+         RETURNING id AS delivery, event_id AS event",
+    )
+    .bind::<diesel::sql_types::Uuid, _>(endpoint)
+    .bind::<diesel::sql_types::Integer, _>(i32::try_from(days_ago).expect("days"))
+    .get_result(conn)
+    .expect("delivery");
+    (ids.delivery, ids.event)
+}
+
+/// A retention pass of the webhook deliveries alone (30 days), as the
+/// service runs it; waits out a pass the replica's schedule may be running.
+fn prune_deliveries(conn: &mut diesel::PgConnection, archive: &std::path::Path) -> Value {
+    use token_billing::domain::retention::{run_pass_exclusive, RetentionSettings};
+    let settings = RetentionSettings {
+        idempotency_keys: None,
+        events: None,
+        webhook_attempts: Some(Duration::from_secs(30 * 86_400)),
+        audit_events: None,
+        archive_dir: Some(archive.to_path_buf()),
+        batch: 5_000,
+        batches_max: usize::MAX,
+        pause: Duration::ZERO,
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(report) = run_pass_exclusive(conn, &settings, None).expect("pass") {
+            return serde_json::to_value(report).expect("json");
+        }
+        assert!(Instant::now() < deadline, "the retention lock stays taken");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `attempt_id`s of one page of the endpoint's log (200 expected).
+async fn log_page(app: &TestApp, endpoint: Uuid, query: &str) -> (Vec<i64>, Value) {
+    let response = app
+        .get(
+            &format!("/v1/webhook-endpoints/{endpoint}/deliveries?{query}"),
+            ADMIN_KEY,
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK, "{query}");
+    let page: Value = response.json().await.expect("json");
+    let ids = page["attempts"]
+        .as_array()
+        .expect("attempts")
+        .iter()
+        .map(|attempt| attempt["attempt_id"].as_i64().expect("id"))
+        .collect();
+    (ids, page["next_after"].clone())
+}
+
+/// Retention deletes an old delivery with all of its attempts, also those
+/// with ids above a reader's cursor (a redelivered old delivery): that
+/// cursor is refused with a problem that says what happened, never
+/// answered with a page that skips them. Tracked per endpoint: endpoint
+/// B's reader, whose cursor is below A's deleted ids, reads on.
+#[tokio::test]
+async fn a_delivery_log_cursor_overtaken_by_retention_is_refused_for_its_endpoint_only() {
+    // No sender and no relay here: the log holds only what the test writes.
+    let app = TestApp::spawn_with(|config| config.webhook_concurrency = 0).await;
+    let archive = std::env::temp_dir().join(format!("tb-attempts-{}", Uuid::new_v4()));
+    let mut endpoints = Vec::new();
+    for url in ["http://127.0.0.1:9/a", "http://127.0.0.1:9/b"] {
+        let created =
+            create_endpoint(&app, &json!({"url": url, "events": ["credit.created"]})).await;
+        endpoints
+            .push(Uuid::parse_str(created["endpoint_id"].as_str().expect("id")).expect("uuid"));
+    }
+    let (a, b) = (endpoints[0], endpoints[1]);
+    let mut conn = app.conn();
+    let (a_old, a_old_event) = finished_delivery(&mut conn, a, 40);
+    let (a_new, a_new_event) = finished_delivery(&mut conn, a, 0);
+    let (b_new, b_new_event) = finished_delivery(&mut conn, b, 0);
+    // Interleaved ids: the old delivery of A was redelivered lately.
+    let b1 = logged_attempt(&mut conn, b, b_new, b_new_event);
+    let a1 = logged_attempt(&mut conn, a, a_new, a_new_event);
+    let a2 = logged_attempt(&mut conn, a, a_old, a_old_event);
+    let a3 = logged_attempt(&mut conn, a, a_new, a_new_event);
+    let a4 = logged_attempt(&mut conn, a, a_old, a_old_event);
+    let b2 = logged_attempt(&mut conn, b, b_new, b_new_event);
+
+    // A reader of A is at a1; before retention it reads on from there.
+    let (page, next) = log_page(&app, a, "limit=1").await;
+    assert_eq!((page, next), (vec![a1], json!(a1)));
+    assert_eq!(
+        log_page(&app, a, &format!("after={a1}")).await.0,
+        [a2, a3, a4]
+    );
+
+    let report = prune_deliveries(&mut conn, &archive);
+    assert_eq!(report["pruned"]["webhook_deliveries"], 1, "{report}");
+    assert_eq!(report["pruned"]["webhook_attempts"], 2, "{report}");
+
+    // a2 and a4 are gone: continuing from a1 (or a3) would skip them.
+    for after in [0, a1, a3] {
+        let (status, body) = problem(
+            app.get(
+                &format!("/v1/webhook-endpoints/{a}/deliveries?after={after}"),
+                ADMIN_KEY,
+            )
+            .await,
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "after={after}: {body}");
+        assert_eq!(body["code"], "invalid_request", "{body}");
+        let detail = body["detail"].as_str().expect("detail");
+        for needed in [
+            "retention",
+            "RETENTION_WEBHOOK_ATTEMPTS",
+            "ARCHIVE_DIR",
+            "without after",
+            &format!("up to attempt_id {a4}"),
+        ] {
+            assert!(detail.contains(needed), "{needed:?} in {detail}");
+        }
+    }
+    // Past the newest deleted attempt nothing was skipped; without after
+    // the log starts at the oldest attempt kept.
+    assert_eq!(
+        log_page(&app, a, &format!("after={a4}")).await.0,
+        Vec::<i64>::new()
+    );
+    assert_eq!(log_page(&app, a, "").await.0, [a1, a3]);
+    // B lost nothing: its cursor below A's deleted ids is still good.
+    assert_eq!(log_page(&app, b, &format!("after={b1}")).await.0, [b2]);
+    assert_eq!(log_page(&app, b, "").await.0, [b1, b2]);
+    // The deleted attempts are in the archive, as the error says.
+    let mut archived = Vec::new();
+    for file in std::fs::read_dir(archive.join("webhook_attempts")).expect("archive") {
+        let mut text = String::new();
+        std::io::Read::read_to_string(
+            &mut flate2::read::GzDecoder::new(
+                std::fs::File::open(file.expect("file").path()).expect("open"),
+            ),
+            &mut text,
+        )
+        .expect("gzip");
+        for line in text.lines() {
+            let row: Value = serde_json::from_str(line).expect("json");
+            archived.push(row["id"].as_i64().expect("id"));
+        }
+    }
+    archived.sort_unstable();
+    assert_eq!(archived, [a2, a4]);
+
+    // A later pass deleting older ids never lowers the mark.
+    use diesel::connection::SimpleConnection;
+    conn.batch_execute(&format!(
+        "UPDATE webhook_deliveries SET created_at = now() - interval '40 days' WHERE id = '{a_new}'"
+    ))
+    .expect("age");
+    let report = prune_deliveries(&mut conn, &archive);
+    assert_eq!(report["pruned"]["webhook_attempts"], 2, "{report}");
+    assert_eq!(log_page(&app, a, "").await.0, Vec::<i64>::new());
+    assert_eq!(
+        log_page(&app, a, &format!("after={a4}")).await.0,
+        Vec::<i64>::new()
+    );
+    let (status, _) = problem(
+        app.get(
+            &format!("/v1/webhook-endpoints/{a}/deliveries?after={a3}"),
+            ADMIN_KEY,
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(log_page(&app, b, &format!("after={b1}")).await.0, [b2]);
+    let _ = std::fs::remove_dir_all(&archive);
+}
