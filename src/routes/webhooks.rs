@@ -299,7 +299,7 @@ async fn rotate_secret(
 #[serde(deny_unknown_fields)]
 struct AttemptQuery {
     /// Attempts after this `attempt_id`: the previous page's `next_after`.
-    /// Absent: from the oldest attempt kept. Refused (400) once retention
+    /// Absent or 0: from the oldest attempt kept. Refused (400) once retention
     /// has deleted attempts of this endpoint after it.
     #[param(minimum = 0)]
     after: Option<i64>,

@@ -399,7 +399,9 @@ pub fn attempts(
         .read_only()
         .run(|conn| {
             get(conn, endpoint)?;
-            if let Some(after) = after {
+            // 0 is no attempt's id (they start at 1): it reads from the
+            // oldest attempt kept, like no cursor.
+            if let Some(after) = after.filter(|&after| after > 0) {
                 if let Some((last_id, last_at)) =
                     crate::domain::retention::webhook_attempts_pruned_through(conn, endpoint)?
                 {
