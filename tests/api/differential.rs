@@ -556,15 +556,7 @@ async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut Pg
             let lease = real.leases[index];
             let token = lease.token - i64::from(stale);
             let job = job_row(conn, real.jobs[index].0);
-            // The worker's rule: a job claimed with no attempt left fails
-            // (no provider result to take in this test).
-            let error = if lease.over_limit {
-                Some(JobError::new("attempts_exhausted", "too many attempts"))
-            } else if success {
-                None
-            } else {
-                Some(JobError::new("provider_failed", "no"))
-            };
+            let error = worker_error(lease.over_limit, success);
             let actual = match &error {
                 None => finish_success(conn, &job, token, &json!({"output": "x"})),
                 Some(error) => finish_failure(conn, &job, token, error),
@@ -587,13 +579,7 @@ async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut Pg
                 let lease = real.leases[index];
                 let token = lease.token - i64::from(stale);
                 let job = job_row(conn, real.jobs[index].0);
-                let error = if lease.over_limit {
-                    Some(JobError::new("attempts_exhausted", "too many attempts"))
-                } else if success {
-                    None
-                } else {
-                    Some(JobError::new("provider_failed", "no"))
-                };
+                let error = worker_error(lease.over_limit, success);
                 let result = json!({"output": "x"});
                 let outcome = match &error {
                     None => Ok(&result),
@@ -770,6 +756,19 @@ fn job_row(conn: &mut PgConnection, id: Uuid) -> token_billing::db::models::JobR
         .find(id)
         .first(conn)
         .expect("job row")
+}
+
+/// How the worker ends a job it holds: a job claimed with no attempt left
+/// fails (no provider result to take in this test); else the provider's
+/// success, or its failure.
+fn worker_error(over_limit: bool, success: bool) -> Option<JobError> {
+    if over_limit {
+        Some(JobError::new("attempts_exhausted", "too many attempts"))
+    } else if success {
+        None
+    } else {
+        Some(JobError::new("provider_failed", "no"))
+    }
 }
 
 fn fenced(outcome: Fenced) -> &'static str {

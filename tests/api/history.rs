@@ -303,7 +303,21 @@ fn a_corrupted_daily_closing_is_flagged_and_never_trusted() {
         account.0
     ))
     .expect("corrupt one closing");
-    let from = now - chrono::Duration::days(2) - chrono::Duration::hours(12);
+    // From the midnight that ends the corrupted day: the opening is read
+    // from that day's closing (the row under test), and it counts the
+    // first two credits only, whatever the time of day the test runs at.
+    #[derive(QueryableByName)]
+    struct Midnight {
+        #[diesel(sql_type = Timestamptz)]
+        at: DateTime<Utc>,
+    }
+    let from = diesel::sql_query(
+        "SELECT ((min(day) + 2)::timestamp AT TIME ZONE 'UTC') AS at FROM ledger_daily_closings",
+    )
+    .get_result::<Midnight>(&mut conn)
+    .expect("the corrupted day's end")
+    .at;
+    assert!(from < now, "{from} is not before {now}");
     let report = reconcile(&mut conn, from, now, None).expect("report");
     assert_eq!(report.status, "mismatch");
     assert!(
