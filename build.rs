@@ -34,11 +34,15 @@ fn main() {
         hasher.update([0]);
         hasher.update(text.as_bytes());
         hasher.update([0]);
-        let absolute = std::fs::canonicalize(path).expect("an absolute path");
+        // Named from the crate's directory at its compile time, not by an
+        // absolute path written here: cargo reuses this output for another
+        // checkout of the same crate in a shared CARGO_TARGET_DIR (CI's
+        // fresh clones), and a path into a clone since deleted broke that
+        // build.
         writeln!(
             list,
-            "    ({name:?}, include_str!({:?})),",
-            absolute.display()
+            "    ({name:?}, include_str!(concat!(env!(\"CARGO_MANIFEST_DIR\"), {:?}))),",
+            format!("/{}", path.display())
         )
         .expect("writing to a String");
     }
