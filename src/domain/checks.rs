@@ -25,6 +25,26 @@ pub struct Discrepancy {
     pub actual: i64,
 }
 
+impl Discrepancy {
+    /// The failed ones of an account's checks, each `(check, expected,
+    /// actual)`: a check fails when the two figures differ.
+    pub fn failed<const N: usize>(
+        account_id: Uuid,
+        checks: [(&str, i64, i64); N],
+    ) -> Vec<Discrepancy> {
+        checks
+            .into_iter()
+            .filter(|(_, expected, actual)| expected != actual)
+            .map(|(check, expected, actual)| Discrepancy {
+                account_id,
+                check: check.to_owned(),
+                expected,
+                actual,
+            })
+            .collect()
+    }
+}
+
 #[derive(QueryableByName)]
 struct CheckRow {
     #[diesel(sql_type = SqlUuid)]
@@ -128,16 +148,7 @@ fn discrepancies(row: CheckRow) -> Vec<Discrepancy> {
         ("ledger_replay_reserved", row.replay_reserved, row.reserved),
         ("ledger_replay_used", row.replay_used, row.used),
     ];
-    checks
-        .into_iter()
-        .filter(|(_, expected, actual)| expected != actual)
-        .map(|(check, expected, actual)| Discrepancy {
-            account_id: row.id,
-            check: check.to_owned(),
-            expected,
-            actual,
-        })
-        .collect()
+    Discrepancy::failed(row.id, checks)
 }
 
 /// How many distinct accounts the discrepancies name.

@@ -149,16 +149,7 @@ impl AccountState {
                 reserved,
             ),
         ];
-        checks
-            .into_iter()
-            .filter(|(_, expected, actual)| expected != actual)
-            .map(|(check, expected, actual)| Discrepancy {
-                account_id: self.account_id,
-                check: check.to_owned(),
-                expected,
-                actual,
-            })
-            .collect()
+        Discrepancy::failed(self.account_id, checks)
     }
 }
 
