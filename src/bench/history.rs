@@ -77,17 +77,7 @@ pub fn build(database_url: &str, args: &HistoryBenchArgs) -> anyhow::Result<()> 
         args.accounts >= 1 && args.batch >= 1,
         "--accounts and --batch must be ≥ 1"
     );
-    crate::db::create_database_if_missing(database_url)?;
-    let mut conn = PgConnection::establish(database_url)?;
-    crate::db::run_migrations(&mut conn)?;
-    crate::engine::install::install(&mut conn)?;
-    let existing: i64 = crate::db::schema::accounts::table
-        .count()
-        .get_result(&mut conn)?;
-    anyhow::ensure!(
-        existing == 0,
-        "the bench builds on a scratch database; this one already has {existing} accounts"
-    );
+    let mut conn = super::scratch_database(database_url)?;
     conn.batch_execute(&format!(
         "CREATE SCHEMA IF NOT EXISTS bench_clock; \
          CREATE OR REPLACE FUNCTION bench_clock.clock_timestamp() RETURNS timestamptz \

@@ -184,6 +184,26 @@ pub struct ReconciliationBenchArgs {
     pub runs: usize,
 }
 
+/// A connection to the bench's scratch database: created if missing,
+/// migrated, the engine installed, and refused if it holds any account (a
+/// bench never writes into real books).
+pub fn scratch_database(database_url: &str) -> anyhow::Result<diesel::PgConnection> {
+    use diesel::prelude::*;
+
+    crate::db::create_database_if_missing(database_url)?;
+    let mut conn = PgConnection::establish(database_url)?;
+    crate::db::run_migrations(&mut conn)?;
+    crate::engine::install::install(&mut conn)?;
+    let existing: i64 = crate::db::schema::accounts::table
+        .count()
+        .get_result(&mut conn)?;
+    anyhow::ensure!(
+        existing == 0,
+        "the bench builds on a scratch database; this one already has {existing} accounts"
+    );
+    Ok(conn)
+}
+
 /// Seeds a scratch database (which must hold no accounts) with consistent
 /// books — per account a credit, then reserve/commit pairs, one last
 /// reservation held — and times full reconciliation reports over it.
@@ -198,17 +218,7 @@ pub fn run_reconciliation_bench(
         args.entries_per_account >= 2,
         "--entries-per-account must be at least 2"
     );
-    crate::db::create_database_if_missing(database_url)?;
-    let mut conn = PgConnection::establish(database_url)?;
-    crate::db::run_migrations(&mut conn)?;
-    crate::engine::install::install(&mut conn)?;
-    let existing: i64 = crate::db::schema::accounts::table
-        .count()
-        .get_result(&mut conn)?;
-    anyhow::ensure!(
-        existing == 0,
-        "the bench seeds a scratch database; this one already has {existing} accounts"
-    );
+    let mut conn = scratch_database(database_url)?;
     let seeding = Instant::now();
     // Entry 1 credits 1,000; entries 2… alternate reserve 1 / commit 1.
     diesel::sql_query(
