@@ -71,6 +71,17 @@ fn shift(conn: &mut PgConnection, seconds: i64) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One of the bench's operations: the service vouches for it (actor `bench`).
+fn operation(account: AccountId, op: Op) -> Operation {
+    Operation {
+        account,
+        authority: Authority::Verified {
+            actor: "bench".into(),
+        },
+        op,
+    }
+}
+
 /// Builds the history; prints its size and how long it took.
 pub fn build(database_url: &str, args: &HistoryBenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
@@ -107,14 +118,6 @@ pub fn build(database_url: &str, args: &HistoryBenchArgs) -> anyhow::Result<()> 
         .map(|row| AccountId(row.id))
         .collect();
     let started = Instant::now();
-    let authority = Authority::Verified {
-        actor: "bench".into(),
-    };
-    let operation = |account: AccountId, op: Op| Operation {
-        account,
-        authority: authority.clone(),
-        op,
-    };
     shift(&mut conn, span_seconds)?;
     for chunk in accounts.chunks(args.batch) {
         let credits: Vec<Operation> = chunk
@@ -211,14 +214,6 @@ fn cycle_worker(
     started: Instant,
 ) -> anyhow::Result<()> {
     let mut conn = shifted_connection(database_url)?;
-    let authority = Authority::Verified {
-        actor: "bench".into(),
-    };
-    let operation = |account: AccountId, op: Op| Operation {
-        account,
-        authority: authority.clone(),
-        op,
-    };
     let mut done: i64 = 0;
     let mut next_account = 0usize;
     let mut reported = 0;
