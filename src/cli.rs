@@ -235,9 +235,9 @@ impl Cli {
         let matches = command
             .clone()
             .try_get_matches()
-            .unwrap_or_else(|error| name_the_variable(error, &command).exit());
+            .unwrap_or_else(|error| exit_scrubbed(name_the_variable(error, &command)));
         Cli::from_arg_matches(&matches)
-            .unwrap_or_else(|error| name_the_variable(error, &command).exit())
+            .unwrap_or_else(|error| exit_scrubbed(name_the_variable(error, &command)))
     }
 
     /// The command line with the global options documented once, in
@@ -268,6 +268,21 @@ impl Cli {
         config.log_format = self.global.log_format;
         Ok(config)
     }
+}
+
+/// Prints a command-line error as clap would (`--help` and `--version` to
+/// standard output, errors to standard error) and exits with clap's code,
+/// with every secret masked ([`crate::secrets::scrub`]): clap repeats the
+/// refused argument, which may be a connection string pasted in the wrong
+/// place (`token-billing migrate postgres://user:secret@host/db`).
+pub fn exit_scrubbed(error: clap::Error) -> ! {
+    let rendered = crate::secrets::scrub(&error.render().to_string());
+    if error.use_stderr() {
+        eprint!("{rendered}");
+    } else {
+        print!("{rendered}");
+    }
+    std::process::exit(error.exit_code())
 }
 
 /// A refused value that came from the environment (not from a flag on the

@@ -30,9 +30,9 @@ async fn main() -> ExitCode {
         None | Some(Command::Serve(_)) => {
             let config = match cli.serve_config() {
                 Ok(config) => config,
-                Err(error) => {
-                    token_billing::cli::name_the_variable(error, &Cli::command_for_help()).exit()
-                }
+                Err(error) => token_billing::cli::exit_scrubbed(
+                    token_billing::cli::name_the_variable(error, &Cli::command_for_help()),
+                ),
             };
             if let Some(read_url) = &config.database_read_url {
                 secrets::register_connection_string(read_url);

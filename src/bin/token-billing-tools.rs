@@ -102,7 +102,7 @@ enum BenchCommand {
 async fn main() -> ExitCode {
     token_billing::secrets::register_environment();
     token_billing::secrets::install_panic_hook();
-    let cli = Cli::parse();
+    let cli = Cli::try_parse().unwrap_or_else(|error| token_billing::cli::exit_scrubbed(error));
     token_billing::secrets::register_connection_string(&cli.database_url);
     telemetry::init(cli.log_format);
     let result = match cli.command {

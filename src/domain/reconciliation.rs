@@ -479,7 +479,9 @@ pub fn parse_period(
 /// The OpenAPI schema of an instant in a query string (`from`, `to`,
 /// `as_of`): the shape `parse_bound` reads, a date or a date and time with a
 /// UTC offset. A value of this shape that is no real instant (a 13th month)
-/// is still refused with 400 and the reason.
+/// is still refused with 400 and the reason. An offset's `+` typed
+/// unencoded in a URL arrives as a space; it is read back as the `+` it
+/// was (a tolerance for hand-typed URLs, outside this pattern).
 #[derive(utoipa::ToSchema)]
 #[schema(
     example = "2026-11-01",

@@ -298,6 +298,14 @@ async fn verify_and_remember(
 #[derive(Clone, Copy)]
 pub struct VerifiedByTheAnswer(pub rate_limit::PresentedKey);
 
+/// A key this replica remembered as verified, handed to the money engine
+/// without a lookup: when the engine refuses it (401: revoked or expired
+/// since), the middleware forgets it, as `verify_and_remember` does for
+/// a handler that looks the key up. Without this, a revoked key that only
+/// spends kept passing a blocked address for the memory's lifetime.
+#[derive(Clone, Copy)]
+pub struct RememberedByThisReplica(pub rate_limit::PresentedKey);
+
 /// The presented credentials, for handlers that hand the key to the money
 /// engine (which verifies it in the spending statement, or the handler
 /// with its first read). A key this replica knows is charged to its
@@ -309,8 +317,16 @@ impl FromRequest for Credentials {
 
     fn from_request(request: &HttpRequest, _payload: &mut actix_web::dev::Payload) -> Self::Future {
         let presented = presented_credentials(request).map(|(credentials, known)| {
-            if let (Known::Unknown, Some(key)) = (known, credentials.presented()) {
-                request.extensions_mut().insert(VerifiedByTheAnswer(key));
+            match (known, credentials.presented()) {
+                (Known::Unknown, Some(key)) => {
+                    request.extensions_mut().insert(VerifiedByTheAnswer(key));
+                }
+                (Known::Verified, Some(key)) => {
+                    request
+                        .extensions_mut()
+                        .insert(RememberedByThisReplica(key));
+                }
+                _ => {}
             }
             credentials
         });
@@ -320,8 +336,19 @@ impl FromRequest for Credentials {
 
 /// After a success answer: a key the handler handed on unverified was
 /// verified by the engine (or the handler's read); remember it and charge
-/// its bucket now.
+/// its bucket now. After a 401: a remembered key the engine refused is
+/// forgotten.
 pub fn remember_verified_by_the_answer(state: &State, request: &HttpRequest, status: u16) {
+    if status == 401 {
+        let key = request
+            .extensions()
+            .get::<RememberedByThisReplica>()
+            .copied();
+        if let Some(RememberedByThisReplica(key)) = key {
+            state.auth_guard.forget(&key.0);
+        }
+        return;
+    }
     if !(200..300).contains(&status) {
         return;
     }

@@ -131,8 +131,49 @@ fn no_command_echoes_the_password_of_a_malformed_url() {
             let output = run(&with_flag, &[]);
             let text = printed(&output);
             assert!(
+                !output.status.success(),
+                "{what}, --database-url {args:?}: succeeded?\n{text}"
+            );
+            assert!(
                 !leaked(&text),
                 "{what}, --database-url {args:?}: printed\n{text}"
+            );
+            assert!(
+                !text.trim().is_empty(),
+                "{what}, --database-url {args:?}: said nothing"
+            );
+        }
+    }
+}
+
+/// A connection string pasted where the command line expects something
+/// else: the argument parser repeats the argument it refuses, and what it
+/// prints is scrubbed like every other error (both binaries).
+#[test]
+fn the_argument_parser_does_not_echo_a_misplaced_url() {
+    let urls = [
+        format!("postgres://postgres:{}@localhost/db", urlencode(PASSWORD)),
+        format!(
+            "postgresql://ops:{}@db.example:5432/tb",
+            urlencode(PASSWORD)
+        ),
+    ];
+    for url in &urls {
+        for (binary, args) in [(
+            env!("CARGO_BIN_EXE_token-billing-tools"),
+            vec!["bench", "load", "--seconds", url],
+        )] {
+            let output = Command::new(binary)
+                .args(&args)
+                .env_remove("DATABASE_URL")
+                .output()
+                .expect("the binary runs");
+            let text = printed(&output);
+            assert_eq!(output.status.code(), Some(2), "{args:?}: {text}");
+            assert!(text.contains("***"), "{args:?}: nothing masked?\n{text}");
+            assert!(
+                !leaked(&text) && !text.contains(&urlencode(PASSWORD)),
+                "{args:?}: printed\n{text}"
             );
         }
     }

@@ -113,6 +113,23 @@ async fn flooding_a_keys_id_does_not_rate_limit_the_key() {
             );
         }
     }
+    // A key this replica has never seen: its id flooded before its first
+    // use (each forged request is looked up and refused) charges nothing.
+    let cold = app.kiosk_key(account).await;
+    for _ in 0..30 {
+        assert_eq!(
+            reserve_status(&app, account, &same_id_made_up_secret(&cold)).await,
+            StatusCode::UNAUTHORIZED
+        );
+    }
+    let mut statuses = Vec::new();
+    for _ in 0..10 {
+        statuses.push(reserve_status(&app, account, &cold).await);
+    }
+    assert!(
+        statuses.iter().all(|status| status.is_success()),
+        "a cold key was throttled by a flood of its id: {statuses:?}"
+    );
     // The real holders still have their whole burst.
     let mut statuses = Vec::new();
     for _ in 0..5 {
@@ -166,6 +183,51 @@ async fn a_blocked_address_is_not_reopened_by_a_known_key_id() {
     assert_eq!(
         reserve_status(&app, account, &kiosk).await,
         StatusCode::CREATED
+    );
+}
+
+/// Before: a kiosk key this replica had verified, then revoked, and used
+/// only to spend (the engine verifies it, no handler looks it up), stayed
+/// remembered: from a blocked address it still got through to the
+/// database (401) for the memory's ten minutes, instead of 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_key_refused_by_the_engine_is_forgotten() {
+    let app = TestApp::spawn_with(|config| {
+        config.auth_failure_burst = 5;
+        config.auth_failures_per_minute = 1;
+    })
+    .await;
+    let account = app.funded_account(10).await;
+    let kiosk = app.kiosk_key(account).await;
+    // Remembered: the first answer verifies it, the second uses the memory.
+    for _ in 0..2 {
+        assert_eq!(
+            reserve_status(&app, account, &kiosk).await,
+            StatusCode::CREATED
+        );
+    }
+    revoke(&app, &kiosk).await;
+    assert_eq!(
+        reserve_status(&app, account, &kiosk).await,
+        StatusCode::UNAUTHORIZED,
+        "the engine refuses the revoked key"
+    );
+    // The address is blocked by the failures that follow.
+    for _ in 0..5 {
+        status_of(&app, &format!("/v1/accounts/{account}"), &made_up_key()).await;
+    }
+    let looked_up = counter(&app.metrics_text().await, "unauthorized");
+    for _ in 0..10 {
+        assert_eq!(
+            reserve_status(&app, account, &kiosk).await,
+            StatusCode::TOO_MANY_REQUESTS,
+            "a revoked key must not pass a blocked address"
+        );
+    }
+    assert_eq!(
+        counter(&app.metrics_text().await, "unauthorized"),
+        looked_up,
+        "none of them reached the database"
     );
 }
 
