@@ -158,6 +158,62 @@ fn every_metric_is_named_in_the_docs() {
         missing.is_empty(),
         "metrics no docs page names: {missing:?}"
     );
+    // And each in the reference table of docs/api.md, not just mentioned.
+    let table = section(&read("docs/api.md"), "## Metrics");
+    let untabled: Vec<&String> = names
+        .iter()
+        .filter(|name| !table.contains(&format!("`{name}`")))
+        .collect();
+    assert!(
+        untabled.is_empty(),
+        "metrics missing from docs/api.md's metrics table: {untabled:?}"
+    );
+}
+
+/// The text of a markdown section: from its heading to the next heading of
+/// the same level.
+fn section(page: &str, heading: &str) -> String {
+    let start = page
+        .find(&format!("\n{heading}\n"))
+        .unwrap_or_else(|| panic!("no section {heading}"));
+    let rest = &page[start + 1..];
+    let level = heading.split(' ').next().expect("a heading");
+    let end = rest[heading.len()..]
+        .find(&format!("\n{level} "))
+        .map_or(rest.len(), |end| end + heading.len());
+    rest[..end].to_owned()
+}
+
+#[test]
+fn every_table_is_in_the_api_tables_section() {
+    let migrations = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    let mut tables = BTreeSet::new();
+    for entry in std::fs::read_dir(migrations).expect("migrations/") {
+        let up = entry.expect("entry").path().join("up.sql");
+        let sql = std::fs::read_to_string(&up).unwrap_or_default();
+        for line in sql
+            .lines()
+            .filter(|line| !line.trim_start().starts_with("--"))
+        {
+            if let Some(rest) = line.split("CREATE TABLE ").nth(1) {
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                tables.insert(name);
+            }
+        }
+    }
+    assert!(tables.len() >= 15, "tables found: {tables:?}");
+    let section = section(&read("docs/api.md"), "## Tables");
+    let missing: Vec<&String> = tables
+        .iter()
+        .filter(|table| !section.contains(&format!("`{table}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "tables missing from docs/api.md's table list: {missing:?}"
+    );
 }
 
 #[test]
