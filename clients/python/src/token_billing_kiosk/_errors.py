@@ -105,7 +105,10 @@ class RateLimited(ApiError):
 
 
 class Unauthorized(ApiError):
-    """401: the API key is missing, unknown, revoked or expired."""
+    """401: the API key is missing, unknown, revoked or expired. The key is
+    checked before the ``request_id``: answered to a retry after an attempt
+    that may have reached the service, or to :meth:`Kiosk.resume`, it proves
+    nothing about the request, which stays pending (``pending`` true)."""
 
 
 class IdempotencyKeyReused(ApiError):
