@@ -230,11 +230,12 @@ def test_seeded_random_cuts_never_charge_twice(
     ]
     assert all(job.succeeded for job in jobs)
     cuts = Counter(kind for *_, kind in proxy.fired)
+    kinds = ledger_kinds(admin, account.account_id)
     print(f"\nconnection cuts: seed {seed}, {generations} generations, "
-          f"{proxy.requests} requests, {dict(cuts)}")
+          f"{proxy.requests} requests, {dict(cuts)}, "
+          f"{kinds.get('commit', 0)} charges (commit entries)")
     assert cuts["cut_request"] > 0 and cuts["cut_response"] > 0
     assert len(admin.jobs(account.account_id)) == generations
-    kinds = ledger_kinds(admin, account.account_id)
     assert (kinds["reserve"], kinds["commit"]) == (generations, generations), kinds
     balances = admin.assert_books(account.account_id)
     assert (balances["available"], balances["used"]) == (0, generations)
