@@ -19,7 +19,8 @@ connection of its own, and asks ``decide(request)`` what to do with it:
 - ``kill_after_answer``: read the whole answer from the service and kill
   the kiosk instead of forwarding it, if ``answer_matches`` holds for it;
 - ``answer``: answer ``status`` with a problem body of ``code`` itself
-  (and ``Retry-After: retry_after`` when set), forwarding nothing.
+  (or ``problem``, as given, when set; and ``Retry-After: retry_after`` when
+  set), forwarding nothing.
 
 ``fired`` lists the actions that happened: ``(request number, method,
 path, action kind)``.
@@ -31,7 +32,7 @@ import json
 import socket
 import threading
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 
 @dataclass
@@ -53,6 +54,7 @@ class Action:
     status: int = 503
     code: str = "unavailable"
     retry_after: Optional[int] = None
+    problem: Optional[Dict[str, Any]] = None
 
 
 PASS = Action()
@@ -234,11 +236,12 @@ def _read_message(reader: _Reader, *, is_request: bool) -> Optional[Tuple[bytes,
 
 
 def _problem(action: Action) -> bytes:
-    body = json.dumps(
-        {"type": f"urn:token-billing:problem:{action.code}", "title": action.code,
-         "status": action.status, "detail": "injected by the test's proxy",
-         "code": action.code}
-    ).encode()
+    problem = action.problem
+    if problem is None:
+        problem = {"type": f"urn:token-billing:problem:{action.code}", "title": action.code,
+                   "status": action.status, "detail": "injected by the test's proxy",
+                   "code": action.code}
+    body = json.dumps(problem).encode()
     head = f"HTTP/1.1 {action.status} Injected\r\nContent-Type: application/problem+json\r\n"
     if action.retry_after is not None:
         head += f"Retry-After: {action.retry_after}\r\n"

@@ -70,7 +70,7 @@ echo "client: service ready on $TB_URL"
 "$python" -m venv "$scratch/venv"
 "$scratch/venv/bin/pip" install --quiet --disable-pip-version-check ./clients/python pytest mypy
 echo "client: installed $("$scratch/venv/bin/pip" list --disable-pip-version-check 2> /dev/null \
-  | awk '$1 == "token-billing-kiosk" || $1 == "httpx" { printf "%s %s  ", $1, $2 }')"
+  | awk '$1 == "token-billing-kiosk" || $1 == "httpx" || $1 == "mypy" { printf "%s %s  ", $1, $2 }')"
 
 echo "client: mypy --strict clients/python/src (${SECONDS}s so far)"
 "$scratch/venv/bin/mypy" --config-file clients/python/pyproject.toml --cache-dir "$scratch/mypy" \

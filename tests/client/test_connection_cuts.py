@@ -4,6 +4,7 @@ request_id, and nothing is charged twice."""
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import time
@@ -15,7 +16,7 @@ import pytest
 
 from conftest import Admin
 from fault_proxy import PASS, Action, FaultProxy, Request
-from token_billing_kiosk import ApiError, Kiosk
+from token_billing_kiosk import ApiError, Kiosk, Unauthorized
 
 MakeKiosk = Callable[..., Kiosk]
 
@@ -105,8 +106,10 @@ def test_reserve_and_commit_cut_are_retried_into_one_charge(
 
 
 def test_503_and_429_wait_for_retry_after(
-    admin: Admin, new_kiosk: MakeKiosk, proxy_to: Callable[..., FaultProxy]
+    admin: Admin, new_kiosk: MakeKiosk, proxy_to: Callable[..., FaultProxy],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="token_billing_kiosk")
     account = admin.account(credit=2)
     answers = [Action("answer", status=503, code="unavailable", retry_after=1),
                Action("answer", status=429, code="rate_limited", retry_after=1)]
@@ -116,6 +119,8 @@ def test_503_and_429_wait_for_retry_after(
     assert job.succeeded
     assert time.monotonic() - started >= 2.0, "Retry-After was not honoured"
     assert [kind for *_, kind in proxy.fired] == ["answer 503", "answer 429"]
+    retries = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(retries) == 2 and "503, retrying" in retries[0] and "429, retrying" in retries[1]
 
 
 def test_500s_are_retried_a_bounded_number_of_times_then_resumed(
@@ -139,6 +144,66 @@ def test_500s_are_retried_a_bounded_number_of_times_then_resumed(
     assert outcome.request_id == gave_up.value.request_id
     assert kiosk.pending() == []
     assert len(admin.jobs(account.account_id)) == 1
+
+
+def test_401_after_an_attempt_that_may_have_landed_leaves_the_job_pending(
+    admin: Admin, new_kiosk: MakeKiosk, proxy_to: Callable[..., FaultProxy]
+) -> None:
+    """The key is checked before the request_id: a 401 to a retry (or to
+    resume) does not prove that the job was not created and charged."""
+    account = admin.account(credit=1)
+    posts = [Action("cut_response", cut_at=0.5),  # the job is made; the answer lost
+             Action("answer", status=401, code="unauthorized"),  # the retry
+             Action("answer", status=401, code="unauthorized")]  # the first resume()
+    proxy = proxy_to(lambda request: posts.pop(0) if request.method == "POST" and posts
+                     else PASS)
+    kiosk = new_kiosk(account, url=proxy.url)
+    with pytest.raises(Unauthorized) as refused:
+        kiosk.generate("standard", {"prompt": "x"})
+    assert refused.value.pending
+    assert [kind for *_, kind in proxy.fired] == ["cut_response", "answer 401"]
+    assert [(e.request_id, e.state) for e in kiosk.pending()] == [
+        (refused.value.request_id, "pending")
+    ]
+    (still,) = kiosk.resume()  # an earlier process may have sent it: not final either
+    assert isinstance(still.error, Unauthorized) and still.error.pending, still
+    assert [e.state for e in kiosk.pending()] == ["pending"]
+    (outcome,) = kiosk.resume()
+    assert outcome.error is None and outcome.job is not None and outcome.job.succeeded
+    assert outcome.request_id == refused.value.request_id
+    assert kiosk.pending() == []
+    assert [job["request_id"] for job in admin.jobs(account.account_id)] == [
+        refused.value.request_id
+    ]
+    assert ledger_kinds(admin, account.account_id) == {"credit": 1, "reserve": 1, "commit": 1}
+    admin.assert_books(account.account_id)
+
+
+def test_codes_the_service_never_sends_are_a_plain_api_error(
+    admin: Admin, new_kiosk: MakeKiosk, proxy_to: Callable[..., FaultProxy]
+) -> None:
+    account = admin.account(credit=1)
+    answers = [
+        Action("answer", status=418, code="brand_new"),
+        Action("answer", status=418, problem={"title": "I'm a teapot", "status": 418}),
+    ]
+    proxy = proxy_to(lambda request: answers.pop(0) if answers else PASS)
+    kiosk = new_kiosk(account, url=proxy.url)
+    with pytest.raises(ApiError) as brand_new:
+        kiosk.generate("standard", {"prompt": "x"})
+    error = brand_new.value
+    assert type(error) is ApiError and not error.pending
+    assert (error.status, error.code, error.detail) == (418, "brand_new",
+                                                        "injected by the test's proxy")
+    assert [e.state for e in kiosk.history()] == ["refused"]
+    with pytest.raises(ApiError) as without_code:
+        kiosk.balance()
+    error = without_code.value
+    assert type(error) is ApiError
+    assert (error.status, error.code, error.detail) == (418, "http_418", "")
+    assert error.problem == {"title": "I'm a teapot", "status": 418}
+    assert [kind for *_, kind in proxy.fired] == ["answer 418", "answer 418"]
+    assert admin.jobs(account.account_id) == []
 
 
 def test_seeded_random_cuts_never_charge_twice(
@@ -165,11 +230,12 @@ def test_seeded_random_cuts_never_charge_twice(
     ]
     assert all(job.succeeded for job in jobs)
     cuts = Counter(kind for *_, kind in proxy.fired)
+    kinds = ledger_kinds(admin, account.account_id)
     print(f"\nconnection cuts: seed {seed}, {generations} generations, "
-          f"{proxy.requests} requests, {dict(cuts)}")
+          f"{proxy.requests} requests, {dict(cuts)}, "
+          f"{kinds.get('commit', 0)} charges (commit entries)")
     assert cuts["cut_request"] > 0 and cuts["cut_response"] > 0
     assert len(admin.jobs(account.account_id)) == generations
-    kinds = ledger_kinds(admin, account.account_id)
     assert (kinds["reserve"], kinds["commit"]) == (generations, generations), kinds
     balances = admin.assert_books(account.account_id)
     assert (balances["available"], balances["used"]) == (0, generations)

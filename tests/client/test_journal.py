@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, List
 from urllib.parse import urlparse
 
+import httpx
 import pytest
 
 from conftest import Admin, free_port
@@ -67,7 +68,6 @@ def test_the_key_is_never_in_the_journal_nor_in_logs(
         kiosk.reserve(5)
     except Exception as error:  # the refusal's text must not carry it either
         held_error = error
-    reservation_kiosk = new_kiosk(account)
     assert held_error is not None
     secret = account.kiosk_key
     assert job.request_id in caplog.text  # the logs say what happened…
@@ -75,7 +75,6 @@ def test_the_key_is_never_in_the_journal_nor_in_logs(
     assert secret not in repr(kiosk) and secret not in str(held_error)
     assert secret not in repr(held_error.__dict__)
     kiosk.close()
-    reservation_kiosk.close()
     for path in tmp_path.iterdir():
         if path.is_file():
             assert secret.encode() not in path.read_bytes(), path
@@ -110,6 +109,26 @@ def test_unreachable_service_leaves_the_request_for_resume(
         assert outcome.job.request_id == unreachable.value.request_id
         assert online.pending() == []
     assert len(admin.jobs(account.account_id)) == 1
+
+
+def test_a_local_protocol_error_does_not_escape_resume(
+    admin: Admin, service_url: str, tmp_path: Path
+) -> None:
+    account = admin.account(credit=2)
+    journal = tmp_path / "kiosk.sqlite3"
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    with Kiosk(nowhere, account.kiosk_key, account.account_id, journal, timeout=1) as offline:
+        with pytest.raises(Unreachable):
+            offline.generate("standard", {"prompt": "x"})
+    # A header httpx refuses to send (h11: "Illegal header value").
+    broken = httpx.Client(headers={"X-Venue": "hall\nB"})
+    with Kiosk(service_url, account.kiosk_key, account.account_id, journal,
+               http_client=broken, timeout=1) as kiosk:
+        (outcome,) = kiosk.resume()  # must not raise
+        assert isinstance(outcome.error, Unreachable) and outcome.error.pending
+        assert isinstance(outcome.error.__cause__, httpx.LocalProtocolError)
+        assert [e.state for e in kiosk.pending()] == ["pending"]
+    assert admin.jobs(account.account_id) == []
 
 
 def test_a_job_longer_than_the_timeout_is_finished_by_resume(

@@ -33,7 +33,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import urlparse
 
 from conftest import Account, Admin
@@ -88,6 +88,8 @@ class RunResult:
     kills: Counter = field(default_factory=Counter)
     charges: int = 0
     actions: int = 0
+    #: What the proxies fired, life by life: (phase, method, path, action).
+    fired: List[Tuple[str, str, str, str]] = field(default_factory=list)
 
 
 def run_once(
@@ -136,6 +138,8 @@ def run_once(
                 timer.cancel()
             proxy.close()
         result.lives += 1
+        result.fired += [(plan.phase if plan else "-", method, path, kind)
+                         for _, method, path, kind in proxy.fired]
         if os.environ.get("KILL_VERBOSE"):
             print(f"seed {seed} life {result.lives} {plan.phase if plan else '-'} "
                   f"rc {child.returncode} {time.monotonic() - life_started:.2f}s "
@@ -216,12 +220,20 @@ def test_kiosk_killed_at_seeded_points_charges_each_request_once(
         kills.update(result.kills)
     charges = sum(r.charges for r in results)
     actions = sum(r.actions for r in results)
+    # A before_send plan counts every request, long polls included: only a
+    # kill before a POST proves that a journaled request that never reached
+    # the service is sent again (and once) after the restart.
+    before_send_posts = sum(
+        1 for r in results for _, method, path, kind in r.fired
+        if kind == "kill_before_send" and method == "POST"
+    )
     print(
         f"\nkill points: seed {seed}, {runs} runs "
         f"({sum(r.workload == 'jobs' for r in results)} job runs, "
         f"{sum(r.workload == 'reservations' for r in results)} reservation runs), "
         f"{sum(r.lives for r in results)} process lives, {sum(kills.values())} SIGKILLs "
-        f"({', '.join(f'{phase} {kills[phase]}' for phase in PHASES)}), "
+        f"({', '.join(f'{phase} {kills[phase]}' for phase in PHASES)}; "
+        f"before_send on a journaled POST {before_send_posts}), "
         f"{actions} guest actions, {charges} charges (commit entries), "
         f"{time.monotonic() - started:.1f}s"
     )
@@ -230,3 +242,6 @@ def test_kiosk_killed_at_seeded_points_charges_each_request_once(
     # than it says.
     missing = [phase for phase in PHASES if kills[phase] == 0]
     assert not missing, f"no kill at {missing}: raise KILL_RUNS or change KILL_SEED"
+    assert before_send_posts > 0, (
+        "no before_send kill on a POST: raise KILL_RUNS or change KILL_SEED"
+    )

@@ -1,6 +1,7 @@
 """Every refusal of the service arrives as its typed exception, with its
 fields, and changes nothing: not on the service, not in the journal
-(a refused request is not left open)."""
+(a refused request is not left open). A failed generation is no refusal:
+``generate`` returns the failed job, and nothing is charged."""
 
 from __future__ import annotations
 
@@ -142,3 +143,22 @@ def test_reservation_not_held_after_release(admin: Admin, new_kiosk: MakeKiosk) 
     assert (refused.value.status, refused.value.state) == (409, "released")
     assert kiosk.pending() == []
     assert admin.assert_books(account.account_id)["used"] == 0
+
+
+def test_a_failed_generation_returns_the_failed_job_and_charges_nothing(
+    admin: Admin, new_kiosk: MakeKiosk
+) -> None:
+    account = admin.account(credit=2)
+    kiosk = new_kiosk(account)
+    # The simulated provider's failing outcome (src/provider/fake.rs).
+    job = kiosk.generate("standard", {"simulate": {"outcome": "fail", "delay_ms": 0}})
+    assert (job.status, job.succeeded, job.output) == ("failed", False, None)
+    assert job.error is not None and job.error.get("code"), job.error
+    assert kiosk.pending() == []
+    assert [(e.state, e.answer and e.answer["status"]) for e in kiosk.history()] == [
+        ("done", "failed")
+    ]
+    kinds = [entry["kind"] for entry in admin.ledger(account.account_id)]
+    assert "commit" not in kinds and kinds[:2] == ["credit", "reserve"], kinds
+    balances = admin.assert_books(account.account_id)
+    assert (balances["available"], balances["reserved"], balances["used"]) == (2, 0, 0)

@@ -42,14 +42,17 @@ class JobNotFinished(KioskError):
 
 
 class JournalError(KioskError):
-    """The journal cannot be used: locked by another process, or a reused
-    ``request_id`` with another body."""
+    """The journal cannot be used: it is locked by another process. (A
+    ``request_id`` the journal holds for another request raises
+    :class:`IdempotencyKeyReused`, before anything is sent.)"""
 
 
 class ApiError(KioskError):
     """An error answer (``application/problem+json``) of the service.
 
-    ``code`` is the service's stable problem code; ``problem`` the whole body.
+    ``code`` is the service's stable problem code (``http_<status>`` when the
+    body has none); ``detail`` its ``detail`` (``""`` when it has none);
+    ``problem`` the whole body.
     """
 
     def __init__(
@@ -102,7 +105,10 @@ class RateLimited(ApiError):
 
 
 class Unauthorized(ApiError):
-    """401: the API key is missing, unknown, revoked or expired."""
+    """401: the API key is missing, unknown, revoked or expired. The key is
+    checked before the ``request_id``: answered to a retry after an attempt
+    that may have reached the service, or to :meth:`Kiosk.resume`, it proves
+    nothing about the request, which stays pending (``pending`` true)."""
 
 
 class IdempotencyKeyReused(ApiError):

@@ -1,13 +1,19 @@
 """HTTP with safe retries.
 
 Retried, with exponential backoff and full jitter, until the call's deadline:
-connection errors, timeouts and cut connections (``httpx.TransportError``
-except a local protocol error), 429 ``rate_limited`` and 503 (waiting at
-least ``Retry-After``), 502 and 504 (a proxy's), and up to
-``RetryPolicy.server_errors`` 500s. Every other error answer is a refusal,
-raised at once as its typed exception. Only requests that are safe to repeat
-come here: reads, and writes made idempotent by a journaled ``request_id``
-or by the reservation's state.
+connection errors, timeouts, cut connections and garbled answers (every
+``httpx.RequestError``, a local protocol error included),
+429 ``rate_limited`` and 503 (waiting at least ``Retry-After``), 502 and 504
+(a proxy's), and up to ``RetryPolicy.server_errors`` 500s. Every retry is
+logged at WARNING. Every other error answer is a refusal, raised at once as
+its typed exception. Only requests that are safe to repeat come here: reads,
+and writes made idempotent by a journaled ``request_id`` or by the
+reservation's state.
+
+A 401 or 403 is answered before the service looks the ``request_id`` up, so
+after an attempt that may have reached the service (a transport error once
+the connection was open, or a 5xx answer) it does not prove that nothing
+happened: a journaled request then stays pending (``pending_on_give_up``).
 """
 
 from __future__ import annotations
@@ -25,6 +31,13 @@ from ._errors import ApiError, Unreachable, error_from_problem
 log = logging.getLogger("token_billing_kiosk")
 
 RETRIED_STATUSES = (429, 502, 503, 504)
+
+#: Refusals answered before the service looks a ``request_id`` up (the key is
+#: checked first): a replay of a request that did land can get them too.
+BEFORE_REPLAY_STATUSES = (401, 403)
+
+#: Transport errors raised before any byte of the request was sent.
+NOT_SENT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 
 @dataclass(frozen=True)
@@ -79,11 +92,14 @@ class Http:
         read_timeout_seconds: Optional[float] = None,
         request_id: Optional[str] = None,
         pending_on_give_up: bool = False,
+        may_have_landed: bool = False,
     ) -> Tuple[int, Dict[str, Any]]:
         """``(status, JSON body)`` of the first 2xx answer; a refusal raises
         its typed exception (``pending=False``); giving up at the deadline
         raises ``Unreachable`` or the last retryable error (500 included), with
-        ``pending=pending_on_give_up``."""
+        ``pending=pending_on_give_up``. So does a 401 or 403 once an attempt
+        (of this call or, with ``may_have_landed``, an earlier one) may have
+        reached the service."""
         attempt = 0
         server_errors = 0
         read_timeout = read_timeout_seconds or self.request_timeout_seconds
@@ -104,15 +120,12 @@ class Http:
                     headers=self._headers,
                     timeout=timeout,
                 )
-            except httpx.LocalProtocolError:
-                raise
-            except httpx.TransportError as error:
+            except httpx.RequestError as error:
                 failure: Any = error
+                reason = type(error).__name__
                 retry_after: Optional[float] = None
-                log.warning(
-                    "%s %s: %s (attempt %d, request_id %s)",
-                    method, path, type(error).__name__, attempt, request_id,
-                )
+                if not isinstance(error, NOT_SENT_ERRORS):
+                    may_have_landed = True
             else:
                 elapsed = time.monotonic() - started
                 status = response.status_code
@@ -123,6 +136,7 @@ class Http:
                 )
                 if 200 <= status < 300:
                     return status, data
+                reason = str(status)
                 retry_after = _retry_after(response)
                 retryable = status in RETRIED_STATUSES and not (
                     status == 429 and data.get("code") != "rate_limited"
@@ -138,13 +152,20 @@ class Http:
                     if server_errors > self.retry.server_errors:
                         raise _give_up(failure, method, path, request_id, pending_on_give_up)
                 elif not retryable:
+                    if may_have_landed and status in BEFORE_REPLAY_STATUSES:
+                        failure.pending = pending_on_give_up
                     raise failure
+                if status >= 500:
+                    may_have_landed = True
             delay = self.retry.backoff(attempt - 1, self._rng)
             if retry_after is not None:
                 delay = retry_after + delay / 4
             if time.monotonic() + delay >= deadline:
                 raise _give_up(failure, method, path, request_id, pending_on_give_up)
-            log.debug("%s %s: retrying in %.2fs", method, path, delay)
+            log.warning(
+                "%s %s: %s, retrying in %.2fs (attempt %d, request_id %s)",
+                method, path, reason, delay, attempt, request_id,
+            )
             time.sleep(delay)
 
 

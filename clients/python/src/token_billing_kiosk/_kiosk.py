@@ -200,10 +200,15 @@ class Kiosk:
         deadline = self._deadline(timeout)
         return self._wait(self.job(request_id, timeout=timeout), deadline)
 
-    def _post_journaled(self, entry: JournalEntry, path: str, deadline: float) -> Any:
+    def _post_journaled(
+        self, entry: JournalEntry, path: str, deadline: float, resumed: bool = False
+    ) -> Any:
         """POSTs a journaled request and returns the answer's body. A refusal
         is recorded in the journal before it is raised; a give-up that may
-        still have landed (``pending``) is not: recovery asks again."""
+        still have landed (``pending``) is not: recovery asks again. Neither
+        is a 401 or 403 after an attempt that may have landed (``resumed``: an
+        earlier process may have sent it): the key is checked before the
+        ``request_id``, so the request may exist and be charged."""
         try:
             _, data = self._http.call(
                 "POST",
@@ -212,6 +217,7 @@ class Kiosk:
                 deadline=deadline,
                 request_id=entry.request_id,
                 pending_on_give_up=True,
+                may_have_landed=resumed,
             )
         except ApiError as error:
             if not error.pending:
@@ -219,8 +225,10 @@ class Kiosk:
             raise
         return data
 
-    def _create_job(self, entry: JournalEntry, deadline: float) -> Job:
-        data = self._post_journaled(entry, f"/v1/accounts/{self.account_id}/jobs", deadline)
+    def _create_job(self, entry: JournalEntry, deadline: float, resumed: bool = False) -> Job:
+        data = self._post_journaled(
+            entry, f"/v1/accounts/{self.account_id}/jobs", deadline, resumed
+        )
         job = Job.from_json(data)
         self._journal.record(entry.request_id, "done" if job.terminal else "accepted", data)
         return job
@@ -315,9 +323,11 @@ class Kiosk:
         runs, so that it does not expire under it."""
         return Heartbeat(self, _reservation_id(reservation), ttl_seconds, every)
 
-    def _send_reserve(self, entry: JournalEntry, deadline: float) -> Reservation:
+    def _send_reserve(
+        self, entry: JournalEntry, deadline: float, resumed: bool = False
+    ) -> Reservation:
         data = self._post_journaled(
-            entry, f"/v1/accounts/{self.account_id}/reservations", deadline
+            entry, f"/v1/accounts/{self.account_id}/reservations", deadline, resumed
         )
         reservation = Reservation.from_json(data)
         self._journal.record(
@@ -342,11 +352,13 @@ class Kiosk:
         log.debug("journaled %s %s of reservation %s", operation, request_id, reservation_id)
         return self._send_resolution(entry, self._deadline(timeout))
 
-    def _send_resolution(self, entry: JournalEntry, deadline: float) -> Reservation:
+    def _send_resolution(
+        self, entry: JournalEntry, deadline: float, resumed: bool = False
+    ) -> Reservation:
         reservation_id = entry.reservation_id or ""
         path = f"/v1/accounts/{self.account_id}/reservations/{reservation_id}/{entry.operation}"
         try:
-            data = self._post_journaled(entry, path, deadline)
+            data = self._post_journaled(entry, path, deadline, resumed)
         except ReservationNotHeld as error:
             if not error.pending:
                 self._journal.resolve_reservation(reservation_id)
@@ -394,7 +406,7 @@ class Kiosk:
             if entry.state == "accepted" and entry.answer is not None:
                 job = Job.from_json(entry.answer)
             else:
-                job = self._create_job(entry, deadline)
+                job = self._create_job(entry, deadline, resumed=True)
             return Outcome(entry, job=self._wait(job, deadline))
         if entry.operation == "reserve":
             if entry.state == "held" and entry.reservation_id is not None:
@@ -409,8 +421,8 @@ class Kiosk:
                 if not reservation.held:
                     self._journal.record(entry.request_id, "done", data)
                 return Outcome(entry, reservation=reservation)
-            return Outcome(entry, reservation=self._send_reserve(entry, deadline))
-        return Outcome(entry, reservation=self._send_resolution(entry, deadline))
+            return Outcome(entry, reservation=self._send_reserve(entry, deadline, resumed=True))
+        return Outcome(entry, reservation=self._send_resolution(entry, deadline, resumed=True))
 
     # -- helpers -------------------------------------------------------------
 
