@@ -159,10 +159,15 @@ fn the_argument_parser_does_not_echo_a_misplaced_url() {
         ),
     ];
     for url in &urls {
-        for (binary, args) in [(
-            env!("CARGO_BIN_EXE_token-billing-tools"),
-            vec!["bench", "load", "--seconds", url],
-        )] {
+        let service = env!("CARGO_BIN_EXE_token-billing");
+        let tools = env!("CARGO_BIN_EXE_token-billing-tools");
+        for (binary, args) in [
+            (service, vec!["migrate", url]),
+            (service, vec!["account", "list", url]),
+            (service, vec!["serve", "--db-pool-size", url]),
+            (tools, vec!["fake-provider", url]),
+            (tools, vec!["bench", "load", "--seconds", url]),
+        ] {
             let output = Command::new(binary)
                 .args(&args)
                 .env_remove("DATABASE_URL")
