@@ -194,8 +194,10 @@ table_digests_sql() {
 
 start_service
 
-# Filler data in a database of its own: about 110 bytes a row on disk (heap
-# and primary key), of text that compresses about as well as the ledger's.
+# Filler data in a database of its own, of text that compresses about as
+# well as the ledger's: one row per 110 bytes asked for, which is about its
+# heap; with its primary key a row takes about 130 bytes, so
+# DRILL_PADDING_MB=N gives a database of about 1.2 N MB (4096: 4.9 GB).
 # Set-based, straight into PostgreSQL (not through the service): chunks of
 # 2 million rows, INSERT ... SELECT from generate_series, two sessions at a
 # time, the primary key built once at the end.
