@@ -53,6 +53,12 @@ pub struct LoadArgs {
     /// The `jobs` scenario's simulated provider delay per job, in ms.
     #[arg(long, default_value_t = 0)]
     pub job_delay_ms: u64,
+    /// Credits per account, each its own grant (1 … 3): the account's
+    /// tokens split evenly, priorities 0, 50 and 100 in turn, so spending
+    /// draws from them in turn. With 1 the credit carries no priority (an
+    /// older service knows none).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=3))]
+    pub grants: u8,
 }
 
 struct Fleet {
@@ -101,14 +107,23 @@ async fn set_up(args: &LoadArgs, client: &reqwest::Client) -> anyhow::Result<Fle
             .as_str()
             .unwrap_or_default()
             .to_owned();
-        let credit = json!({"amount": tokens, "external_ref": format!("load-{}", Uuid::new_v4())});
-        post_ok(
-            client,
-            format!("{}/v1/accounts/{id}/credits", args.url),
-            &args.admin_key,
-            credit,
-        )
-        .await?;
+        let grants = i64::from(args.grants);
+        for grant in 0..grants {
+            let mut credit = json!({
+                "amount": tokens / grants,
+                "external_ref": format!("load-{}", Uuid::new_v4()),
+            });
+            if grants > 1 {
+                credit["priority"] = json!(grant * 50);
+            }
+            post_ok(
+                client,
+                format!("{}/v1/accounts/{id}/credits", args.url),
+                &args.admin_key,
+                credit,
+            )
+            .await?;
+        }
         let key = post_ok(
             client,
             format!("{}/v1/accounts/{id}/api-keys", args.url),
