@@ -126,6 +126,7 @@ use crate::webhooks::endpoints;
         types::Tokens,
         types::SignedTokens,
         types::TtlSeconds,
+        types::Priority,
         types::Name,
         types::Label,
         types::ExternalRef,

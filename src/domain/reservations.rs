@@ -30,6 +30,21 @@ pub struct ReservationView {
     pub job_id: Option<Uuid>,
     pub created_at: DateTime<Utc>,
     pub resolved_at: Option<DateTime<Utc>>,
+    /// The grants its tokens were drawn from, in draw order (amounts sum
+    /// to `amount`).
+    pub draws: Vec<Draw>,
+}
+
+/// Tokens a reservation drew from one grant.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct Draw {
+    pub grant_id: Option<Uuid>,
+    pub amount: i64,
+}
+
+/// A reservation's draws as the engine wrote them (`reservations.draws`).
+pub fn draws_of(value: &serde_json::Value) -> Vec<Draw> {
+    serde_json::from_value(value.clone()).unwrap_or_default()
 }
 
 impl From<ReservationRow> for ReservationView {
@@ -45,6 +60,7 @@ impl From<ReservationRow> for ReservationView {
             job_id: row.job_id,
             created_at: row.created_at,
             resolved_at: row.resolved_at,
+            draws: draws_of(&row.draws),
         }
     }
 }

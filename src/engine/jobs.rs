@@ -10,6 +10,7 @@ use super::types::{sha256, AccountId, RequestId};
 use crate::config::{JOB_PARAMS_DEPTH_MAX, JOB_PARAMS_MAX_BYTES};
 use crate::db::models::JobRow;
 use crate::db::states::{JobStatus, ReservationState};
+use crate::domain::reservations::{draws_of, Draw};
 use crate::error::ApiError;
 
 /// A validated job request: a known kind and an object of bounded size.
@@ -147,6 +148,7 @@ pub struct JobJson {
     finished_at: Option<DateTime<Utc>>,
     reservation_state: ReservationState,
     reservation_expires_at: DateTime<Utc>,
+    reservation_draws: Value,
 }
 
 impl JobJson {
@@ -163,6 +165,7 @@ impl JobJson {
                 reservation_id: self.reservation_id,
                 state: self.reservation_state,
                 expires_at: self.reservation_expires_at,
+                draws: draws_of(&self.reservation_draws),
             },
             result: self.result,
             error: self.error,
@@ -180,6 +183,8 @@ pub struct JobReservation {
     #[schema(value_type = String, example = "held")]
     pub state: ReservationState,
     pub expires_at: DateTime<Utc>,
+    /// The grants its tokens were drawn from, in draw order.
+    pub draws: Vec<Draw>,
 }
 
 #[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
@@ -210,8 +215,8 @@ impl JobView {
         self.status.is_terminal()
     }
 
-    /// A job row with its reservation's state and expiry.
-    pub fn from_row(job: JobRow, reservation: (ReservationState, DateTime<Utc>)) -> JobView {
+    /// A job row with its reservation's state, expiry and draws.
+    pub fn from_row(job: JobRow, reservation: (ReservationState, DateTime<Utc>, Value)) -> JobView {
         JobView {
             job_id: job.id,
             request_id: RequestId(job.request_id),
@@ -224,6 +229,7 @@ impl JobView {
                 reservation_id: job.reservation_id,
                 state: reservation.0,
                 expires_at: reservation.1,
+                draws: draws_of(&reservation.2),
             },
             result: job.result,
             error: job.error,
