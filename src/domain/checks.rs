@@ -231,7 +231,11 @@ pub fn grants_disagreeing_with_ledger(
             Discrepancy::failed(
                 row.account_id,
                 [
-                    ("grant_ledger_remaining", row.ledger_remaining, row.remaining),
+                    (
+                        "grant_ledger_remaining",
+                        row.ledger_remaining,
+                        row.remaining,
+                    ),
                     ("grant_ledger_reserved", row.ledger_reserved, row.reserved),
                 ],
             )

@@ -11,8 +11,12 @@
 //! go to the real service and to the plain model (`model.rs`). Every
 //! answer (status and code; a worker's fenced outcome; a claim's attempts
 //! and flags), every account's balances after every step, and at the end
-//! every reservation, job (status, error code, attempts), ledger entry and
-//! event must agree.
+//! every reservation (with its draws), job (status, error code, attempts),
+//! ledger entry (with the grant it names), credit grant and event must
+//! agree. Credits and positive adjustments come with random priorities
+//! (or none), so reserves, commits, returns and removals span grants.
+//! The service's grant ids are mapped to the model's grants by the credit
+//! and adjustment answers (`grant_id`).
 
 use diesel::prelude::*;
 use diesel::sql_types::Uuid as SqlUuid;
@@ -62,11 +66,13 @@ fn key() -> impl Strategy<Value = Key> {
 
 #[derive(Clone, Debug)]
 enum Step {
-    /// `note`: one of two notes or none; `reuse`: the reference of an
-    /// earlier credit (a replay, or a reuse with another body).
-    Credit(usize, i64, Option<u8>, Option<usize>),
-    /// `reason`: one of two reasons.
-    Adjust(usize, i64, u8, Option<usize>),
+    /// `note`: one of two notes or none; `priority`: one of PRIORITIES or
+    /// none (the default); `reuse`: the reference of an earlier credit (a
+    /// replay, or a reuse with another body).
+    Credit(usize, i64, Option<u8>, Option<u8>, Option<usize>),
+    /// `reason`: one of two reasons; `priority` as for a credit (refused
+    /// on a removal).
+    Adjust(usize, i64, u8, Option<u8>, Option<usize>),
     /// `replay`: an earlier request_id of the account, with this amount.
     /// TTLs are long (≥ 10 min) so nothing expires by the clock during a
     /// history: expiry is the explicit `Age` step, which the model sees.
@@ -121,14 +127,22 @@ enum Step {
     Crowd(usize, Vec<i64>),
 }
 
+/// The priorities credits and positive adjustments name.
+const PRIORITIES: [i64; 4] = [0, 10, 50, 90];
+
+fn priority() -> impl Strategy<Value = Option<u8>> {
+    prop::option::weighted(0.7, 0..PRIORITIES.len() as u8)
+}
+
 fn step() -> impl Strategy<Value = Step> {
     let account = 0..ACCOUNTS;
     let reuse = || prop::option::weighted(0.2, 0..20usize);
     prop_oneof![
-        3 => (account.clone(), 1..8i64, prop::option::of(0..2u8), reuse())
-            .prop_map(|(a, n, note, r)| Step::Credit(a, n, note, r)),
-        1 => (account.clone(), prop_oneof![-6..0i64, 1..4i64], 0..2u8, reuse())
-            .prop_map(|(a, n, why, r)| Step::Adjust(a, n, why, r)),
+        3 => (account.clone(), 1..8i64, prop::option::of(0..2u8), priority(), reuse())
+            .prop_map(|(a, n, note, p, r)| Step::Credit(a, n, note, p, r)),
+        1 => (account.clone(), prop_oneof![-6..0i64, 1..4i64], 0..2u8,
+              prop::option::weighted(0.3, 0..PRIORITIES.len() as u8), reuse())
+            .prop_map(|(a, n, why, p, r)| Step::Adjust(a, n, why, p, r)),
         6 => (account.clone(), 1..4i64, prop::option::weighted(0.2, 600..86_400i32),
               reuse(), key())
             .prop_map(|(a, n, t, r, k)| Step::Reserve(a, n, t, r, k)),
@@ -193,6 +207,8 @@ struct Real {
     resolved: Option<(usize, usize)>,
     credit_refs: Vec<String>,
     adjustment_refs: Vec<String>,
+    /// The service's id of each of the model's grants, by index.
+    grants: Vec<Uuid>,
     requests: Vec<Vec<(u64, i64, Option<i32>)>>,
     job_requests: Vec<Vec<(u64, u64)>>,
     next_request: u64,
@@ -313,30 +329,48 @@ const REASONS: [&str; 2] = ["correction", "goodwill"];
 async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut PgConnection) {
     let path = |real: &Real, account: usize| format!("/v1/accounts/{}", real.accounts[account]);
     let (expected, actual) = match step.clone() {
-        Step::Credit(account, amount, note, reuse) => {
+        Step::Credit(account, amount, note, priority, reuse) => {
             let reference = reuse
                 .and_then(|n| real.credit_refs.get(n).cloned())
                 .unwrap_or_else(|| Uuid::new_v4().to_string());
             real.credit_refs.push(reference.clone());
             let note = note.map(|n| NOTES[usize::from(n)]);
+            let priority = priority.map(|p| PRIORITIES[usize::from(p)]);
             let mut body = json!({"amount": amount, "external_ref": reference});
             if let Some(note) = note {
                 body["note"] = json!(note);
             }
+            if let Some(priority) = priority {
+                body["priority"] = json!(priority);
+            }
             let url = format!("{}/credits", path(real, account));
-            let actual = reply(real.app.post(&url, ADMIN_KEY, &body).await).await.0;
-            (model.credit(account, amount, note, &reference), actual)
+            let (actual, answer) = reply(real.app.post(&url, ADMIN_KEY, &body).await).await;
+            let expected = model.credit(account, amount, note, priority, &reference);
+            if expected.status == 201 && actual.status == 201 {
+                real.grants
+                    .push(uuid_of(&answer["grant_id"]).expect("a credit's grant_id"));
+            }
+            (expected, actual)
         }
-        Step::Adjust(account, amount, reason, reuse) => {
+        Step::Adjust(account, amount, reason, priority, reuse) => {
             let reference = reuse
                 .and_then(|n| real.adjustment_refs.get(n).cloned())
                 .unwrap_or_else(|| Uuid::new_v4().to_string());
             real.adjustment_refs.push(reference.clone());
             let reason = REASONS[usize::from(reason)];
-            let body = json!({"amount": amount, "reason": reason, "external_ref": reference});
+            let priority = priority.map(|p| PRIORITIES[usize::from(p)]);
+            let mut body = json!({"amount": amount, "reason": reason, "external_ref": reference});
+            if let Some(priority) = priority {
+                body["priority"] = json!(priority);
+            }
             let url = format!("{}/adjustments", path(real, account));
-            let actual = reply(real.app.post(&url, ADMIN_KEY, &body).await).await.0;
-            (model.adjust(account, amount, reason, &reference), actual)
+            let (actual, answer) = reply(real.app.post(&url, ADMIN_KEY, &body).await).await;
+            let expected = model.adjust(account, amount, reason, priority, &reference);
+            if expected.status == 201 && actual.status == 201 && amount > 0 {
+                real.grants
+                    .push(uuid_of(&answer["grant_id"]).expect("a positive adjustment's grant_id"));
+            }
+            (expected, actual)
         }
         Step::Reserve(account, amount, ttl, replay, key) => {
             let earlier = replay.and_then(|n| {
@@ -884,7 +918,91 @@ fn compare_final(model: &Model, real: &Real, conn: &mut PgConnection) {
             .collect();
         assert_eq!(entries, expected, "ledger of account {index}");
     }
+    compare_grants(model, real, conn);
     compare_events(model, real, conn);
+}
+
+/// The service's grant as the model's grant index (None: no grant, or one
+/// the model does not know).
+fn model_grant(real: &Real, id: Option<Uuid>) -> Option<usize> {
+    id.and_then(|id| real.grants.iter().position(|&grant| grant == id))
+}
+
+/// Every grant's books, the grant each ledger entry names, every
+/// reservation's draws (in draw order), and the invariant checks.
+fn compare_grants(model: &Model, real: &Real, conn: &mut PgConnection) {
+    use token_billing::db::schema::credit_grants;
+    #[derive(QueryableByName)]
+    struct Named {
+        #[diesel(sql_type = diesel::sql_types::Nullable<SqlUuid>)]
+        grant_id: Option<Uuid>,
+    }
+    for (index, expected) in model.grants.iter().enumerate() {
+        let (account, priority, remaining, reserved): (Uuid, i16, i64, i64) = credit_grants::table
+            .find(real.grants[index])
+            .select((
+                credit_grants::account_id,
+                credit_grants::priority,
+                credit_grants::remaining,
+                credit_grants::reserved,
+            ))
+            .first(conn)
+            .expect("grant");
+        assert_eq!(
+            (account, i64::from(priority), remaining, reserved),
+            (
+                real.accounts[expected.account],
+                expected.priority,
+                expected.remaining,
+                expected.reserved
+            ),
+            "grant {index}"
+        );
+    }
+    for (index, expected) in model.entry_grants.iter().enumerate() {
+        let actual: Vec<Option<usize>> = diesel::sql_query(
+            "SELECT grant_id FROM ledger_entries WHERE account_id = $1 ORDER BY id",
+        )
+        .bind::<SqlUuid, _>(real.accounts[index])
+        .load::<Named>(conn)
+        .expect("entries' grants")
+        .into_iter()
+        .map(|entry| model_grant(real, entry.grant_id))
+        .collect();
+        assert_eq!(
+            actual, *expected,
+            "the grants the entries of account {index} name"
+        );
+    }
+    for (index, expected) in model.reservations.iter().enumerate() {
+        let draws: Value = reservations::table
+            .find(real.reservations[index])
+            .select(reservations::draws)
+            .first(conn)
+            .expect("reservation draws");
+        let actual: Vec<(Option<usize>, i64)> = draws
+            .as_array()
+            .expect("draws are an array")
+            .iter()
+            .map(|draw| {
+                (
+                    model_grant(real, uuid_of(&draw["grant_id"])),
+                    draw["amount"].as_i64().expect("a draw's amount"),
+                )
+            })
+            .collect();
+        let expected: Vec<(Option<usize>, i64)> = expected
+            .draws
+            .iter()
+            .map(|&(grant, amount)| (Some(grant), amount))
+            .collect();
+        assert_eq!(actual, expected, "draws of reservation {index}");
+    }
+    let violations = token_billing::domain::checks::find_violations(conn).expect("checks");
+    assert!(violations.is_empty(), "{violations:#?}");
+    let grants =
+        token_billing::domain::checks::grants_disagreeing_with_ledger(conn).expect("grant check");
+    assert!(grants.is_empty(), "{grants:#?}");
 }
 
 /// Each account's events (the model's, in the order it raised them)
@@ -1004,6 +1122,7 @@ async fn run_history(steps: Vec<Step>) {
         resolved: None,
         credit_refs: Vec::new(),
         adjustment_refs: Vec::new(),
+        grants: Vec::new(),
         requests: vec![Vec::new(); ACCOUNTS],
         job_requests: vec![Vec::new(); ACCOUNTS],
         next_request: 0,

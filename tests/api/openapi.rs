@@ -8,7 +8,7 @@ use crate::helpers::{problem, TestApp, ADMIN_KEY};
 
 /// Every route the application registers, as actix spells the path. The
 /// document must list exactly these, and the app must answer each.
-const ROUTES: [(&str, &str); 41] = [
+const ROUTES: [(&str, &str); 42] = [
     ("get", "/healthz"),
     ("get", "/readyz"),
     ("get", "/metrics"),
