@@ -35,17 +35,7 @@ pub struct ReservationView {
     pub draws: Vec<Draw>,
 }
 
-/// Tokens a reservation drew from one grant.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
-pub struct Draw {
-    pub grant_id: Option<Uuid>,
-    pub amount: i64,
-}
-
-/// A reservation's draws as the engine wrote them (`reservations.draws`).
-pub fn draws_of(value: &serde_json::Value) -> Vec<Draw> {
-    serde_json::from_value(value.clone()).unwrap_or_default()
-}
+pub use crate::engine::types::{draws_of, Draw};
 
 impl From<ReservationRow> for ReservationView {
     fn from(row: ReservationRow) -> Self {

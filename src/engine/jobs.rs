@@ -6,11 +6,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::types::{sha256, AccountId, RequestId};
+use super::types::{draws_of, sha256, AccountId, Draw, RequestId};
 use crate::config::{JOB_PARAMS_DEPTH_MAX, JOB_PARAMS_MAX_BYTES};
 use crate::db::models::JobRow;
 use crate::db::states::{JobStatus, ReservationState};
-use crate::domain::reservations::{draws_of, Draw};
 use crate::error::ApiError;
 
 /// A validated job request: a known kind and an object of bounded size.

@@ -146,6 +146,20 @@ impl From<Priority> for i64 {
     }
 }
 
+/// Tokens a reservation drew from one grant (`reservations.draws` holds
+/// them in draw order). `grant_id` is null only on an account whose grants
+/// did not hold its available tokens (a broken invariant the checks report).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Draw {
+    pub grant_id: Option<uuid::Uuid>,
+    pub amount: i64,
+}
+
+/// A reservation's draws as the engine wrote them (`reservations.draws`).
+pub fn draws_of(value: &serde_json::Value) -> Vec<Draw> {
+    serde_json::from_value(value.clone()).unwrap_or_default()
+}
+
 /// A reservation lifetime, 1 … 86,400 seconds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "i64", into = "i64")]
