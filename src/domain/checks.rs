@@ -66,6 +66,8 @@ struct CheckRow {
     #[diesel(sql_type = BigInt)]
     held_count: i64,
     #[diesel(sql_type = BigInt)]
+    held_drawn: i64,
+    #[diesel(sql_type = BigInt)]
     replay_available: i64,
     #[diesel(sql_type = BigInt)]
     replay_reserved: i64,
@@ -86,8 +88,10 @@ struct CheckRow {
 pub fn find_violations(conn: &mut PgConnection) -> Result<Vec<Discrepancy>, ApiError> {
     let rows: Vec<CheckRow> = diesel::sql_query(
         "WITH held AS ( \
-             SELECT account_id, sum(amount)::bigint AS amount, count(*) AS n \
-             FROM reservations WHERE state = 'held' GROUP BY account_id), \
+             SELECT r.account_id, sum(r.amount)::bigint AS amount, count(*) AS n, \
+                 COALESCE(sum((SELECT sum((d->>'amount')::bigint) FROM jsonb_array_elements(r.draws) d \
+                               WHERE d->>'grant_id' IS NOT NULL)), 0)::bigint AS drawn \
+             FROM reservations r WHERE r.state = 'held' GROUP BY r.account_id), \
          granted AS ( \
              SELECT account_id, sum(remaining)::bigint AS remaining, sum(reserved)::bigint AS reserved \
              FROM credit_grants WHERE remaining + reserved > 0 GROUP BY account_id), \
@@ -113,6 +117,7 @@ pub fn find_violations(conn: &mut PgConnection) -> Result<Vec<Discrepancy>, ApiE
          SELECT a.id, a.available, a.reserved, a.used, a.credited, a.adjusted, \
                 a.active_reservations::bigint AS active_reservations, \
                 COALESCE(h.amount, 0) AS held_amount, COALESCE(h.n, 0) AS held_count, \
+                COALESCE(h.drawn, 0) AS held_drawn, \
                 COALESCE(r.available, 0) AS replay_available, COALESCE(r.reserved, 0) AS replay_reserved, \
                 COALESCE(r.used, 0) AS replay_used, \
                 COALESCE(g.remaining, 0) AS grants_remaining, COALESCE(g.reserved, 0) AS grants_reserved \
@@ -128,6 +133,7 @@ pub fn find_violations(conn: &mut PgConnection) -> Result<Vec<Discrepancy>, ApiE
             OR a.used <> COALESCE(r.used, 0) \
             OR a.available <> COALESCE(g.remaining, 0) \
             OR a.reserved <> COALESCE(g.reserved, 0) \
+            OR COALESCE(h.drawn, 0) <> COALESCE(h.amount, 0) \
          ORDER BY a.id",
     )
     .load(conn)?;
@@ -167,6 +173,14 @@ fn discrepancies(row: CheckRow) -> Vec<Discrepancy> {
             "grants_reserved_equals_reserved",
             row.grants_reserved,
             row.reserved,
+        ),
+        // A held reservation's draws name grants and sum to its amount
+        // (one without draws settles as a draw of no grant: its tokens
+        // still move, and this names it).
+        (
+            "held_reservations_drawn_from_grants",
+            row.held_amount,
+            row.held_drawn,
         ),
     ];
     Discrepancy::failed(row.id, checks)

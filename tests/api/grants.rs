@@ -437,3 +437,61 @@ async fn the_upgrade_turns_balances_into_grants_and_the_books_still_reconcile() 
     );
     assert_books_clean(&mut conn);
 }
+
+/// A held reservation without draws (none should exist: reservations are
+/// made with their draws and the upgrade gave each held one its draw) is
+/// named by the checks, and settling it still moves its tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_without_draws_is_reported_and_loses_no_token() {
+    let app = TestApp::spawn().await;
+    let account = app.funded_account(10).await;
+    let reservation: Value = app
+        .reserve(account, ADMIN_KEY, Uuid::new_v4(), 4)
+        .await
+        .json()
+        .await
+        .expect("json");
+    let id = uuid(&reservation["reservation_id"]);
+    let mut conn = app.conn();
+    diesel::sql_query("UPDATE reservations SET draws = '[]' WHERE id = $1")
+        .bind::<SqlUuid, _>(id)
+        .execute(&mut conn)
+        .expect("corrupt");
+    let checks: Vec<String> = find_violations(&mut conn)
+        .expect("checks")
+        .into_iter()
+        .map(|d| d.check)
+        .collect();
+    assert_eq!(checks, vec!["held_reservations_drawn_from_grants"]);
+    let response = app
+        .post(
+            &format!("/v1/accounts/{account}/reservations/{id}/release"),
+            ADMIN_KEY,
+            &json!({}),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let view = app.account(account).await;
+    assert_eq!(
+        (&view["available"], &view["reserved"]),
+        (&json!(10), &json!(0))
+    );
+    assert_eq!(
+        entries_naming_grants(&mut conn, account).last(),
+        Some(&("release".to_owned(), 4, None))
+    );
+    // The grant still holds the 4 as reserved: its books disagree with the
+    // account's, and the checks say so.
+    let checks: Vec<String> = find_violations(&mut conn)
+        .expect("checks")
+        .into_iter()
+        .map(|d| d.check)
+        .collect();
+    assert_eq!(
+        checks,
+        vec![
+            "grants_remaining_equals_available",
+            "grants_reserved_equals_reserved"
+        ]
+    );
+}
