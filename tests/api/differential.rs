@@ -2,7 +2,8 @@
 //! adjustments (with reasons), their replays and reuses; reserves with
 //! refusals, replays and reuses, through every kind of key (admin, the
 //! account's kiosk, another account's kiosk, finance, revoked, expired);
-//! full and partial commits and their retries with other amounts; releases,
+//! full and partial commits (also of reservations drawn from several
+//! grants) and their retries with other amounts; releases,
 //! extends, expiries; suspensions, limit and threshold changes; jobs
 //! through the engine's claim, heartbeat, retry and fenced finish (stale
 //! tokens included), lapsed leases, attempts running out, finished jobs
@@ -81,6 +82,10 @@ enum Step {
     /// own), optionally partially.
     Commit(usize, usize, Option<i64>, Key),
     Release(usize, usize, Key),
+    /// Commit part (at most this many tokens) of the n-th held reservation
+    /// of the API, through its own account: partial commits of
+    /// reservations that drew from several grants.
+    CommitHeld(usize, i64),
     /// A client's retry of the latest commit or release the API answered:
     /// a commit (all, or this amount) or a release (`None`), through the
     /// account's own kiosk key.
@@ -149,6 +154,7 @@ fn step() -> impl Strategy<Value = Step> {
         4 => (account.clone(), 0..40usize, prop::option::weighted(0.3, 1..4i64), key())
             .prop_map(|(a, n, m, k)| Step::Commit(a, n, m, k)),
         2 => (account.clone(), 0..40usize, key()).prop_map(|(a, n, k)| Step::Release(a, n, k)),
+        2 => (0..40usize, 1..4i64).prop_map(|(n, m)| Step::CommitHeld(n, m)),
         2 => prop::option::weighted(0.8, prop::option::of(1..4i64)).prop_map(Step::Again),
         1 => (account.clone(), 0..40usize).prop_map(|(a, n)| Step::Extend(a, n)),
         2 => (0..40usize).prop_map(Step::Age),
@@ -406,6 +412,28 @@ async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut Pg
                 real.resolved = Some((account, index));
             }
             (model.resolve(caller, account, index, Some(amount)), actual)
+        }
+        Step::CommitHeld(n, part) => {
+            let held: Vec<usize> = (0..model.reservations.len())
+                .filter(|&i| {
+                    let r = &model.reservations[i];
+                    r.state == crate::model::State::Held && r.job.is_none()
+                })
+                .collect();
+            let Some(&index) = held.get(n % held.len().max(1)) else {
+                return;
+            };
+            let account = model.reservations[index].account;
+            let amount = part.min(model.reservations[index].amount);
+            let body = json!({"amount": amount});
+            let actual = resolve_request(real, account, index, "commit", &body, ADMIN_KEY).await;
+            if actual.status == 200 {
+                real.resolved = Some((account, index));
+            }
+            (
+                model.resolve(Caller::Admin, account, index, Some(Some(amount))),
+                actual,
+            )
         }
         Step::Release(account, n, key) if !model.reservations.is_empty() => {
             let index = n % model.reservations.len();
