@@ -649,8 +649,13 @@ fn check_books(conn: &mut PgConnection, journal: &Journal) -> anyhow::Result<Vec
     for disagreement in crate::domain::checks::events_disagreeing_with_books(conn)? {
         violations.push(format!("events: {disagreement}"));
     }
+    for discrepancy in crate::domain::checks::grants_disagreeing_with_ledger(conn)? {
+        violations.push(format!("grant: {discrepancy:?}"));
+    }
     let checks = [
-        ("jobs charged twice", "SELECT count(*) AS count FROM (SELECT reservation_id FROM ledger_entries WHERE kind = 'commit' GROUP BY reservation_id HAVING count(*) > 1) twice"),
+        // A commit drawn from several grants writes one entry per grant:
+        // charged twice is more committed in the ledger than on the row.
+        ("jobs charged twice", "SELECT count(*) AS count FROM (SELECT e.reservation_id FROM ledger_entries e JOIN reservations r ON r.id = e.reservation_id WHERE e.kind = 'commit' GROUP BY e.reservation_id HAVING sum(e.amount) > max(r.committed_amount)) twice"),
         ("held reservations past their expiry", "SELECT count(*) AS count FROM reservations WHERE state = 'held' AND expires_at < now()"),
         ("jobs not terminal", "SELECT count(*) AS count FROM generation_jobs WHERE status IN ('queued', 'running')"),
         ("succeeded jobs without a committed reservation", "SELECT count(*) AS count FROM generation_jobs j JOIN reservations r ON r.id = j.reservation_id WHERE j.status = 'succeeded' AND r.state <> 'committed'"),
@@ -679,7 +684,10 @@ fn check_books(conn: &mut PgConnection, journal: &Journal) -> anyhow::Result<Vec
     }
     for job_id in &journal.jobs_seen_succeeded {
         let commits = diesel::sql_query(
-            "SELECT count(*) AS count FROM ledger_entries l JOIN generation_jobs j ON j.reservation_id = l.reservation_id \
+            // One commit, however many grants it drew from (one entry per
+            // grant, all written at once).
+            "SELECT count(DISTINCT l.created_at) AS count FROM ledger_entries l \
+             JOIN generation_jobs j ON j.reservation_id = l.reservation_id \
              WHERE j.id = $1 AND l.kind = 'commit'",
         )
         .bind::<SqlUuid, _>(job_id)

@@ -17,7 +17,7 @@ use utoipa::{Modify, OpenApi};
 use crate::domain::{
     accounts, api_keys, audit, checks, credits, events, history, idempotency, jobs, ledger,
 };
-use crate::domain::{reconciliation, reservations, system, types};
+use crate::domain::{grants, reconciliation, reservations, system, types};
 use crate::error::{ApiError, Problem, ProblemCode};
 use crate::routes;
 use crate::webhooks::endpoints;
@@ -48,6 +48,7 @@ use crate::webhooks::endpoints;
         routes::accounts::update_account,
         routes::accounts::create_kiosk_key,
         routes::accounts::list_ledger,
+        routes::accounts::list_grants,
         routes::api_keys::create_key,
         routes::api_keys::list_keys,
         routes::api_keys::revoke_key,
@@ -99,6 +100,9 @@ use crate::webhooks::endpoints;
         ledger::LedgerEntryView,
         reservations::ReservationView,
         reservations::ReservationPage,
+        reservations::Draw,
+        grants::GrantView,
+        grants::GrantPage,
         system::DatabaseSummary,
         routes::system::SystemSummary,
         routes::system::ReplicaSummary,
@@ -126,6 +130,7 @@ use crate::webhooks::endpoints;
         types::Tokens,
         types::SignedTokens,
         types::TtlSeconds,
+        types::Priority,
         types::Name,
         types::Label,
         types::ExternalRef,

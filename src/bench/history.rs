@@ -131,6 +131,7 @@ pub fn build(database_url: &str, args: &HistoryBenchArgs) -> anyhow::Result<()> 
                         amount: Tokens::parse(1_000_000).map_err(anyhow::Error::msg)?,
                         external_ref,
                         note: None,
+                        priority: Default::default(),
                     },
                 ))
             })

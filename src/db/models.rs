@@ -8,8 +8,8 @@ use uuid::Uuid;
 use crate::db::states::{AccountStatus, JobStatus, ReservationState};
 
 use super::schema::{
-    accounts, adjustments, api_keys, audit_events, credits, generation_jobs, ledger_entries,
-    reservations,
+    accounts, adjustments, api_keys, audit_events, credit_grants, credits, generation_jobs,
+    ledger_entries, reservations,
 };
 
 #[derive(Clone, Debug, Queryable, Selectable, QueryableByName)]
@@ -133,6 +133,8 @@ pub struct ReservationRow {
     pub job_id: Option<Uuid>,
     pub created_at: DateTime<Utc>,
     pub resolved_at: Option<DateTime<Utc>>,
+    /// `[{"grant_id", "amount"}]` in draw order.
+    pub draws: serde_json::Value,
 }
 
 #[derive(Clone, Debug, serde::Deserialize, Queryable, Selectable)]
@@ -150,6 +152,26 @@ pub struct LedgerEntryRow {
     pub external_ref: Option<String>,
     pub reason: Option<String>,
     pub actor: String,
+    pub created_at: DateTime<Utc>,
+    pub grant_id: Option<Uuid>,
+}
+
+#[derive(Clone, Debug, serde::Deserialize, Queryable, Selectable)]
+#[diesel(table_name = credit_grants, check_for_backend(diesel::pg::Pg))]
+pub struct CreditGrantRow {
+    pub id: Uuid,
+    pub account_id: Uuid,
+    pub seq: i64,
+    pub source: String,
+    pub amount: i64,
+    pub remaining: i64,
+    pub reserved: i64,
+    pub consumed: i64,
+    pub debited: i64,
+    pub priority: i16,
+    pub expires_at: Option<DateTime<Utc>>,
+    pub external_ref: Option<String>,
+    pub opening_reserved: i64,
     pub created_at: DateTime<Utc>,
 }
 

@@ -112,6 +112,7 @@ diesel::table! {
         reason -> Nullable<Text>,
         actor -> Text,
         created_at -> Timestamptz,
+        grant_id -> Nullable<Uuid>,
     }
 }
 
@@ -136,12 +137,33 @@ diesel::table! {
         job_id -> Nullable<Uuid>,
         created_at -> Timestamptz,
         resolved_at -> Nullable<Timestamptz>,
+        draws -> Jsonb,
+    }
+}
+
+diesel::table! {
+    credit_grants (id) {
+        id -> Uuid,
+        account_id -> Uuid,
+        seq -> Int8,
+        source -> Text,
+        amount -> Int8,
+        remaining -> Int8,
+        reserved -> Int8,
+        consumed -> Int8,
+        debited -> Int8,
+        priority -> Int2,
+        expires_at -> Nullable<Timestamptz>,
+        external_ref -> Nullable<Text>,
+        opening_reserved -> Int8,
+        created_at -> Timestamptz,
     }
 }
 
 diesel::joinable!(adjustments -> accounts (account_id));
 diesel::joinable!(api_keys -> accounts (account_id));
 diesel::joinable!(credits -> accounts (account_id));
+diesel::joinable!(credit_grants -> accounts (account_id));
 diesel::joinable!(generation_jobs -> accounts (account_id));
 diesel::joinable!(generation_jobs -> reservations (reservation_id));
 diesel::joinable!(ledger_entries -> accounts (account_id));
@@ -154,6 +176,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     adjustments,
     api_keys,
     credits,
+    credit_grants,
     generation_jobs,
     ledger_entries,
     reaper_status,

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::db::models::{AdjustmentRow, CreditRow, LedgerEntryRow};
+use crate::db::models::{AdjustmentRow, CreditGrantRow, CreditRow, LedgerEntryRow};
 use crate::domain::types::AccountId;
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -24,6 +24,12 @@ pub struct CreditView {
     pub reserved: i64,
     pub used: i64,
     pub ledger_entry_id: i64,
+    /// The grant this credit made (its id is the credit's).
+    pub grant_id: Uuid,
+    /// When the grant lapses; always null for now (grants never expire).
+    pub expires_at: Option<DateTime<Utc>>,
+    /// The grant's priority (0 is drawn first).
+    pub priority: i16,
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -37,13 +43,22 @@ pub struct AdjustmentView {
     pub available: i64,
     pub reserved: i64,
     pub used: i64,
+    /// The adjustment's last ledger entry (a removal drawing from several
+    /// grants writes one entry per grant).
     pub ledger_entry_id: i64,
+    /// The grant a positive adjustment made (its id is the adjustment's);
+    /// null for a removal.
+    pub grant_id: Option<Uuid>,
+    /// When that grant lapses; always null for now.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// That grant's priority; null for a removal.
+    pub priority: Option<i16>,
 }
 
 impl CreditView {
     /// The credit with the balances of its ledger entry, so a replay
     /// answers exactly as the first request did.
-    pub fn new(row: CreditRow, entry: LedgerEntryRow) -> CreditView {
+    pub fn new(row: CreditRow, entry: LedgerEntryRow, grant: CreditGrantRow) -> CreditView {
         CreditView {
             credit_id: row.id,
             account_id: AccountId(row.account_id),
@@ -55,13 +70,20 @@ impl CreditView {
             reserved: entry.reserved_after,
             used: entry.used_after,
             ledger_entry_id: entry.id,
+            grant_id: grant.id,
+            expires_at: grant.expires_at,
+            priority: grant.priority,
         }
     }
 }
 
 impl AdjustmentView {
     /// The adjustment with the balances of its ledger entry.
-    pub fn new(row: AdjustmentRow, entry: LedgerEntryRow) -> AdjustmentView {
+    pub fn new(
+        row: AdjustmentRow,
+        entry: LedgerEntryRow,
+        grant: Option<CreditGrantRow>,
+    ) -> AdjustmentView {
         AdjustmentView {
             adjustment_id: row.id,
             account_id: AccountId(row.account_id),
@@ -73,6 +95,9 @@ impl AdjustmentView {
             reserved: entry.reserved_after,
             used: entry.used_after,
             ledger_entry_id: entry.id,
+            grant_id: grant.as_ref().map(|grant| grant.id),
+            expires_at: grant.as_ref().and_then(|grant| grant.expires_at),
+            priority: grant.as_ref().map(|grant| grant.priority),
         }
     }
 }

@@ -251,7 +251,8 @@ WITH base AS ( \
             COALESCE(sum(e.amount) FILTER (WHERE e.kind = 'commit'), 0)::bigint AS committed, \
             COALESCE(sum(e.amount) FILTER (WHERE e.kind = 'release'), 0)::bigint AS released, \
             COALESCE(sum(e.amount) FILTER (WHERE e.kind = 'expire'), 0)::bigint AS expired, \
-            count(*) FILTER (WHERE e.kind = 'commit' AND e.job_id IS NOT NULL) AS job_commit_entries \
+            count(DISTINCT e.reservation_id) FILTER (WHERE e.kind = 'commit' AND e.job_id IS NOT NULL) \
+                AS job_commit_entries \
         FROM ledger_entries e \
         WHERE e.account_id = b.account_id AND e.id > COALESCE(b.c_last, 0) \
           AND e.id <= COALESCE(b.u_last, 9223372036854775807) AND e.created_at < $1) t \
@@ -519,7 +520,8 @@ WITH day_entries AS ( \
         COALESCE(sum(amount) FILTER (WHERE kind = 'commit'), 0)::bigint AS committed, \
         COALESCE(sum(amount) FILTER (WHERE kind = 'release'), 0)::bigint AS released, \
         COALESCE(sum(amount) FILTER (WHERE kind = 'expire'), 0)::bigint AS expired, \
-        count(*) FILTER (WHERE kind = 'commit' AND job_id IS NOT NULL) AS job_commit_entries \
+        count(DISTINCT reservation_id) FILTER (WHERE kind = 'commit' AND job_id IS NOT NULL) \
+            AS job_commit_entries \
     FROM ledger_entries WHERE created_at >= $2 AND created_at < $3 GROUP BY account_id \
 ), day_row AS ( \
     INSERT INTO ledger_closed_days (day, accounts, entries) \

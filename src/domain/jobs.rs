@@ -31,18 +31,19 @@ pub fn find_job(
 
 fn with_reservations(conn: &mut PgConnection, jobs: Vec<JobRow>) -> Result<Vec<JobView>, ApiError> {
     let ids: Vec<Uuid> = jobs.iter().map(|job| job.reservation_id).collect();
-    let states: std::collections::HashMap<Uuid, (ReservationState, DateTime<Utc>)> =
-        reservations::table
-            .filter(reservations::id.eq_any(&ids))
-            .select((
-                reservations::id,
-                reservations::state,
-                reservations::expires_at,
-            ))
-            .load::<(Uuid, ReservationState, DateTime<Utc>)>(conn)?
-            .into_iter()
-            .map(|(id, state, expires_at)| (id, (state, expires_at)))
-            .collect();
+    type Held = (ReservationState, DateTime<Utc>, serde_json::Value);
+    let states: std::collections::HashMap<Uuid, Held> = reservations::table
+        .filter(reservations::id.eq_any(&ids))
+        .select((
+            reservations::id,
+            reservations::state,
+            reservations::expires_at,
+            reservations::draws,
+        ))
+        .load::<(Uuid, ReservationState, DateTime<Utc>, serde_json::Value)>(conn)?
+        .into_iter()
+        .map(|(id, state, expires_at, draws)| (id, (state, expires_at, draws)))
+        .collect();
     jobs.into_iter()
         .map(|job| {
             let reservation = states

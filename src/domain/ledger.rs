@@ -113,6 +113,10 @@ pub struct LedgerEntryView {
     pub reason: Option<String>,
     pub actor: String,
     pub created_at: DateTime<Utc>,
+    /// The grant whose tokens the entry moves (a movement spanning several
+    /// grants writes one entry per grant); null for entries written before
+    /// grants existed.
+    pub grant_id: Option<Uuid>,
 }
 
 impl From<LedgerEntryRow> for LedgerEntryView {
@@ -131,6 +135,7 @@ impl From<LedgerEntryRow> for LedgerEntryView {
             reason: row.reason,
             actor: row.actor,
             created_at: row.created_at,
+            grant_id: row.grant_id,
         }
     }
 }

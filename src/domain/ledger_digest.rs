@@ -150,6 +150,7 @@ mod tests {
             reason: None,
             actor: "system".into(),
             created_at: "2026-12-01T14:03:00.5Z".parse().expect("time"),
+            grant_id: None,
         }
     }
 

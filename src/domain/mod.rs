@@ -6,6 +6,7 @@ pub mod audit;
 pub mod checks;
 pub mod credits;
 pub mod events;
+pub mod grants;
 pub mod history;
 pub mod idempotency;
 pub mod job_leases;

@@ -137,8 +137,9 @@ pub struct AccountLine {
     pub closing_used: i64,
     /// Generation jobs that succeeded during the period.
     pub jobs_succeeded: i64,
-    /// Ledger commit entries of jobs during the period: equals
-    /// `jobs_succeeded` when every successful job was charged once.
+    /// Commits of jobs in the ledger during the period (a commit that
+    /// spans several grants writes one entry per grant and counts once):
+    /// equals `jobs_succeeded` when every successful job was charged once.
     pub job_commit_entries: i64,
 }
 

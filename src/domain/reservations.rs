@@ -30,7 +30,12 @@ pub struct ReservationView {
     pub job_id: Option<Uuid>,
     pub created_at: DateTime<Utc>,
     pub resolved_at: Option<DateTime<Utc>>,
+    /// The grants its tokens were drawn from, in draw order (amounts sum
+    /// to `amount`).
+    pub draws: Vec<Draw>,
 }
+
+pub use crate::engine::types::{draws_of, Draw};
 
 impl From<ReservationRow> for ReservationView {
     fn from(row: ReservationRow) -> Self {
@@ -45,6 +50,7 @@ impl From<ReservationRow> for ReservationView {
             job_id: row.job_id,
             created_at: row.created_at,
             resolved_at: row.resolved_at,
+            draws: draws_of(&row.draws),
         }
     }
 }

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::types::{sha256, AccountId, RequestId};
+use super::types::{draws_of, sha256, AccountId, Draw, RequestId};
 use crate::config::{JOB_PARAMS_DEPTH_MAX, JOB_PARAMS_MAX_BYTES};
 use crate::db::models::JobRow;
 use crate::db::states::{JobStatus, ReservationState};
@@ -147,6 +147,7 @@ pub struct JobJson {
     finished_at: Option<DateTime<Utc>>,
     reservation_state: ReservationState,
     reservation_expires_at: DateTime<Utc>,
+    reservation_draws: Value,
 }
 
 impl JobJson {
@@ -163,6 +164,7 @@ impl JobJson {
                 reservation_id: self.reservation_id,
                 state: self.reservation_state,
                 expires_at: self.reservation_expires_at,
+                draws: draws_of(&self.reservation_draws),
             },
             result: self.result,
             error: self.error,
@@ -180,6 +182,8 @@ pub struct JobReservation {
     #[schema(value_type = String, example = "held")]
     pub state: ReservationState,
     pub expires_at: DateTime<Utc>,
+    /// The grants its tokens were drawn from, in draw order.
+    pub draws: Vec<Draw>,
 }
 
 #[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
@@ -210,8 +214,8 @@ impl JobView {
         self.status.is_terminal()
     }
 
-    /// A job row with its reservation's state and expiry.
-    pub fn from_row(job: JobRow, reservation: (ReservationState, DateTime<Utc>)) -> JobView {
+    /// A job row with its reservation's state, expiry and draws.
+    pub fn from_row(job: JobRow, reservation: (ReservationState, DateTime<Utc>, Value)) -> JobView {
         JobView {
             job_id: job.id,
             request_id: RequestId(job.request_id),
@@ -224,6 +228,7 @@ impl JobView {
                 reservation_id: job.reservation_id,
                 state: reservation.0,
                 expires_at: reservation.1,
+                draws: draws_of(&reservation.2),
             },
             result: job.result,
             error: job.error,

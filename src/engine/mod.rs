@@ -35,11 +35,11 @@ use crate::db::prepared;
 use crate::error::ApiError;
 use jobs::JobRequest;
 use types::{
-    AccountId, ExternalRef, Note, Reason, RequestId, ReservationId, SignedTokens, Tokens,
+    AccountId, ExternalRef, Note, Priority, Reason, RequestId, ReservationId, SignedTokens, Tokens,
     TtlSeconds,
 };
 
-pub use outcome::{Answer, Outcome, Replay};
+pub use outcome::{Answer, Movement, Outcome, Replay};
 
 /// What one operation asks of an account.
 #[derive(Clone, Debug)]
@@ -68,15 +68,20 @@ pub enum Op {
         request: JobRequest,
         ttl_seconds: i32,
     },
+    /// Makes a grant of `priority` holding `amount`.
     Credit {
         amount: Tokens,
         external_ref: ExternalRef,
         note: Option<Note>,
+        priority: Priority,
     },
+    /// A positive adjustment makes a grant of `priority` (set exactly
+    /// then); a negative one draws from the grants in draw order.
     Adjust {
         amount: SignedTokens,
         reason: Reason,
         external_ref: ExternalRef,
+        priority: Option<Priority>,
     },
     /// A worker's fenced finish of the job it holds under `lease_token`:
     /// success (`Ok(result)`) commits the job's cost, failure (`Err(error)`)
@@ -163,7 +168,7 @@ struct Row {
 /// operation (see `sql/70_apply.sql` for which fields each operation sets).
 pub const APPLY_SQL: &str = "SELECT op_position, outcome, detail, object \
      FROM engine_apply($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
-                       $18, $19, $20, $21, $22, $23, $24) ORDER BY op_position";
+                       $18, $19, $20, $21, $22, $23, $24, $25) ORDER BY op_position";
 
 /// A batch as `engine_apply`'s arrays: element i of each is operation i's.
 /// New ids are chosen here.
@@ -193,6 +198,7 @@ struct Columns {
     status: Vec<Option<&'static str>>,
     result: Vec<Option<Value>>,
     error: Vec<Option<Value>>,
+    priority: Vec<Option<i32>>,
 }
 
 /// One operation's fields; what an operation does not set stays `None`.
@@ -215,6 +221,7 @@ struct Fields {
     status: Option<&'static str>,
     result: Option<Value>,
     error: Option<Value>,
+    priority: Option<i32>,
 }
 
 impl Op {
@@ -296,6 +303,7 @@ impl Op {
                 amount,
                 external_ref,
                 note,
+                priority,
             } => (
                 "credit",
                 Fields {
@@ -303,6 +311,7 @@ impl Op {
                     new_id: Some(Uuid::now_v7()),
                     external_ref: Some(external_ref.as_str().to_owned()),
                     note: note.as_ref().map(|note| note.as_str().to_owned()),
+                    priority: Some(i32::from(priority.get())),
                     ..Fields::default()
                 },
             ),
@@ -310,6 +319,7 @@ impl Op {
                 amount,
                 reason,
                 external_ref,
+                priority,
             } => (
                 "adjust",
                 Fields {
@@ -317,6 +327,7 @@ impl Op {
                     new_id: Some(Uuid::now_v7()),
                     external_ref: Some(external_ref.as_str().to_owned()),
                     reason: Some(reason.as_str().to_owned()),
+                    priority: priority.map(|priority| i32::from(priority.get())),
                     ..Fields::default()
                 },
             ),
@@ -387,6 +398,7 @@ impl Columns {
             columns.status.push(fields.status);
             columns.result.push(fields.result);
             columns.error.push(fields.error);
+            columns.priority.push(fields.priority);
         }
         columns
     }
@@ -421,6 +433,7 @@ pub fn apply(conn: &mut PgConnection, operations: &[Operation]) -> Result<Vec<An
         .bind::<Array<Nullable<Text>>, _>(&columns.status)
         .bind::<Array<Nullable<Jsonb>>, _>(&columns.result)
         .bind::<Array<Nullable<Jsonb>>, _>(&columns.error)
+        .bind::<Array<Nullable<Integer>>, _>(&columns.priority)
         .load(conn)?;
     if rows.len() != operations.len()
         || rows

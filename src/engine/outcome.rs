@@ -4,7 +4,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::jobs::{JobJson, JobView};
-use crate::db::models::{AdjustmentRow, CreditRow, LedgerEntryRow, ReservationRow};
+use crate::db::models::{AdjustmentRow, CreditGrantRow, CreditRow, LedgerEntryRow, ReservationRow};
 use crate::error::ApiError;
 
 use super::{Op, Operation};
@@ -98,6 +98,16 @@ impl Outcome {
 pub enum Replay {
     Created,
     Replayed,
+}
+
+/// A credit or an adjustment as the engine answered it: its row, its
+/// (last) ledger entry, the grant it made (none for a removal), and
+/// whether it is a replay.
+pub struct Movement<T> {
+    pub row: T,
+    pub entry: LedgerEntryRow,
+    pub grant: Option<CreditGrantRow>,
+    pub replay: Replay,
 }
 
 /// The engine's answer to one operation.
@@ -214,33 +224,38 @@ impl Answer {
         Ok((job.into_view(), self.replay()))
     }
 
-    /// A credit: the credit and its ledger entry, or the error.
-    pub fn into_credit(
-        self,
-        operation: &Operation,
-    ) -> Result<(CreditRow, LedgerEntryRow, Replay), ApiError> {
-        if let Some(error) = self.error(operation) {
-            return Err(error);
-        }
-        Ok((
-            decode(self.object_field(Some("credit"))?)?,
-            decode(self.object_field(Some("entry"))?)?,
-            self.replay(),
-        ))
+    /// A credit: the credit, its ledger entry and its grant, or the error.
+    pub fn into_credit(self, operation: &Operation) -> Result<Movement<CreditRow>, ApiError> {
+        self.into_movement(operation, "credit")
     }
 
-    /// An adjustment: the adjustment and its ledger entry, or the error.
+    /// An adjustment: the adjustment, its last ledger entry and its grant
+    /// (a positive one's), or the error.
     pub fn into_adjustment(
         self,
         operation: &Operation,
-    ) -> Result<(AdjustmentRow, LedgerEntryRow, Replay), ApiError> {
+    ) -> Result<Movement<AdjustmentRow>, ApiError> {
+        self.into_movement(operation, "adjustment")
+    }
+
+    fn into_movement<T: DeserializeOwned>(
+        self,
+        operation: &Operation,
+        field: &str,
+    ) -> Result<Movement<T>, ApiError> {
         if let Some(error) = self.error(operation) {
             return Err(error);
         }
-        Ok((
-            decode(self.object_field(Some("adjustment"))?)?,
-            decode(self.object_field(Some("entry"))?)?,
-            self.replay(),
-        ))
+        let grant = self.object_field(Some("grant"))?;
+        Ok(Movement {
+            row: decode(self.object_field(Some(field))?)?,
+            entry: decode(self.object_field(Some("entry"))?)?,
+            grant: if grant.is_null() {
+                None
+            } else {
+                Some(decode(grant)?)
+            },
+            replay: self.replay(),
+        })
     }
 }

@@ -110,6 +110,56 @@ impl From<SignedTokens> for i64 {
     }
 }
 
+/// A grant's priority, 0 … 100 (0 is drawn first); 50 when a credit
+/// names none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "i64", into = "i64")]
+pub struct Priority(i16);
+
+impl Priority {
+    pub const DEFAULT: Priority = Priority(50);
+
+    pub fn get(self) -> i16 {
+        self.0
+    }
+}
+
+impl Default for Priority {
+    fn default() -> Self {
+        Priority::DEFAULT
+    }
+}
+
+impl TryFrom<i64> for Priority {
+    type Error = String;
+    fn try_from(value: i64) -> Result<Self, String> {
+        match i16::try_from(value) {
+            Ok(priority) if (0..=100).contains(&priority) => Ok(Priority(priority)),
+            _ => Err(format!("priority must be between 0 and 100, got {value}")),
+        }
+    }
+}
+
+impl From<Priority> for i64 {
+    fn from(priority: Priority) -> i64 {
+        i64::from(priority.0)
+    }
+}
+
+/// Tokens a reservation drew from one grant (`reservations.draws` holds
+/// them in draw order). `grant_id` is null only on an account whose grants
+/// did not hold its available tokens (a broken invariant the checks report).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Draw {
+    pub grant_id: Option<uuid::Uuid>,
+    pub amount: i64,
+}
+
+/// A reservation's draws as the engine wrote them (`reservations.draws`).
+pub fn draws_of(value: &serde_json::Value) -> Vec<Draw> {
+    serde_json::from_value(value.clone()).unwrap_or_default()
+}
+
 /// A reservation lifetime, 1 … 86,400 seconds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "i64", into = "i64")]
@@ -185,6 +235,18 @@ impl utoipa::PartialSchema for TtlSeconds {
 }
 
 impl utoipa::ToSchema for TtlSeconds {}
+
+impl utoipa::PartialSchema for Priority {
+    fn schema() -> RefOr<Schema> {
+        integer_schema(
+            0,
+            100,
+            "A grant's priority: grants of a lower priority are drawn first.",
+        )
+    }
+}
+
+impl utoipa::ToSchema for Priority {}
 
 /// Text a person typed (names, labels, references): trimmed of nothing,
 /// 1 … N characters, no control characters.

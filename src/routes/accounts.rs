@@ -16,6 +16,7 @@ use crate::domain::accounts::{
 };
 use crate::domain::api_keys::{create_api_key_by, parse_expires_at, Caller, CreatedApiKey, Scope};
 use crate::domain::audit::Audit;
+use crate::domain::grants::{self, GrantPage, GrantStatus, GRANT_PAGE_DEFAULT, GRANT_PAGE_MAX};
 use crate::domain::history::{self, BalancesAsOf, BalancesAsOfPage};
 use crate::domain::idempotency::{self, Claim, Created, ReplayedApiKey};
 use crate::domain::ledger::{self, LedgerPage};
@@ -31,7 +32,8 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .service(get_account)
         .service(update_account)
         .service(create_kiosk_key)
-        .service(list_ledger);
+        .service(list_ledger)
+        .service(list_grants);
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -532,5 +534,70 @@ async fn list_ledger(
     } else {
         run_read_blocking(&state.pool, state.read_replica.as_deref(), read).await?
     };
+    Ok(HttpResponse::Ok().json(page))
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+struct GrantsQuery {
+    /// Only grants in this status: `active` (holds tokens), `depleted`, or
+    /// `expired` (none yet: grants do not expire so far).
+    #[param(pattern = "^(active|expired|depleted)$")]
+    status: Option<String>,
+    /// Grants after this `grant_id`: the previous page's `next_after`.
+    after: Option<Uuid>,
+    /// Grants per page, default 100.
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<i64>,
+}
+
+/// The account's credit grants, in creation order.
+///
+/// Reservations draw from them by `priority` (0 first), then creation order;
+/// `remaining` is what can still be drawn, `reserved` what held reservations
+/// have drawn. `next_after` is the cursor of the next page.
+#[utoipa::path(
+    tag = "accounts",
+    params(("account_id" = Uuid, Path, description = "The account"), GrantsQuery),
+    responses(
+        (status = 200, description = "One page of grants", body = GrantPage),
+        (status = 400, description = "Invalid path, `status`, `after` or `limit`",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such account, or not this kiosk's",
+         body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])),
+)]
+#[get("/v1/accounts/{account_id}/grants")]
+async fn list_grants(
+    caller: Caller,
+    state: State,
+    path: web::Path<Uuid>,
+    query: web::Query<GrantsQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let account = AccountId(path.into_inner());
+    caller.authorize_read(account)?;
+    let GrantsQuery {
+        status,
+        after,
+        limit,
+    } = query.into_inner();
+    let status = status
+        .map(|text| {
+            GrantStatus::parse(&text).ok_or_else(|| {
+                ApiError::InvalidRequest(format!(
+                    "status must be one of {}, got {text:?}",
+                    GrantStatus::ALL.join(", ")
+                ))
+            })
+        })
+        .transpose()?;
+    let limit = page_limit(limit, GRANT_PAGE_DEFAULT, GRANT_PAGE_MAX)?;
+    let page: GrantPage = run_blocking(&state.pool, move |conn| {
+        accounts::get_account(conn, account)?;
+        grants::list_grants(conn, account, status, after, limit)
+    })
+    .await?;
     Ok(HttpResponse::Ok().json(page))
 }

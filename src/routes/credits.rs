@@ -7,7 +7,7 @@ use uuid::Uuid;
 use super::{created, replayed, JsonObject, State};
 use crate::domain::api_keys::Caller;
 use crate::domain::credits::{AdjustmentView, CreditView};
-use crate::domain::types::{AccountId, ExternalRef, Note, Reason, SignedTokens, Tokens};
+use crate::domain::types::{AccountId, ExternalRef, Note, Priority, Reason, SignedTokens, Tokens};
 use crate::engine::{Authority, Op, Operation, Replay};
 use crate::error::{ApiError, Problem};
 
@@ -22,11 +22,17 @@ struct CreateCredit {
     /// The payment's reference: the idempotency key of this credit.
     external_ref: ExternalRef,
     note: Option<Note>,
+    /// The priority of the grant this credit makes: 0 … 100, default 50;
+    /// grants of a lower priority are drawn first.
+    priority: Option<Priority>,
 }
 
-/// Adds tokens (a top-up).
+/// Adds tokens (a top-up) as a new grant.
 ///
-/// Idempotent on `external_ref`.
+/// Idempotent on `external_ref` (the priority is part of the compared
+/// body).
+/// Reservations draw from the account's grants by priority (0 first), then
+/// creation order.
 #[utoipa::path(
     tag = "credits",
     params(("account_id" = Uuid, Path, description = "The account")),
@@ -37,7 +43,7 @@ struct CreateCredit {
         (status = 200, description = "A replay of the same credit: nothing new was credited",
          body = CreditView,
          headers(("Idempotent-Replayed" = String, description = "`true`"))),
-        (status = 400, description = "Invalid JSON, path, amount or text",
+        (status = 400, description = "Invalid JSON, path, amount, priority or text",
          body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Not an admin key",
          body = Problem, content_type = "application/problem+json"),
@@ -63,18 +69,27 @@ async fn create_credit(
         amount,
         external_ref,
         note,
+        priority,
     } = body.into_inner();
     let op = Op::Credit {
         amount,
         external_ref,
         note,
+        priority: priority.unwrap_or_default(),
     };
     let (operation, answer) = state
         .coalescer
         .submit(admin_operation(&caller, account, op))
         .await;
-    let (row, entry, replay) = answer?.into_credit(&operation)?;
-    Ok(respond(account, &CreditView::new(row, entry), replay))
+    let credit = answer?.into_credit(&operation)?;
+    let grant = credit.grant.ok_or_else(|| {
+        ApiError::Internal("the engine returned a credit without its grant".into())
+    })?;
+    Ok(respond(
+        account,
+        &CreditView::new(credit.row, credit.entry, grant),
+        credit.replay,
+    ))
 }
 
 /// An operation of an admin already authorised here (its key verified by
@@ -104,11 +119,16 @@ struct CreateAdjustment {
     reason: Reason,
     /// The idempotency key of this adjustment.
     external_ref: ExternalRef,
+    /// A positive adjustment only: the priority of the grant it makes,
+    /// 0 … 100, default 50.
+    priority: Option<Priority>,
 }
 
 /// Adds or removes tokens, with a reason.
 ///
-/// Never drives `available` below 0.
+/// Never drives `available` below 0. A positive adjustment makes a grant;
+/// a removal draws from the grants in draw order (one ledger entry per
+/// grant).
 #[utoipa::path(
     tag = "credits",
     params(("account_id" = Uuid, Path, description = "The account")),
@@ -119,7 +139,7 @@ struct CreateAdjustment {
         (status = 200, description = "A replay of the same adjustment: nothing new was adjusted",
          body = AdjustmentView,
          headers(("Idempotent-Replayed" = String, description = "`true`"))),
-        (status = 400, description = "Invalid JSON, path, amount or text",
+        (status = 400, description = "Invalid JSON, path, amount, priority (a removal takes none) or text",
          body = Problem, content_type = "application/problem+json"),
         (status = 402, description = "A removal larger than the available tokens",
          body = Problem, content_type = "application/problem+json"),
@@ -147,16 +167,31 @@ async fn create_adjustment(
         amount,
         reason,
         external_ref,
+        priority,
     } = body.into_inner();
+    let priority = if amount.get() > 0 {
+        Some(priority.unwrap_or_default())
+    } else if priority.is_some() {
+        return Err(ApiError::InvalidRequest(
+            "priority applies to a positive adjustment only (a removal makes no grant)".into(),
+        ));
+    } else {
+        None
+    };
     let op = Op::Adjust {
         amount,
         reason,
         external_ref,
+        priority,
     };
     let (operation, answer) = state
         .coalescer
         .submit(admin_operation(&caller, account, op))
         .await;
-    let (row, entry, replay) = answer?.into_adjustment(&operation)?;
-    Ok(respond(account, &AdjustmentView::new(row, entry), replay))
+    let adjustment = answer?.into_adjustment(&operation)?;
+    Ok(respond(
+        account,
+        &AdjustmentView::new(adjustment.row, adjustment.entry, adjustment.grant),
+        adjustment.replay,
+    ))
 }

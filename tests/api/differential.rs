@@ -2,7 +2,8 @@
 //! adjustments (with reasons), their replays and reuses; reserves with
 //! refusals, replays and reuses, through every kind of key (admin, the
 //! account's kiosk, another account's kiosk, finance, revoked, expired);
-//! full and partial commits and their retries with other amounts; releases,
+//! full and partial commits (also of reservations drawn from several
+//! grants) and their retries with other amounts; releases,
 //! extends, expiries; suspensions, limit and threshold changes; jobs
 //! through the engine's claim, heartbeat, retry and fenced finish (stale
 //! tokens included), lapsed leases, attempts running out, finished jobs
@@ -11,8 +12,12 @@
 //! go to the real service and to the plain model (`model.rs`). Every
 //! answer (status and code; a worker's fenced outcome; a claim's attempts
 //! and flags), every account's balances after every step, and at the end
-//! every reservation, job (status, error code, attempts), ledger entry and
-//! event must agree.
+//! every reservation (with its draws), job (status, error code, attempts),
+//! ledger entry (with the grant it names), credit grant and event must
+//! agree. Credits and positive adjustments come with random priorities
+//! (or none), so reserves, commits, returns and removals span grants.
+//! The service's grant ids are mapped to the model's grants by the credit
+//! and adjustment answers (`grant_id`).
 
 use diesel::prelude::*;
 use diesel::sql_types::Uuid as SqlUuid;
@@ -62,11 +67,13 @@ fn key() -> impl Strategy<Value = Key> {
 
 #[derive(Clone, Debug)]
 enum Step {
-    /// `note`: one of two notes or none; `reuse`: the reference of an
-    /// earlier credit (a replay, or a reuse with another body).
-    Credit(usize, i64, Option<u8>, Option<usize>),
-    /// `reason`: one of two reasons.
-    Adjust(usize, i64, u8, Option<usize>),
+    /// `note`: one of two notes or none; `priority`: one of PRIORITIES or
+    /// none (the default); `reuse`: the reference of an earlier credit (a
+    /// replay, or a reuse with another body).
+    Credit(usize, i64, Option<u8>, Option<u8>, Option<usize>),
+    /// `reason`: one of two reasons; `priority` as for a credit (refused
+    /// on a removal).
+    Adjust(usize, i64, u8, Option<u8>, Option<usize>),
     /// `replay`: an earlier request_id of the account, with this amount.
     /// TTLs are long (≥ 10 min) so nothing expires by the clock during a
     /// history: expiry is the explicit `Age` step, which the model sees.
@@ -75,6 +82,10 @@ enum Step {
     /// own), optionally partially.
     Commit(usize, usize, Option<i64>, Key),
     Release(usize, usize, Key),
+    /// Commit part (at most this many tokens) of the n-th held reservation
+    /// of the API, through its own account: partial commits of
+    /// reservations that drew from several grants.
+    CommitHeld(usize, i64),
     /// A client's retry of the latest commit or release the API answered:
     /// a commit (all, or this amount) or a release (`None`), through the
     /// account's own kiosk key.
@@ -121,20 +132,29 @@ enum Step {
     Crowd(usize, Vec<i64>),
 }
 
+/// The priorities credits and positive adjustments name.
+const PRIORITIES: [i64; 4] = [0, 10, 50, 90];
+
+fn priority() -> impl Strategy<Value = Option<u8>> {
+    prop::option::weighted(0.7, 0..PRIORITIES.len() as u8)
+}
+
 fn step() -> impl Strategy<Value = Step> {
     let account = 0..ACCOUNTS;
     let reuse = || prop::option::weighted(0.2, 0..20usize);
     prop_oneof![
-        3 => (account.clone(), 1..8i64, prop::option::of(0..2u8), reuse())
-            .prop_map(|(a, n, note, r)| Step::Credit(a, n, note, r)),
-        1 => (account.clone(), prop_oneof![-6..0i64, 1..4i64], 0..2u8, reuse())
-            .prop_map(|(a, n, why, r)| Step::Adjust(a, n, why, r)),
+        3 => (account.clone(), 1..8i64, prop::option::of(0..2u8), priority(), reuse())
+            .prop_map(|(a, n, note, p, r)| Step::Credit(a, n, note, p, r)),
+        1 => (account.clone(), prop_oneof![-6..0i64, 1..4i64], 0..2u8,
+              prop::option::weighted(0.3, 0..PRIORITIES.len() as u8), reuse())
+            .prop_map(|(a, n, why, p, r)| Step::Adjust(a, n, why, p, r)),
         6 => (account.clone(), 1..4i64, prop::option::weighted(0.2, 600..86_400i32),
               reuse(), key())
             .prop_map(|(a, n, t, r, k)| Step::Reserve(a, n, t, r, k)),
         4 => (account.clone(), 0..40usize, prop::option::weighted(0.3, 1..4i64), key())
             .prop_map(|(a, n, m, k)| Step::Commit(a, n, m, k)),
         2 => (account.clone(), 0..40usize, key()).prop_map(|(a, n, k)| Step::Release(a, n, k)),
+        2 => (0..40usize, 1..4i64).prop_map(|(n, m)| Step::CommitHeld(n, m)),
         2 => prop::option::weighted(0.8, prop::option::of(1..4i64)).prop_map(Step::Again),
         1 => (account.clone(), 0..40usize).prop_map(|(a, n)| Step::Extend(a, n)),
         2 => (0..40usize).prop_map(Step::Age),
@@ -193,6 +213,8 @@ struct Real {
     resolved: Option<(usize, usize)>,
     credit_refs: Vec<String>,
     adjustment_refs: Vec<String>,
+    /// The service's id of each of the model's grants, by index.
+    grants: Vec<Uuid>,
     requests: Vec<Vec<(u64, i64, Option<i32>)>>,
     job_requests: Vec<Vec<(u64, u64)>>,
     next_request: u64,
@@ -313,30 +335,48 @@ const REASONS: [&str; 2] = ["correction", "goodwill"];
 async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut PgConnection) {
     let path = |real: &Real, account: usize| format!("/v1/accounts/{}", real.accounts[account]);
     let (expected, actual) = match step.clone() {
-        Step::Credit(account, amount, note, reuse) => {
+        Step::Credit(account, amount, note, priority, reuse) => {
             let reference = reuse
                 .and_then(|n| real.credit_refs.get(n).cloned())
                 .unwrap_or_else(|| Uuid::new_v4().to_string());
             real.credit_refs.push(reference.clone());
             let note = note.map(|n| NOTES[usize::from(n)]);
+            let priority = priority.map(|p| PRIORITIES[usize::from(p)]);
             let mut body = json!({"amount": amount, "external_ref": reference});
             if let Some(note) = note {
                 body["note"] = json!(note);
             }
+            if let Some(priority) = priority {
+                body["priority"] = json!(priority);
+            }
             let url = format!("{}/credits", path(real, account));
-            let actual = reply(real.app.post(&url, ADMIN_KEY, &body).await).await.0;
-            (model.credit(account, amount, note, &reference), actual)
+            let (actual, answer) = reply(real.app.post(&url, ADMIN_KEY, &body).await).await;
+            let expected = model.credit(account, amount, note, priority, &reference);
+            if expected.status == 201 && actual.status == 201 {
+                real.grants
+                    .push(uuid_of(&answer["grant_id"]).expect("a credit's grant_id"));
+            }
+            (expected, actual)
         }
-        Step::Adjust(account, amount, reason, reuse) => {
+        Step::Adjust(account, amount, reason, priority, reuse) => {
             let reference = reuse
                 .and_then(|n| real.adjustment_refs.get(n).cloned())
                 .unwrap_or_else(|| Uuid::new_v4().to_string());
             real.adjustment_refs.push(reference.clone());
             let reason = REASONS[usize::from(reason)];
-            let body = json!({"amount": amount, "reason": reason, "external_ref": reference});
+            let priority = priority.map(|p| PRIORITIES[usize::from(p)]);
+            let mut body = json!({"amount": amount, "reason": reason, "external_ref": reference});
+            if let Some(priority) = priority {
+                body["priority"] = json!(priority);
+            }
             let url = format!("{}/adjustments", path(real, account));
-            let actual = reply(real.app.post(&url, ADMIN_KEY, &body).await).await.0;
-            (model.adjust(account, amount, reason, &reference), actual)
+            let (actual, answer) = reply(real.app.post(&url, ADMIN_KEY, &body).await).await;
+            let expected = model.adjust(account, amount, reason, priority, &reference);
+            if expected.status == 201 && actual.status == 201 && amount > 0 {
+                real.grants
+                    .push(uuid_of(&answer["grant_id"]).expect("a positive adjustment's grant_id"));
+            }
+            (expected, actual)
         }
         Step::Reserve(account, amount, ttl, replay, key) => {
             let earlier = replay.and_then(|n| {
@@ -372,6 +412,28 @@ async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut Pg
                 real.resolved = Some((account, index));
             }
             (model.resolve(caller, account, index, Some(amount)), actual)
+        }
+        Step::CommitHeld(n, part) => {
+            let held: Vec<usize> = (0..model.reservations.len())
+                .filter(|&i| {
+                    let r = &model.reservations[i];
+                    r.state == crate::model::State::Held && r.job.is_none()
+                })
+                .collect();
+            let Some(&index) = held.get(n % held.len().max(1)) else {
+                return;
+            };
+            let account = model.reservations[index].account;
+            let amount = part.min(model.reservations[index].amount);
+            let body = json!({"amount": amount});
+            let actual = resolve_request(real, account, index, "commit", &body, ADMIN_KEY).await;
+            if actual.status == 200 {
+                real.resolved = Some((account, index));
+            }
+            (
+                model.resolve(Caller::Admin, account, index, Some(Some(amount))),
+                actual,
+            )
         }
         Step::Release(account, n, key) if !model.reservations.is_empty() => {
             let index = n % model.reservations.len();
@@ -706,7 +768,22 @@ async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut Pg
                     .iter()
                     .map(|&(kind, amount, a, r, u)| (kind.to_owned(), amount, a, r, u))
                     .eq(ledger.iter().cloned());
-                (replies == actual && same_ledger).then_some((candidate, order, outcomes))
+                // Two reserves of the same amount leave the same ledger
+                // either way; the grants they drew from tell the order.
+                let same_draws =
+                    outcomes
+                        .iter()
+                        .zip(&answers)
+                        .all(|(outcome, (_, body))| match outcome {
+                            Some((reply, Some(index))) if reply.status == 201 => {
+                                body["draws"].is_array()
+                                    && answer_draws(real, &body["draws"])
+                                        == model_draws(&candidate.reservations[*index].draws)
+                            }
+                            _ => true,
+                        });
+                (replies == actual && same_ledger && same_draws)
+                    .then_some((candidate, order, outcomes))
             });
             let (candidate, order, outcomes) = explained.unwrap_or_else(|| {
                 panic!("no order of {requests:?} explains the answers {actual:?} and ledger {ledger:?}")
@@ -884,7 +961,101 @@ fn compare_final(model: &Model, real: &Real, conn: &mut PgConnection) {
             .collect();
         assert_eq!(entries, expected, "ledger of account {index}");
     }
+    compare_grants(model, real, conn);
     compare_events(model, real, conn);
+}
+
+/// The service's grant as the model's grant index (None: no grant, or one
+/// the model does not know).
+fn model_grant(real: &Real, id: Option<Uuid>) -> Option<usize> {
+    id.and_then(|id| real.grants.iter().position(|&grant| grant == id))
+}
+
+/// A reservation's draws as the service wrote them, in the model's grants.
+fn answer_draws(real: &Real, draws: &Value) -> Vec<(Option<usize>, i64)> {
+    draws
+        .as_array()
+        .expect("draws are an array")
+        .iter()
+        .map(|draw| {
+            (
+                model_grant(real, uuid_of(&draw["grant_id"])),
+                draw["amount"].as_i64().expect("a draw's amount"),
+            )
+        })
+        .collect()
+}
+
+fn model_draws(draws: &[(usize, i64)]) -> Vec<(Option<usize>, i64)> {
+    draws
+        .iter()
+        .map(|&(grant, amount)| (Some(grant), amount))
+        .collect()
+}
+
+/// Every grant's books, the grant each ledger entry names, every
+/// reservation's draws (in draw order), and the invariant checks.
+fn compare_grants(model: &Model, real: &Real, conn: &mut PgConnection) {
+    use token_billing::db::schema::credit_grants;
+    #[derive(QueryableByName)]
+    struct Named {
+        #[diesel(sql_type = diesel::sql_types::Nullable<SqlUuid>)]
+        grant_id: Option<Uuid>,
+    }
+    for (index, expected) in model.grants.iter().enumerate() {
+        let (account, priority, remaining, reserved): (Uuid, i16, i64, i64) = credit_grants::table
+            .find(real.grants[index])
+            .select((
+                credit_grants::account_id,
+                credit_grants::priority,
+                credit_grants::remaining,
+                credit_grants::reserved,
+            ))
+            .first(conn)
+            .expect("grant");
+        assert_eq!(
+            (account, i64::from(priority), remaining, reserved),
+            (
+                real.accounts[expected.account],
+                expected.priority,
+                expected.remaining,
+                expected.reserved
+            ),
+            "grant {index}"
+        );
+    }
+    for (index, expected) in model.entry_grants.iter().enumerate() {
+        let actual: Vec<Option<usize>> = diesel::sql_query(
+            "SELECT grant_id FROM ledger_entries WHERE account_id = $1 ORDER BY id",
+        )
+        .bind::<SqlUuid, _>(real.accounts[index])
+        .load::<Named>(conn)
+        .expect("entries' grants")
+        .into_iter()
+        .map(|entry| model_grant(real, entry.grant_id))
+        .collect();
+        assert_eq!(
+            actual, *expected,
+            "the grants the entries of account {index} name"
+        );
+    }
+    for (index, expected) in model.reservations.iter().enumerate() {
+        let draws: Value = reservations::table
+            .find(real.reservations[index])
+            .select(reservations::draws)
+            .first(conn)
+            .expect("reservation draws");
+        assert_eq!(
+            answer_draws(real, &draws),
+            model_draws(&expected.draws),
+            "draws of reservation {index}"
+        );
+    }
+    let violations = token_billing::domain::checks::find_violations(conn).expect("checks");
+    assert!(violations.is_empty(), "{violations:#?}");
+    let grants =
+        token_billing::domain::checks::grants_disagreeing_with_ledger(conn).expect("grant check");
+    assert!(grants.is_empty(), "{grants:#?}");
 }
 
 /// Each account's events (the model's, in the order it raised them)
@@ -1004,6 +1175,7 @@ async fn run_history(steps: Vec<Step>) {
         resolved: None,
         credit_refs: Vec::new(),
         adjustment_refs: Vec::new(),
+        grants: Vec::new(),
         requests: vec![Vec::new(); ACCOUNTS],
         job_requests: vec![Vec::new(); ACCOUNTS],
         next_request: 0,

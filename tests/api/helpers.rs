@@ -827,6 +827,7 @@ pub fn credit(conn: &mut PgConnection, account: AccountId, tokens: i64) {
         amount: Tokens::parse(tokens).expect("tokens"),
         external_ref: ExternalRef::try_from(format!("credit-{}", Uuid::new_v4())).expect("ref"),
         note: None,
+        priority: Default::default(),
     };
     engine(conn, account, op).expect("credit");
 }

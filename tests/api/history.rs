@@ -116,6 +116,7 @@ fn write_history(conn: &mut PgConnection, steps: &[(Step, i64)]) -> AccountId {
                 amount: Tokens::parse(*amount).expect("amount"),
                 external_ref: reference(),
                 note: None,
+                priority: Default::default(),
             }),
             Step::Reserve(amount) => Some(Op::Reserve {
                 request_id: RequestId(Uuid::new_v4()),
@@ -280,6 +281,7 @@ fn closed_history(database: &TestDatabase) -> (PgConnection, AccountId) {
                 amount: Tokens::parse(10).expect("amount"),
                 external_ref: reference(),
                 note: None,
+                priority: Default::default(),
             },
         )
         .expect("credit");
@@ -366,6 +368,7 @@ async fn balances_as_of_over_http_and_the_cli() {
                 amount: Tokens::parse(7).expect("amount"),
                 external_ref: reference(),
                 note: None,
+                priority: Default::default(),
             },
         )
         .expect("credit");

@@ -89,6 +89,7 @@ fn run(conn: &mut PgConnection, steps: &[Step]) {
                     amount: Tokens::parse(*amount).expect("amount"),
                     external_ref: fresh_reference(),
                     note: None,
+                    priority: Default::default(),
                 },
             )
             .map(|_| ()),
@@ -99,6 +100,7 @@ fn run(conn: &mut PgConnection, steps: &[Step]) {
                     amount: SignedTokens::try_from(*amount).expect("amount"),
                     reason: Reason::try_from("correction".to_owned()).expect("reason"),
                     external_ref: fresh_reference(),
+                    priority: (*amount > 0).then(Default::default),
                 },
             )
             .map(|_| ()),

@@ -5,6 +5,14 @@
 //! the real service and this model with the same history and compares
 //! every answer, balance, reservation and ledger entry. It shares no code
 //! with the engine: a rule changed in one and not the other fails it.
+//!
+//! Credit grants: every credit and positive adjustment is a grant with a
+//! priority; spending draws from an account's grants in draw order — here
+//! a sort of the account's grants by (priority, creation index), taking
+//! from each in turn until the amount is met. (The engine decides the same
+//! order set-based: running sums over its grants ordered by priority,
+//! expiry and creation sequence, intersected with running sums of the
+//! items.)
 
 use std::collections::HashMap;
 
@@ -71,7 +79,22 @@ pub struct Reservation {
     pub committed: i64,
     pub past_expiry: bool,
     pub job: Option<usize>,
+    /// (grant, tokens) in draw order.
+    pub draws: Vec<(usize, i64)>,
 }
+
+/// A credit grant: made by a credit or a positive adjustment, in creation
+/// order (its index).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Grant {
+    pub account: usize,
+    pub priority: i64,
+    pub remaining: i64,
+    pub reserved: i64,
+}
+
+/// A credit's priority when it names none.
+pub const DEFAULT_PRIORITY: i64 = 50;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum JobStatus {
@@ -142,9 +165,10 @@ fn no_attempt_left(attempts: i32, max_attempts: i32) -> bool {
     attempts >= max_attempts
 }
 
-/// An external movement's identity for replays: account, amount, and the
-/// note (credit) or reason (adjustment).
-type External = (usize, i64, Option<String>);
+/// An external movement's identity for replays: account, amount, the
+/// note (credit) or reason (adjustment), and its grant's priority (none for
+/// a removal).
+type External = (usize, i64, Option<String>, Option<i64>);
 
 #[derive(Clone, Default)]
 pub struct Model {
@@ -152,6 +176,9 @@ pub struct Model {
     pub reservations: Vec<Reservation>,
     pub jobs: Vec<Job>,
     pub ledger: Vec<Vec<Entry>>,
+    /// The grant each ledger entry names, parallel to `ledger`.
+    pub entry_grants: Vec<Vec<Option<usize>>>,
+    pub grants: Vec<Grant>,
     /// Each account's events (other than jobs'), in order.
     pub events: Vec<Vec<&'static str>>,
     credits: HashMap<String, External>,
@@ -169,6 +196,7 @@ impl Model {
             ..Account::default()
         });
         self.ledger.push(Vec::new());
+        self.entry_grants.push(Vec::new());
         self.events.push(if threshold > 0 {
             vec!["account.balance_low"]
         } else {
@@ -177,21 +205,30 @@ impl Model {
         self.accounts.len() - 1
     }
 
-    /// One ledger entry, and the events it causes: its own (credit,
-    /// adjustment, expiry), a crossing of the low-balance threshold either
-    /// way, and a depletion (available reaching 0 from above).
-    fn record(&mut self, account: usize, kind: &'static str, amount: i64) {
+    /// One ledger entry naming `grant`, and the events it causes: its
+    /// movement's own (credit, adjustment, expiry: once, on the movement's
+    /// `last` entry), a crossing of the low-balance threshold either way,
+    /// and a depletion (available reaching 0 from above).
+    fn record(
+        &mut self,
+        account: usize,
+        kind: &'static str,
+        amount: i64,
+        grant: Option<usize>,
+        last: bool,
+    ) {
         let a = &self.accounts[account];
         let entry = (kind, amount, a.available, a.reserved, a.used);
         let before = self.ledger[account]
             .last()
             .map_or(0, |&(_, _, available, _, _)| available);
         self.ledger[account].push(entry);
+        self.entry_grants[account].push(grant);
         let events = &mut self.events[account];
         match kind {
-            "credit" => events.push("credit.created"),
-            "adjustment" => events.push("adjustment.created"),
-            "expire" => events.push("reservation.expired"),
+            "credit" if last => events.push("credit.created"),
+            "adjustment" if last => events.push("adjustment.created"),
+            "expire" if last => events.push("reservation.expired"),
             _ => {}
         }
         let a = &mut self.accounts[account];
@@ -248,14 +285,49 @@ impl Model {
         }
     }
 
+    /// A new grant of `amount` tokens on `account`.
+    fn grant(&mut self, account: usize, amount: i64, priority: i64) -> usize {
+        self.grants.push(Grant {
+            account,
+            priority,
+            remaining: amount,
+            reserved: 0,
+        });
+        self.grants.len() - 1
+    }
+
+    /// Which grants `amount` tokens of `account` come from, in draw order:
+    /// lowest priority first, then the older grant.
+    fn draw(&self, account: usize, amount: i64) -> Vec<(usize, i64)> {
+        let mut candidates: Vec<usize> = (0..self.grants.len())
+            .filter(|&g| self.grants[g].account == account && self.grants[g].remaining > 0)
+            .collect();
+        candidates.sort_by_key(|&g| (self.grants[g].priority, g));
+        let mut wanted = amount;
+        let mut draws = Vec::new();
+        for g in candidates {
+            if wanted == 0 {
+                break;
+            }
+            let take = wanted.min(self.grants[g].remaining);
+            draws.push((g, take));
+            wanted -= take;
+        }
+        assert_eq!(wanted, 0, "the model's grants hold its available tokens");
+        draws
+    }
+
+    /// A credit makes a grant of `priority` (the default when none).
     pub fn credit(
         &mut self,
         account: usize,
         amount: i64,
         note: Option<&str>,
+        priority: Option<i64>,
         reference: &str,
     ) -> Reply {
-        let this = (account, amount, note.map(str::to_owned));
+        let priority = priority.unwrap_or(DEFAULT_PRIORITY);
+        let this = (account, amount, note.map(str::to_owned), Some(priority));
         if let Some(first) = self.credits.get(reference) {
             return if *first == this {
                 ok(200)
@@ -264,15 +336,29 @@ impl Model {
             };
         }
         self.credits.insert(reference.to_owned(), this);
+        let grant = self.grant(account, amount, priority);
         let a = &mut self.accounts[account];
         a.available += amount;
         a.credited += amount;
-        self.record(account, "credit", amount);
+        self.record(account, "credit", amount, Some(grant), true);
         ok(201)
     }
 
-    pub fn adjust(&mut self, account: usize, amount: i64, reason: &str, reference: &str) -> Reply {
-        let this = (account, amount, Some(reason.to_owned()));
+    /// A positive adjustment makes a grant; a removal takes no priority and
+    /// draws from the grants in draw order, one entry per grant.
+    pub fn adjust(
+        &mut self,
+        account: usize,
+        amount: i64,
+        reason: &str,
+        priority: Option<i64>,
+        reference: &str,
+    ) -> Reply {
+        if amount < 0 && priority.is_some() {
+            return refused(400, "invalid_request");
+        }
+        let priority = (amount > 0).then(|| priority.unwrap_or(DEFAULT_PRIORITY));
+        let this = (account, amount, Some(reason.to_owned()), priority);
         if let Some(first) = self.adjustments.get(reference) {
             return if *first == this {
                 ok(200)
@@ -284,10 +370,23 @@ impl Model {
             return refused(402, "insufficient_tokens");
         }
         self.adjustments.insert(reference.to_owned(), this);
-        let a = &mut self.accounts[account];
-        a.available += amount;
-        a.adjusted += amount;
-        self.record(account, "adjustment", amount);
+        if let Some(priority) = priority {
+            let grant = self.grant(account, amount, priority);
+            let a = &mut self.accounts[account];
+            a.available += amount;
+            a.adjusted += amount;
+            self.record(account, "adjustment", amount, Some(grant), true);
+        } else {
+            let draws = self.draw(account, -amount);
+            let last = draws.len() - 1;
+            for (i, (grant, take)) in draws.into_iter().enumerate() {
+                self.grants[grant].remaining -= take;
+                let a = &mut self.accounts[account];
+                a.available -= take;
+                a.adjusted -= take;
+                self.record(account, "adjustment", -take, Some(grant), i == last);
+            }
+        }
         ok(201)
     }
 
@@ -313,6 +412,7 @@ impl Model {
         ttl: Option<i32>,
         job: Option<usize>,
     ) -> usize {
+        let draws = self.draw(account, amount);
         self.reservations.push(Reservation {
             account,
             request,
@@ -322,12 +422,18 @@ impl Model {
             committed: 0,
             past_expiry: false,
             job,
+            draws: draws.clone(),
         });
-        let a = &mut self.accounts[account];
-        a.available -= amount;
-        a.reserved += amount;
-        a.active += 1;
-        self.record(account, "reserve", amount);
+        self.accounts[account].active += 1;
+        for (grant, take) in draws {
+            let g = &mut self.grants[grant];
+            g.remaining -= take;
+            g.reserved += take;
+            let a = &mut self.accounts[account];
+            a.available -= take;
+            a.reserved += take;
+            self.record(account, "reserve", take, Some(grant), false);
+        }
         self.reservations.len() - 1
     }
 
@@ -366,32 +472,49 @@ impl Model {
     }
 
     /// Moves a held reservation to its final state: `committed` tokens
-    /// spent, the rest back to available.
+    /// spent, taken from its draws in draw order; the rest of each draw
+    /// back to its grant. The commits first, then the returns, one entry
+    /// per grant.
     fn settle(&mut self, index: usize, state: State, committed: i64) {
-        let (account, amount) = (
-            self.reservations[index].account,
-            self.reservations[index].amount,
-        );
-        let returned = amount - committed;
+        let account = self.reservations[index].account;
         self.reservations[index].state = state;
         self.reservations[index].committed = committed;
-        let a = &mut self.accounts[account];
-        a.active -= 1;
-        if committed > 0 {
-            a.reserved -= committed;
-            a.used += committed;
-            self.record(account, "commit", committed);
+        self.accounts[account].active -= 1;
+        let mut spent_before = 0;
+        let mut parts = Vec::new();
+        for &(grant, drawn) in &self.reservations[index].draws {
+            let spent = (committed - spent_before).clamp(0, drawn);
+            parts.push((grant, spent, drawn - spent));
+            spent_before += drawn;
         }
-        if returned > 0 {
+        for &(grant, spent, _) in &parts {
+            if spent > 0 {
+                self.grants[grant].reserved -= spent;
+                let a = &mut self.accounts[account];
+                a.reserved -= spent;
+                a.used += spent;
+                self.record(account, "commit", spent, Some(grant), false);
+            }
+        }
+        let kind = if state == State::Expired {
+            "expire"
+        } else {
+            "release"
+        };
+        let returns: Vec<(usize, i64)> = parts
+            .iter()
+            .filter(|&&(_, _, back)| back > 0)
+            .map(|&(grant, _, back)| (grant, back))
+            .collect();
+        let last = returns.len().saturating_sub(1);
+        for (i, (grant, back)) in returns.into_iter().enumerate() {
+            let g = &mut self.grants[grant];
+            g.reserved -= back;
+            g.remaining += back;
             let a = &mut self.accounts[account];
-            a.reserved -= returned;
-            a.available += returned;
-            let kind = if state == State::Expired {
-                "expire"
-            } else {
-                "release"
-            };
-            self.record(account, kind, returned);
+            a.reserved -= back;
+            a.available += back;
+            self.record(account, kind, back, Some(grant), i == last);
         }
     }
 

@@ -383,7 +383,9 @@ async fn a_corrupted_balance_is_detected_counted_and_not_fixed() {
         checks,
         vec![
             (account, "balance_invariant", 10, 15),
-            (account, "ledger_replay_available", 10, 15)
+            (account, "ledger_replay_available", 10, 15),
+            // Its grants hold 10: the grants check names it too.
+            (account, "grants_remaining_equals_available", 10, 15),
         ],
         "the corrupted account and nothing else"
     );
@@ -438,7 +440,8 @@ async fn a_corrupted_balance_is_detected_counted_and_not_fixed() {
         events,
         vec![(
             account,
-            "balance_invariant,ledger_replay_available".to_owned()
+            "balance_invariant,grants_remaining_equals_available,ledger_replay_available"
+                .to_owned()
         )]
     );
 }

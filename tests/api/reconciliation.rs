@@ -259,7 +259,15 @@ async fn each_corruption_is_named_with_its_account_and_check() {
         let wanted: BTreeSet<String> = checks.iter().map(|c| (*c).to_owned()).collect();
         assert_eq!(found, wanted, "account {account}");
     };
-    expect(balance, &["balance_invariant", "ledger_replay_available"]);
+    // Its grants hold what it held: the grants check names it too.
+    expect(
+        balance,
+        &[
+            "balance_invariant",
+            "ledger_replay_available",
+            "grants_remaining_equals_available",
+        ],
+    );
     expect(ledger, &["roll_forward", "ledger_replay_available"]);
     expect(
         reservation,

@@ -27,7 +27,9 @@ CREATE TYPE engine_movement AS (
     external_ref text,        -- may be NULL
     reason       text,        -- may be NULL
     actor        text,
-    at           timestamptz
+    at           timestamptz,
+    grant_id     uuid         -- the grant whose tokens move; NULL when none does (a
+                              -- credit or positive adjustment names the grant it made)
 );
 
 CREATE TYPE engine_spend_item AS (
@@ -88,5 +90,6 @@ CREATE TYPE engine_op AS (
     lease_token     bigint,
     status          text,
     result          jsonb,
-    error           jsonb
+    error           jsonb,
+    priority        integer
 );

@@ -16,6 +16,24 @@ LANGUAGE sql IMMUTABLE AS $$
     WHERE v.kind = p_kind
 $$;
 
+-- What a movement of `kind` and `amount` does to the grant it names
+-- (engine_movement.grant_id). A credit or a positive adjustment moves
+-- nothing: its grant is made holding its tokens. A negative adjustment
+-- takes remaining tokens for good (debited).
+CREATE FUNCTION engine_grant_deltas(p_kind text, p_amount bigint)
+RETURNS TABLE (remaining bigint, reserved bigint, consumed bigint, debited bigint)
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT v.remaining, v.reserved, v.consumed, v.debited FROM (VALUES
+        ('credit',     0::bigint,             0::bigint, 0::bigint, 0::bigint),
+        ('adjustment', LEAST(p_amount, 0),    0,         0,         -LEAST(p_amount, 0)),
+        ('reserve',    -p_amount,             p_amount,  0,         0),
+        ('commit',     0,                     -p_amount, p_amount,  0),
+        ('release',    p_amount,              -p_amount, 0,         0),
+        ('expire',     p_amount,              -p_amount, 0,         0)
+    ) AS v (kind, remaining, reserved, consumed, debited)
+    WHERE v.kind = p_kind
+$$;
+
 -- The low-balance rule: an account is low when a threshold is set (> 0)
 -- and its available tokens are below it.
 CREATE FUNCTION engine_is_low(p_available bigint, p_threshold bigint) RETURNS boolean
@@ -52,7 +70,8 @@ $$;
 -- sum of its movements (one UPDATE per account), each movement becomes a
 -- ledger entry carrying the balances after it (running sums in array
 -- order), and the movement's events are written next to it:
--- credit.created, adjustment.created, reservation.expired, and the
+-- credit.created, adjustment.created, reservation.expired (once per
+-- movement, with its last entry when it spans several grants), and the
 -- crossings — account.balance_low / account.balance_recovered when the
 -- low-balance state (engine_is_low) changes from the one last reported
 -- (accounts.balance_low), account.balance_depleted when available reaches
@@ -74,7 +93,7 @@ BEGIN
         SELECT m.*, d.available AS d_available, d.reserved AS d_reserved, d.used AS d_used,
                d.credited AS d_credited, d.adjusted AS d_adjusted
         FROM unnest(p_moves) WITH ORDINALITY AS m (account, kind, amount, active_delta, reservation,
-                                                   job, external_ref, reason, actor, at, n)
+                                                   job, external_ref, reason, actor, at, grant_id, n)
         LEFT JOIN LATERAL engine_deltas(m.kind, m.amount) d ON true
     ), running AS (
         SELECT moves.*,
@@ -104,13 +123,31 @@ BEGIN
         FROM totals t JOIN before b ON b.id = t.account
         WHERE a.id = t.account AND a.id = ANY (ARRAY(SELECT account FROM totals))
         RETURNING a.id
+    ), grant_totals AS (
+        SELECT m.grant_id, sum(g.remaining)::bigint AS d_remaining,
+               sum(g.reserved)::bigint AS d_reserved, sum(g.consumed)::bigint AS d_consumed,
+               sum(g.debited)::bigint AS d_debited
+        FROM moves m CROSS JOIN LATERAL engine_grant_deltas(m.kind, m.amount) g
+        WHERE m.grant_id IS NOT NULL
+        GROUP BY m.grant_id
+    ), grants_moved AS (
+        -- Each grant moves by the sum of the movements naming it, in the
+        -- statement that writes their entries (the grants' CHECKs guard
+        -- that none is overdrawn).
+        UPDATE credit_grants g
+        SET remaining = g.remaining + t.d_remaining, reserved = g.reserved + t.d_reserved,
+            consumed = g.consumed + t.d_consumed, debited = g.debited + t.d_debited
+        FROM grant_totals t
+        WHERE g.id = t.grant_id AND g.id = ANY (ARRAY(SELECT grant_id FROM grant_totals))
+        RETURNING g.id
     ), entries AS (
         -- Entries get their ids in array order: an account's k-th entry
         -- (by id) is its k-th movement.
         INSERT INTO ledger_entries (account_id, kind, amount, available_after, reserved_after,
-            used_after, reservation_id, job_id, external_ref, reason, actor, created_at)
+            used_after, reservation_id, job_id, external_ref, reason, actor, created_at, grant_id)
         SELECT r.account, r.kind, r.amount, b.available + r.c_available, b.reserved + r.c_reserved,
-               b.used + r.c_used, r.reservation, r.job, r.external_ref, r.reason, r.actor, r.at
+               b.used + r.c_used, r.reservation, r.job, r.external_ref, r.reason, r.actor, r.at,
+               r.grant_id
         FROM running r JOIN before b ON b.id = r.account
         ORDER BY r.n
         RETURNING *
@@ -137,7 +174,12 @@ BEGIN
                    engine_is_low(e.available_after, b.low_balance_threshold) AS low,
                    CASE WHEN row_number() OVER w = 1 THEN b.balance_low
                         ELSE engine_is_low(e.available_after - d.available, b.low_balance_threshold)
-                   END AS low_before
+                   END AS low_before,
+                   -- A movement spanning several grants writes one entry
+                   -- per grant (all in this call); its event (credit,
+                   -- adjustment, expiry) comes once, with its last entry.
+                   e.id = max(e.id) OVER (PARTITION BY e.account_id, e.kind, e.reservation_id,
+                                                       e.external_ref) AS closes
             FROM unnest(written) e
             JOIN unnest(watched) b ON b.id = e.account_id
             CROSS JOIN LATERAL engine_deltas(e.kind, e.amount) d
@@ -150,7 +192,7 @@ BEGIN
                        m.adjusted_after, m.threshold)
                        || jsonb_build_object('entry', to_jsonb(m.entry)) AS account_json
             FROM marked m
-            WHERE m.kind IN ('credit', 'adjustment', 'expire')
+            WHERE (m.kind IN ('credit', 'adjustment', 'expire') AND m.closes)
                OR (m.threshold > 0 AND m.low <> m.low_before)
                OR (m.available_after = 0 AND m.available_after - m.d_available > 0)
         )
@@ -175,7 +217,7 @@ BEGIN
                                WHERE r.id = (m.entry).reservation_id))
                           END AS data,
                    m.created_at
-            FROM notable m WHERE m.kind IN ('credit', 'adjustment', 'expire')
+            FROM notable m WHERE m.kind IN ('credit', 'adjustment', 'expire') AND m.closes
             UNION ALL
             SELECT m.id, 2,
                    CASE WHEN m.low THEN 'account.balance_low' ELSE 'account.balance_recovered' END,

@@ -1,18 +1,20 @@
 -- Who may spend: reservations, and generation jobs with their reservation.
 
 -- A job's representation for the API: the row (without its hash) and its
--- reservation's state and expiry.
-CREATE FUNCTION engine_job_view(p_job generation_jobs, p_state text, p_expires_at timestamptz)
+-- reservation's state, expiry and draws.
+CREATE FUNCTION engine_job_view(p_job generation_jobs, p_state text, p_expires_at timestamptz,
+    p_draws jsonb)
 RETURNS jsonb
 LANGUAGE sql IMMUTABLE AS $$
     SELECT to_jsonb(p_job) - 'request_hash'
-        || jsonb_build_object('reservation_state', p_state, 'reservation_expires_at', p_expires_at)
+        || jsonb_build_object('reservation_state', p_state, 'reservation_expires_at', p_expires_at,
+                              'reservation_draws', p_draws)
 $$;
 
 -- The same, reading the job's reservation.
 CREATE FUNCTION engine_job_json(p_job generation_jobs) RETURNS jsonb
 LANGUAGE sql STABLE AS $$
-    SELECT engine_job_view(p_job, r.state, r.expires_at)
+    SELECT engine_job_view(p_job, r.state, r.expires_at, r.draws)
     FROM reservations r WHERE r.id = p_job.reservation_id
 $$;
 
@@ -31,7 +33,10 @@ $$;
 --                               the account holds its limit of reservations
 --                               (max_active_reservations; 0 = no limit);
 --   created                     the reservation (and job) is made and the
---                               tokens move available → reserved.
+--                               tokens move available → reserved, drawn
+--                               from the account's grants in draw order
+--                               (the reservation's `draws`; one reserve
+--                               entry per grant drawn).
 -- The balance and the limit are checked against running sums per account:
 -- every item sees the items before it. All items before an account's first
 -- refusal are decided at once; the refusal is final (it saw exactly the
@@ -110,12 +115,51 @@ BEGIN
                             THEN c.refusal
                        END AS verdict
                 FROM checked c
+            ), pools AS (
+                -- The grants of each account that spends, in draw order
+                -- (priority, then the soonest expiry, grants that never
+                -- expire last, then creation order), each as the interval
+                -- [lo, hi) of the account's drawable tokens it covers.
+                SELECT g.account_id AS account, g.id AS grant_id,
+                       sum(g.remaining) OVER w - g.remaining AS lo, sum(g.remaining) OVER w AS hi
+                FROM credit_grants g
+                WHERE g.account_id = ANY (ARRAY(SELECT c.account FROM decided c
+                                                WHERE c.verdict = 'created'))
+                  AND g.remaining > 0
+                WINDOW w AS (PARTITION BY g.account_id ORDER BY g.priority, g.expires_at, g.seq)
+            ), bounded AS (
+                -- After the grants, an interval of no grant: only an
+                -- account whose grants do not hold its available tokens
+                -- (a broken invariant, which the checks report) reaches it;
+                -- its tokens still move, in entries that name no grant.
+                SELECT * FROM pools
+                UNION ALL
+                SELECT x.account, NULL::uuid,
+                       COALESCE((SELECT max(p.hi) FROM pools p WHERE p.account = x.account), 0),
+                       4611686018427387904
+                FROM (SELECT DISTINCT c.account FROM decided c WHERE c.verdict = 'created') x
+            ), drawn AS (
+                -- Item i takes the account's tokens [through - amount,
+                -- through) in draw order (through: its running sum); its
+                -- draw from each grant is the overlap with that grant's
+                -- interval.
+                SELECT d.pos, p.grant_id, p.lo,
+                       (LEAST(d.through_amount, p.hi) - GREATEST(d.through_amount - d.amount, p.lo))::bigint
+                           AS amount
+                FROM decided d JOIN bounded p ON p.account = d.account
+                WHERE d.verdict = 'created'
+                  AND p.lo < d.through_amount AND p.hi > d.through_amount - d.amount
+            ), draws AS (
+                SELECT w.pos, jsonb_agg(jsonb_build_object('grant_id', w.grant_id, 'amount', w.amount)
+                                        ORDER BY w.lo) AS draws
+                FROM drawn w GROUP BY w.pos
             ), new_reservations AS (
                 INSERT INTO reservations (id, account_id, request_id, amount, requested_ttl_seconds,
-                    state, expires_at, job_id)
+                    state, expires_at, job_id, draws)
                 SELECT d.reservation, d.account, d.request, d.amount, d.requested_ttl, 'held',
-                       now() + make_interval(secs => d.ttl), d.job
-                FROM decided d WHERE d.verdict = 'created'
+                       now() + make_interval(secs => d.ttl), d.job, w.draws
+                FROM decided d JOIN draws w ON w.pos = d.pos
+                WHERE d.verdict = 'created'
                 ORDER BY d.pos
                 RETURNING *
             ), new_jobs AS (
@@ -126,7 +170,7 @@ BEGIN
                 ORDER BY d.pos
                 RETURNING *
             )
-            SELECT s.pos, s.op, s.account, s.actor, s.amount, s.reservation, s.job,
+            SELECT s.pos, s.op, s.account, s.actor, s.amount, s.reservation, s.job, nr.draws,
                    COALESCE(s.early, d.verdict) AS verdict,
                    CASE
                        WHEN s.early = 'not_found' THEN '{"what": "account"}'::jsonb
@@ -142,7 +186,7 @@ BEGIN
                        WHEN s.early = 'replayed' AND s.op = 'create_job'
                             THEN engine_job_json(s.earlier_job)
                        WHEN d.verdict = 'created' AND s.op = 'reserve' THEN to_jsonb(nr)
-                       WHEN d.verdict = 'created' THEN engine_job_view(nj, nr.state, nr.expires_at)
+                       WHEN d.verdict = 'created' THEN engine_job_view(nj, nr.state, nr.expires_at, nr.draws)
                    END AS object
             FROM seen s
             LEFT JOIN decided d ON d.pos = s.pos
@@ -156,8 +200,14 @@ BEGIN
                 CONTINUE;
             END IF;
             IF d.verdict = 'created' THEN
-                moves := moves || ROW(d.account, 'reserve', d.amount, 1, d.reservation, d.job, NULL,
-                    NULL, d.actor, at)::engine_movement;
+                -- One reserve entry per draw, in draw order; the first
+                -- counts the reservation.
+                moves := moves || ARRAY(
+                    SELECT ROW(d.account, 'reserve', (x.draw->>'amount')::bigint,
+                               CASE WHEN x.k = 1 THEN 1 ELSE 0 END, d.reservation, d.job, NULL, NULL,
+                               d.actor, at, (x.draw->>'grant_id')::uuid)::engine_movement
+                    FROM jsonb_array_elements(d.draws) WITH ORDINALITY AS x (draw, k)
+                    ORDER BY x.k);
             END IF;
             pos := d.pos; outcome := d.verdict; detail := d.detail; object := d.object;
             RETURN NEXT;

@@ -25,12 +25,47 @@
 --                                  what was asked. A commit spends its
 --                                  amount (commit_all: all held) and gives
 --                                  the rest back to available in the same
---                                  transaction: a `commit` entry, then a
---                                  `release` of the rest. An extension
+--                                  transaction: `commit` entries, then
+--                                  the `release` of the rest, one entry
+--                                  per grant (engine_split_draws). An extension
 --                                  sets expires_at to now + ttl (a job's
 --                                  never earlier than it was).
 -- `resolved` is true when the item moved the reservation out of `held`;
 -- `at` is the time of the ledger entries of this call.
+-- How a settlement moves the grants a reservation drew from (`p_draws`,
+-- in draw order) when it spends `p_committed` of its `p_held` tokens: the
+-- commit consumes the draws in draw order (draw i consumes
+-- clamp(committed - the draws before i, 0, its amount)) and the rest of
+-- each draw goes back to its grant. One row per entry, in entry order:
+-- every commit part, then every return part. A reservation without draws
+-- (none should exist: reservations are made with their draws, and the
+-- upgrade to grants gave each held one its draw; the invariant checks
+-- report an account whose grants disagree with its balances) settles as
+-- one draw of no grant, so its tokens still move.
+CREATE FUNCTION engine_split_draws(p_draws jsonb, p_held bigint, p_committed bigint)
+RETURNS TABLE (n bigint, part text, grant_id uuid, amount bigint)
+LANGUAGE sql IMMUTABLE AS $$
+    WITH draws AS (
+        SELECT (x.draw->>'grant_id')::uuid AS grant_id, (x.draw->>'amount')::bigint AS amount, x.k
+        FROM jsonb_array_elements(
+                 CASE WHEN jsonb_array_length(p_draws) > 0 THEN p_draws
+                      ELSE jsonb_build_array(jsonb_build_object('grant_id', NULL, 'amount', p_held))
+                 END) WITH ORDINALITY AS x (draw, k)
+    ), split AS (
+        SELECT d.grant_id, d.k, d.amount,
+               GREATEST(LEAST(p_committed - (sum(d.amount) OVER w - d.amount), d.amount), 0)::bigint
+                   AS consumed
+        FROM draws d WINDOW w AS (ORDER BY d.k)
+    )
+    SELECT row_number() OVER (ORDER BY p.step, p.k), p.part, p.grant_id, p.amount
+    FROM (SELECT 1 AS step, s.k, 'commit' AS part, s.grant_id, s.consumed AS amount
+          FROM split s WHERE s.consumed > 0
+          UNION ALL
+          SELECT 2, s.k, 'return', s.grant_id, s.amount - s.consumed
+          FROM split s WHERE s.amount > s.consumed) p
+    ORDER BY p.step, p.k
+$$;
+
 CREATE FUNCTION engine_settle(p_items engine_settle_item[])
 RETURNS TABLE (pos integer, outcome text, detail jsonb, reservation reservations, resolved boolean,
                at timestamptz)
@@ -40,7 +75,6 @@ DECLARE
     moves engine_movement[] := '{}';
     settled_at timestamptz := clock_timestamp();
     committed bigint;
-    returned bigint;
     d record;
 BEGIN
     FOR d IN
@@ -122,22 +156,23 @@ BEGIN
                     detail := jsonb_build_object('state', 'expired', 'resolved', true);
                 END IF;
                 committed := (d.changed).committed_amount;
-                returned := d.held - committed;
-                -- The commit entry first, then the return of the rest, so a
-                -- replay of the entries passes through both balances; the
-                -- held count drops on the last entry.
-                IF committed > 0 THEN
-                    moves := moves || ROW(d.account, 'commit', committed,
-                        CASE WHEN returned = 0 THEN -1 ELSE 0 END, d.reservation, (d.changed).job_id,
-                        NULL, d.reason, d.actor, settled_at)::engine_movement;
-                END IF;
-                IF returned > 0 THEN
-                    moves := moves || ROW(d.account,
-                        CASE WHEN d.verdict IN ('expire', 'expired_on_access') THEN 'expire' ELSE 'release' END,
-                        returned, -1, d.reservation, (d.changed).job_id, NULL,
-                        CASE WHEN d.verdict = 'expired_on_access' THEN 'expired_on_access' ELSE d.reason END,
-                        d.actor, settled_at)::engine_movement;
-                END IF;
+                -- The commit entries first (one per grant the commit
+                -- consumes), then the returns of the rest (one per grant
+                -- it goes back to), so a replay of the entries passes
+                -- through both balances; the held count drops on the last
+                -- entry.
+                moves := moves || ARRAY(
+                    SELECT ROW(d.account,
+                               CASE WHEN x.part = 'commit' THEN 'commit'
+                                    WHEN d.verdict IN ('expire', 'expired_on_access') THEN 'expire'
+                                    ELSE 'release' END,
+                               x.amount, CASE WHEN x.n = count(*) OVER () THEN -1 ELSE 0 END,
+                               d.reservation, (d.changed).job_id, NULL,
+                               CASE WHEN x.part = 'return' AND d.verdict = 'expired_on_access'
+                                    THEN 'expired_on_access' ELSE d.reason END,
+                               d.actor, settled_at, x.grant_id)::engine_movement
+                    FROM engine_split_draws((d.changed).draws, d.held, committed) x
+                    ORDER BY x.n);
         END CASE;
         RETURN NEXT;
     END LOOP;

@@ -8,17 +8,30 @@
 --                                  account, amount and note (credit) or
 --                                  reason (adjustment) is a replay, anything
 --                                  else (another account's included) a reuse;
+--                                  (a credit's or a positive adjustment's
+--                                  priority is part of its body);
 --   insufficient_tokens {available, reserved}
 --                                  an adjustment would drive available
 --                                  below zero;
 --   created                        the credit or adjustment row, its ledger
---                                  entry (engine_record) and its audit event
---                                  (credit.created / adjustment.created;
---                                  `p_request_id` is the HTTP request's id).
--- The object is {credit|adjustment, entry}.
+--                                  entries (engine_record) and its audit
+--                                  event (credit.created /
+--                                  adjustment.created; `p_request_id` is
+--                                  the HTTP request's id). A credit or a
+--                                  positive adjustment makes a grant of
+--                                  `p_priority` (never expiring; its id is
+--                                  the credit's or adjustment's), named by
+--                                  its entry. A negative adjustment draws
+--                                  from the account's grants in draw order
+--                                  (as a reservation does) and writes one
+--                                  entry per grant drawn.
+-- The object is {credit|adjustment, entry, grant}: the last entry (whose
+-- balances are the account's after the whole movement; a replay answers
+-- with the same one) and the grant made (NULL for a negative adjustment).
+-- `p_priority` is set exactly for a credit and a positive adjustment.
 CREATE FUNCTION engine_external(
     p_kind text, p_account uuid, p_id uuid, p_amount bigint, p_external_ref text, p_note text,
-    p_reason text, p_actor text, p_request_id text,
+    p_reason text, p_actor text, p_request_id text, p_priority integer,
     OUT outcome text, OUT detail jsonb, OUT object jsonb
 )
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
@@ -28,7 +41,13 @@ DECLARE
     earlier record;
     made jsonb;
     entry ledger_entries;
+    made_grant credit_grants;
+    at timestamptz;
 BEGIN
+    IF (p_priority IS NOT NULL) <> (p_amount > 0) THEN
+        RAISE EXCEPTION 'engine_external: a priority is given exactly with a positive amount'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     SELECT * INTO account FROM accounts WHERE id = p_account FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         outcome := 'not_found'; detail := '{"what": "account"}';
@@ -36,20 +55,25 @@ BEGIN
     END IF;
     FOR attempt IN 1 .. 2 LOOP
         IF p_kind = 'credit' THEN
-            SELECT c.account_id, c.amount, c.note AS said, to_jsonb(c) AS row INTO earlier
+            SELECT c.id, c.account_id, c.amount, c.note AS said, to_jsonb(c) AS row INTO earlier
             FROM credits c WHERE c.external_ref = p_external_ref;
         ELSE
-            SELECT a.account_id, a.amount, a.reason AS said, to_jsonb(a) AS row INTO earlier
+            SELECT a.id, a.account_id, a.amount, a.reason AS said, to_jsonb(a) AS row INTO earlier
             FROM adjustments a WHERE a.external_ref = p_external_ref;
         END IF;
         IF FOUND THEN
+            SELECT * INTO made_grant FROM credit_grants g WHERE g.id = earlier.id;
             IF earlier.account_id = p_account AND earlier.amount = p_amount
                AND earlier.said IS NOT DISTINCT FROM
-                   (CASE p_kind WHEN 'credit' THEN p_note ELSE p_reason END) THEN
+                   (CASE p_kind WHEN 'credit' THEN p_note ELSE p_reason END)
+               AND made_grant.priority IS NOT DISTINCT FROM p_priority THEN
+                -- Its last entry: a negative adjustment wrote one per grant.
                 SELECT * INTO entry FROM ledger_entries
-                WHERE external_ref = p_external_ref AND kind = p_kind;
+                WHERE external_ref = p_external_ref AND kind = p_kind
+                ORDER BY id DESC LIMIT 1;
                 outcome := 'replayed';
-                object := jsonb_build_object(p_kind, earlier.row, 'entry', to_jsonb(entry));
+                object := jsonb_build_object(p_kind, earlier.row, 'entry', to_jsonb(entry),
+                    'grant', CASE WHEN made_grant.id IS NOT NULL THEN to_jsonb(made_grant) END);
             ELSE
                 outcome := 'idempotency_key_reused';
             END IF;
@@ -79,9 +103,36 @@ BEGIN
     IF made IS NULL THEN
         RAISE EXCEPTION 'engine_external: external_ref % neither found nor inserted', p_external_ref;
     END IF;
-    SELECT * INTO entry FROM engine_record(ARRAY[ROW(p_account, p_kind, p_amount, 0, NULL, NULL,
-        p_external_ref, CASE p_kind WHEN 'adjustment' THEN p_reason END, p_actor,
-        clock_timestamp())::engine_movement]);
+    at := clock_timestamp();
+    IF p_amount > 0 THEN
+        INSERT INTO credit_grants (id, account_id, source, amount, remaining, priority, external_ref,
+            created_at)
+        VALUES (p_id, p_account, p_kind, p_amount, p_amount, p_priority, p_external_ref, at)
+        RETURNING * INTO made_grant;
+        SELECT * INTO entry FROM engine_record(ARRAY[ROW(p_account, p_kind, p_amount, 0, NULL, NULL,
+            p_external_ref, CASE p_kind WHEN 'adjustment' THEN p_reason END, p_actor, at,
+            p_id)::engine_movement]);
+    ELSE
+        -- A removal draws the account's tokens [0, -amount) in draw order,
+        -- like a reservation (engine_spend): one entry per grant. Past
+        -- the grants lies no grant (only an account whose grants do not
+        -- hold its available tokens reaches it; the checks report it).
+        SELECT e.* INTO entry
+        FROM engine_record(ARRAY(
+            SELECT ROW(p_account, p_kind, -(LEAST(-p_amount, p.hi) - p.lo), 0, NULL, NULL,
+                       p_external_ref, p_reason, p_actor, at, p.grant_id)::engine_movement
+            FROM (SELECT g.id AS grant_id, sum(g.remaining) OVER w - g.remaining AS lo,
+                         sum(g.remaining) OVER w AS hi
+                  FROM credit_grants g
+                  WHERE g.account_id = p_account AND g.remaining > 0
+                  WINDOW w AS (ORDER BY g.priority, g.expires_at, g.seq)
+                  UNION ALL
+                  SELECT NULL, COALESCE(sum(g.remaining), 0), 4611686018427387904
+                  FROM credit_grants g WHERE g.account_id = p_account AND g.remaining > 0) p
+            WHERE p.lo < -p_amount
+            ORDER BY p.lo)) e
+        ORDER BY e.id DESC LIMIT 1;
+    END IF;
     INSERT INTO audit_events (actor, action, target, before, after, request_id)
     VALUES (p_actor, p_kind || '.created', 'account:' || p_account, NULL,
         jsonb_build_object(p_kind || '_id', p_id, 'amount', p_amount, 'external_ref', p_external_ref)
@@ -91,6 +142,7 @@ BEGIN
                    'reserved', entry.reserved_after, 'used', entry.used_after),
         p_request_id);
     outcome := 'created';
-    object := jsonb_build_object(p_kind, made, 'entry', to_jsonb(entry));
+    object := jsonb_build_object(p_kind, made, 'entry', to_jsonb(entry),
+        'grant', CASE WHEN made_grant.id IS NOT NULL THEN to_jsonb(made_grant) END);
 END;
 $$;

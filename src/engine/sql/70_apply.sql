@@ -14,8 +14,10 @@
 --   commit_all   account, actor, reservation (all held; amount NULL)
 --   release      account, actor, reservation
 --   extend       account, actor, reservation, ttl
---   credit       account, actor, new_id, amount, external_ref; note may be NULL
---   adjust       account, actor, new_id, amount, external_ref, reason
+--   credit       account, actor, new_id, amount, external_ref, priority (of
+--                its grant); note may be NULL
+--   adjust       account, actor, new_id, amount, external_ref, reason;
+--                priority exactly when the amount is positive (its grant's)
 --   finish_job   account (the job's), actor, job, lease_token (the
 --                worker's lease), status (succeeded or failed), result
 --                (succeeded) or error (failed; may be NULL), reason (the
@@ -49,7 +51,7 @@ CREATE FUNCTION engine_apply(
     p_ttl integer[], p_new_id uuid[], p_job uuid[], p_reservation uuid[], p_hash bytea[],
     p_kind text[], p_params jsonb[], p_external_ref text[], p_note text[], p_reason text[],
     p_http_request_id text[], p_lease_token bigint[], p_status text[], p_result jsonb[],
-    p_error jsonb[]
+    p_error jsonb[], p_priority integer[]
 )
 RETURNS TABLE (op_position integer, outcome text, detail jsonb, object jsonb)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
@@ -79,7 +81,7 @@ BEGIN
             cardinality(p_hash), cardinality(p_kind), cardinality(p_params),
             cardinality(p_external_ref), cardinality(p_note), cardinality(p_reason),
             cardinality(p_http_request_id), cardinality(p_lease_token), cardinality(p_status),
-            cardinality(p_result), cardinality(p_error)])) IS NOT TRUE THEN
+            cardinality(p_result), cardinality(p_error), cardinality(p_priority)])) IS NOT TRUE THEN
         RAISE EXCEPTION 'engine_apply: every array must have % elements', batch
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -87,7 +89,7 @@ BEGIN
     SELECT array_agg(ROW(o.n, o.op, o.class, o.round, o.account, o.actor, o.key_id, o.key_hash, o.authorized, o.request, o.amount,
                o.requested_ttl, o.ttl, o.new_id, o.job, o.reservation, o.hash, o.kind, o.params,
                o.external_ref, o.note, o.reason, o.http_request_id, o.lease_token, o.status,
-               o.result, o.error)::engine_op ORDER BY o.n),
+               o.result, o.error, o.priority)::engine_op ORDER BY o.n),
            max(o.round)
     INTO ops, last_round
     FROM (
@@ -110,11 +112,11 @@ BEGIN
             FROM unnest(p_op, p_account, p_actor, p_key_id, p_key_hash, p_authorized, p_request,
                         p_amount, p_requested_ttl, p_ttl, p_new_id, p_job, p_reservation, p_hash,
                         p_kind, p_params, p_external_ref, p_note, p_reason, p_http_request_id,
-                        p_lease_token, p_status, p_result, p_error)
+                        p_lease_token, p_status, p_result, p_error, p_priority)
                  WITH ORDINALITY AS u (op, account, actor, key_id, key_hash, authorized, request,
                      amount, requested_ttl, ttl, new_id, job, reservation, hash, kind, params,
                      external_ref, note, reason, http_request_id, lease_token, status, result,
-                     error, n)
+                     error, priority, n)
         ) c
       ) s
     ) o;
@@ -131,9 +133,10 @@ BEGIN
         WHEN 'release' THEN o.reservation IS NOT NULL
         WHEN 'extend' THEN o.reservation IS NOT NULL AND o.ttl IS NOT NULL
         WHEN 'credit' THEN o.new_id IS NOT NULL AND o.amount IS NOT NULL
-                           AND o.external_ref IS NOT NULL
+                           AND o.external_ref IS NOT NULL AND o.priority IS NOT NULL
         WHEN 'adjust' THEN o.new_id IS NOT NULL AND o.amount IS NOT NULL
                            AND o.external_ref IS NOT NULL AND o.reason IS NOT NULL
+                           AND (o.priority IS NOT NULL) = (o.amount > 0)
         WHEN 'finish_job' THEN o.job IS NOT NULL AND o.lease_token IS NOT NULL
                            AND (o.status = 'succeeded' AND o.result IS NOT NULL
                                 OR o.status = 'failed' AND o.result IS NULL)
@@ -206,7 +209,7 @@ BEGIN
                 SELECT * INTO r FROM engine_external(
                     CASE e.op WHEN 'credit' THEN 'credit' ELSE 'adjustment' END, e.account,
                     e.new_id, e.amount, e.external_ref, e.note, e.reason, e.actor,
-                    e.http_request_id);
+                    e.http_request_id, e.priority);
                 outcome := r.outcome; detail := r.detail; object := r.object;
             ELSE
                 -- The job's account is locked above only if it is the one
