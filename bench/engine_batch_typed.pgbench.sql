@@ -25,11 +25,13 @@ WITH picked AS (
            array_agg(NULL::integer) AS requested_ttl, array_agg(300) AS ttl,
            array_agg(gen_random_uuid()) AS new_id, array_agg(NULL::uuid) AS nothing_uuid,
            array_agg(NULL::bytea) AS nothing_bytea, array_agg(NULL::text) AS nothing_text,
-           array_agg(NULL::jsonb) AS nothing_jsonb
+           array_agg(NULL::jsonb) AS nothing_jsonb, array_agg(NULL::bigint) AS nothing_bigint,
+           array_agg(NULL::integer) AS nothing_integer
     FROM picked
 )
 SELECT count(*) FROM batch b, engine_apply(
     b.op, b.account, b.actor, b.key_id, b.key_hash, b.authorized, b.request, b.amount,
     b.requested_ttl, b.ttl, b.new_id, b.nothing_uuid, b.nothing_uuid, b.nothing_bytea,
     b.nothing_text, b.nothing_jsonb, b.nothing_text, b.nothing_text, b.nothing_text,
-    b.nothing_text);
+    b.nothing_text, b.nothing_bigint, b.nothing_text, b.nothing_jsonb, b.nothing_jsonb,
+    b.nothing_integer);

@@ -81,7 +81,9 @@ for round in $(seq 1 "$rounds"); do
         ARRAY(SELECT gen_random_uuid() FROM generate_series(1, $events)), array_fill(NULL::uuid, $n), array_fill(NULL::uuid, $n), \
         array_fill(NULL::bytea, $n), array_fill(NULL::text, $n), array_fill(NULL::jsonb, $n), \
         ARRAY(SELECT 'flood-' || g FROM generate_series(1, $events) g), array_fill(NULL::text, $n), \
-        array_fill(NULL::text, $n), array_fill(NULL::text, $n))"
+        array_fill(NULL::text, $n), array_fill(NULL::text, $n), array_fill(NULL::bigint, $n), \
+        array_fill(NULL::text, $n), array_fill(NULL::jsonb, $n), array_fill(NULL::jsonb, $n), \
+        array_fill(50, $n))"
     on_measure=(--on-measure "date +%s.%N > /tmp/token-billing-flood-start; psql -h 127.0.0.1 -U postgres -qtAc \"$flood_sql\" $database > /dev/null")
     line="$("$tools" bench load --url "http://127.0.0.1:$port" --admin-key "$key" --scenario spread \
       --accounts 1000 --concurrency "$concurrency" --seconds "$seconds" --service-pid "$service_pid" "${on_measure[@]}")"
