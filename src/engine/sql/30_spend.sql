@@ -18,6 +18,31 @@ LANGUAGE sql STABLE AS $$
     FROM reservations r WHERE r.id = p_job.reservation_id
 $$;
 
+-- The draw order, written once: the account's grants that hold tokens
+-- (remaining > 0) ordered by priority (0 first), then the soonest expiry
+-- (grants that never expire last), then creation order, each as the
+-- interval [lo, hi) of the account's drawable tokens it covers. After them
+-- lies one interval of no grant (grant_id NULL): only an account whose
+-- grants do not hold its available tokens (a broken invariant, which the
+-- checks report) reaches it, and its tokens still move. A spend
+-- (engine_spend) or a removal (engine_external) drawing the account's
+-- tokens [from, to) takes the overlap with each interval. One account per
+-- call, so that the planner inlines it (a call whose argument is a
+-- sub-select is not inlined, and would be planned on every call).
+CREATE FUNCTION engine_grant_pools(p_account uuid)
+RETURNS TABLE (grant_id uuid, lo bigint, hi bigint)
+LANGUAGE sql STABLE AS $$
+    SELECT p.grant_id, p.hi - p.remaining, p.hi
+    FROM (SELECT g.id AS grant_id, g.remaining,
+                 (sum(g.remaining) OVER (ORDER BY g.priority, g.expires_at, g.seq))::bigint AS hi
+          FROM credit_grants g
+          WHERE g.account_id = p_account AND g.remaining > 0) p
+    UNION ALL
+    SELECT NULL::uuid, COALESCE(sum(g.remaining), 0)::bigint, 4611686018427387904
+    FROM credit_grants g
+    WHERE g.account_id = p_account AND g.remaining > 0
+$$;
+
 -- Spend items (reserve, create_job), decided as if one by one in `pos`
 -- order, set-based. For each item, in this order:
 --   not_found {what: account}   the account does not exist;
@@ -115,29 +140,12 @@ BEGIN
                             THEN c.refusal
                        END AS verdict
                 FROM checked c
-            ), pools AS (
-                -- The grants of each account that spends, in draw order
-                -- (priority, then the soonest expiry, grants that never
-                -- expire last, then creation order), each as the interval
-                -- [lo, hi) of the account's drawable tokens it covers.
-                SELECT g.account_id AS account, g.id AS grant_id,
-                       sum(g.remaining) OVER w - g.remaining AS lo, sum(g.remaining) OVER w AS hi
-                FROM credit_grants g
-                WHERE g.account_id = ANY (ARRAY(SELECT c.account FROM decided c
-                                                WHERE c.verdict = 'created'))
-                  AND g.remaining > 0
-                WINDOW w AS (PARTITION BY g.account_id ORDER BY g.priority, g.expires_at, g.seq)
             ), bounded AS (
-                -- After the grants, an interval of no grant: only an
-                -- account whose grants do not hold its available tokens
-                -- (a broken invariant, which the checks report) reaches it;
-                -- its tokens still move, in entries that name no grant.
-                SELECT * FROM pools
-                UNION ALL
-                SELECT x.account, NULL::uuid,
-                       COALESCE((SELECT max(p.hi) FROM pools p WHERE p.account = x.account), 0),
-                       4611686018427387904
+                -- The spending accounts' grants in draw order, as
+                -- intervals of their drawable tokens (engine_grant_pools).
+                SELECT x.account, p.grant_id, p.lo, p.hi
                 FROM (SELECT DISTINCT c.account FROM decided c WHERE c.verdict = 'created') x
+                CROSS JOIN LATERAL engine_grant_pools(x.account) p
             ), drawn AS (
                 -- Item i takes the account's tokens [through - amount,
                 -- through) in draw order (through: its running sum); its

@@ -113,22 +113,13 @@ BEGIN
             p_external_ref, CASE p_kind WHEN 'adjustment' THEN p_reason END, p_actor, at,
             p_id)::engine_movement]);
     ELSE
-        -- A removal draws the account's tokens [0, -amount) in draw order,
-        -- like a reservation (engine_spend): one entry per grant. Past
-        -- the grants lies no grant (only an account whose grants do not
-        -- hold its available tokens reaches it; the checks report it).
+        -- A removal draws the account's tokens [0, -amount) in draw order
+        -- (engine_grant_pools, as a reservation does): one entry per grant.
         SELECT e.* INTO entry
         FROM engine_record(ARRAY(
             SELECT ROW(p_account, p_kind, -(LEAST(-p_amount, p.hi) - p.lo), 0, NULL, NULL,
                        p_external_ref, p_reason, p_actor, at, p.grant_id)::engine_movement
-            FROM (SELECT g.id AS grant_id, sum(g.remaining) OVER w - g.remaining AS lo,
-                         sum(g.remaining) OVER w AS hi
-                  FROM credit_grants g
-                  WHERE g.account_id = p_account AND g.remaining > 0
-                  WINDOW w AS (ORDER BY g.priority, g.expires_at, g.seq)
-                  UNION ALL
-                  SELECT NULL, COALESCE(sum(g.remaining), 0), 4611686018427387904
-                  FROM credit_grants g WHERE g.account_id = p_account AND g.remaining > 0) p
+            FROM engine_grant_pools(p_account) p
             WHERE p.lo < -p_amount
             ORDER BY p.lo)) e
         ORDER BY e.id DESC LIMIT 1;
