@@ -124,6 +124,19 @@ pub fn parse_param<T: Copy + Into<&'static str>>(
 }
 
 text_enum! {
+    /// Which credit grants a list shows (`GrantStatus::of` says which one
+    /// a grant is in).
+    GrantStatus {
+        /// Still holds tokens: remaining or reserved.
+        Active => "active",
+        /// Lapsed. Grants do not expire yet: always none.
+        Expired => "expired",
+        /// Every token consumed or taken by a removal.
+        Depleted => "depleted",
+    }
+}
+
+text_enum! {
     /// Whether an account may spend.
     AccountStatus {
         Active => "active",

@@ -12,6 +12,7 @@ use uuid::Uuid;
 
 use crate::db::models::CreditGrantRow;
 use crate::db::schema::credit_grants;
+pub use crate::db::states::GrantStatus;
 use crate::domain::paging::page_of;
 use crate::domain::types::AccountId;
 use crate::error::ApiError;
@@ -20,37 +21,7 @@ use crate::error::ApiError;
 pub const GRANT_PAGE_DEFAULT: i64 = 100;
 pub const GRANT_PAGE_MAX: i64 = 1_000;
 
-/// Which grants to list.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GrantStatus {
-    /// Still holds tokens: remaining or reserved.
-    Active,
-    /// Lapsed. Grants do not expire yet: always none.
-    Expired,
-    /// Every token consumed or taken by a removal.
-    Depleted,
-}
-
 impl GrantStatus {
-    pub const ALL: &'static [&'static str] = &["active", "expired", "depleted"];
-
-    pub fn parse(text: &str) -> Option<GrantStatus> {
-        match text {
-            "active" => Some(GrantStatus::Active),
-            "expired" => Some(GrantStatus::Expired),
-            "depleted" => Some(GrantStatus::Depleted),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            GrantStatus::Active => "active",
-            GrantStatus::Expired => "expired",
-            GrantStatus::Depleted => "depleted",
-        }
-    }
-
     /// A grant's status: active while it holds tokens.
     pub fn of(row: &CreditGrantRow) -> GrantStatus {
         if row.remaining + row.reserved > 0 {
@@ -76,8 +47,8 @@ pub struct GrantView {
     /// 0 … 100; lower is drawn first.
     pub priority: i16,
     /// `active` (holds tokens) or `depleted`.
-    #[schema(example = "active")]
-    pub status: String,
+    #[schema(value_type = String, example = "active")]
+    pub status: GrantStatus,
     /// The credit's or adjustment's `external_ref`; null for the grant the
     /// upgrade to grants made of an account's earlier balance.
     pub external_ref: Option<String>,
@@ -95,7 +66,7 @@ impl From<CreditGrantRow> for GrantView {
             reserved: row.reserved,
             expires_at: row.expires_at,
             priority: row.priority,
-            status: GrantStatus::of(&row).as_str().to_owned(),
+            status: GrantStatus::of(&row),
             external_ref: row.external_ref.clone(),
             created_at: row.created_at,
             expired_at: None,
@@ -145,13 +116,11 @@ pub fn list_grants(
         .order(credit_grants::seq.asc())
         .limit(limit + 1)
         .into_boxed();
+    // `GrantStatus::of` in SQL: active while it holds tokens.
+    let holds_tokens = (credit_grants::remaining + credit_grants::reserved).gt(0);
     match status {
-        Some(GrantStatus::Active) => {
-            query = query.filter((credit_grants::remaining + credit_grants::reserved).gt(0));
-        }
-        Some(GrantStatus::Depleted) => {
-            query = query.filter((credit_grants::remaining + credit_grants::reserved).eq(0));
-        }
+        Some(GrantStatus::Active) => query = query.filter(holds_tokens),
+        Some(GrantStatus::Depleted) => query = query.filter(diesel::dsl::not(holds_tokens)),
         Some(GrantStatus::Expired) | None => {}
     }
     let (rows, next_after) = page_of(query.load(conn)?, limit, |row: &CreditGrantRow| row.id);

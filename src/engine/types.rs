@@ -157,7 +157,7 @@ pub struct Draw {
 
 /// A reservation's draws as the engine wrote them (`reservations.draws`).
 pub fn draws_of(value: &serde_json::Value) -> Vec<Draw> {
-    serde_json::from_value(value.clone()).unwrap_or_default()
+    Vec::<Draw>::deserialize(value).unwrap_or_default()
 }
 
 /// A reservation lifetime, 1 … 86,400 seconds.

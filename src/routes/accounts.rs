@@ -10,6 +10,7 @@ use super::{created, idempotency_key, replayed, JsonObject, State};
 use crate::config::{LEDGER_PAGE_DEFAULT, LEDGER_PAGE_MAX};
 use crate::db::read_replica::run_read_blocking;
 use crate::db::run_blocking;
+use crate::db::states::parse_param;
 use crate::domain::accounts::{
     self, parse_low_balance_threshold, parse_max_active_reservations, AccountFilter, AccountPage,
     AccountView, ACCOUNT_PAGE_DEFAULT, ACCOUNT_PAGE_MAX,
@@ -584,14 +585,7 @@ async fn list_grants(
         limit,
     } = query.into_inner();
     let status = status
-        .map(|text| {
-            GrantStatus::parse(&text).ok_or_else(|| {
-                ApiError::InvalidRequest(format!(
-                    "status must be one of {}, got {text:?}",
-                    GrantStatus::ALL.join(", ")
-                ))
-            })
-        })
+        .map(|text| parse_param("status", &text, GrantStatus::ALL, GrantStatus::parse))
         .transpose()?;
     let limit = page_limit(limit, GRANT_PAGE_DEFAULT, GRANT_PAGE_MAX)?;
     let page: GrantPage = run_blocking(&state.pool, move |conn| {
