@@ -67,10 +67,7 @@ database_url="postgres://postgres@127.0.0.1:$port/tb_writes"
 "$binary" --database-url "$database_url" migrate > /dev/null
 
 # transactions xids wal_lsn
-sample() {
-  psql_db "SELECT (SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()),
-                  pg_snapshot_xmax(pg_current_snapshot())::text::bigint, pg_current_wal_lsn()" | tr '|' ' '
-}
+sample() { private_cluster_sample "$port" tb_writes; }
 start_service() {
   DATABASE_URL="$database_url" BIND_ADDR="127.0.0.1:$service_port" ADMIN_API_KEY="$key" \
     RATE_LIMIT_PER_SECOND=0 SIMULATED_LATENCY_MS="$latency" RUST_LOG=warn \

@@ -130,10 +130,7 @@ cluster_ticks() {
   done
   echo "$total"
 }
-sample() {
-  psql_db "SELECT (SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()),
-                  pg_snapshot_xmax(pg_current_snapshot())::text::bigint, pg_current_wal_lsn()" | tr '|' ' '
-}
+sample() { private_cluster_sample "$port" tb_in_flight; }
 read -r t0 x0 w0 <<< "$(sample)"
 c0="$(cluster_ticks)"
 began="$(date +%s.%N)"

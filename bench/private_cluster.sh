@@ -4,6 +4,7 @@
 #
 #   private_cluster_start DIR PORT [postgresql.conf line]...
 #   private_cluster_stop DIR
+#   private_cluster_sample PORT DATABASE   # "transactions xids wal_lsn"
 #
 # The cluster's data directory is DIR/data, its log DIR/postgres.log; it
 # listens on 127.0.0.1:PORT (trust authentication, user postgres).
@@ -31,4 +32,14 @@ private_cluster_stop() {
   if [ -f "$1/data/postmaster.pid" ]; then
     as_postgres "$pg_bin/pg_ctl" stop -m immediate -D "$1/data" > /dev/null 2>&1 || true
   fi
+}
+
+# The database's write statistics, as one line "transactions xids wal_lsn":
+# its committed and rolled-back transactions, the next transaction id (so
+# the difference of two samples is the transactions that wrote), and the
+# cluster's WAL position.
+private_cluster_sample() {
+  psql -h 127.0.0.1 -p "$1" -U postgres -v ON_ERROR_STOP=1 -qtA -d "$2" -c \
+    "SELECT (SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()),
+            pg_snapshot_xmax(pg_current_snapshot())::text::bigint, pg_current_wal_lsn()" | tr '|' ' '
 }
