@@ -259,8 +259,11 @@ impl Coalescer {
         self.metrics
             .coalesced_batch_size
             .observe(operations.len() as f64);
-        let answers = match engine::apply(conn, &operations) {
-            Ok(answers) => answers.into_iter().map(Ok).collect(),
+        let answers = match engine::apply_counted(conn, &operations) {
+            Ok(applied) => {
+                self.metrics.tokens("grant_expired", applied.grant_expired);
+                applied.answers.into_iter().map(Ok).collect()
+            }
             Err(error) if operations.len() == 1 => vec![Err(error)],
             Err(error @ ApiError::Unavailable(_)) => {
                 operations.iter().map(|_| Err(same_error(&error))).collect()

@@ -176,6 +176,11 @@ pub struct Config {
     #[arg(long, env = "REAPER_SCHEDULE", default_value = "*/30 * * * * *")]
     pub reaper_schedule: String,
 
+    /// How long before a credit grant lapses its `grant.expiring` event is
+    /// sent (once per grant), in hours.
+    #[arg(long, env = "GRANT_EXPIRING_NOTICE_HOURS", default_value_t = 72)]
+    pub grant_expiring_notice_hours: i32,
+
     /// How long idempotency keys are kept (humantime: `30d`, `12h`, `3s`; `0` keeps them forever).
     #[arg(long, env = "RETENTION_IDEMPOTENCY_KEYS", default_value = "30d", value_parser = parse_retention)]
     pub retention_idempotency_keys: Duration,
@@ -374,6 +379,12 @@ impl Config {
         }
         if !(1..=100).contains(&self.job_max_attempts) {
             return Err("JOB_MAX_ATTEMPTS must be between 1 and 100".into());
+        }
+        if !(0..=8784).contains(&self.grant_expiring_notice_hours) {
+            return Err(
+                "GRANT_EXPIRING_NOTICE_HOURS must be between 0 (no notice) and 8784 (a year)"
+                    .into(),
+            );
         }
         if self.worker_concurrency > 1024 {
             return Err(

@@ -270,6 +270,7 @@ impl Metrics {
                     "committed",
                     "released",
                     "expired",
+                    "grant_expired",
                 ],
             ),
             (&jobs_total, &["succeeded", "failed"]),

@@ -25,6 +25,7 @@ pub fn settings(config: &Config) -> ReaperSettings {
     ReaperSettings {
         batch: REAPER_BATCH_MAX,
         job_max_attempts: config.job_max_attempts,
+        grant_expiring_notice_hours: config.grant_expiring_notice_hours,
     }
 }
 
@@ -132,12 +133,14 @@ pub async fn start(
     let scheduler = JobScheduler::new().await?;
     let (history_pool, history_metrics) = (pool.clone(), Arc::clone(&metrics));
     let job_max_attempts = config.job_max_attempts;
+    let grant_expiring_notice_hours = config.grant_expiring_notice_hours;
     let job = Job::new_async(config.reaper_schedule.as_str(), move |_id, _scheduler| {
         let (pool, metrics) = (pool.clone(), Arc::clone(&metrics));
         Box::pin(async move {
             let settings = ReaperSettings {
                 batch: REAPER_BATCH_MAX,
                 job_max_attempts,
+                grant_expiring_notice_hours,
             };
             // Errors are logged and counted inside; the schedule goes on.
             let _ = reaper_pass(pool, settings, metrics).await;

@@ -132,6 +132,7 @@ pub fn build(database_url: &str, args: &HistoryBenchArgs) -> anyhow::Result<()> 
                         external_ref,
                         note: None,
                         priority: Default::default(),
+                        expires_at: None,
                     },
                 ))
             })

@@ -30,6 +30,8 @@ pub struct AccountRow {
     pub updated_at: DateTime<Utc>,
     pub low_balance_threshold: i64,
     pub balance_low: bool,
+    /// Tokens that left by a grant's lapse (running total).
+    pub grant_expired: i64,
 }
 
 #[derive(Insertable)]
@@ -173,6 +175,11 @@ pub struct CreditGrantRow {
     pub external_ref: Option<String>,
     pub opening_reserved: i64,
     pub created_at: DateTime<Utc>,
+    /// What lapsed (remaining + reserved + consumed + debited + expired =
+    /// amount).
+    pub expired: i64,
+    /// When its lapse was written; null before.
+    pub expired_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Clone, Debug, Queryable, Selectable, QueryableByName)]

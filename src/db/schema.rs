@@ -17,6 +17,7 @@ diesel::table! {
         updated_at -> Timestamptz,
         low_balance_threshold -> Int8,
         balance_low -> Bool,
+        grant_expired -> Int8,
     }
 }
 
@@ -157,6 +158,9 @@ diesel::table! {
         external_ref -> Nullable<Text>,
         opening_reserved -> Int8,
         created_at -> Timestamptz,
+        expired -> Int8,
+        expired_at -> Nullable<Timestamptz>,
+        expiring_notified_at -> Nullable<Timestamptz>,
     }
 }
 

@@ -124,14 +124,14 @@ pub fn parse_param<T: Copy + Into<&'static str>>(
 }
 
 text_enum! {
-    /// Which credit grants a list shows (`GrantStatus::of` says which one
-    /// a grant is in).
+    /// A credit grant's status (the engine's `engine_grant_status` decides
+    /// which one a grant is in).
     GrantStatus {
-        /// Still holds tokens: remaining or reserved.
+        /// Not lapsed, and still holds tokens: remaining or reserved.
         Active => "active",
-        /// Lapsed. Grants do not expire yet: always none.
+        /// Its expiry has passed.
         Expired => "expired",
-        /// Every token consumed or taken by a removal.
+        /// Not lapsed; every token consumed or taken by a removal.
         Depleted => "depleted",
     }
 }
@@ -153,6 +153,8 @@ text_enum! {
         CreditCreated => "credit.created",
         AdjustmentCreated => "adjustment.created",
         ReservationExpired => "reservation.expired",
+        GrantExpired => "grant.expired",
+        GrantExpiring => "grant.expiring",
         JobSucceeded => "job.succeeded",
         JobFailed => "job.failed",
         InvariantViolated => "invariant.violated",

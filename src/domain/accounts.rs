@@ -132,6 +132,9 @@ pub struct AccountView {
     pub used: i64,
     pub credited: i64,
     pub adjusted: i64,
+    /// Tokens that left when grants lapsed (ledger kind `grant_expire`):
+    /// credited + adjusted = available + reserved + used + grant_expired.
+    pub grant_expired: i64,
     pub active_reservations: i32,
     pub max_active_reservations: i32,
     /// `account.balance_low` is sent when `available` drops below this
@@ -161,6 +164,7 @@ impl From<AccountRow> for AccountView {
             used: row.used,
             credited: row.credited,
             adjusted: row.adjusted,
+            grant_expired: row.grant_expired,
             active_reservations: row.active_reservations,
             max_active_reservations: row.max_active_reservations,
             low_balance_threshold: row.low_balance_threshold,

@@ -60,6 +60,8 @@ struct CheckRow {
     #[diesel(sql_type = BigInt)]
     adjusted: i64,
     #[diesel(sql_type = BigInt)]
+    grant_expired: i64,
+    #[diesel(sql_type = BigInt)]
     active_reservations: i64,
     #[diesel(sql_type = BigInt)]
     held_amount: i64,
@@ -73,6 +75,8 @@ struct CheckRow {
     replay_reserved: i64,
     #[diesel(sql_type = BigInt)]
     replay_used: i64,
+    #[diesel(sql_type = BigInt)]
+    replay_grant_expired: i64,
     #[diesel(sql_type = BigInt)]
     grants_remaining: i64,
     #[diesel(sql_type = BigInt)]
@@ -97,40 +101,51 @@ pub fn find_violations(conn: &mut PgConnection) -> Result<Vec<Discrepancy>, ApiE
              FROM credit_grants WHERE remaining + reserved > 0 GROUP BY account_id), \
          replay AS ( \
              SELECT a.id AS account_id, \
-                 (COALESCE(c.credited + c.adjusted - c.reserved_total + c.released + c.expired, 0) \
+                 (COALESCE(c.credited + c.adjusted - c.reserved_total + c.released + c.expired \
+                           - (c.grant_expired - c.grant_expired_reserved), 0) \
                      + t.available)::bigint AS available, \
-                 (COALESCE(c.reserved_total - c.committed - c.released - c.expired, 0) \
+                 (COALESCE(c.reserved_total - c.committed - c.released - c.expired \
+                           - c.grant_expired_reserved, 0) \
                      + t.reserved)::bigint AS reserved, \
-                 (COALESCE(c.committed, 0) + t.used)::bigint AS used \
+                 (COALESCE(c.committed, 0) + t.used)::bigint AS used, \
+                 (COALESCE(c.grant_expired, 0) + t.grant_expired)::bigint AS grant_expired \
              FROM accounts a \
              LEFT JOIN LATERAL (SELECT * FROM ledger_daily_closings c WHERE c.account_id = a.id \
                                 ORDER BY c.day DESC LIMIT 1) c ON true \
              CROSS JOIN LATERAL ( \
                  SELECT \
                      COALESCE(sum(CASE WHEN kind IN ('credit', 'adjustment', 'release', 'expire') THEN amount \
-                              WHEN kind = 'reserve' THEN -amount ELSE 0 END), 0) AS available, \
+                              WHEN kind = 'reserve' THEN -amount \
+                              WHEN kind = 'grant_expire' AND reservation_id IS NULL THEN -amount \
+                              ELSE 0 END), 0) AS available, \
                      COALESCE(sum(CASE WHEN kind = 'reserve' THEN amount \
-                              WHEN kind IN ('commit', 'release', 'expire') THEN -amount ELSE 0 END), 0) AS reserved, \
-                     COALESCE(sum(CASE WHEN kind = 'commit' THEN amount ELSE 0 END), 0) AS used \
+                              WHEN kind IN ('commit', 'release', 'expire') THEN -amount \
+                              WHEN kind = 'grant_expire' AND reservation_id IS NOT NULL THEN -amount \
+                              ELSE 0 END), 0) AS reserved, \
+                     COALESCE(sum(CASE WHEN kind = 'commit' THEN amount ELSE 0 END), 0) AS used, \
+                     COALESCE(sum(CASE WHEN kind = 'grant_expire' THEN amount ELSE 0 END), 0) \
+                         AS grant_expired \
                  FROM ledger_entries e \
                  WHERE e.account_id = a.id AND e.id > COALESCE(c.last_entry_id, 0)) t) \
-         SELECT a.id, a.available, a.reserved, a.used, a.credited, a.adjusted, \
+         SELECT a.id, a.available, a.reserved, a.used, a.credited, a.adjusted, a.grant_expired, \
                 a.active_reservations::bigint AS active_reservations, \
                 COALESCE(h.amount, 0) AS held_amount, COALESCE(h.n, 0) AS held_count, \
                 COALESCE(h.drawn, 0) AS held_drawn, \
                 COALESCE(r.available, 0) AS replay_available, COALESCE(r.reserved, 0) AS replay_reserved, \
                 COALESCE(r.used, 0) AS replay_used, \
+                COALESCE(r.grant_expired, 0) AS replay_grant_expired, \
                 COALESCE(g.remaining, 0) AS grants_remaining, COALESCE(g.reserved, 0) AS grants_reserved \
          FROM accounts a \
          LEFT JOIN held h ON h.account_id = a.id \
          LEFT JOIN replay r ON r.account_id = a.id \
          LEFT JOIN granted g ON g.account_id = a.id \
-         WHERE a.credited + a.adjusted <> a.available + a.reserved + a.used \
+         WHERE a.credited + a.adjusted <> a.available + a.reserved + a.used + a.grant_expired \
             OR a.reserved <> COALESCE(h.amount, 0) \
             OR a.active_reservations <> COALESCE(h.n, 0) \
             OR a.available <> COALESCE(r.available, 0) \
             OR a.reserved <> COALESCE(r.reserved, 0) \
             OR a.used <> COALESCE(r.used, 0) \
+            OR a.grant_expired <> COALESCE(r.grant_expired, 0) \
             OR a.available <> COALESCE(g.remaining, 0) \
             OR a.reserved <> COALESCE(g.reserved, 0) \
             OR COALESCE(h.drawn, 0) <> COALESCE(h.amount, 0) \
@@ -145,7 +160,7 @@ fn discrepancies(row: CheckRow) -> Vec<Discrepancy> {
         (
             "balance_invariant",
             row.credited + row.adjusted,
-            row.available + row.reserved + row.used,
+            row.available + row.reserved + row.used + row.grant_expired,
         ),
         (
             "reserved_equals_held_reservations",
@@ -164,6 +179,11 @@ fn discrepancies(row: CheckRow) -> Vec<Discrepancy> {
         ),
         ("ledger_replay_reserved", row.replay_reserved, row.reserved),
         ("ledger_replay_used", row.replay_used, row.used),
+        (
+            "ledger_replay_grant_expired",
+            row.replay_grant_expired,
+            row.grant_expired,
+        ),
         (
             "grants_remaining_equals_available",
             row.grants_remaining,
@@ -199,9 +219,12 @@ pub fn accounts_violating(discrepancies: &[Discrepancy]) -> usize {
 /// `opening_reserved` reserved; any other grant starts empty) plus the
 /// entries naming it — credit and adjustment (signed) move `remaining`,
 /// reserve moves remaining to reserved, release and expire back, commit
-/// takes from reserved. Returns the grants whose `remaining` or `reserved`
+/// takes from reserved, grant_expire takes from remaining (or from
+/// reserved, when it names a reservation). Returns the grants whose `remaining` or `reserved`
 /// disagree (checks `grant_ledger_remaining`, `grant_ledger_reserved`, with
-/// the grant's account). A full scan of the entries that name a grant: for
+/// the grant's account), and those drawn by a reserve entry written at or
+/// after their expiry (`grant_drawn_after_lapse`: a lapsed grant is never
+/// drawn). A full scan of the entries that name a grant: for
 /// the chaos run and the tests, not for the reaper, whose pass stays
 /// O(accounts + entries since the last closing) and checks the grants'
 /// sums against the account's balances (`find_violations`).
@@ -220,22 +243,33 @@ pub fn grants_disagreeing_with_ledger(
         ledger_remaining: i64,
         #[diesel(sql_type = BigInt)]
         ledger_reserved: i64,
+        #[diesel(sql_type = BigInt)]
+        drawn_after_lapse: i64,
     }
     let rows: Vec<GrantRow> = diesel::sql_query(
         "WITH moved AS ( \
              SELECT grant_id, \
                  sum(CASE WHEN kind IN ('credit', 'adjustment', 'release', 'expire') THEN amount \
-                          WHEN kind = 'reserve' THEN -amount ELSE 0 END)::bigint AS remaining, \
+                          WHEN kind = 'reserve' THEN -amount \
+                          WHEN kind = 'grant_expire' AND reservation_id IS NULL THEN -amount \
+                          ELSE 0 END)::bigint AS remaining, \
                  sum(CASE WHEN kind = 'reserve' THEN amount \
-                          WHEN kind IN ('commit', 'release', 'expire') THEN -amount ELSE 0 END)::bigint \
+                          WHEN kind IN ('commit', 'release', 'expire') THEN -amount \
+                          WHEN kind = 'grant_expire' AND reservation_id IS NOT NULL THEN -amount \
+                          ELSE 0 END)::bigint \
                      AS reserved \
-             FROM ledger_entries WHERE grant_id IS NOT NULL GROUP BY grant_id) \
-         SELECT g.account_id, g.remaining, g.reserved, \
+             FROM ledger_entries WHERE grant_id IS NOT NULL GROUP BY grant_id), \
+         late AS ( \
+             SELECT e.grant_id, sum(e.amount)::bigint AS drawn \
+             FROM ledger_entries e JOIN credit_grants g ON g.id = e.grant_id \
+             WHERE e.kind = 'reserve' AND e.created_at >= g.expires_at GROUP BY e.grant_id) \
+         SELECT g.account_id, g.remaining, g.reserved, COALESCE(l.drawn, 0) AS drawn_after_lapse, \
                 (CASE WHEN g.source = 'upgrade' THEN g.amount - g.opening_reserved ELSE 0 END \
                     + COALESCE(m.remaining, 0))::bigint AS ledger_remaining, \
                 (CASE WHEN g.source = 'upgrade' THEN g.opening_reserved ELSE 0 END \
                     + COALESCE(m.reserved, 0))::bigint AS ledger_reserved \
          FROM credit_grants g LEFT JOIN moved m ON m.grant_id = g.id \
+         LEFT JOIN late l ON l.grant_id = g.id \
          ORDER BY g.account_id, g.seq",
     )
     .load(conn)?;
@@ -251,6 +285,8 @@ pub fn grants_disagreeing_with_ledger(
                         row.remaining,
                     ),
                     ("grant_ledger_reserved", row.ledger_reserved, row.reserved),
+                    // No reserve entry draws a grant at or after its expiry.
+                    ("grant_drawn_after_lapse", 0, row.drawn_after_lapse),
                 ],
             )
         })
@@ -261,7 +297,7 @@ pub fn grants_disagreeing_with_ledger(
 /// alone (window functions, not the engine's code): every credit,
 /// adjustment and expiry has exactly one `credit.created`,
 /// `adjustment.created` or `reservation.expired` event naming its last
-/// entry (a movement spanning several grants writes one entry per grant,
+/// entry, every grant_expire entry one `grant.expired` (a movement spanning several grants writes one entry per grant,
 /// all with the same reservation or external_ref); every
 /// entry that brought `available` from above 0 to 0 one
 /// `account.balance_depleted`; every finished job one `job.<status>`; and
@@ -275,7 +311,7 @@ pub fn events_disagreeing_with_books(conn: &mut PgConnection) -> Result<Vec<Stri
     }
     let rows: Vec<Disagreement> = diesel::sql_query(
         "WITH entries AS ( \
-           SELECT id, kind, available_after, \
+           SELECT id, kind, grant_id, available_after, \
                   COALESCE(lag(available_after) OVER (PARTITION BY account_id ORDER BY id), 0) \
                     AS available_before, \
                   id = max(id) OVER (PARTITION BY account_id, kind, reservation_id, external_ref) \
@@ -287,6 +323,8 @@ pub fn events_disagreeing_with_books(conn: &mut PgConnection) -> Result<Vec<Stri
                             ELSE 'reservation.expired' END AS type, id::text AS subject \
            FROM entries WHERE kind IN ('credit', 'adjustment', 'expire') AND closes \
            UNION ALL \
+           SELECT 'grant.expired', id::text FROM entries WHERE kind = 'grant_expire' \
+           UNION ALL \
            SELECT 'account.balance_depleted', id::text FROM entries \
            WHERE available_after = 0 AND available_before > 0 \
            UNION ALL \
@@ -296,7 +334,7 @@ pub fn events_disagreeing_with_books(conn: &mut PgConnection) -> Result<Vec<Stri
            SELECT type, CASE WHEN type LIKE 'job.%' THEN data->'job'->>'id' \
                              ELSE data->'entry'->>'id' END AS subject, count(*) AS times \
            FROM events \
-           WHERE type IN ('credit.created', 'adjustment.created', 'reservation.expired', \
+           WHERE type IN ('credit.created', 'adjustment.created', 'reservation.expired', 'grant.expired', \
                           'account.balance_depleted', 'job.succeeded', 'job.failed') \
            GROUP BY 1, 2) \
          SELECT COALESCE(e.type, f.type) || ' ' || COALESCE(e.subject, f.subject) || ': ' || \

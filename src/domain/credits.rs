@@ -26,7 +26,7 @@ pub struct CreditView {
     pub ledger_entry_id: i64,
     /// The grant this credit made (its id is the credit's).
     pub grant_id: Uuid,
-    /// When the grant lapses; always null for now (grants never expire).
+    /// When the grant lapses; null: never.
     pub expires_at: Option<DateTime<Utc>>,
     /// The grant's priority (0 is drawn first).
     pub priority: i16,
@@ -49,7 +49,7 @@ pub struct AdjustmentView {
     /// The grant a positive adjustment made (its id is the adjustment's);
     /// null for a removal.
     pub grant_id: Option<Uuid>,
-    /// When that grant lapses; always null for now.
+    /// When that grant lapses; null: never (or a removal).
     pub expires_at: Option<DateTime<Utc>>,
     /// That grant's priority; null for a removal.
     pub priority: Option<i16>,

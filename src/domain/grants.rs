@@ -7,10 +7,10 @@
 
 use chrono::{DateTime, Utc};
 use diesel::prelude::*;
-use serde::Serialize;
+use diesel::sql_types::{BigInt, Jsonb, Nullable, Text, Uuid as SqlUuid};
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::db::models::CreditGrantRow;
 use crate::db::schema::credit_grants;
 pub use crate::db::states::GrantStatus;
 use crate::domain::paging::page_of;
@@ -21,57 +21,35 @@ use crate::error::ApiError;
 pub const GRANT_PAGE_DEFAULT: i64 = 100;
 pub const GRANT_PAGE_MAX: i64 = 1_000;
 
-impl GrantStatus {
-    /// A grant's status: active while it holds tokens.
-    pub fn of(row: &CreditGrantRow) -> GrantStatus {
-        if row.remaining + row.reserved > 0 {
-            GrantStatus::Active
-        } else {
-            GrantStatus::Depleted
-        }
-    }
-}
-
-#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+/// A grant as the engine shows it (`engine_grant_json`, which the
+/// `grant.expired` and `grant.expiring` events carry too).
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct GrantView {
     /// The grant; a credit's or a positive adjustment's grant has its id.
     pub grant_id: Uuid,
     /// Tokens the grant was made with.
     pub amount: i64,
-    /// What can still be drawn.
+    /// What can still be drawn (until it lapses).
     pub remaining: i64,
     /// What held reservations have drawn and not yet settled.
     pub reserved: i64,
-    /// When it lapses; always null for now (grants never expire).
+    /// When it lapses; null: never.
     pub expires_at: Option<DateTime<Utc>>,
     /// 0 … 100; lower is drawn first.
     pub priority: i16,
-    /// `active` (holds tokens) or `depleted`.
+    /// `expired` once `expires_at` has passed, else `active` while it holds
+    /// tokens (remaining or reserved), else `depleted`.
     #[schema(value_type = String, example = "active")]
     pub status: GrantStatus,
     /// The credit's or adjustment's `external_ref`; null for the grant the
     /// upgrade to grants made of an account's earlier balance.
     pub external_ref: Option<String>,
     pub created_at: DateTime<Utc>,
-    /// When it lapsed; always null for now.
+    /// When its lapse was written to the ledger (by the reaper, or by the
+    /// first spend on the account after `expires_at`); null before. An
+    /// expired grant whose lapse is not written yet still shows what it
+    /// held: nothing can draw it.
     pub expired_at: Option<DateTime<Utc>>,
-}
-
-impl From<CreditGrantRow> for GrantView {
-    fn from(row: CreditGrantRow) -> Self {
-        GrantView {
-            grant_id: row.id,
-            amount: row.amount,
-            remaining: row.remaining,
-            reserved: row.reserved,
-            expires_at: row.expires_at,
-            priority: row.priority,
-            status: GrantStatus::of(&row),
-            external_ref: row.external_ref.clone(),
-            created_at: row.created_at,
-            expired_at: None,
-        }
-    }
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -83,7 +61,7 @@ pub struct GrantPage {
 
 /// An account's grants in creation order, after the grant `after` (the
 /// previous page's `next_after`, which must be one of this account's
-/// grants).
+/// grants), in `status` (as `engine_grant_status` decides it now).
 pub fn list_grants(
     conn: &mut PgConnection,
     account: AccountId,
@@ -103,29 +81,31 @@ pub fn list_grants(
                 ApiError::InvalidRequest("after must be a grant_id of this account".into())
             })?,
     };
-    if status == Some(GrantStatus::Expired) {
-        return Ok(GrantPage {
-            grants: Vec::new(),
-            next_after: None,
-        });
+    #[derive(QueryableByName)]
+    struct Shown {
+        #[diesel(sql_type = Jsonb)]
+        grant: serde_json::Value,
     }
-    let mut query = credit_grants::table
-        .filter(credit_grants::account_id.eq(account.0))
-        .filter(credit_grants::seq.gt(after_seq))
-        .select(CreditGrantRow::as_select())
-        .order(credit_grants::seq.asc())
-        .limit(limit + 1)
-        .into_boxed();
-    // `GrantStatus::of` in SQL: active while it holds tokens.
-    let holds_tokens = (credit_grants::remaining + credit_grants::reserved).gt(0);
-    match status {
-        Some(GrantStatus::Active) => query = query.filter(holds_tokens),
-        Some(GrantStatus::Depleted) => query = query.filter(diesel::dsl::not(holds_tokens)),
-        Some(GrantStatus::Expired) | None => {}
-    }
-    let (rows, next_after) = page_of(query.load(conn)?, limit, |row: &CreditGrantRow| row.id);
-    Ok(GrantPage {
-        grants: rows.into_iter().map(GrantView::from).collect(),
-        next_after,
-    })
+    let shown: Vec<Shown> = diesel::sql_query(
+        "SELECT engine_grant_json(to_jsonb(g)) AS grant FROM credit_grants g \
+         WHERE g.account_id = $1 AND g.seq > $2 \
+           AND ($3::text IS NULL \
+                OR engine_grant_status(g.expires_at, g.remaining, g.reserved, now()) = $3) \
+         ORDER BY g.seq LIMIT $4",
+    )
+    .bind::<SqlUuid, _>(account.0)
+    .bind::<BigInt, _>(after_seq)
+    .bind::<Nullable<Text>, _>(status.map(GrantStatus::as_str))
+    .bind::<BigInt, _>(limit + 1)
+    .load(conn)?;
+    let views = shown
+        .into_iter()
+        .map(|shown| {
+            serde_json::from_value::<GrantView>(shown.grant).map_err(|error| {
+                ApiError::Internal(format!("a grant as the engine shows it: {error}"))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let (grants, next_after) = page_of(views, limit, |view: &GrantView| view.grant_id);
+    Ok(GrantPage { grants, next_after })
 }

@@ -61,6 +61,13 @@ pub struct AccountState {
     pub released: i64,
     #[diesel(sql_type = BigInt)]
     pub expired: i64,
+    /// Tokens that left by grants' lapse (`grant_expire` entries) …
+    #[diesel(sql_type = BigInt)]
+    pub grant_expired: i64,
+    /// … of which these left `reserved` (the rest of a reservation going
+    /// back to a lapsed grant) and the others `available`.
+    #[diesel(sql_type = BigInt)]
+    pub grant_expired_reserved: i64,
     #[diesel(sql_type = BigInt)]
     pub job_commit_entries: i64,
     /// The last entry counted (none: the account had not moved yet).
@@ -87,6 +94,10 @@ pub struct AccountState {
     closing_released: Option<i64>,
     #[diesel(sql_type = Nullable<BigInt>)]
     closing_expired: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    closing_grant_expired: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    closing_grant_expired_reserved: Option<i64>,
     /// The ledger's side of the checks: the entry the closing names.
     #[diesel(sql_type = Nullable<BigInt>)]
     ledger_available: Option<i64>,
@@ -120,6 +131,10 @@ impl AccountState {
             field(self.closing_committed),
         );
         let (released, expired) = (field(self.closing_released), field(self.closing_expired));
+        let (grant_expired, grant_expired_reserved) = (
+            field(self.closing_grant_expired),
+            field(self.closing_grant_expired_reserved),
+        );
         let checks = [
             (
                 "daily_closing_available",
@@ -141,11 +156,11 @@ impl AccountState {
             (
                 "daily_closing_conservation",
                 credited + adjusted,
-                available + reserved + used,
+                available + reserved + used + grant_expired,
             ),
             (
                 "daily_closing_reserved_roll_forward",
-                reserved_total - committed - released - expired,
+                reserved_total - committed - released - expired - grant_expired_reserved,
                 reserved,
             ),
         ];
@@ -232,6 +247,7 @@ WITH base AS ( \
         c.reserved AS c_reserved, c.used AS c_used, c.credited AS c_credited, \
         c.adjusted AS c_adjusted, c.reserved_total AS c_reserved_total, \
         c.committed AS c_committed, c.released AS c_released, c.expired AS c_expired, \
+        c.grant_expired AS c_grant_expired, c.grant_expired_reserved AS c_grant_expired_reserved, \
         c.job_commit_entries AS c_job_commit_entries, c.last_entry_id AS c_last, \
         u.last_entry_id AS u_last \
     FROM accounts a \
@@ -251,6 +267,9 @@ WITH base AS ( \
             COALESCE(sum(e.amount) FILTER (WHERE e.kind = 'commit'), 0)::bigint AS committed, \
             COALESCE(sum(e.amount) FILTER (WHERE e.kind = 'release'), 0)::bigint AS released, \
             COALESCE(sum(e.amount) FILTER (WHERE e.kind = 'expire'), 0)::bigint AS expired, \
+            COALESCE(sum(e.amount) FILTER (WHERE e.kind = 'grant_expire'), 0)::bigint AS grant_expired, \
+            COALESCE(sum(e.amount) FILTER (WHERE e.kind = 'grant_expire' AND e.reservation_id IS NOT NULL), \
+                0)::bigint AS grant_expired_reserved, \
             count(DISTINCT e.reservation_id) FILTER (WHERE e.kind = 'commit' AND e.job_id IS NOT NULL) \
                 AS job_commit_entries \
         FROM ledger_entries e \
@@ -267,12 +286,16 @@ SELECT b.account_id, b.name, \
     COALESCE(b.c_committed, 0) + t.committed AS committed, \
     COALESCE(b.c_released, 0) + t.released AS released, \
     COALESCE(b.c_expired, 0) + t.expired AS expired, \
+    COALESCE(b.c_grant_expired, 0) + t.grant_expired AS grant_expired, \
+    COALESCE(b.c_grant_expired_reserved, 0) + t.grant_expired_reserved AS grant_expired_reserved, \
     COALESCE(b.c_job_commit_entries, 0) + t.job_commit_entries AS job_commit_entries, \
     COALESCE(t.last_id, b.c_last) AS last_entry_id, \
     b.closing_day, b.c_available AS closing_available, b.c_reserved AS closing_reserved, \
     b.c_used AS closing_used, b.c_credited AS closing_credited, b.c_adjusted AS closing_adjusted, \
     b.c_reserved_total AS closing_reserved_total, b.c_committed AS closing_committed, \
     b.c_released AS closing_released, b.c_expired AS closing_expired, \
+    b.c_grant_expired AS closing_grant_expired, \
+    b.c_grant_expired_reserved AS closing_grant_expired_reserved, \
     ce.available_after AS ledger_available, ce.reserved_after AS ledger_reserved, \
     ce.used_after AS ledger_used, \
     (ce.account_id = b.account_id AND ce.created_at >= b.closing_day::timestamp AT TIME ZONE 'UTC' \
@@ -302,6 +325,8 @@ pub struct BalancesAsOf {
     pub credited: i64,
     /// Signed sum of corrections since the account was opened, at that instant.
     pub adjusted: i64,
+    /// Tokens that had left by grants' lapse, at that instant.
+    pub grant_expired: i64,
     /// The last ledger entry counted; null when the account had not moved.
     pub last_entry_id: Option<i64>,
 }
@@ -365,6 +390,7 @@ pub fn balances_as_of(
             used: state.used,
             credited: state.credited,
             adjusted: state.adjusted,
+            grant_expired: state.grant_expired,
             last_entry_id: state.last_entry_id,
         })
         .collect())
@@ -520,6 +546,9 @@ WITH day_entries AS ( \
         COALESCE(sum(amount) FILTER (WHERE kind = 'commit'), 0)::bigint AS committed, \
         COALESCE(sum(amount) FILTER (WHERE kind = 'release'), 0)::bigint AS released, \
         COALESCE(sum(amount) FILTER (WHERE kind = 'expire'), 0)::bigint AS expired, \
+        COALESCE(sum(amount) FILTER (WHERE kind = 'grant_expire'), 0)::bigint AS grant_expired, \
+        COALESCE(sum(amount) FILTER (WHERE kind = 'grant_expire' AND reservation_id IS NOT NULL), \
+            0)::bigint AS grant_expired_reserved, \
         count(DISTINCT reservation_id) FILTER (WHERE kind = 'commit' AND job_id IS NOT NULL) \
             AS job_commit_entries \
     FROM ledger_entries WHERE created_at >= $2 AND created_at < $3 GROUP BY account_id \
@@ -529,11 +558,14 @@ WITH day_entries AS ( \
     RETURNING day \
 ) \
 INSERT INTO ledger_daily_closings (account_id, day, available, reserved, used, credited, \
-    adjusted, reserved_total, committed, released, expired, job_commit_entries, entries, last_entry_id) \
+    adjusted, reserved_total, committed, released, expired, grant_expired, grant_expired_reserved, \
+    job_commit_entries, entries, last_entry_id) \
 SELECT d.account_id, (SELECT day FROM day_row), e.available_after, e.reserved_after, e.used_after, \
     COALESCE(p.credited, 0) + d.credited, COALESCE(p.adjusted, 0) + d.adjusted, \
     COALESCE(p.reserved_total, 0) + d.reserved_total, COALESCE(p.committed, 0) + d.committed, \
     COALESCE(p.released, 0) + d.released, COALESCE(p.expired, 0) + d.expired, \
+    COALESCE(p.grant_expired, 0) + d.grant_expired, \
+    COALESCE(p.grant_expired_reserved, 0) + d.grant_expired_reserved, \
     COALESCE(p.job_commit_entries, 0) + d.job_commit_entries, COALESCE(p.entries, 0) + d.n, d.last_id \
 FROM day_entries d \
 JOIN ledger_entries e ON e.id = d.last_id \

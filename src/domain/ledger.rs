@@ -38,6 +38,8 @@ pub enum EntryKind {
     Commit,
     Release,
     Expire,
+    /// A grant's lapse: its tokens leave the account.
+    GrantExpire,
 }
 
 impl EntryKind {
@@ -49,6 +51,7 @@ impl EntryKind {
             EntryKind::Commit => "commit",
             EntryKind::Release => "release",
             EntryKind::Expire => "expire",
+            EntryKind::GrantExpire => "grant_expire",
         }
     }
 
@@ -60,13 +63,18 @@ impl EntryKind {
             EntryKind::Commit,
             EntryKind::Release,
             EntryKind::Expire,
+            EntryKind::GrantExpire,
         ]
         .into_iter()
         .find(|kind| kind.as_str() == text)
     }
 
-    /// How this kind of entry moves tokens between the three places.
-    pub fn apply(self, before: Balances, amount: i64) -> Balances {
+    /// How this kind of entry moves tokens between the three places (the
+    /// engine's `engine_deltas`, replayed here to check it). A
+    /// `grant_expire` takes its tokens out of `available`, or out of
+    /// `reserved` when it names a reservation (`of_reservation`): the rest
+    /// of a reservation going back to a grant that has lapsed.
+    pub fn apply(self, before: Balances, amount: i64, of_reservation: bool) -> Balances {
         let Balances {
             available,
             reserved,
@@ -93,6 +101,16 @@ impl EntryKind {
                 reserved: reserved - amount,
                 used,
             },
+            EntryKind::GrantExpire if of_reservation => Balances {
+                available,
+                reserved: reserved - amount,
+                used,
+            },
+            EntryKind::GrantExpire => Balances {
+                available: available - amount,
+                reserved,
+                used,
+            },
         }
     }
 }
@@ -101,7 +119,10 @@ impl EntryKind {
 pub struct LedgerEntryView {
     pub entry_id: i64,
     pub account_id: AccountId,
-    /// `credit`, `adjustment`, `reserve`, `commit`, `release` or `expire`.
+    /// `credit`, `adjustment`, `reserve`, `commit`, `release`, `expire` or
+    /// `grant_expire` (a grant's lapse: `grant_id` names the grant; with a
+    /// `reservation_id`, the rest of that reservation went back to the
+    /// grant after it lapsed and left `reserved`, else it left `available`).
     pub kind: String,
     pub amount: i64,
     pub available_after: i64,
@@ -190,15 +211,19 @@ pub fn as_kiosk_sees_it(
     Ok(page)
 }
 
-/// Replays entries (oldest first) from zero balances.
-pub fn replay<'a>(entries: impl IntoIterator<Item = (&'a str, i64)>) -> Result<Balances, String> {
-    entries
-        .into_iter()
-        .try_fold(Balances::default(), |balances, (kind, amount)| {
+/// Replays entries (oldest first) from zero balances: kind, amount, and
+/// whether the entry names a reservation.
+pub fn replay<'a>(
+    entries: impl IntoIterator<Item = (&'a str, i64, bool)>,
+) -> Result<Balances, String> {
+    entries.into_iter().try_fold(
+        Balances::default(),
+        |balances, (kind, amount, of_reservation)| {
             EntryKind::parse(kind)
-                .map(|kind| kind.apply(balances, amount))
+                .map(|kind| kind.apply(balances, amount, of_reservation))
                 .ok_or_else(|| format!("unknown ledger kind {kind:?}"))
-        })
+        },
+    )
 }
 
 #[cfg(test)]
@@ -208,23 +233,26 @@ mod tests {
     #[test]
     fn replay_moves_tokens_between_places() {
         let balances = replay([
-            ("credit", 10),
-            ("reserve", 4),
-            ("commit", 3),
-            ("release", 1),
-            ("reserve", 2),
-            ("expire", 2),
-            ("adjustment", -1),
+            ("credit", 10, false),
+            ("reserve", 4, true),
+            ("commit", 3, true),
+            ("release", 1, true),
+            ("reserve", 2, true),
+            ("expire", 2, true),
+            ("adjustment", -1, false),
+            ("reserve", 3, true),
+            ("grant_expire", 2, false),
+            ("grant_expire", 1, true),
         ])
         .expect("known kinds");
         assert_eq!(
             balances,
             Balances {
-                available: 6,
-                reserved: 0,
+                available: 1,
+                reserved: 2,
                 used: 3
             }
         );
-        assert!(replay([("bogus", 1)]).is_err());
+        assert!(replay([("bogus", 1, false)]).is_err());
     }
 }

@@ -35,6 +35,11 @@ pub struct PassReport {
     pub fixup_commits: u64,
     pub fixup_releases: u64,
     pub fixup_jobs_failed: u64,
+    /// Grants whose lapse this pass wrote, and the tokens that left.
+    pub grants_expired: u64,
+    pub grant_tokens_expired: i64,
+    /// `grant.expiring` notices sent.
+    pub grants_noticed: u64,
     pub batches: u64,
     pub violations: Vec<Discrepancy>,
 }
@@ -42,6 +47,8 @@ pub struct PassReport {
 pub struct ReaperSettings {
     pub batch: i64,
     pub job_max_attempts: i32,
+    /// `GRANT_EXPIRING_NOTICE_HOURS` (0: no notice).
+    pub grant_expiring_notice_hours: i32,
 }
 
 /// Runs every step once, then the checks. `metrics` is optional so tests
@@ -52,6 +59,8 @@ pub fn run_pass(
     metrics: Option<&Metrics>,
 ) -> Result<PassReport, ApiError> {
     let mut report = PassReport::default();
+    lapse_grants(conn, settings, metrics, &mut report)?;
+    notice_expiring_grants(conn, settings, &mut report)?;
     expire_stale_reservations(conn, settings, metrics, &mut report)?;
     requeue_expired_leases(conn, settings, &mut report)?;
     fail_exhausted_leases(conn, settings, metrics, &mut report)?;
@@ -150,9 +159,101 @@ fn record_success(conn: &mut PgConnection, report: &PassReport) -> Result<(), Ap
     })
 }
 
+/// One reaper transaction, with the tokens of lapsed grants it expired
+/// (a reservation's rest going back to a lapsed grant) counted in
+/// `token_billing_tokens_total{movement="grant_expired"}` once it commits.
+fn counting_lapses<T>(
+    conn: &mut PgConnection,
+    metrics: Option<&Metrics>,
+    step: impl FnOnce(&mut PgConnection) -> Result<T, ApiError>,
+) -> Result<T, ApiError> {
+    #[derive(QueryableByName)]
+    struct Taken {
+        #[diesel(sql_type = BigInt)]
+        tokens: i64,
+    }
+    let (result, lapsed) = conn.transaction(|conn| {
+        let result = step(conn)?;
+        let taken: Taken =
+            diesel::sql_query("SELECT engine_take_grant_expired() AS tokens").get_result(conn)?;
+        Ok::<_, ApiError>((result, taken.tokens))
+    })?;
+    if let Some(metrics) = metrics {
+        metrics.tokens("grant_expired", lapsed);
+    }
+    Ok(result)
+}
+
+/// Step 0a: credit grants past their expiry whose lapse is not written yet
+/// (no spend on their account has written it) → what they hold leaves
+/// the account (ledger `grant_expire`, event `grant.expired`) — the
+/// engine's `engine_expire_grants`, a bounded batch per transaction.
+fn lapse_grants(
+    conn: &mut PgConnection,
+    settings: &ReaperSettings,
+    metrics: Option<&Metrics>,
+    report: &mut PassReport,
+) -> Result<(), ApiError> {
+    #[derive(QueryableByName)]
+    struct Lapsed {
+        #[diesel(sql_type = Integer)]
+        grants: i32,
+        #[diesel(sql_type = BigInt)]
+        tokens: i64,
+    }
+    loop {
+        let limit = i32::try_from(settings.batch).unwrap_or(i32::MAX);
+        let lapsed: Lapsed = counting_lapses(conn, metrics, |conn| {
+            Ok(
+                diesel::sql_query("SELECT grants, tokens FROM engine_expire_grants($1)")
+                    .bind::<Integer, _>(limit)
+                    .get_result(conn)?,
+            )
+        })?;
+        report.batches += 1;
+        report.grants_expired += u64::try_from(lapsed.grants).unwrap_or(0);
+        report.grant_tokens_expired += lapsed.tokens;
+        if i64::from(lapsed.grants) < settings.batch {
+            return Ok(());
+        }
+    }
+}
+
+/// Step 0b: one `grant.expiring` event per grant that lapses within
+/// `GRANT_EXPIRING_NOTICE_HOURS` and still holds tokens — the engine's
+/// `engine_notice_expiring_grants`.
+fn notice_expiring_grants(
+    conn: &mut PgConnection,
+    settings: &ReaperSettings,
+    report: &mut PassReport,
+) -> Result<(), ApiError> {
+    #[derive(QueryableByName)]
+    struct Noticed {
+        #[diesel(sql_type = Integer)]
+        noticed: i32,
+    }
+    if settings.grant_expiring_notice_hours == 0 {
+        return Ok(());
+    }
+    loop {
+        let limit = i32::try_from(settings.batch).unwrap_or(i32::MAX);
+        let noticed = diesel::sql_query("SELECT engine_notice_expiring_grants($1, $2) AS noticed")
+            .bind::<Integer, _>(settings.grant_expiring_notice_hours)
+            .bind::<Integer, _>(limit)
+            .get_result::<Noticed>(conn)?
+            .noticed;
+        report.batches += 1;
+        report.grants_noticed += u64::try_from(noticed).unwrap_or(0);
+        if i64::from(noticed) < settings.batch {
+            return Ok(());
+        }
+    }
+}
+
 /// Step 1: held reservations past `expires_at` → expired, tokens back to
-/// available (ledger `expire`), their unfinished jobs → failed — the
-/// engine's `engine_expire_due`, a bounded batch per transaction.
+/// available (ledger `expire`; the part going back to a lapsed grant
+/// `grant_expire`), their unfinished jobs → failed — the engine's
+/// `engine_expire_due`, a bounded batch per transaction.
 fn expire_stale_reservations(
     conn: &mut PgConnection,
     settings: &ReaperSettings,
@@ -168,10 +269,13 @@ fn expire_stale_reservations(
     }
     loop {
         let limit = i32::try_from(settings.batch).unwrap_or(i32::MAX);
-        let expired: Vec<Expired> =
-            diesel::sql_query("SELECT amount, job_failed FROM engine_expire_due($1)")
-                .bind::<Integer, _>(limit)
-                .load(conn)?;
+        let expired: Vec<Expired> = counting_lapses(conn, metrics, |conn| {
+            Ok(
+                diesel::sql_query("SELECT amount, job_failed FROM engine_expire_due($1)")
+                    .bind::<Integer, _>(limit)
+                    .load(conn)?,
+            )
+        })?;
         // Counted once the batch's statement has committed.
         if let Some(metrics) = metrics {
             for reservation in &expired {
@@ -237,12 +341,14 @@ fn fail_exhausted_leases(
         resolved: Option<bool>,
     }
     let limit = i32::try_from(settings.batch).unwrap_or(i32::MAX);
-    let failed: Vec<Failed> = diesel::sql_query(
-        "SELECT to_jsonb(reservation) AS reservation, resolved FROM engine_fail_exhausted_jobs($1, $2)",
-    )
-    .bind::<Integer, _>(limit)
-    .bind::<Integer, _>(settings.job_max_attempts)
-    .load(conn)?;
+    let failed: Vec<Failed> = counting_lapses(conn, metrics, |conn| {
+        Ok(diesel::sql_query(
+            "SELECT to_jsonb(reservation) AS reservation, resolved FROM engine_fail_exhausted_jobs($1, $2)",
+        )
+        .bind::<Integer, _>(limit)
+        .bind::<Integer, _>(settings.job_max_attempts)
+        .load(conn)?)
+    })?;
     for job in failed {
         report.jobs_failed_attempts_exhausted += 1;
         if let (Some(metrics), Some(true), Some(reservation)) =
@@ -282,9 +388,13 @@ fn fix_held_reservations_of_finished_jobs(
         .select(generation_jobs::id)
         .load(conn)?;
     for job_id in candidates {
-        let fixed: Fixed = diesel::sql_query("SELECT outcome, amount FROM engine_fixup($1)")
-            .bind::<SqlUuid, _>(job_id)
-            .get_result(conn)?;
+        let fixed: Fixed = counting_lapses(conn, metrics, |conn| {
+            Ok(
+                diesel::sql_query("SELECT outcome, amount FROM engine_fixup($1)")
+                    .bind::<SqlUuid, _>(job_id)
+                    .get_result(conn)?,
+            )
+        })?;
         let committed = match Outcome::parse(&fixed.outcome)? {
             Outcome::Committed => {
                 report.fixup_commits += 1;

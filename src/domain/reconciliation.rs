@@ -1,5 +1,6 @@
 //! Finance reconciliation for a period `[from, to)`: per account the
-//! roll-forward `opening + credited + adjusted − committed = closing`
+//! roll-forward `opening + credited + adjusted − committed − grant_expired
+//! = closing`
 //! (opening and closing = available + reserved, from the ledger's
 //! balances-after), the movements of the period, succeeded jobs against
 //! their commit entries, and the invariant checks of `checks`. One pass of
@@ -41,6 +42,8 @@ pub struct AccountReconciliation {
     #[diesel(sql_type = BigInt)]
     pub committed: i64,
     #[diesel(sql_type = BigInt)]
+    pub grant_expired: i64,
+    #[diesel(sql_type = BigInt)]
     pub released: i64,
     #[diesel(sql_type = BigInt)]
     pub expired: i64,
@@ -70,7 +73,9 @@ impl AccountReconciliation {
         let checks = [
             (
                 "roll_forward",
-                self.opening() + self.credited + self.adjusted - self.committed,
+                self.opening() + self.credited + self.adjusted
+                    - self.committed
+                    - self.grant_expired,
                 self.closing(),
             ),
             (
@@ -108,8 +113,13 @@ pub struct AccountLine {
     /// taken away).
     pub adjusted: i64,
     /// Tokens spent during the period (generations paid for). The roll-forward
-    /// is `opening + credited + adjusted − committed = closing`.
+    /// is `opening + credited + adjusted − committed − grant_expired =
+    /// closing`.
     pub committed: i64,
+    /// Tokens that left the account during the period because the grant
+    /// holding them lapsed (ledger kind `grant_expire`): unspent tokens of
+    /// a grant past its `expires_at`.
+    pub grant_expired: i64,
     /// Tokens held and not yet spent at the end of the period:
     /// `closing_available + closing_reserved`.
     pub closing: i64,
@@ -156,6 +166,8 @@ pub struct Totals {
     pub adjusted: i64,
     /// Sum of the accounts' `committed`.
     pub committed: i64,
+    /// Sum of the accounts' `grant_expired`.
+    pub grant_expired: i64,
     /// Sum of the accounts' `closing`.
     pub closing: i64,
     /// Sum of the accounts' `reserved` (holds placed during the period).
@@ -306,6 +318,7 @@ fn period_row(
         adjusted: close.adjusted - open.adjusted,
         reserved: close.reserved_total - open.reserved_total,
         committed: close.committed - open.committed,
+        grant_expired: close.grant_expired - open.grant_expired,
         released: close.released - open.released,
         expired: close.expired - open.expired,
         closing_available: close.available,
@@ -332,6 +345,7 @@ fn build_report(
             totals.credited += row.credited;
             totals.adjusted += row.adjusted;
             totals.committed += row.committed;
+            totals.grant_expired += row.grant_expired;
             totals.closing += row.closing();
             totals.reserved += row.reserved;
             totals.released += row.released;
@@ -347,6 +361,7 @@ fn build_report(
                 credited: row.credited,
                 adjusted: row.adjusted,
                 committed: row.committed,
+                grant_expired: row.grant_expired,
                 closing: row.closing(),
                 reserved: row.reserved,
                 released: row.released,
@@ -383,7 +398,8 @@ fn build_report(
 /// `-`, `@`, a tab or a carriage return) is written with a leading `'`.
 pub fn to_csv(report: &Report) -> String {
     let mut csv = String::from(
-        "account_id,name,status,opening,credited,adjusted,committed,closing,reserved,released,expired,\
+        "account_id,name,status,opening,credited,adjusted,committed,grant_expired,closing,reserved,\
+         released,expired,\
          opening_available,opening_reserved,opening_used,closing_available,closing_reserved,closing_used,\
          jobs_succeeded,job_commit_entries,failed_checks\n",
     );
@@ -399,6 +415,7 @@ pub fn to_csv(report: &Report) -> String {
             line.credited,
             line.adjusted,
             line.committed,
+            line.grant_expired,
             line.closing,
             line.reserved,
             line.released,

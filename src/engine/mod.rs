@@ -26,7 +26,7 @@ pub mod types;
 
 use diesel::prelude::*;
 use diesel::sql_types::{
-    Array, BigInt, Bool, Bytea, Integer, Jsonb, Nullable, Text, Uuid as SqlUuid,
+    Array, BigInt, Bool, Bytea, Integer, Jsonb, Nullable, Text, Timestamptz, Uuid as SqlUuid,
 };
 use serde_json::Value;
 use uuid::Uuid;
@@ -35,8 +35,8 @@ use crate::db::prepared;
 use crate::error::ApiError;
 use jobs::JobRequest;
 use types::{
-    AccountId, ExternalRef, Note, Priority, Reason, RequestId, ReservationId, SignedTokens, Tokens,
-    TtlSeconds,
+    AccountId, ExternalRef, GrantExpiry, Note, Priority, Reason, RequestId, ReservationId,
+    SignedTokens, Tokens, TtlSeconds,
 };
 
 pub use outcome::{Answer, Movement, Outcome, Replay};
@@ -68,20 +68,24 @@ pub enum Op {
         request: JobRequest,
         ttl_seconds: i32,
     },
-    /// Makes a grant of `priority` holding `amount`.
+    /// Makes a grant of `priority` holding `amount`, lapsing at
+    /// `expires_at` (`None`: never).
     Credit {
         amount: Tokens,
         external_ref: ExternalRef,
         note: Option<Note>,
         priority: Priority,
+        expires_at: Option<GrantExpiry>,
     },
     /// A positive adjustment makes a grant of `priority` (set exactly
-    /// then); a negative one draws from the grants in draw order.
+    /// then) lapsing at `expires_at` (only then; `None`: never); a negative
+    /// one draws from the grants in draw order.
     Adjust {
         amount: SignedTokens,
         reason: Reason,
         external_ref: ExternalRef,
         priority: Option<Priority>,
+        expires_at: Option<GrantExpiry>,
     },
     /// A worker's fenced finish of the job it holds under `lease_token`:
     /// success (`Ok(result)`) commits the job's cost, failure (`Err(error)`)
@@ -168,7 +172,7 @@ struct Row {
 /// operation (see `sql/70_apply.sql` for which fields each operation sets).
 pub const APPLY_SQL: &str = "SELECT op_position, outcome, detail, object \
      FROM engine_apply($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
-                       $18, $19, $20, $21, $22, $23, $24, $25) ORDER BY op_position";
+                       $18, $19, $20, $21, $22, $23, $24, $25, $26) ORDER BY op_position";
 
 /// A batch as `engine_apply`'s arrays: element i of each is operation i's.
 /// New ids are chosen here.
@@ -199,6 +203,7 @@ struct Columns {
     result: Vec<Option<Value>>,
     error: Vec<Option<Value>>,
     priority: Vec<Option<i32>>,
+    expires_at: Vec<Option<chrono::DateTime<chrono::Utc>>>,
 }
 
 /// One operation's fields; what an operation does not set stays `None`.
@@ -222,6 +227,7 @@ struct Fields {
     result: Option<Value>,
     error: Option<Value>,
     priority: Option<i32>,
+    expires_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 impl Op {
@@ -304,6 +310,7 @@ impl Op {
                 external_ref,
                 note,
                 priority,
+                expires_at,
             } => (
                 "credit",
                 Fields {
@@ -312,6 +319,7 @@ impl Op {
                     external_ref: Some(external_ref.as_str().to_owned()),
                     note: note.as_ref().map(|note| note.as_str().to_owned()),
                     priority: Some(i32::from(priority.get())),
+                    expires_at: expires_at.map(GrantExpiry::get),
                     ..Fields::default()
                 },
             ),
@@ -320,6 +328,7 @@ impl Op {
                 reason,
                 external_ref,
                 priority,
+                expires_at,
             } => (
                 "adjust",
                 Fields {
@@ -328,6 +337,7 @@ impl Op {
                     external_ref: Some(external_ref.as_str().to_owned()),
                     reason: Some(reason.as_str().to_owned()),
                     priority: priority.map(|priority| i32::from(priority.get())),
+                    expires_at: expires_at.map(GrantExpiry::get),
                     ..Fields::default()
                 },
             ),
@@ -399,6 +409,7 @@ impl Columns {
             columns.result.push(fields.result);
             columns.error.push(fields.error);
             columns.priority.push(fields.priority);
+            columns.expires_at.push(fields.expires_at);
         }
         columns
     }
@@ -407,6 +418,22 @@ impl Columns {
 /// Applies `operations` in order, in one statement (its own transaction,
 /// unless the caller opened one). One answer per operation, in order.
 pub fn apply(conn: &mut PgConnection, operations: &[Operation]) -> Result<Vec<Answer>, ApiError> {
+    Ok(apply_counted(conn, operations)?.answers)
+}
+
+/// A batch's answers, and the tokens of lapsed grants it expired (a spend
+/// or a removal lapsing them on access, a reservation's rest going back to
+/// a lapsed grant), for `token_billing_tokens_total{movement="grant_expired"}`.
+pub struct Applied {
+    pub answers: Vec<Answer>,
+    pub grant_expired: i64,
+}
+
+/// [`apply`], with the tokens the batch's grant lapses took.
+pub fn apply_counted(
+    conn: &mut PgConnection,
+    operations: &[Operation],
+) -> Result<Applied, ApiError> {
     let columns = Columns::of(operations);
     let rows: Vec<Row> = prepared(APPLY_SQL)
         .bind::<Array<Text>, _>(&columns.op)
@@ -434,7 +461,15 @@ pub fn apply(conn: &mut PgConnection, operations: &[Operation]) -> Result<Vec<An
         .bind::<Array<Nullable<Jsonb>>, _>(&columns.result)
         .bind::<Array<Nullable<Jsonb>>, _>(&columns.error)
         .bind::<Array<Nullable<Integer>>, _>(&columns.priority)
+        .bind::<Array<Nullable<Timestamptz>>, _>(&columns.expires_at)
         .load(conn)?;
+    // Position 0 (first, by the ORDER BY): the grant lapses' tokens.
+    let (lapses, rows): (Vec<Row>, Vec<Row>) =
+        rows.into_iter().partition(|row| row.op_position == 0);
+    let grant_expired = lapses
+        .iter()
+        .filter_map(|row| row.detail.as_ref()?.get("tokens")?.as_i64())
+        .sum();
     if rows.len() != operations.len()
         || rows
             .iter()
@@ -447,7 +482,8 @@ pub fn apply(conn: &mut PgConnection, operations: &[Operation]) -> Result<Vec<An
             operations.len()
         )));
     }
-    rows.into_iter()
+    let answers = rows
+        .into_iter()
         .map(|row| {
             Ok(Answer {
                 outcome: Outcome::parse(&row.outcome)?,
@@ -455,7 +491,11 @@ pub fn apply(conn: &mut PgConnection, operations: &[Operation]) -> Result<Vec<An
                 object: row.object,
             })
         })
-        .collect()
+        .collect::<Result<_, ApiError>>()?;
+    Ok(Applied {
+        answers,
+        grant_expired,
+    })
 }
 
 /// One operation alone (a batch of one).

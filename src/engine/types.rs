@@ -146,6 +146,80 @@ impl From<Priority> for i64 {
     }
 }
 
+/// When a grant lapses: an instant in the future, at most
+/// [`GRANT_EXPIRY_MAX_YEARS`] years ahead, as RFC 3339 (kept to the
+/// microsecond, as PostgreSQL stores it, so an answer and a replay compare
+/// what was stored).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(
+    try_from = "chrono::DateTime<chrono::Utc>",
+    into = "chrono::DateTime<chrono::Utc>"
+)]
+pub struct GrantExpiry(chrono::DateTime<chrono::Utc>);
+
+/// How far ahead a grant's expiry may lie.
+pub const GRANT_EXPIRY_MAX_YEARS: i64 = 10;
+
+impl GrantExpiry {
+    pub fn get(self) -> chrono::DateTime<chrono::Utc> {
+        self.0
+    }
+
+    /// `at` as an expiry decided at `now`.
+    pub fn at(
+        at: chrono::DateTime<chrono::Utc>,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Result<GrantExpiry, String> {
+        use chrono::{DurationRound, TimeDelta};
+        let at = at
+            .duration_trunc(TimeDelta::microseconds(1))
+            .map_err(|error| format!("expires_at cannot be stored: {error}"))?;
+        if at <= now {
+            return Err(format!(
+                "expires_at must lie in the future, got {}",
+                at.to_rfc3339()
+            ));
+        }
+        // 365.25 days a year: ten years from now, leap days included.
+        if at - now > TimeDelta::days(GRANT_EXPIRY_MAX_YEARS * 36_525 / 100) {
+            return Err(format!(
+                "expires_at must lie within {GRANT_EXPIRY_MAX_YEARS} years, got {}",
+                at.to_rfc3339()
+            ));
+        }
+        Ok(GrantExpiry(at))
+    }
+}
+
+impl TryFrom<chrono::DateTime<chrono::Utc>> for GrantExpiry {
+    type Error = String;
+    fn try_from(at: chrono::DateTime<chrono::Utc>) -> Result<Self, String> {
+        GrantExpiry::at(at, chrono::Utc::now())
+    }
+}
+
+impl From<GrantExpiry> for chrono::DateTime<chrono::Utc> {
+    fn from(expiry: GrantExpiry) -> Self {
+        expiry.0
+    }
+}
+
+impl utoipa::PartialSchema for GrantExpiry {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .format(Some(utoipa::openapi::SchemaFormat::KnownFormat(
+                utoipa::openapi::KnownFormat::DateTime,
+            )))
+            .description(Some(
+                "When the grant lapses (RFC 3339): in the future and within 10 years.",
+            ))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for GrantExpiry {}
+
 /// Tokens a reservation drew from one grant (`reservations.draws` holds
 /// them in draw order). `grant_id` is null only on an account whose grants
 /// did not hold its available tokens (a broken invariant the checks report).

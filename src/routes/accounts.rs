@@ -542,8 +542,9 @@ async fn list_ledger(
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 struct GrantsQuery {
-    /// Only grants in this status: `active` (holds tokens), `depleted`, or
-    /// `expired` (none yet: grants do not expire so far).
+    /// Only grants in this status: `active` (not lapsed, holds tokens),
+    /// `depleted` (not lapsed, holds none), or `expired` (its expiry has
+    /// passed).
     #[param(pattern = "^(active|expired|depleted)$")]
     status: Option<String>,
     /// Grants after this `grant_id`: the previous page's `next_after`.
@@ -555,7 +556,8 @@ struct GrantsQuery {
 
 /// The account's credit grants, in creation order.
 ///
-/// Reservations draw from them by `priority` (0 first), then creation order;
+/// Reservations draw from them by `priority` (0 first), then the soonest
+/// expiry (grants that never expire last), then creation order;
 /// `remaining` is what can still be drawn, `reserved` what held reservations
 /// have drawn. `next_after` is the cursor of the next page.
 #[utoipa::path(

@@ -7,7 +7,9 @@ use uuid::Uuid;
 use super::{created, replayed, JsonObject, State};
 use crate::domain::api_keys::Caller;
 use crate::domain::credits::{AdjustmentView, CreditView};
-use crate::domain::types::{AccountId, ExternalRef, Note, Priority, Reason, SignedTokens, Tokens};
+use crate::domain::types::{
+    AccountId, ExternalRef, GrantExpiry, Note, Priority, Reason, SignedTokens, Tokens,
+};
 use crate::engine::{Authority, Op, Operation, Replay};
 use crate::error::{ApiError, Problem};
 
@@ -25,14 +27,19 @@ struct CreateCredit {
     /// The priority of the grant this credit makes: 0 … 100, default 50;
     /// grants of a lower priority are drawn first.
     priority: Option<Priority>,
+    /// When the grant lapses (RFC 3339, in the future, within 10 years);
+    /// omitted or null: never. What it still holds then leaves the account
+    /// (ledger kind `grant_expire`).
+    expires_at: Option<GrantExpiry>,
 }
 
 /// Adds tokens (a top-up) as a new grant.
 ///
-/// Idempotent on `external_ref` (the priority is part of the compared
-/// body).
+/// Idempotent on `external_ref` (the priority and the expiry are part of
+/// the compared body).
 /// Reservations draw from the account's grants by priority (0 first), then
-/// creation order.
+/// the soonest expiry (grants that never expire last), then creation
+/// order.
 #[utoipa::path(
     tag = "credits",
     params(("account_id" = Uuid, Path, description = "The account")),
@@ -43,7 +50,7 @@ struct CreateCredit {
         (status = 200, description = "A replay of the same credit: nothing new was credited",
          body = CreditView,
          headers(("Idempotent-Replayed" = String, description = "`true`"))),
-        (status = 400, description = "Invalid JSON, path, amount, priority or text",
+        (status = 400, description = "Invalid JSON, path, amount, priority, expires_at or text",
          body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Not an admin key",
          body = Problem, content_type = "application/problem+json"),
@@ -70,12 +77,14 @@ async fn create_credit(
         external_ref,
         note,
         priority,
+        expires_at,
     } = body.into_inner();
     let op = Op::Credit {
         amount,
         external_ref,
         note,
         priority: priority.unwrap_or_default(),
+        expires_at,
     };
     let (operation, answer) = state
         .coalescer
@@ -122,6 +131,9 @@ struct CreateAdjustment {
     /// A positive adjustment only: the priority of the grant it makes,
     /// 0 … 100, default 50.
     priority: Option<Priority>,
+    /// A positive adjustment only: when the grant it makes lapses (as for
+    /// a credit); omitted or null: never.
+    expires_at: Option<GrantExpiry>,
 }
 
 /// Adds or removes tokens, with a reason.
@@ -139,7 +151,7 @@ struct CreateAdjustment {
         (status = 200, description = "A replay of the same adjustment: nothing new was adjusted",
          body = AdjustmentView,
          headers(("Idempotent-Replayed" = String, description = "`true`"))),
-        (status = 400, description = "Invalid JSON, path, amount, priority (a removal takes none) or text",
+        (status = 400, description = "Invalid JSON, path, amount, priority or expires_at (a removal takes neither) or text",
          body = Problem, content_type = "application/problem+json"),
         (status = 402, description = "A removal larger than the available tokens",
          body = Problem, content_type = "application/problem+json"),
@@ -168,12 +180,14 @@ async fn create_adjustment(
         reason,
         external_ref,
         priority,
+        expires_at,
     } = body.into_inner();
     let priority = if amount.get() > 0 {
         Some(priority.unwrap_or_default())
-    } else if priority.is_some() {
+    } else if priority.is_some() || expires_at.is_some() {
         return Err(ApiError::InvalidRequest(
-            "priority applies to a positive adjustment only (a removal makes no grant)".into(),
+            "priority and expires_at apply to a positive adjustment only (a removal makes no grant)"
+                .into(),
         ));
     } else {
         None
@@ -183,6 +197,7 @@ async fn create_adjustment(
         reason,
         external_ref,
         priority,
+        expires_at,
     };
     let (operation, answer) = state
         .coalescer

@@ -1,8 +1,8 @@
-// One account: balances and the invariant, the balance chart over a
-// period, reservations in flight, recent jobs, the ledger, and (admin)
-// kiosk keys, credit, adjustment, suspend/reactivate and limits.
-// Five requests: the account, the period's ledger, held reservations,
-// recent jobs, and (admin) the account's keys.
+// One account: balances and the invariant, its credit grants, the
+// balance chart over a period, reservations in flight, recent jobs, the
+// ledger, and (admin) kiosk keys, credit, adjustment, suspend/reactivate
+// and limits. Six requests: the account, its grants, the period's ledger,
+// held reservations, recent jobs, and (admin) the account's keys.
 
 import { freshId, get, query, request } from "./api.js";
 import { balanceChart, pointsOf } from "./chart.js";
@@ -22,6 +22,14 @@ const PERIODS = [
 /** The chart reads at most this many ledger pages of 1,000 entries. */
 const LEDGER_PAGES_MAX = 5;
 const LEDGER_ROWS_PER_PAGE = 20;
+/** The grants card reads at most this many pages of 100 grants. */
+const GRANT_PAGES_MAX = 5;
+
+/** An `<input type=datetime-local>` value, read as UTC, in RFC 3339 ("2026-12-05T10:00:00Z"). */
+function utcFromInput(value) {
+  const seconds = value.length === 16 ? `${value}:00` : value;
+  return new Date(`${seconds}Z`).toISOString().replace(/\.000Z$/, "Z");
+}
 
 export async function renderAccount(container, context, accountId) {
   const base = `/v1/accounts/${encodeURIComponent(accountId)}`;
@@ -29,6 +37,7 @@ export async function renderAccount(container, context, accountId) {
   const sections = {
     header: h("div"),
     balances: h("section", { class: "card", "aria-labelledby": "balances-title" }),
+    grants: h("section", { class: "card", "aria-labelledby": "grants-title" }),
     chart: h("section", { class: "card", "aria-labelledby": "chart-title" }),
     inFlight: h("section", { class: "card", "aria-labelledby": "in-flight-title" }),
     jobs: h("section", { class: "card", "aria-labelledby": "jobs-title" }),
@@ -40,6 +49,7 @@ export async function renderAccount(container, context, accountId) {
     h("p", {}, h("a", { href: "#/accounts" }, "← All accounts")),
     sections.header,
     sections.balances,
+    sections.grants,
     sections.chart,
     sections.inFlight,
     sections.jobs,
@@ -57,8 +67,9 @@ export async function renderAccount(container, context, accountId) {
       h("p", { class: "muted" }, `Account ${account.account_id} · created ${time(account.created_at)}`),
     );
     const inflow = account.credited + account.adjusted;
-    const held = account.available + account.reserved + account.used;
-    const holds = inflow === held;
+    const grantExpired = account.grant_expired;
+    const accounted = account.available + account.reserved + account.used + grantExpired;
+    const holds = inflow === accounted;
     const figure = (name, value) =>
       h("div", { class: "figure" }, h("span", { class: "figure-label" }, name), h("span", { class: "figure-value", id: `balance-${name}` }, tokens(value)));
     clear(sections.balances).append(
@@ -77,7 +88,7 @@ export async function renderAccount(container, context, accountId) {
         { id: "invariant", class: holds ? "invariant ok" : "invariant broken" },
         `credited ${tokens(account.credited)} + adjusted ${tokens(account.adjusted)} = ${tokens(inflow)}`,
         holds ? " = " : " ≠ ",
-        `available ${tokens(account.available)} + reserved ${tokens(account.reserved)} + used ${tokens(account.used)} = ${tokens(held)}`,
+        `available ${tokens(account.available)} + reserved ${tokens(account.reserved)} + used ${tokens(account.used)} + grant expired ${tokens(grantExpired)} = ${tokens(accounted)}`,
         holds ? " ✓ holds" : " ✗ broken",
       ),
       h(
@@ -178,6 +189,64 @@ export async function renderAccount(container, context, accountId) {
     );
   };
 
+  let grants = [];
+  let grantsTruncated = false;
+  const loadGrants = async () => {
+    const loaded = [];
+    let after = null;
+    let truncated = false;
+    for (let page = 0; page < GRANT_PAGES_MAX; page += 1) {
+      const data = await get(`${base}/grants${query({ limit: 100, after })}`);
+      loaded.push(...data.grants);
+      after = data.next_after;
+      if (!after) break;
+      truncated = page === GRANT_PAGES_MAX - 1;
+    }
+    grants = loaded;
+    grantsTruncated = truncated;
+  };
+
+  const grantCountdowns = [];
+  const showGrants = () => {
+    grantCountdowns.length = 0;
+    const rows = grants.map((grant) => {
+      const expires = h("td", { "data-field": "expires" });
+      if (!grant.expires_at) {
+        expires.append("never");
+      } else if (grant.status === "active") {
+        const left = h("span", { class: "countdown", "data-expires-at": grant.expires_at }, countdown(grant.expires_at));
+        grantCountdowns.push(left);
+        expires.append(time(grant.expires_at), " · ", left);
+      } else {
+        expires.append(time(grant.expires_at));
+      }
+      return h(
+        "tr",
+        { "data-grant-id": grant.grant_id },
+        h("td", { "data-field": "grant" }, h("code", { title: grant.grant_id }, grant.grant_id.slice(0, 8))),
+        h("td", { class: "number", "data-field": "priority" }, grant.priority),
+        h("td", { class: "number", "data-field": "amount" }, tokens(grant.amount)),
+        h("td", { class: "number", "data-field": "remaining" }, tokens(grant.remaining)),
+        h("td", { class: "number", "data-field": "reserved" }, tokens(grant.reserved)),
+        h("td", { "data-field": "status" }, statusBadge(grant.status)),
+        expires,
+        h("td", { "data-field": "created" }, time(grant.created_at)),
+      );
+    });
+    clear(sections.grants).append(
+      h("h2", { id: "grants-title" }, "Grants"),
+      h(
+        "p",
+        { class: "muted", id: "grants-draw-order" },
+        "Draw order: reservations, jobs and removals take tokens from the lowest priority first (0 before 100), then from the grant that expires soonest (grants that never expire last), then from the oldest.",
+      ),
+      grants.length
+        ? table("Credit grants, oldest first", ["Grant", "Priority", "Amount", "Remaining", "Reserved", "Status", "Expires", "Created"], rows, { id: "grants-table" })
+        : h("p", { id: "grants-none" }, "No grants yet: every credit makes one."),
+      grantsTruncated ? h("p", { class: "muted" }, `The first ${tokens(grants.length)} grants only.`) : null,
+    );
+  };
+
   let held = [];
   const countdowns = [];
   const showInFlight = () => {
@@ -204,7 +273,7 @@ export async function renderAccount(container, context, accountId) {
   };
   context.every(1000, () => {
     const now = Date.now();
-    countdowns.forEach((cell) => {
+    [...countdowns, ...grantCountdowns].forEach((cell) => {
       cell.textContent = countdown(cell.dataset.expiresAt, now);
     });
   });
@@ -242,12 +311,14 @@ export async function renderAccount(container, context, accountId) {
       loadLedger(),
       get(`${base}/reservations${query({ state: "held", limit: 100 })}`),
       get(`${base}/jobs${query({ limit: 10 })}`),
+      loadGrants(),
     ];
     const [fresh, , reservations, jobPage] = await Promise.all(requests);
     account = fresh;
     held = reservations.reservations;
     jobs = jobPage.jobs;
     showAccount();
+    showGrants();
     showChart();
     showInFlight();
     showJobs();
@@ -388,12 +459,23 @@ export async function renderAccount(container, context, accountId) {
   function creditForm() {
     const amount = field("Tokens", { name: "amount", type: "number", min: 1, max: 1000000, required: true });
     const note = field("Note (optional)", { name: "note", maxlength: 1000 });
+    const priority = field("Priority (optional; 0 is drawn first, default 50)", { name: "priority", type: "number", min: 0, max: 100, step: 1 });
+    const expires = field("Expires at (UTC, optional)", { name: "expires_at", type: "datetime-local" });
     return moneyForm(
       "Credit",
       "credit",
-      [amount, note],
-      () => ({ amount: Number(amount.control.value), ...(note.control.value ? { note: note.control.value } : {}) }),
-      (data) => `Credited ${tokens(data.amount)} tokens`,
+      [amount, note, priority, expires],
+      () => ({
+        amount: Number(amount.control.value),
+        ...(note.control.value ? { note: note.control.value } : {}),
+        ...(priority.control.value !== "" ? { priority: Number(priority.control.value) } : {}),
+        ...(expires.control.value ? { expires_at: utcFromInput(expires.control.value) } : {}),
+      }),
+      (data) =>
+        `Credited ${tokens(data.amount)} tokens` +
+        (typeof data.priority === "number"
+          ? ` (priority ${data.priority}, ${data.expires_at ? `expires ${time(data.expires_at)}` : "never expires"})`
+          : ""),
     );
   }
 

@@ -24,6 +24,14 @@ export function balancesBefore(entry) {
     case "release":
     case "expire":
       return { ...after, available: after.available - amount, reserved: after.reserved + amount };
+    case "grant_expire":
+      // A lapsed grant's tokens leave the account: from `reserved` when the
+      // entry names a reservation (a return to a lapsed grant), else from
+      // `available` (the amount is positive, as for every kind but an
+      // adjustment).
+      return entry.reservation_id
+        ? { ...after, reserved: after.reserved + amount }
+        : { ...after, available: after.available + amount };
     default:
       return after;
   }

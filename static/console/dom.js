@@ -51,12 +51,16 @@ export function time(value) {
   return date.toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC");
 }
 
-/** "in 4 min 05 s" / "expired 3 s ago" */
+/** "in 4 min 05 s" / "expired 3 s ago"; from an hour on "in 5 h 03 min", from a day on "in 1 d 23 h" */
 export function countdown(until, now = Date.now()) {
   const seconds = Math.round((new Date(until).getTime() - now) / 1000);
   const text = (total) => {
+    const days = Math.floor(total / 86400);
+    const hours = Math.floor(total / 3600);
     const minutes = Math.floor(total / 60);
     const rest = String(total % 60).padStart(2, "0");
+    if (days > 0) return `${days} d ${hours % 24} h`;
+    if (hours > 0) return `${hours} h ${String(minutes % 60).padStart(2, "0")} min`;
     return minutes > 0 ? `${minutes} min ${rest} s` : `${total} s`;
   };
   return seconds >= 0 ? `in ${text(seconds)}` : `expired ${text(-seconds)} ago`;

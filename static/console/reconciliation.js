@@ -74,7 +74,7 @@ export async function renderReconciliation(container, context) {
       failed.set(discrepancy.account_id, list);
     }
     const totals = report.totals;
-    const totalNames = ["accounts", "opening", "credited", "adjusted", "committed", "closing", "reserved", "released", "expired", "jobs_succeeded", "job_commit_entries"];
+    const totalNames = ["accounts", "opening", "credited", "adjusted", "committed", "grant_expired", "closing", "reserved", "released", "expired", "jobs_succeeded", "job_commit_entries"];
     clear(result).append(
       h(
         "section",
@@ -90,7 +90,7 @@ export async function renderReconciliation(container, context) {
         report.accounts.length
           ? table(
             "Accounts of the period",
-            ["Account", "Account id", "Status", "Opening", "Credited", "Adjusted", "Committed", "Closing", "Failed checks"],
+            ["Account", "Account id", "Status", "Opening", "Credited", "Adjusted", "Committed", "Grant expired", "Closing", "Failed checks"],
             report.accounts.map((line) => {
               const checks = failed.get(line.account_id) || [];
               return h(
@@ -103,6 +103,7 @@ export async function renderReconciliation(container, context) {
                 h("td", { class: "number" }, tokens(line.credited)),
                 h("td", { class: "number" }, tokens(line.adjusted)),
                 h("td", { class: "number" }, tokens(line.committed)),
+                h("td", { class: "number" }, tokens(line.grant_expired)),
                 h("td", { class: "number" }, tokens(line.closing)),
                 h("td", {}, checks.map((check) => `${check.check} (expected ${check.expected}, got ${check.actual})`).join("; ") || "—"),
               );

@@ -210,6 +210,7 @@ async fn system_summary_is_for_finance_and_admin_and_counts_what_is_in_flight() 
     let settings = ReaperSettings {
         batch: REAPER_BATCH_MAX,
         job_max_attempts: 3,
+        grant_expiring_notice_hours: 72,
     };
     tokio::task::spawn_blocking(move || {
         run_pass_exclusive(&mut conn, &settings, None).expect("pass")

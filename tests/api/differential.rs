@@ -713,6 +713,7 @@ async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut Pg
                 &ReaperSettings {
                     batch: 500,
                     job_max_attempts: MAX_ATTEMPTS,
+                    grant_expiring_notice_hours: 72,
                 },
                 None,
             )

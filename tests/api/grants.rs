@@ -196,8 +196,7 @@ async fn bad_priorities_and_unknown_fields_change_nothing() {
         json!({"amount": 1, "external_ref": "p2", "priority": -1}),
         json!({"amount": 1, "external_ref": "p3", "priority": "high"}),
         json!({"amount": 1, "external_ref": "p4", "priority": 1.5}),
-        // Expiry is not offered yet: an unknown field.
-        json!({"amount": 1, "external_ref": "p5", "expires_at": "2030-01-01T00:00:00Z"}),
+        json!({"amount": 1, "external_ref": "p5", "expiry": "2030-01-01T00:00:00Z"}),
     ] {
         let response = app
             .post(&format!("/v1/accounts/{account}/credits"), ADMIN_KEY, &body)
@@ -329,12 +328,23 @@ async fn the_upgrade_turns_balances_into_grants_and_the_books_still_reconcile() 
     }
 
     let mut conn = app.conn();
-    let down = include_str!("../../migrations/2026-12-02-000020_credit_grants/down.sql");
-    let up = include_str!("../../migrations/2026-12-02-000020_credit_grants/up.sql");
-    conn.batch_execute(&format!("BEGIN; {down} COMMIT;"))
-        .expect("down");
-    conn.batch_execute(&format!("BEGIN; {up} COMMIT;"))
-        .expect("up");
+    // Back to before grants (their expiry first), and up again.
+    let down = [
+        include_str!("../../migrations/2026-12-02-000030_grant_expiry/down.sql"),
+        include_str!("../../migrations/2026-12-02-000020_credit_grants/down.sql"),
+    ];
+    let up = [
+        include_str!("../../migrations/2026-12-02-000020_credit_grants/up.sql"),
+        include_str!("../../migrations/2026-12-02-000030_grant_expiry/up.sql"),
+    ];
+    for down in down {
+        conn.batch_execute(&format!("BEGIN; {down} COMMIT;"))
+            .expect("down");
+    }
+    for up in up {
+        conn.batch_execute(&format!("BEGIN; {up} COMMIT;"))
+            .expect("up");
+    }
 
     #[derive(QueryableByName, Debug, PartialEq)]
     struct GrantRow {

@@ -648,19 +648,27 @@ pub fn ledger_of(conn: &mut PgConnection, account: Uuid) -> Vec<(String, i64, i6
 
 pub fn assert_account_invariants(conn: &mut PgConnection, account: Uuid) -> Balances {
     use token_billing::db::schema::{accounts, reservations};
-    let (available, reserved, used, credited, adjusted, active): (i64, i64, i64, i64, i64, i32) =
-        accounts::table
-            .find(account)
-            .select((
-                accounts::available,
-                accounts::reserved,
-                accounts::used,
-                accounts::credited,
-                accounts::adjusted,
-                accounts::active_reservations,
-            ))
-            .first(conn)
-            .expect("account");
+    let (available, reserved, used, credited, adjusted, grant_expired, active): (
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        i32,
+    ) = accounts::table
+        .find(account)
+        .select((
+            accounts::available,
+            accounts::reserved,
+            accounts::used,
+            accounts::credited,
+            accounts::adjusted,
+            accounts::grant_expired,
+            accounts::active_reservations,
+        ))
+        .first(conn)
+        .expect("account");
     let balances = Balances {
         available,
         reserved,
@@ -668,7 +676,7 @@ pub fn assert_account_invariants(conn: &mut PgConnection, account: Uuid) -> Bala
     };
     assert_eq!(
         credited + adjusted,
-        balances.total(),
+        balances.total() + grant_expired,
         "conservation of tokens for {account}"
     );
     let held: Vec<i64> = reservations::table
@@ -687,10 +695,25 @@ pub fn assert_account_invariants(conn: &mut PgConnection, account: Uuid) -> Bala
         active,
         "active_reservations = held count"
     );
-    let entries = ledger_of(conn, account);
+    let entries: Vec<(String, i64, i64, i64, i64, bool)> = {
+        use token_billing::db::schema::ledger_entries;
+        ledger_entries::table
+            .filter(ledger_entries::account_id.eq(account))
+            .order(ledger_entries::id.asc())
+            .select((
+                ledger_entries::kind,
+                ledger_entries::amount,
+                ledger_entries::available_after,
+                ledger_entries::reserved_after,
+                ledger_entries::used_after,
+                ledger_entries::reservation_id.is_not_null(),
+            ))
+            .load(conn)
+            .expect("ledger")
+    };
     let mut running = Balances::default();
-    for (kind, amount, available_after, reserved_after, used_after) in &entries {
-        running = replay_step(running, kind, *amount);
+    for (kind, amount, available_after, reserved_after, used_after, of_reservation) in &entries {
+        running = replay_step(running, kind, *amount, *of_reservation);
         assert_eq!(
             running,
             Balances {
@@ -704,17 +727,17 @@ pub fn assert_account_invariants(conn: &mut PgConnection, account: Uuid) -> Bala
     let replayed = replay(
         entries
             .iter()
-            .map(|(kind, amount, ..)| (kind.as_str(), *amount)),
+            .map(|(kind, amount, .., of_reservation)| (kind.as_str(), *amount, *of_reservation)),
     )
     .expect("replay");
     assert_eq!(replayed, balances, "ledger replay = balance columns");
     balances
 }
 
-fn replay_step(before: Balances, kind: &str, amount: i64) -> Balances {
+fn replay_step(before: Balances, kind: &str, amount: i64, of_reservation: bool) -> Balances {
     token_billing::domain::ledger::EntryKind::parse(kind)
         .expect("known kind")
-        .apply(before, amount)
+        .apply(before, amount, of_reservation)
 }
 
 /// A real key with the last character of its secret changed: the key id
@@ -828,6 +851,7 @@ pub fn credit(conn: &mut PgConnection, account: AccountId, tokens: i64) {
         external_ref: ExternalRef::try_from(format!("credit-{}", Uuid::new_v4())).expect("ref"),
         note: None,
         priority: Default::default(),
+        expires_at: None,
     };
     engine(conn, account, op).expect("credit");
 }

@@ -117,6 +117,7 @@ fn write_history(conn: &mut PgConnection, steps: &[(Step, i64)]) -> AccountId {
                 external_ref: reference(),
                 note: None,
                 priority: Default::default(),
+                expires_at: None,
             }),
             Step::Reserve(amount) => Some(Op::Reserve {
                 request_id: RequestId(Uuid::new_v4()),
@@ -153,11 +154,14 @@ struct Entry {
     amount: i64,
     #[diesel(sql_type = Timestamptz)]
     created_at: DateTime<Utc>,
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    of_reservation: bool,
 }
 
 fn entries(conn: &mut PgConnection, account: AccountId) -> Vec<Entry> {
     diesel::sql_query(
-        "SELECT kind, amount, created_at FROM ledger_entries WHERE account_id = $1 ORDER BY id",
+        "SELECT kind, amount, created_at, reservation_id IS NOT NULL AS of_reservation \
+         FROM ledger_entries WHERE account_id = $1 ORDER BY id",
     )
     .bind::<diesel::sql_types::Uuid, _>(account.0)
     .load(conn)
@@ -170,7 +174,7 @@ fn replay_until(entries: &[Entry], at: DateTime<Utc>) -> (i64, i64, i64) {
         entries
             .iter()
             .filter(|entry| entry.created_at <= at)
-            .map(|entry| (entry.kind.as_str(), entry.amount)),
+            .map(|entry| (entry.kind.as_str(), entry.amount, entry.of_reservation)),
     )
     .expect("known kinds");
     (balances.available, balances.reserved, balances.used)
@@ -282,6 +286,7 @@ fn closed_history(database: &TestDatabase) -> (PgConnection, AccountId) {
                 external_ref: reference(),
                 note: None,
                 priority: Default::default(),
+                expires_at: None,
             },
         )
         .expect("credit");
@@ -369,6 +374,7 @@ async fn balances_as_of_over_http_and_the_cli() {
                 external_ref: reference(),
                 note: None,
                 priority: Default::default(),
+                expires_at: None,
             },
         )
         .expect("credit");

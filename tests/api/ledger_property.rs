@@ -90,6 +90,7 @@ fn run(conn: &mut PgConnection, steps: &[Step]) {
                     external_ref: fresh_reference(),
                     note: None,
                     priority: Default::default(),
+                    expires_at: None,
                 },
             )
             .map(|_| ()),
@@ -101,6 +102,7 @@ fn run(conn: &mut PgConnection, steps: &[Step]) {
                     reason: Reason::try_from("correction".to_owned()).expect("reason"),
                     external_ref: fresh_reference(),
                     priority: (*amount > 0).then(Default::default),
+                    expires_at: None,
                 },
             )
             .map(|_| ()),

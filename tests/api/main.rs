@@ -22,6 +22,7 @@ mod docs_agree;
 mod failover;
 mod fencing;
 mod frozen_files;
+mod grant_expiry;
 mod grants;
 mod history;
 mod jobs;

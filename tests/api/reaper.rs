@@ -27,6 +27,7 @@ use crate::helpers::{
 const SETTINGS: ReaperSettings = ReaperSettings {
     batch: 500,
     job_max_attempts: 3,
+    grant_expiring_notice_hours: 72,
 };
 
 fn funded(conn: &mut PgConnection, tokens: i64) -> AccountId {

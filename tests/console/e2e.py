@@ -4,9 +4,11 @@
 Driven by tests/console/run.sh, which starts the service on a fresh database
 and sets TB_URL, TB_ADMIN_KEY, CONSOLE_SCREENSHOTS and CONSOLE_DOWNLOADS.
 
-The scenario: sign in as admin, create an account, credit it, create a kiosk
-key (its secret shown once), reserve and commit through the API as the kiosk,
-see the balances and the chart change, download the reconciliation CSV and
+The scenario: sign in as admin, create an account, credit it, credit it a
+second grant that expires in two days (priority 10, drawn first), see both
+grants, create a kiosk key (its secret shown once), reserve and commit
+through the API as the kiosk, see the balances, the grants and the chart
+change, download the reconciliation CSV and
 check its rows, see the system page, sign in as finance and find no write
 control, try a kiosk key and be refused. At 1280x800 and at a tablet width
 (820x1180) every page must fit without horizontal scrolling, and every form
@@ -23,6 +25,7 @@ import sys
 import urllib.error
 import urllib.request
 import uuid
+from datetime import datetime, timedelta, timezone
 
 from selenium import webdriver
 from selenium.common.exceptions import TimeoutException
@@ -285,6 +288,34 @@ def scenario(driver):
     check(account["credited"] == 50, f"a refused credit changed the account: {account}")
     wait_text(driver, "#balance-chart figcaption", "1 ledger entries")
     wait_text(driver, "#invariant", "holds")
+
+    # A second grant, through the API: 5 tokens lapsing in 48 hours, priority
+    # 10, so drawn before the 50 (priority 50, never expires).
+    expires = (datetime.now(timezone.utc) + timedelta(hours=48)).replace(microsecond=0)
+    status, promo = api("POST", f"/v1/accounts/{account_id}/credits", ADMIN_KEY,
+                        {"amount": 5, "priority": 10, "external_ref": f"promo-{suffix}",
+                         "expires_at": expires.strftime("%Y-%m-%dT%H:%M:%SZ")})
+    check(status == 201 and promo["priority"] == 10 and promo["grant_id"]
+          and datetime.fromisoformat(promo["expires_at"]) == expires, f"expiring credit {status} {promo}")
+    driver.find_element(By.ID, "refresh-account").click()
+    wait_text(driver, "#balance-available", "55")
+    wait_text(driver, "#balance-chart figcaption", "2 ledger entries")
+    wait(driver).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#grants-table tbody tr")) == 2)
+    grant_rows = driver.find_elements(By.CSS_SELECTOR, "#grants-table tbody tr")
+    # Creation order: the 50 first, never expiring; then the promotion.
+    check(grant_rows[1].get_attribute("data-grant-id") == promo["grant_id"],
+          f"grants order {[r.get_attribute('data-grant-id') for r in grant_rows]}")
+    check(grant_rows[0].find_element(By.CSS_SELECTOR, "[data-field=expires]").text == "never",
+          f"the 50's expiry {grant_rows[0].text!r}")
+    promo_row = f"#grants-table tr[data-grant-id='{promo['grant_id']}']"
+    check(text_of(driver, f"{promo_row} [data-field=status]") == "active", f"promo grant {text_of(driver, promo_row)!r}")
+    check(text_of(driver, f"{promo_row} [data-field=priority]") == "10", f"promo grant {text_of(driver, promo_row)!r}")
+    check(text_of(driver, f"{promo_row} [data-field=remaining]") == "5", f"promo grant {text_of(driver, promo_row)!r}")
+    # countdown() from a day on: "in 1 d 23 h" (seconds short of 48 h), or
+    # "in 2 d 0 h" should the browser's clock run behind this one.
+    countdown_text = text_of(driver, f"{promo_row} [data-field=expires] .countdown")
+    check(re.fullmatch(r"in (1 d 23|2 d 0) h", countdown_text) is not None, f"promo countdown {countdown_text!r}")
+    wait_text(driver, "#invariant", "credited 55 + adjusted 0 = 55 = available 55 + reserved 0 + used 0 + grant expired 0 = 55 ✓ holds")
     chart_before = driver.find_element(By.CSS_SELECTOR, "path[data-series=available]").get_attribute("d")
 
     # A kiosk key: the secret is shown once, with a copy button.
@@ -316,17 +347,27 @@ def scenario(driver):
                        {"request_id": str(uuid.uuid4()), "amount": 2, "ttl_seconds": 600})
     check(status == 201, f"reserve {status} {held}")
 
-    # The console shows it: balances, the invariant, the chart, the held
-    # reservation with its countdown, the job.
+    # The console shows it: balances, the invariant, the grants, the chart,
+    # the held reservation with its countdown, the job. The promotion (5,
+    # priority 10) is drawn first: the 5 reserved (3 committed, 2 back to
+    # it), the job's 1, and 1 of the last hold; the other 1 comes from the
+    # 50. Ledger: 2 credits, reserve, commit, release, the job's reserve and
+    # commit, and the hold's 2 reserves (one per grant).
     driver.find_element(By.ID, "refresh-account").click()
-    wait_text(driver, "#balance-available", "44")
-    check(balances(driver) == {"available": 44, "reserved": 2, "used": 4}, f"balances {balances(driver)}")
-    wait_text(driver, "#invariant", "credited 50 + adjusted 0 = 50 = available 44 + reserved 2 + used 4 = 50 ✓ holds")
+    wait_text(driver, "#balance-available", "49")
+    check(balances(driver) == {"available": 49, "reserved": 2, "used": 4}, f"balances {balances(driver)}")
+    wait_text(driver, "#invariant", "credited 55 + adjusted 0 = 55 = available 49 + reserved 2 + used 4 + grant expired 0 = 55 ✓ holds")
+    # (The grants are drawn in the same render as the balances.)
+    def grant_figures(row):
+        return tuple(text_of(driver, f"{row} [data-field={name}]") for name in ("remaining", "reserved", "status"))
+    check(grant_figures(promo_row) == ("0", "1", "active"), f"promotion grant {grant_figures(promo_row)}")
+    first_grant = "#grants-table tbody tr:first-child"
+    check(grant_figures(first_grant) == ("49", "1", "active"), f"the 50's grant {grant_figures(first_grant)}")
     status, ledger = api("GET", f"/v1/accounts/{account_id}/ledger?limit=1000", ADMIN_KEY)
     entries = len(ledger["entries"])
-    check(entries == 7, f"ledger {ledger}")
+    check(entries == 9, f"ledger {ledger}")
     wait_text(driver, "#balance-chart figcaption", f"{entries} ledger entries in the last hour")
-    wait_text(driver, "#balance-chart figcaption", "at the end: available 44, reserved 2, used 4")
+    wait_text(driver, "#balance-chart figcaption", "at the end: available 49, reserved 2, used 4")
     # The period picker reads the ledger again for the new period.
     Select(driver.find_element(By.ID, "chart-period")).select_by_visible_text("last 15 minutes")
     wait_text(driver, "#balance-chart figcaption", f"{entries} ledger entries in the last 15 minutes")
@@ -344,7 +385,7 @@ def scenario(driver):
     check_layout(driver, "03-account-admin")
     # After a reload the secret is gone for good (the service keeps only its hash).
     driver.refresh()
-    wait_text(driver, "#balance-available", "44")
+    wait_text(driver, "#balance-available", "49")
     check(secret not in driver.page_source, "the key's secret is shown again after a reload")
 
     # Accounts list: the account with its balances.
@@ -353,7 +394,7 @@ def scenario(driver):
     search.send_keys(suffix, Keys.ENTER)
     row = f"#accounts-table tr[data-account-id='{account_id}']"
     wait_text(driver, row, account_name)
-    check(text_of(driver, f"{row} [data-field=available]") == "44", "list balance")
+    check(text_of(driver, f"{row} [data-field=available]") == "49", "list balance")
     check_layout(driver, "02-accounts-admin")
 
     # Reconciliation: the report and its CSV.
@@ -361,7 +402,8 @@ def scenario(driver):
     wait_text(driver, "#reconciliation-status", "ok")
     wait_text(driver, "#reconciliation-table", account_id)
     wait_text(driver, f"#reconciliation-table tr[data-account-id='{account_id}'] .account-name", account_name)
-    wait_text(driver, "[data-total=credited]", "50")
+    wait_text(driver, "[data-total=credited]", "55")
+    wait_text(driver, "[data-total=grant_expired]", "0")
     check_layout(driver, "04-reconciliation")
     driver.find_element(By.ID, "download-csv").click()
     wait(driver, 20).until(lambda d: [p for p in glob.glob(os.path.join(DOWNLOADS, "*.csv"))])
@@ -372,11 +414,11 @@ def scenario(driver):
     check(line is not None, f"the CSV has no line for the account: {rows}")
     check(re.fullmatch(r"reconciliation_\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}Z_\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}Z\.csv",
                        os.path.basename(path)) is not None, f"CSV file name {os.path.basename(path)}")
-    expected = {"name": account_name, "status": "ok", "opening": "0", "credited": "50", "adjusted": "0", "committed": "4",
-                "closing": "46", "reserved": "8", "released": "2", "expired": "0",
-                "closing_available": "44", "closing_reserved": "2", "closing_used": "4",
+    expected = {"name": account_name, "status": "ok", "opening": "0", "credited": "55", "adjusted": "0", "committed": "4",
+                "grant_expired": "0", "closing": "51", "reserved": "8", "released": "2", "expired": "0",
+                "closing_available": "49", "closing_reserved": "2", "closing_used": "4",
                 "jobs_succeeded": "1", "job_commit_entries": "1", "failed_checks": ""}
-    wrong = {name: (line[name], value) for name, value in expected.items() if line[name] != value}
+    wrong = {name: (line.get(name), value) for name, value in expected.items() if line.get(name) != value}
     check(not wrong, f"CSV line (found, wanted): {wrong}")
     print(f"downloaded {os.path.basename(path)}: {len(rows)} account line(s)")
 
@@ -395,8 +437,9 @@ def scenario(driver):
     sign_in(driver, finance["key"])
     wait_text(driver, "#who-text", "finance key (read only)")
     go(driver, f"#/accounts/{account_id}")
-    wait_text(driver, "#balance-available", "44")
+    wait_text(driver, "#balance-available", "49")
     wait_text(driver, "#balance-chart figcaption", f"{entries} ledger entries")
+    wait_text(driver, promo_row, "active")
     write_controls = "#create-account, #credit, #adjustment, #limits, #create-key, #toggle-status, #keys-table, button.danger"
     check(not driver.find_elements(By.CSS_SELECTOR, write_controls), "finance sees write controls")
     buttons = [b.text for b in driver.find_elements(By.TAG_NAME, "button")]

@@ -19,10 +19,12 @@
 
 CREATE TYPE engine_movement AS (
     account      uuid,
-    kind         text,        -- credit, adjustment, reserve, commit, release, expire
+    kind         text,        -- credit, adjustment, reserve, commit, release, expire,
+                              -- grant_expire
     amount       bigint,      -- signed only for an adjustment
     active_delta integer,     -- +1 on a reserve, -1 on the last entry of a settlement
-    reservation  uuid,        -- may be NULL (credit, adjustment)
+    reservation  uuid,        -- may be NULL (credit, adjustment, a grant's lapse); a
+                              -- grant_expire with one takes the reservation's rest
     job          uuid,        -- may be NULL
     external_ref text,        -- may be NULL
     reason       text,        -- may be NULL
@@ -91,5 +93,6 @@ CREATE TYPE engine_op AS (
     status          text,
     result          jsonb,
     error           jsonb,
-    priority        integer
+    priority        integer,
+    expires_at      timestamptz
 );

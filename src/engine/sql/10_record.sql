@@ -1,36 +1,49 @@
 -- The arithmetic of every movement, and the one place ledger entries and
 -- the events of a movement are written.
 
--- What a movement of `kind` and `amount` does to each balance.
-CREATE FUNCTION engine_deltas(p_kind text, p_amount bigint)
-RETURNS TABLE (available bigint, reserved bigint, used bigint, credited bigint, adjusted bigint)
+-- What a movement of `kind` and `amount` does to each balance. A
+-- grant_expire takes tokens out of the account for good (grant_expired):
+-- from `available` when a grant lapses holding them, from `reserved` when
+-- they are the rest of a reservation (`p_reservation` set) going back to a
+-- grant that has lapsed.
+CREATE FUNCTION engine_deltas(p_kind text, p_amount bigint, p_reservation uuid)
+RETURNS TABLE (available bigint, reserved bigint, used bigint, credited bigint, adjusted bigint,
+               grant_expired bigint)
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT v.available, v.reserved, v.used, v.credited, v.adjusted FROM (VALUES
-        ('credit',     p_amount,  0::bigint, 0::bigint, p_amount,  0::bigint),
-        ('adjustment', p_amount,  0,         0,         0,         p_amount),
-        ('reserve',    -p_amount, p_amount,  0,         0,         0),
-        ('commit',     0,         -p_amount, p_amount,  0,         0),
-        ('release',    p_amount,  -p_amount, 0,         0,         0),
-        ('expire',     p_amount,  -p_amount, 0,         0,         0)
-    ) AS v (kind, available, reserved, used, credited, adjusted)
+    SELECT v.available, v.reserved, v.used, v.credited, v.adjusted, v.grant_expired FROM (VALUES
+        ('credit',     p_amount,  0::bigint, 0::bigint, p_amount,  0::bigint, 0::bigint),
+        ('adjustment', p_amount,  0,         0,         0,         p_amount,  0),
+        ('reserve',    -p_amount, p_amount,  0,         0,         0,         0),
+        ('commit',     0,         -p_amount, p_amount,  0,         0,         0),
+        ('release',    p_amount,  -p_amount, 0,         0,         0,         0),
+        ('expire',     p_amount,  -p_amount, 0,         0,         0,         0),
+        ('grant_expire', CASE WHEN p_reservation IS NULL THEN -p_amount ELSE 0 END,
+                       CASE WHEN p_reservation IS NULL THEN 0 ELSE -p_amount END,
+                                             0,         0,         0,         p_amount)
+    ) AS v (kind, available, reserved, used, credited, adjusted, grant_expired)
     WHERE v.kind = p_kind
 $$;
 
 -- What a movement of `kind` and `amount` does to the grant it names
 -- (engine_movement.grant_id). A credit or a positive adjustment moves
 -- nothing: its grant is made holding its tokens. A negative adjustment
--- takes remaining tokens for good (debited).
-CREATE FUNCTION engine_grant_deltas(p_kind text, p_amount bigint)
-RETURNS TABLE (remaining bigint, reserved bigint, consumed bigint, debited bigint)
+-- takes remaining tokens for good (debited). A grant_expire takes them for
+-- good too (expired): from remaining when the grant lapses, from reserved
+-- when a reservation's rest goes back to it after it lapsed.
+CREATE FUNCTION engine_grant_deltas(p_kind text, p_amount bigint, p_reservation uuid)
+RETURNS TABLE (remaining bigint, reserved bigint, consumed bigint, debited bigint, expired bigint)
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT v.remaining, v.reserved, v.consumed, v.debited FROM (VALUES
-        ('credit',     0::bigint,             0::bigint, 0::bigint, 0::bigint),
-        ('adjustment', LEAST(p_amount, 0),    0,         0,         -LEAST(p_amount, 0)),
-        ('reserve',    -p_amount,             p_amount,  0,         0),
-        ('commit',     0,                     -p_amount, p_amount,  0),
-        ('release',    p_amount,              -p_amount, 0,         0),
-        ('expire',     p_amount,              -p_amount, 0,         0)
-    ) AS v (kind, remaining, reserved, consumed, debited)
+    SELECT v.remaining, v.reserved, v.consumed, v.debited, v.expired FROM (VALUES
+        ('credit',     0::bigint,             0::bigint, 0::bigint, 0::bigint, 0::bigint),
+        ('adjustment', LEAST(p_amount, 0),    0,         0,         -LEAST(p_amount, 0), 0),
+        ('reserve',    -p_amount,             p_amount,  0,         0,         0),
+        ('commit',     0,                     -p_amount, p_amount,  0,         0),
+        ('release',    p_amount,              -p_amount, 0,         0,         0),
+        ('expire',     p_amount,              -p_amount, 0,         0,         0),
+        ('grant_expire', CASE WHEN p_reservation IS NULL THEN -p_amount ELSE 0 END,
+                       CASE WHEN p_reservation IS NULL THEN 0 ELSE -p_amount END,
+                                                         0,         0,         p_amount)
+    ) AS v (kind, remaining, reserved, consumed, debited, expired)
     WHERE v.kind = p_kind
 $$;
 
@@ -71,7 +84,9 @@ $$;
 -- ledger entry carrying the balances after it (running sums in array
 -- order), and the movement's events are written next to it:
 -- credit.created, adjustment.created, reservation.expired (once per
--- movement, with its last entry when it spans several grants), and the
+-- movement, with its last entry when it spans several grants),
+-- grant.expired (once per grant_expire entry: the grant and the tokens it
+-- took), and the
 -- crossings — account.balance_low / account.balance_recovered when the
 -- low-balance state (engine_is_low) changes from the one last reported
 -- (accounts.balance_low), account.balance_depleted when available reaches
@@ -88,13 +103,14 @@ LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     written ledger_entries[];
     watched accounts[];
+    lapsed bigint;
 BEGIN
     WITH moves AS (
         SELECT m.*, d.available AS d_available, d.reserved AS d_reserved, d.used AS d_used,
-               d.credited AS d_credited, d.adjusted AS d_adjusted
+               d.credited AS d_credited, d.adjusted AS d_adjusted, d.grant_expired AS d_grant_expired
         FROM unnest(p_moves) WITH ORDINALITY AS m (account, kind, amount, active_delta, reservation,
                                                    job, external_ref, reason, actor, at, grant_id, n)
-        LEFT JOIN LATERAL engine_deltas(m.kind, m.amount) d ON true
+        LEFT JOIN LATERAL engine_deltas(m.kind, m.amount, m.reservation) d ON true
     ), running AS (
         SELECT moves.*,
                (sum(d_available) OVER w)::bigint AS c_available, (sum(d_reserved) OVER w)::bigint AS c_reserved,
@@ -103,7 +119,8 @@ BEGIN
     ), totals AS (
         SELECT account, sum(d_available)::bigint AS d_available, sum(d_reserved)::bigint AS d_reserved,
                sum(d_used)::bigint AS d_used, sum(d_credited)::bigint AS d_credited,
-               sum(d_adjusted)::bigint AS d_adjusted, sum(active_delta)::bigint AS d_active, count(*) AS moved
+               sum(d_adjusted)::bigint AS d_adjusted, sum(d_grant_expired)::bigint AS d_grant_expired,
+               sum(active_delta)::bigint AS d_active, count(*) AS moved
         FROM moves GROUP BY account
     ), before AS (
         -- By the primary key (= ANY of the batch's accounts): a join here
@@ -116,6 +133,7 @@ BEGIN
             used = b.used + t.d_used,
             credited = b.credited + t.d_credited,
             adjusted = b.adjusted + t.d_adjusted,
+            grant_expired = b.grant_expired + t.d_grant_expired,
             active_reservations = b.active_reservations + t.d_active,
             version = b.version + t.moved,
             balance_low = engine_is_low(b.available + t.d_available, b.low_balance_threshold),
@@ -126,8 +144,8 @@ BEGIN
     ), grant_totals AS (
         SELECT m.grant_id, sum(g.remaining)::bigint AS d_remaining,
                sum(g.reserved)::bigint AS d_reserved, sum(g.consumed)::bigint AS d_consumed,
-               sum(g.debited)::bigint AS d_debited
-        FROM moves m CROSS JOIN LATERAL engine_grant_deltas(m.kind, m.amount) g
+               sum(g.debited)::bigint AS d_debited, sum(g.expired)::bigint AS d_expired
+        FROM moves m CROSS JOIN LATERAL engine_grant_deltas(m.kind, m.amount, m.reservation) g
         WHERE m.grant_id IS NOT NULL
         GROUP BY m.grant_id
     ), grants_moved AS (
@@ -136,7 +154,8 @@ BEGIN
         -- that none is overdrawn).
         UPDATE credit_grants g
         SET remaining = g.remaining + t.d_remaining, reserved = g.reserved + t.d_reserved,
-            consumed = g.consumed + t.d_consumed, debited = g.debited + t.d_debited
+            consumed = g.consumed + t.d_consumed, debited = g.debited + t.d_debited,
+            expired = g.expired + t.d_expired
         FROM grant_totals t
         WHERE g.id = t.grant_id AND g.id = ANY (ARRAY(SELECT grant_id FROM grant_totals))
         RETURNING g.id
@@ -156,9 +175,17 @@ BEGIN
            (SELECT array_agg(b) FROM before b
             WHERE b.low_balance_threshold > 0
                OR b.id IN (SELECT e.account_id FROM entries e
-                           WHERE e.kind IN ('credit', 'adjustment', 'expire')
-                              OR e.available_after = 0))
-    INTO written, watched;
+                           WHERE e.kind IN ('credit', 'adjustment', 'expire', 'grant_expire')
+                              OR e.available_after = 0)),
+           (SELECT sum(e.amount)::bigint FROM entries e WHERE e.kind = 'grant_expire')
+    INTO written, watched, lapsed;
+
+    -- Tokens that left by a grant's lapse, added up for the caller's
+    -- metrics (engine_take_grant_expired) for the rest of the transaction.
+    IF lapsed IS NOT NULL THEN
+        PERFORM set_config('token_billing.grant_expired',
+            (engine_grant_expired_so_far() + lapsed)::text, true);
+    END IF;
 
     IF watched IS NOT NULL THEN
         WITH marked AS (
@@ -182,7 +209,7 @@ BEGIN
                                                        e.external_ref) AS closes
             FROM unnest(written) e
             JOIN unnest(watched) b ON b.id = e.account_id
-            CROSS JOIN LATERAL engine_deltas(e.kind, e.amount) d
+            CROSS JOIN LATERAL engine_deltas(e.kind, e.amount, e.reservation_id) d
             WINDOW w AS (PARTITION BY e.account_id ORDER BY e.id)
         ), notable AS (
             -- The entries that write an event, with the event's common part.
@@ -193,6 +220,7 @@ BEGIN
                        || jsonb_build_object('entry', to_jsonb(m.entry)) AS account_json
             FROM marked m
             WHERE (m.kind IN ('credit', 'adjustment', 'expire') AND m.closes)
+               OR m.kind = 'grant_expire'
                OR (m.threshold > 0 AND m.low <> m.low_before)
                OR (m.available_after = 0 AND m.available_after - m.d_available > 0)
         )
@@ -218,6 +246,15 @@ BEGIN
                           END AS data,
                    m.created_at
             FROM notable m WHERE m.kind IN ('credit', 'adjustment', 'expire') AND m.closes
+            UNION ALL
+            -- Every grant_expire entry: the grant, and the tokens it took.
+            SELECT m.id, 1, 'grant.expired', m.account_id,
+                   m.account_json || jsonb_build_object('grant_id', (m.entry).grant_id,
+                       'amount', (m.entry).amount,
+                       'grant', (SELECT engine_grant_json(to_jsonb(g)) FROM credit_grants g
+                                 WHERE g.id = (m.entry).grant_id)),
+                   m.created_at
+            FROM notable m WHERE m.kind = 'grant_expire'
             UNION ALL
             SELECT m.id, 2,
                    CASE WHEN m.low THEN 'account.balance_low' ELSE 'account.balance_recovered' END,

@@ -18,31 +18,6 @@ LANGUAGE sql STABLE AS $$
     FROM reservations r WHERE r.id = p_job.reservation_id
 $$;
 
--- The draw order, written once: the account's grants that hold tokens
--- (remaining > 0) ordered by priority (0 first), then the soonest expiry
--- (grants that never expire last), then creation order, each as the
--- interval [lo, hi) of the account's drawable tokens it covers. After them
--- lies one interval of no grant (grant_id NULL): only an account whose
--- grants do not hold its available tokens (a broken invariant, which the
--- checks report) reaches it, and its tokens still move. A spend
--- (engine_spend) or a removal (engine_external) drawing the account's
--- tokens [from, to) takes the overlap with each interval. One account per
--- call, so that the planner inlines it (a call whose argument is a
--- sub-select is not inlined, and would be planned on every call).
-CREATE FUNCTION engine_grant_pools(p_account uuid)
-RETURNS TABLE (grant_id uuid, lo bigint, hi bigint)
-LANGUAGE sql STABLE AS $$
-    SELECT p.grant_id, p.hi - p.remaining, p.hi
-    FROM (SELECT g.id AS grant_id, g.remaining,
-                 (sum(g.remaining) OVER (ORDER BY g.priority, g.expires_at, g.seq))::bigint AS hi
-          FROM credit_grants g
-          WHERE g.account_id = p_account AND g.remaining > 0) p
-    UNION ALL
-    SELECT NULL::uuid, COALESCE(sum(g.remaining), 0)::bigint, 4611686018427387904
-    FROM credit_grants g
-    WHERE g.account_id = p_account AND g.remaining > 0
-$$;
-
 -- Spend items (reserve, create_job), decided as if one by one in `pos`
 -- order, set-based. For each item, in this order:
 --   not_found {what: account}   the account does not exist;
@@ -60,6 +35,8 @@ $$;
 --   created                     the reservation (and job) is made and the
 --                               tokens move available → reserved, drawn
 --                               from the account's grants in draw order
+--                               (grants lapsed by then left the account
+--                               first: engine_lapse_grants)
 --                               (the reservation's `draws`; one reserve
 --                               entry per grant drawn).
 -- The balance and the limit are checked against running sums per account:
@@ -85,6 +62,9 @@ BEGIN
         later := '{}';
         moves := '{}';
         at := clock_timestamp();
+        -- Grants lapsed by now leave first (engine_lapse_grants), so the
+        -- decision sees the balance without them and never draws them.
+        PERFORM engine_lapse_grants(ARRAY(SELECT DISTINCT i.account FROM unnest(pending) i), at);
         FOR d IN
             WITH items AS (
                 SELECT i.* FROM unnest(pending) i

@@ -27,7 +27,10 @@
 --                                  the rest back to available in the same
 --                                  transaction: `commit` entries, then
 --                                  the `release` of the rest, one entry
---                                  per grant (engine_split_draws). An extension
+--                                  per grant (engine_split_draws); the
+--                                  rest going back to a grant that has
+--                                  lapsed expires at once instead
+--                                  (`grant_expire`). An extension
 --                                  sets expires_at to now + ttl (a job's
 --                                  never earlier than it was).
 -- `resolved` is true when the item moved the reservation out of `held`;
@@ -161,17 +164,24 @@ BEGIN
                 -- it goes back to), so a replay of the entries passes
                 -- through both balances; the held count drops on the last
                 -- entry.
+                -- A return to a grant that has lapsed by now expires at
+                -- once (grant_expire, reason grant_expired): it leaves
+                -- reserved and the account, and is never made available.
                 moves := moves || ARRAY(
                     SELECT ROW(d.account,
                                CASE WHEN x.part = 'commit' THEN 'commit'
+                                    WHEN g.expires_at <= settled_at THEN 'grant_expire'
                                     WHEN d.verdict IN ('expire', 'expired_on_access') THEN 'expire'
                                     ELSE 'release' END,
                                x.amount, CASE WHEN x.n = count(*) OVER () THEN -1 ELSE 0 END,
                                d.reservation, (d.changed).job_id, NULL,
-                               CASE WHEN x.part = 'return' AND d.verdict = 'expired_on_access'
+                               CASE WHEN x.part = 'return' AND g.expires_at <= settled_at
+                                    THEN 'grant_expired'
+                                    WHEN x.part = 'return' AND d.verdict = 'expired_on_access'
                                     THEN 'expired_on_access' ELSE d.reason END,
                                d.actor, settled_at, x.grant_id)::engine_movement
                     FROM engine_split_draws((d.changed).draws, d.held, committed) x
+                    LEFT JOIN credit_grants g ON g.id = x.grant_id
                     ORDER BY x.n);
         END CASE;
         RETURN NEXT;

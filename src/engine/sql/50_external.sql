@@ -9,7 +9,8 @@
 --                                  reason (adjustment) is a replay, anything
 --                                  else (another account's included) a reuse;
 --                                  (a credit's or a positive adjustment's
---                                  priority is part of its body);
+--                                  priority and expiry are part of its
+--                                  body);
 --   insufficient_tokens {available, reserved}
 --                                  an adjustment would drive available
 --                                  below zero;
@@ -19,19 +20,22 @@
 --                                  adjustment.created; `p_request_id` is
 --                                  the HTTP request's id). A credit or a
 --                                  positive adjustment makes a grant of
---                                  `p_priority` (never expiring; its id is
---                                  the credit's or adjustment's), named by
---                                  its entry. A negative adjustment draws
---                                  from the account's grants in draw order
---                                  (as a reservation does) and writes one
+--                                  `p_priority` lapsing at `p_expires_at`
+--                                  (NULL: never; its id is the credit's or
+--                                  adjustment's), named by its entry. A
+--                                  negative adjustment draws from the
+--                                  account's grants in draw order (as a
+--                                  reservation does, after the grants
+--                                  lapsed by now left) and writes one
 --                                  entry per grant drawn.
 -- The object is {credit|adjustment, entry, grant}: the last entry (whose
 -- balances are the account's after the whole movement; a replay answers
 -- with the same one) and the grant made (NULL for a negative adjustment).
--- `p_priority` is set exactly for a credit and a positive adjustment.
+-- `p_priority` is set exactly for a credit and a positive adjustment;
+-- `p_expires_at` may be set only for one.
 CREATE FUNCTION engine_external(
     p_kind text, p_account uuid, p_id uuid, p_amount bigint, p_external_ref text, p_note text,
-    p_reason text, p_actor text, p_request_id text, p_priority integer,
+    p_reason text, p_actor text, p_request_id text, p_priority integer, p_expires_at timestamptz,
     OUT outcome text, OUT detail jsonb, OUT object jsonb
 )
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
@@ -44,14 +48,22 @@ DECLARE
     made_grant credit_grants;
     at timestamptz;
 BEGIN
-    IF (p_priority IS NOT NULL) <> (p_amount > 0) THEN
-        RAISE EXCEPTION 'engine_external: a priority is given exactly with a positive amount'
+    IF (p_priority IS NOT NULL) <> (p_amount > 0) OR (p_expires_at IS NOT NULL AND p_amount <= 0) THEN
+        RAISE EXCEPTION 'engine_external: a priority is given exactly with a positive amount, an expiry only with one'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     SELECT * INTO account FROM accounts WHERE id = p_account FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         outcome := 'not_found'; detail := '{"what": "account"}';
         RETURN;
+    END IF;
+    at := clock_timestamp();
+    IF p_amount < 0 THEN
+        -- A removal is a spending decision: grants lapsed by now leave
+        -- first (engine_lapse_grants), and it sees the balance without them.
+        IF engine_lapse_grants(ARRAY[p_account], at) > 0 THEN
+            SELECT * INTO account FROM accounts WHERE id = p_account;
+        END IF;
     END IF;
     FOR attempt IN 1 .. 2 LOOP
         IF p_kind = 'credit' THEN
@@ -66,7 +78,8 @@ BEGIN
             IF earlier.account_id = p_account AND earlier.amount = p_amount
                AND earlier.said IS NOT DISTINCT FROM
                    (CASE p_kind WHEN 'credit' THEN p_note ELSE p_reason END)
-               AND made_grant.priority IS NOT DISTINCT FROM p_priority THEN
+               AND made_grant.priority IS NOT DISTINCT FROM p_priority
+               AND made_grant.expires_at IS NOT DISTINCT FROM p_expires_at THEN
                 -- Its last entry: a negative adjustment wrote one per grant.
                 SELECT * INTO entry FROM ledger_entries
                 WHERE external_ref = p_external_ref AND kind = p_kind
@@ -103,11 +116,11 @@ BEGIN
     IF made IS NULL THEN
         RAISE EXCEPTION 'engine_external: external_ref % neither found nor inserted', p_external_ref;
     END IF;
-    at := clock_timestamp();
     IF p_amount > 0 THEN
         INSERT INTO credit_grants (id, account_id, source, amount, remaining, priority, external_ref,
-            created_at)
-        VALUES (p_id, p_account, p_kind, p_amount, p_amount, p_priority, p_external_ref, at)
+            created_at, expires_at)
+        VALUES (p_id, p_account, p_kind, p_amount, p_amount, p_priority, p_external_ref, at,
+            p_expires_at)
         RETURNING * INTO made_grant;
         SELECT * INTO entry FROM engine_record(ARRAY[ROW(p_account, p_kind, p_amount, 0, NULL, NULL,
             p_external_ref, CASE p_kind WHEN 'adjustment' THEN p_reason END, p_actor, at,

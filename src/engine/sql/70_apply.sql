@@ -15,9 +15,11 @@
 --   release      account, actor, reservation
 --   extend       account, actor, reservation, ttl
 --   credit       account, actor, new_id, amount, external_ref, priority (of
---                its grant); note may be NULL
+--                its grant); note and expires_at (its grant's; NULL: never)
+--                may be NULL
 --   adjust       account, actor, new_id, amount, external_ref, reason;
---                priority exactly when the amount is positive (its grant's)
+--                priority exactly when the amount is positive (its grant's),
+--                expires_at only then (may be NULL)
 --   finish_job   account (the job's), actor, job, lease_token (the
 --                worker's lease), status (succeeded or failed), result
 --                (succeeded) or error (failed; may be NULL), reason (the
@@ -44,14 +46,17 @@
 -- one (engine_external, engine_finish_job: a worker's finish shares the
 -- batch's transaction and WAL flush with the requests around it). Returns
 -- one row per operation: its position (1-based), outcome, detail and
--- object (JSON).
+-- object (JSON); and, when the batch expired tokens of lapsed grants (a
+-- spend or removal lapsing them on access, a return to a lapsed grant), a
+-- row at position 0, outcome grant_expired, detail {tokens}, for the
+-- caller's metrics.
 CREATE FUNCTION engine_apply(
     p_op text[], p_account uuid[], p_actor text[], p_key_id uuid[], p_key_hash bytea[],
     p_authorized boolean[], p_request uuid[], p_amount bigint[], p_requested_ttl integer[],
     p_ttl integer[], p_new_id uuid[], p_job uuid[], p_reservation uuid[], p_hash bytea[],
     p_kind text[], p_params jsonb[], p_external_ref text[], p_note text[], p_reason text[],
     p_http_request_id text[], p_lease_token bigint[], p_status text[], p_result jsonb[],
-    p_error jsonb[], p_priority integer[]
+    p_error jsonb[], p_priority integer[], p_expires_at timestamptz[]
 )
 RETURNS TABLE (op_position integer, outcome text, detail jsonb, object jsonb)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
@@ -70,6 +75,7 @@ DECLARE
     bad record;
     r record;
     e record;
+    lapsed bigint;
 BEGIN
     IF batch IS NULL OR batch = 0 THEN
         RETURN;
@@ -81,7 +87,8 @@ BEGIN
             cardinality(p_hash), cardinality(p_kind), cardinality(p_params),
             cardinality(p_external_ref), cardinality(p_note), cardinality(p_reason),
             cardinality(p_http_request_id), cardinality(p_lease_token), cardinality(p_status),
-            cardinality(p_result), cardinality(p_error), cardinality(p_priority)])) IS NOT TRUE THEN
+            cardinality(p_result), cardinality(p_error), cardinality(p_priority),
+            cardinality(p_expires_at)])) IS NOT TRUE THEN
         RAISE EXCEPTION 'engine_apply: every array must have % elements', batch
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -89,7 +96,7 @@ BEGIN
     SELECT array_agg(ROW(o.n, o.op, o.class, o.round, o.account, o.actor, o.key_id, o.key_hash, o.authorized, o.request, o.amount,
                o.requested_ttl, o.ttl, o.new_id, o.job, o.reservation, o.hash, o.kind, o.params,
                o.external_ref, o.note, o.reason, o.http_request_id, o.lease_token, o.status,
-               o.result, o.error, o.priority)::engine_op ORDER BY o.n),
+               o.result, o.error, o.priority, o.expires_at)::engine_op ORDER BY o.n),
            max(o.round)
     INTO ops, last_round
     FROM (
@@ -112,11 +119,11 @@ BEGIN
             FROM unnest(p_op, p_account, p_actor, p_key_id, p_key_hash, p_authorized, p_request,
                         p_amount, p_requested_ttl, p_ttl, p_new_id, p_job, p_reservation, p_hash,
                         p_kind, p_params, p_external_ref, p_note, p_reason, p_http_request_id,
-                        p_lease_token, p_status, p_result, p_error, p_priority)
+                        p_lease_token, p_status, p_result, p_error, p_priority, p_expires_at)
                  WITH ORDINALITY AS u (op, account, actor, key_id, key_hash, authorized, request,
                      amount, requested_ttl, ttl, new_id, job, reservation, hash, kind, params,
                      external_ref, note, reason, http_request_id, lease_token, status, result,
-                     error, priority, n)
+                     error, priority, expires_at, n)
         ) c
       ) s
     ) o;
@@ -141,6 +148,7 @@ BEGIN
                            AND (o.status = 'succeeded' AND o.result IS NOT NULL
                                 OR o.status = 'failed' AND o.result IS NULL)
         ELSE false END
+       OR (o.expires_at IS NOT NULL AND NOT (o.op IN ('credit', 'adjust') AND o.amount > 0))
        OR o.authorized IS NULL
        OR (o.authorized = false AND (o.class IN ('external', 'job') OR o.key_id IS NULL
                                      OR o.key_hash IS NULL))
@@ -209,7 +217,7 @@ BEGIN
                 SELECT * INTO r FROM engine_external(
                     CASE e.op WHEN 'credit' THEN 'credit' ELSE 'adjustment' END, e.account,
                     e.new_id, e.amount, e.external_ref, e.note, e.reason, e.actor,
-                    e.http_request_id, e.priority);
+                    e.http_request_id, e.priority, e.expires_at);
                 outcome := r.outcome; detail := r.detail; object := r.object;
             ELSE
                 -- The job's account is locked above only if it is the one
@@ -228,5 +236,12 @@ BEGIN
             RETURN NEXT;
         END LOOP;
     END LOOP;
+
+    lapsed := engine_take_grant_expired();
+    IF lapsed > 0 THEN
+        op_position := 0; outcome := 'grant_expired'; object := NULL;
+        detail := jsonb_build_object('tokens', lapsed);
+        RETURN NEXT;
+    END IF;
 END;
 $$;

@@ -1,0 +1,172 @@
+-- Credit grants: their draw order, their view, and their lapse.
+
+-- A grant's status at `p_at`: expired once its expiry has passed (whether
+-- or not its lapse is written yet), else active while it holds tokens
+-- (remaining or reserved), else depleted. (No engine function takes a
+-- credit_grants row: a row type in a signature would tie the table to
+-- every installed engine schema.)
+CREATE FUNCTION engine_grant_status(p_expires_at timestamptz, p_remaining bigint,
+    p_reserved bigint, p_at timestamptz) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN p_expires_at <= p_at THEN 'expired'
+                WHEN p_remaining + p_reserved > 0 THEN 'active'
+                ELSE 'depleted' END
+$$;
+
+-- A grant (its row as JSON: to_jsonb of a credit_grants row) as the API
+-- and the events show it.
+CREATE FUNCTION engine_grant_json(p_grant jsonb) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object('grant_id', p_grant->'id', 'account_id', p_grant->'account_id',
+        'amount', p_grant->'amount', 'remaining', p_grant->'remaining',
+        'reserved', p_grant->'reserved', 'expires_at', p_grant->'expires_at',
+        'priority', p_grant->'priority',
+        'status', engine_grant_status((p_grant->>'expires_at')::timestamptz,
+                                      (p_grant->>'remaining')::bigint,
+                                      (p_grant->>'reserved')::bigint, now()),
+        'external_ref', p_grant->'external_ref', 'created_at', p_grant->'created_at',
+        'expired_at', p_grant->'expired_at')
+$$;
+
+-- The draw order, written once: the account's grants that hold tokens
+-- (remaining > 0) ordered by priority (0 first), then the soonest expiry
+-- (grants that never expire last), then creation order, each as the
+-- interval [lo, hi) of the account's drawable tokens it covers. After them
+-- lies one interval of no grant (grant_id NULL): only an account whose
+-- grants do not hold its available tokens (a broken invariant, which the
+-- checks report) reaches it, and its tokens still move. A spend
+-- (engine_spend) or a removal (engine_external) drawing the account's
+-- tokens [from, to) takes the overlap with each interval. One account per
+-- call, so that the planner inlines it (a call whose argument is a
+-- sub-select is not inlined, and would be planned on every call).
+CREATE FUNCTION engine_grant_pools(p_account uuid)
+RETURNS TABLE (grant_id uuid, lo bigint, hi bigint)
+LANGUAGE sql STABLE AS $$
+    SELECT p.grant_id, p.hi - p.remaining, p.hi
+    FROM (SELECT g.id AS grant_id, g.remaining,
+                 (sum(g.remaining) OVER (ORDER BY g.priority, g.expires_at, g.seq))::bigint AS hi
+          FROM credit_grants g
+          WHERE g.account_id = p_account AND g.remaining > 0) p
+    UNION ALL
+    SELECT NULL::uuid, COALESCE(sum(g.remaining), 0)::bigint, 4611686018427387904
+    FROM credit_grants g
+    WHERE g.account_id = p_account AND g.remaining > 0
+$$;
+
+-- The lapse, written once: every grant of `p_accounts` whose expiry has
+-- passed at `p_at` and whose lapse is not written yet is marked lapsed
+-- (expired_at), and what it still holds leaves the account as a
+-- grant_expire entry naming it (engine_record; reason grant_expired, which
+-- writes the grant.expired event). Tokens held reservations drew from it
+-- stay reserved: when their reservation settles, the rest that goes back
+-- to it expires at once (engine_settle). Called by every spending decision
+-- on its accounts before it draws (engine_spend, a removal in
+-- engine_external), so a lapsed grant is never drawn, and by the reaper
+-- (engine_expire_grants) for the others. The caller holds the accounts'
+-- row locks. Returns the tokens that left.
+CREATE FUNCTION engine_lapse_grants(p_accounts uuid[], p_at timestamptz) RETURNS bigint
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+#variable_conflict use_column
+DECLARE
+    lapsed credit_grants[];
+BEGIN
+    WITH due AS (
+        UPDATE credit_grants g SET expired_at = p_at
+        WHERE g.account_id = ANY (p_accounts) AND g.expired_at IS NULL AND g.expires_at <= p_at
+        RETURNING g.*
+    )
+    SELECT array_agg(d ORDER BY d.account_id, d.seq) INTO lapsed FROM due d;
+    IF lapsed IS NULL THEN
+        RETURN 0;
+    END IF;
+    PERFORM engine_record(ARRAY(
+        SELECT ROW(l.account_id, 'grant_expire', l.remaining, 0, NULL, NULL, NULL, 'grant_expired',
+                   'system', p_at, l.id)::engine_movement
+        FROM unnest(lapsed) l WHERE l.remaining > 0
+        ORDER BY l.account_id, l.seq));
+    RETURN (SELECT COALESCE(sum(l.remaining), 0)::bigint FROM unnest(lapsed) l);
+END;
+$$;
+
+-- The reaper's lapse: the accounts of up to `p_limit` grants due to lapse
+-- (soonest first) are locked in id order and their lapsed grants written
+-- (engine_lapse_grants). Returns the grants lapsed and the tokens that
+-- left.
+CREATE FUNCTION engine_expire_grants(p_limit integer, OUT grants integer, OUT tokens bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    due_accounts uuid[];
+    at timestamptz;
+BEGIN
+    SELECT array_agg(DISTINCT d.account_id) INTO due_accounts
+    FROM (SELECT g.account_id FROM credit_grants g
+          WHERE g.expired_at IS NULL AND g.expires_at <= now()
+          ORDER BY g.expires_at LIMIT p_limit) d;
+    grants := 0; tokens := 0;
+    IF due_accounts IS NULL THEN
+        RETURN;
+    END IF;
+    PERFORM 1 FROM accounts WHERE id = ANY (due_accounts) ORDER BY id FOR NO KEY UPDATE;
+    at := clock_timestamp();
+    SELECT count(*) INTO grants FROM credit_grants g
+    WHERE g.account_id = ANY (due_accounts) AND g.expired_at IS NULL AND g.expires_at <= at;
+    tokens := engine_lapse_grants(due_accounts, at);
+END;
+$$;
+
+-- The grant.expiring notices: up to `p_limit` grants that lapse within
+-- `p_notice_hours` (and have not yet), not noticed before, still holding
+-- tokens, each get one grant.expiring event (the grant and its account's
+-- balances) and are marked noticed. Returns how many.
+CREATE FUNCTION engine_notice_expiring_grants(p_notice_hours integer, p_limit integer)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    noticed integer;
+BEGIN
+    WITH due AS (
+        SELECT g.id FROM credit_grants g
+        WHERE g.expired_at IS NULL AND g.expiring_notified_at IS NULL
+          AND g.expires_at <= now() + make_interval(hours => p_notice_hours)
+          AND g.expires_at > now() AND g.remaining + g.reserved > 0
+        ORDER BY g.expires_at LIMIT p_limit
+        FOR UPDATE SKIP LOCKED
+    ), marked AS (
+        UPDATE credit_grants g SET expiring_notified_at = now()
+        FROM due WHERE g.id = due.id
+        RETURNING g.*
+    ), written AS (
+        INSERT INTO events (type, account_id, data, created_at)
+        SELECT 'grant.expiring', m.account_id,
+               engine_event_account(a) || jsonb_build_object('grant_id', m.id,
+                   'amount', m.remaining + m.reserved, 'expires_at', m.expires_at,
+                   'grant', engine_grant_json(to_jsonb(m))),
+               clock_timestamp()
+        FROM marked m JOIN accounts a ON a.id = m.account_id
+        ORDER BY m.expires_at, m.id
+        RETURNING 1
+    )
+    SELECT count(*) INTO noticed FROM written;
+    RETURN noticed;
+END;
+$$;
+
+-- The tokens this transaction's grant_expire entries took so far
+-- (engine_record adds them up), and the same, forgotten as it is read: the
+-- callers count them in token_billing_tokens_total{movement="grant_expired"}.
+CREATE FUNCTION engine_grant_expired_so_far() RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT COALESCE(NULLIF(current_setting('token_billing.grant_expired', true), ''), '0')::bigint
+$$;
+
+CREATE FUNCTION engine_take_grant_expired() RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    taken bigint := engine_grant_expired_so_far();
+BEGIN
+    IF taken <> 0 THEN
+        PERFORM set_config('token_billing.grant_expired', '0', true);
+    END IF;
+    RETURN taken;
+END;
+$$;
