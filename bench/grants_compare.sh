@@ -5,7 +5,9 @@
 #     the commit before grants landed, so it never moves with the code);
 #   - 1 grant: this build, each account credited once (one grant);
 #   - 3 grants: this build, each account credited three times (priorities
-#     0, 50, 100), so spending draws from one grant after another.
+#     0, 50, 100; the first two expire in 30 and 60 days), so spending
+#     draws from one grant after another, and every spend looks for lapsed
+#     grants among two that will lapse.
 # Scenarios spread (1,000 accounts) and hot (one account), 8 and 32 kiosks,
 # ROUNDS rounds (default 2) in turn, SECONDS_EACH of load each (default 10);
 # prints the medians and each one's ratio to base.

@@ -528,7 +528,8 @@ impl Kiosk {
 
 /// Finance tops the accounts up every few seconds (idempotent credits, sent
 /// to any replica, retried with the same external_ref when indeterminate),
-/// so the low balances keep running out and refilling.
+/// so the low balances keep running out and refilling; half of them are
+/// grants that lapse during the run.
 async fn top_up(
     cluster: Arc<Cluster>,
     accounts: Arc<Vec<(Uuid, String)>>,
@@ -542,7 +543,15 @@ async fn top_up(
         tokio::time::sleep(Duration::from_millis(rng.gen_range(2_000..4_000))).await;
         round += 1;
         for (account, _) in accounts.iter() {
-            let body = json!({"amount": rng.gen_range(5..15), "external_ref": format!("top-up-{account}-{round}")});
+            // Every other top-up is an event's: a grant that lapses 10 to
+            // 30 s later, often while reservations hold its tokens, at a
+            // random priority (so spends draw it first or last).
+            let mut body = json!({"amount": rng.gen_range(5..15), "external_ref": format!("top-up-{account}-{round}")});
+            if round.is_multiple_of(2) {
+                let lapses = chrono::Utc::now() + chrono::Duration::seconds(rng.gen_range(10..30));
+                body["expires_at"] = json!(lapses.to_rfc3339());
+                body["priority"] = json!(rng.gen_range(0..=100));
+            }
             for _ in 0..5 {
                 let index = rng.gen_range(0..cluster.replicas.len());
                 let url = format!("{}/v1/accounts/{account}/credits", cluster.url(index));

@@ -55,8 +55,9 @@ pub struct LoadArgs {
     pub job_delay_ms: u64,
     /// Credits per account, each its own grant (1 … 3): the account's
     /// tokens split evenly, priorities 0, 50 and 100 in turn, so spending
-    /// draws from them in turn. With 1 the credit carries no priority (an
-    /// older service knows none).
+    /// draws from them in turn; all but the last expire (in 30 and 60
+    /// days). With 1 the credit carries no priority and no expiry (an older
+    /// service knows neither).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=3))]
     pub grants: u8,
 }
@@ -115,6 +116,13 @@ async fn set_up(args: &LoadArgs, client: &reqwest::Client) -> anyhow::Result<Fle
             });
             if grants > 1 {
                 credit["priority"] = json!(grant * 50);
+            }
+            // With several grants, all but the last expire (30 and 60 days
+            // ahead: nothing lapses during a run, but every spend looks for
+            // lapsed grants among them).
+            if grant + 1 < grants {
+                credit["expires_at"] =
+                    json!((chrono::Utc::now() + chrono::Duration::days(30 * (grant + 1))).to_rfc3339());
             }
             post_ok(
                 client,

@@ -35,9 +35,11 @@ pub enum Outcome {
     LeaseLost,
     /// The job's reservation is no longer held: the job failed.
     ReservationLost,
+    /// A credit's or adjustment's `expires_at` is not in the future.
+    ExpiryPassed,
 }
 
-const OUTCOMES: [(Outcome, &str); 20] = [
+const OUTCOMES: [(Outcome, &str); 21] = [
     (Outcome::Created, "created"),
     (Outcome::Replayed, "replayed"),
     (Outcome::Committed, "committed"),
@@ -61,6 +63,7 @@ const OUTCOMES: [(Outcome, &str); 20] = [
     (Outcome::Done, "done"),
     (Outcome::LeaseLost, "lease_lost"),
     (Outcome::ReservationLost, "reservation_lost"),
+    (Outcome::ExpiryPassed, "expiry_passed"),
 ];
 
 impl Outcome {
@@ -176,6 +179,13 @@ impl Answer {
                     .to_owned(),
             },
             Outcome::OwnedByJob => ApiError::ReservationOwnedByJob,
+            Outcome::ExpiryPassed => ApiError::InvalidRequest(format!(
+                "expires_at must lie in the future, got {}",
+                self.detail
+                    .get("expires_at")
+                    .and_then(Value::as_str)
+                    .unwrap_or("an instant that has passed")
+            )),
             Outcome::AmountExceedsHeld => ApiError::InvalidRequest(format!(
                 "amount {} exceeds the {} tokens held by this reservation",
                 self.number("amount"),

@@ -146,10 +146,12 @@ impl From<Priority> for i64 {
     }
 }
 
-/// When a grant lapses: an instant in the future, at most
-/// [`GRANT_EXPIRY_MAX_YEARS`] years ahead, as RFC 3339 (kept to the
-/// microsecond, as PostgreSQL stores it, so an answer and a replay compare
-/// what was stored).
+/// When a grant lapses: at most [`GRANT_EXPIRY_MAX_YEARS`] years ahead, as
+/// RFC 3339 (kept to the microsecond, as PostgreSQL stores it, so an answer
+/// and a replay compare what was stored). That it lies in the future is
+/// the engine's decision (`engine_external`), after the replay check: a
+/// retry of a credit that landed is its replay even once its expiry has
+/// passed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(
     try_from = "chrono::DateTime<chrono::Utc>",
@@ -165,7 +167,7 @@ impl GrantExpiry {
         self.0
     }
 
-    /// `at` as an expiry decided at `now`.
+    /// `at` as an expiry asked for at `now`.
     pub fn at(
         at: chrono::DateTime<chrono::Utc>,
         now: chrono::DateTime<chrono::Utc>,
@@ -174,12 +176,6 @@ impl GrantExpiry {
         let at = at
             .duration_trunc(TimeDelta::microseconds(1))
             .map_err(|error| format!("expires_at cannot be stored: {error}"))?;
-        if at <= now {
-            return Err(format!(
-                "expires_at must lie in the future, got {}",
-                at.to_rfc3339()
-            ));
-        }
         // 365.25 days a year: ten years from now, leap days included.
         if at - now > TimeDelta::days(GRANT_EXPIRY_MAX_YEARS * 36_525 / 100) {
             return Err(format!(

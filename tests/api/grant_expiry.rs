@@ -167,6 +167,33 @@ async fn an_expiry_is_checked_and_compared_on_replay() {
         before,
         "a refused credit changed nothing"
     );
+    // A retry of a credit that landed is its replay, even once its expiry
+    // has passed: the engine checks the expiry after the replay.
+    let soon = Utc::now() + chrono::Duration::milliseconds(1500);
+    let landed = json!({"amount": 3, "external_ref": "landed", "expires_at": rfc3339(soon)});
+    let first = credit(&app, account, landed.clone()).await;
+    while Utc::now() <= soon {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, again) = post(&app, &path, ADMIN_KEY, &landed).await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(again, first);
+    let before = app.snapshot(account);
+    let late = json!({"amount": 3, "external_ref": "late", "expires_at": rfc3339(soon)});
+    let (status, refused) = problem(app.post(&path, ADMIN_KEY, &late).await).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{refused}");
+    assert!(
+        refused["detail"]
+            .as_str()
+            .expect("detail")
+            .contains("in the future"),
+        "{refused}"
+    );
+    assert_eq!(
+        app.snapshot(account),
+        before,
+        "a lapsed expiry credits nothing"
+    );
     // Nanoseconds are cut to what PostgreSQL stores: the answer and a
     // replay compare the stored instant.
     let expires_at = now + chrono::Duration::days(30);
@@ -212,7 +239,7 @@ async fn an_expiry_is_checked_and_compared_on_replay() {
     .await;
     assert_eq!(status, StatusCode::CREATED, "{adjusted}");
     assert_eq!(adjusted["expires_at"], json!(rfc3339(expires_at)));
-    assert_eq!(app.account(account).await["available"], 6);
+    assert_eq!(app.account(account).await["available"], 9);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,6 +11,9 @@
 --                                  (a credit's or a positive adjustment's
 --                                  priority and expiry are part of its
 --                                  body);
+--   expiry_passed {expires_at}     the grant it would make has lapsed
+--                                  already (`p_expires_at` not in the
+--                                  future);
 --   insufficient_tokens {available, reserved}
 --                                  an adjustment would drive available
 --                                  below zero;
@@ -90,6 +93,13 @@ BEGIN
             ELSE
                 outcome := 'idempotency_key_reused';
             END IF;
+            RETURN;
+        END IF;
+        -- After the replay check: a retry of a credit that landed is its
+        -- replay, even once its expiry has passed.
+        IF p_expires_at IS NOT NULL AND p_expires_at <= at THEN
+            outcome := 'expiry_passed';
+            detail := jsonb_build_object('expires_at', p_expires_at);
             RETURN;
         END IF;
         IF account.available + p_amount < 0 THEN
