@@ -26,7 +26,8 @@ WITH picked AS (
            array_agg(gen_random_uuid()) AS new_id, array_agg(NULL::uuid) AS nothing_uuid,
            array_agg(NULL::bytea) AS nothing_bytea, array_agg(NULL::text) AS nothing_text,
            array_agg(NULL::jsonb) AS nothing_jsonb, array_agg(NULL::bigint) AS nothing_bigint,
-           array_agg(NULL::integer) AS nothing_integer
+           array_agg(NULL::integer) AS nothing_integer,
+           array_agg(NULL::timestamptz) AS nothing_timestamptz
     FROM picked
 )
 SELECT count(*) FROM batch b, engine_apply(
@@ -34,4 +35,4 @@ SELECT count(*) FROM batch b, engine_apply(
     b.requested_ttl, b.ttl, b.new_id, b.nothing_uuid, b.nothing_uuid, b.nothing_bytea,
     b.nothing_text, b.nothing_jsonb, b.nothing_text, b.nothing_text, b.nothing_text,
     b.nothing_text, b.nothing_bigint, b.nothing_text, b.nothing_jsonb, b.nothing_jsonb,
-    b.nothing_integer);
+    b.nothing_integer, b.nothing_timestamptz);
