@@ -2,8 +2,9 @@
 //! claimer per replica claims as many due jobs as it has idle worker slots
 //! in one `engine_claim_jobs` call (`FOR UPDATE SKIP LOCKED`, fenced
 //! leases) and hands each to a worker task. One heartbeat ticker per
-//! replica extends the leases and reservations of all its in-flight jobs
-//! at half the lease, in one `engine_heartbeat_jobs` call; a job whose
+//! replica extends the leases of all its in-flight jobs at half the lease,
+//! in one `engine_heartbeat_jobs` call, and their reservations once their
+//! expiry comes within half the TTL (or two leases); a job whose
 //! lease or reservation it finds lost is cancelled. Each worker runs one
 //! provider attempt and finishes with a fenced write: success commits the
 //! tokens, a retryable error requeues with backoff (tokens stay reserved),

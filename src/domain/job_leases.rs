@@ -167,8 +167,9 @@ fn job_heartbeat(
     Fenced::parse(&row.outcome)
 }
 
-/// Extends the lease and the reservation of one job (a heartbeat): the
-/// set-based heartbeat ([`heartbeat_many`]) with one job.
+/// Extends the lease of one job, and its reservation when its expiry is
+/// near (a heartbeat): the set-based heartbeat ([`heartbeat_many`]) with
+/// one job.
 pub fn heartbeat(
     conn: &mut PgConnection,
     job_id: Uuid,
@@ -186,8 +187,10 @@ pub fn heartbeat(
 
 /// The heartbeat of many jobs in one transaction (`engine_heartbeat_jobs`):
 /// each `(job, lease token)` still holding its lease has its lease extended
-/// by `lease_seconds` and its reservation by `ttl_seconds` (never
-/// shortened); a job whose reservation ran out fails
+/// by `lease_seconds`, and its reservation by `ttl_seconds` once its expiry
+/// comes within half of `ttl_seconds` or two leases (neither is ever
+/// shortened; most ticks write only the jobs' rows); a job whose
+/// reservation ran out fails
 /// (`ReservationLost`). One answer per distinct job and token, in job id
 /// order; a stale token is `LeaseLost`.
 pub fn heartbeat_many(

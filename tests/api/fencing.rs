@@ -293,11 +293,15 @@ fn one_heartbeat_for_many_jobs_answers_each_and_changes_only_what_it_should() {
     };
     let fine = claim(&mut conn, first);
     let stale = claim(&mut conn, first);
+    let steady = claim(&mut conn, first);
     let expired = claim(&mut conn, second);
     let far = claim(&mut conn, second);
-    // `stale`: another worker holds it now. `expired`: its reservation is
-    // past its expiry, still held (the reaper has not come by). `far`: lease
-    // and reservation already run beyond what a heartbeat asks for.
+    // `fine`: its reservation's expiry is near (100 s, within half the
+    // 300 s TTL), so the heartbeat extends it. `steady`: its reservation
+    // runs 250 s yet, so only its lease moves. `stale`: another worker
+    // holds it now. `expired`: its reservation is past its expiry, still
+    // held (the reaper has not come by). `far`: lease and reservation
+    // already run beyond what a heartbeat asks for.
     diesel::sql_query("UPDATE generation_jobs SET lease_token = lease_token + 1 WHERE id = $1")
         .bind::<SqlUuid, _>(stale.id)
         .execute(&mut conn)
@@ -317,6 +321,16 @@ fn one_heartbeat_for_many_jobs_answers_each_and_changes_only_what_it_should() {
     .bind::<SqlUuid, _>(far.id)
     .execute(&mut conn)
     .expect("far");
+    for (job, seconds) in [(&fine, 100.0), (&steady, 250.0)] {
+        diesel::sql_query(
+            "UPDATE reservations SET expires_at = now() + make_interval(secs => $2) WHERE id = $1",
+        )
+        .bind::<SqlUuid, _>(job.reservation_id)
+        .bind::<Double, _>(seconds)
+        .execute(&mut conn)
+        .expect("expiry");
+    }
+    let steady_reservation_before = rows(&mut conn, steady.id).1;
     let stale_before = rows(&mut conn, stale.id);
     let far_reservation_before = rows(&mut conn, far.id).1;
     let ledger = |conn: &mut PgConnection| -> i64 {
@@ -334,6 +348,7 @@ fn one_heartbeat_for_many_jobs_answers_each_and_changes_only_what_it_should() {
             (fine.id, fine.lease_token),
             (expired.id, expired.lease_token),
             (stale.id, stale.lease_token),
+            (steady.id, steady.lease_token),
             (fine.id, fine.lease_token),
         ],
         30,
@@ -345,6 +360,7 @@ fn one_heartbeat_for_many_jobs_answers_each_and_changes_only_what_it_should() {
         (stale.id, stale.lease_token, Fenced::LeaseLost),
         (expired.id, expired.lease_token, Fenced::ReservationLost),
         (far.id, far.lease_token, Fenced::Done),
+        (steady.id, steady.lease_token, Fenced::Done),
     ];
     expected.sort_by_key(|(id, token, _)| (*id, *token));
     assert_eq!(answers, expected, "one answer per job, in id order");
@@ -356,6 +372,11 @@ fn one_heartbeat_for_many_jobs_answers_each_and_changes_only_what_it_should() {
         (295.0..=300.0).contains(&reservation),
         "reservation {reservation} s ahead"
     );
+    // Steady: the lease extended, the reservation row untouched (one row
+    // version per heartbeat: the job's).
+    let (lease, _) = ahead(&mut conn, steady.id);
+    assert!((25.0..=30.0).contains(&lease), "lease {lease} s ahead");
+    assert_eq!(rows(&mut conn, steady.id).1, steady_reservation_before);
     // Far: never shortened; the reservation row untouched.
     let (lease, _) = ahead(&mut conn, far.id);
     assert!(lease > 3_500.0, "lease {lease} s ahead: not shortened");
@@ -392,7 +413,7 @@ fn one_heartbeat_for_many_jobs_answers_each_and_changes_only_what_it_should() {
         "one expire entry, nothing else"
     );
     let balances = assert_account_invariants(&mut conn, first.0);
-    assert_eq!((balances.available, balances.reserved), (8, 2));
+    assert_eq!((balances.available, balances.reserved), (7, 3));
     let balances = assert_account_invariants(&mut conn, second.0);
     assert_eq!((balances.available, balances.reserved), (9, 1));
 }

@@ -124,23 +124,33 @@ END;
 $$;
 
 -- The heartbeat of all of a replica's in-flight jobs at once: `p_jobs`
--- with the lease token each worker holds (`p_tokens`, same order). Their
--- accounts are locked in id order, then the jobs still running under those
--- tokens; each one's reservation is extended by `p_reservation_seconds` and
--- its lease by `p_lease_seconds` (neither ever shortened), in one
--- engine_settle. A job whose reservation is no longer held (expired
--- meanwhile, or past its expiry on this access) fails
--- (engine_fail_unreserved_jobs). One row per distinct job and token: done,
--- lease_lost (that token no longer holds the job), reservation_lost.
+-- with the lease token each worker holds (`p_tokens`, same order). Each
+-- job still running under its token has its lease extended by
+-- `p_lease_seconds`, and its reservation by `p_reservation_seconds` once
+-- the reservation's expiry comes within `p_extend_within` seconds (neither
+-- is ever shortened). Most ticks extend no reservation (a reservation
+-- outlives several leases): those jobs' leases move by one conditional
+-- UPDATE, fenced by its own condition (the token, `running`), with no lock
+-- taken before it and no other row touched — a heartbeat writes one row
+-- version per job. The jobs whose reservation is due (or no longer held)
+-- take the full path: their accounts locked in id order, then the jobs,
+-- then one engine_settle extending their reservations; a job whose
+-- reservation is no longer held (expired meanwhile, or past its expiry on
+-- this access) fails (engine_fail_unreserved_jobs). One row per distinct
+-- job and token: done, lease_lost (that token no longer holds the job),
+-- reservation_lost.
 CREATE FUNCTION engine_heartbeat_jobs(
-    p_jobs uuid[], p_tokens bigint[], p_lease_seconds integer, p_reservation_seconds double precision
+    p_jobs uuid[], p_tokens bigint[], p_lease_seconds integer,
+    p_reservation_seconds double precision, p_extend_within double precision
 )
 RETURNS TABLE (job_id uuid, lease_token bigint, outcome text)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
+    due uuid[];
     fenced generation_jobs[];
-    extended uuid[];
+    extended uuid[] := '{}';
+    leased uuid[] := '{}';
     lost uuid[];
     lost_at timestamptz;
 BEGIN
@@ -148,18 +158,29 @@ BEGIN
         RAISE EXCEPTION 'engine_heartbeat_jobs: % jobs but % tokens',
             cardinality(p_jobs), cardinality(p_tokens);
     END IF;
-    PERFORM 1 FROM accounts
-    WHERE id = ANY (ARRAY(SELECT j.account_id FROM generation_jobs j WHERE j.id = ANY (p_jobs)))
-    ORDER BY id FOR NO KEY UPDATE;
-    fenced := ARRAY(
-        SELECT j FROM generation_jobs j
-        JOIN (SELECT DISTINCT u.id, u.token FROM unnest(p_jobs, p_tokens) AS u(id, token)) h
-          ON h.id = j.id AND h.token = j.lease_token
-        WHERE j.status = 'running' AND j.id = ANY (p_jobs)
-        ORDER BY j.id
-        FOR UPDATE OF j);
+    -- Read without locks: a job's reservation is settled only by the
+    -- holder of its lease (this worker) or, past its expiry, by the
+    -- reaper, so one far from its expiry stays held until the lease moves.
+    due := ARRAY(
+        SELECT j.id FROM generation_jobs j
+        JOIN reservations r ON r.id = j.reservation_id
+        WHERE j.id = ANY (p_jobs) AND j.status = 'running'
+          AND (r.state <> 'held'
+               OR r.expires_at < now() + make_interval(secs => p_extend_within)));
+    IF cardinality(due) > 0 THEN
+        PERFORM 1 FROM accounts
+        WHERE id = ANY (ARRAY(SELECT j.account_id FROM generation_jobs j WHERE j.id = ANY (due)))
+        ORDER BY id FOR NO KEY UPDATE;
+        fenced := ARRAY(
+            SELECT j FROM generation_jobs j
+            JOIN (SELECT DISTINCT u.id, u.token FROM unnest(p_jobs, p_tokens) AS u(id, token)) h
+              ON h.id = j.id AND h.token = j.lease_token
+            WHERE j.status = 'running' AND j.id = ANY (due)
+            ORDER BY j.id
+            FOR UPDATE OF j);
+    END IF;
     IF cardinality(fenced) > 0 THEN
-        SELECT array_agg((fenced[s.pos]).id) FILTER (WHERE s.outcome = 'extended'),
+        SELECT COALESCE(array_agg((fenced[s.pos]).id) FILTER (WHERE s.outcome = 'extended'), '{}'),
                array_agg((fenced[s.pos]).id) FILTER (WHERE s.outcome <> 'extended'),
                max(s.at)
         INTO extended, lost, lost_at
@@ -168,24 +189,48 @@ BEGIN
                        p_reservation_seconds, f.id, NULL, 'system')::engine_settle_item
             FROM unnest(fenced) WITH ORDINALITY AS f
             ORDER BY f.ordinality)) s;
-        UPDATE generation_jobs j
-        SET lease_expires_at = GREATEST(j.lease_expires_at,
-                now() + make_interval(secs => p_lease_seconds)),
-            updated_at = now()
-        WHERE j.id = ANY (extended);
         IF lost IS NOT NULL THEN
             PERFORM engine_fail_unreserved_jobs(lost, lost_at);
         END IF;
     END IF;
+    -- The leases: of the jobs just extended, and of every other job still
+    -- running under its token (the UPDATE's condition is the fence).
+    WITH moved AS (
+        UPDATE generation_jobs j
+        SET lease_expires_at = GREATEST(j.lease_expires_at,
+                now() + make_interval(secs => p_lease_seconds)),
+            updated_at = now()
+        FROM (SELECT DISTINCT u.id, u.token FROM unnest(p_jobs, p_tokens) AS u(id, token)) h
+        WHERE j.id = h.id AND j.lease_token = h.token AND j.status = 'running'
+          AND j.id = ANY (p_jobs)
+          AND (j.id = ANY (extended) OR NOT j.id = ANY (COALESCE(due, '{}')))
+        RETURNING j.id
+    )
+    SELECT COALESCE(array_agg(m.id), '{}') INTO leased FROM moved m;
     RETURN QUERY
     SELECT h.id, h.token,
-           CASE WHEN f.id IS NULL THEN 'lease_lost'
-                WHEN f.id = ANY (extended) THEN 'done'
-                ELSE 'reservation_lost' END
+           CASE WHEN h.id = ANY (leased) THEN 'done'
+                WHEN f.id IS NOT NULL THEN 'reservation_lost'
+                ELSE 'lease_lost' END
     FROM (SELECT DISTINCT u.id, u.token FROM unnest(p_jobs, p_tokens) AS u(id, token)) h
     LEFT JOIN unnest(fenced) f ON f.id = h.id AND f.lease_token = h.token
     ORDER BY h.id, h.token;
 END;
+$$;
+
+-- A replica's heartbeat as the worker sends it: a reservation is extended
+-- once its expiry comes within half of `p_reservation_seconds`, or within
+-- two leases when that is longer, so it always outlives the lease by more
+-- than a heartbeat's interval (half a lease).
+CREATE FUNCTION engine_heartbeat_jobs(
+    p_jobs uuid[], p_tokens bigint[], p_lease_seconds integer,
+    p_reservation_seconds double precision
+)
+RETURNS TABLE (job_id uuid, lease_token bigint, outcome text)
+LANGUAGE sql AS $$
+    SELECT h.job_id, h.lease_token, h.outcome
+    FROM engine_heartbeat_jobs(p_jobs, p_tokens, p_lease_seconds, p_reservation_seconds,
+        GREATEST(p_reservation_seconds / 2, 2.0 * p_lease_seconds)) h
 $$;
 
 -- The worker's heartbeat of one job (engine_heartbeat_jobs) and its retry:
@@ -202,9 +247,13 @@ CREATE FUNCTION engine_job_heartbeat(
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 BEGIN
+    -- A retry always extends the reservation (to outlive the backoff).
     SELECT h.outcome INTO outcome
     FROM engine_heartbeat_jobs(ARRAY[p_job], ARRAY[p_lease_token], p_lease_seconds,
-                               p_reservation_seconds) h;
+                               p_reservation_seconds,
+                               CASE WHEN p_requeue_after IS NULL
+                                    THEN GREATEST(p_reservation_seconds / 2, 2.0 * p_lease_seconds)
+                                    ELSE p_reservation_seconds END) h;
     IF outcome = 'done' AND p_requeue_after IS NOT NULL THEN
         UPDATE generation_jobs
         SET status = 'queued', lease_expires_at = NULL, error = p_error, updated_at = now(),
