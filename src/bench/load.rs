@@ -121,8 +121,9 @@ async fn set_up(args: &LoadArgs, client: &reqwest::Client) -> anyhow::Result<Fle
             // ahead: nothing lapses during a run, but every spend looks for
             // lapsed grants among them).
             if grant + 1 < grants {
-                credit["expires_at"] =
-                    json!((chrono::Utc::now() + chrono::Duration::days(30 * (grant + 1))).to_rfc3339());
+                credit["expires_at"] = json!((chrono::Utc::now()
+                    + chrono::Duration::days(30 * (grant + 1)))
+                .to_rfc3339());
             }
             post_ok(
                 client,
