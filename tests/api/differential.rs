@@ -13,12 +13,31 @@
 //! answer (status and code; a worker's fenced outcome; a claim's attempts
 //! and flags), every account's balances after every step, and at the end
 //! every reservation (with its draws), job (status, error code, attempts),
-//! ledger entry (with the grant it names), credit grant and event must
-//! agree. Credits and positive adjustments come with random priorities
-//! (or none), so reserves, commits, returns and removals span grants.
+//! ledger entry (with the grant and the reservation it names), credit
+//! grant and event must agree. Credits and positive adjustments come with
+//! random priorities (or none) and random expiries (one of `EXPIRY_HOURS`
+//! ahead of the history's start, or none), so reserves, commits, returns
+//! and removals span grants and the draw order by expiry is exercised.
 //! The service's grant ids are mapped to the model's grants by the credit
 //! and adjustment answers (`grant_id`).
+//!
+//! Grant expiry: the `ExpireGrant` step makes one of an account's grants
+//! lapse now — in the service its `expires_at` moves to `clock_timestamp()`
+//! (every entry written so far stays before it), in the model its expiry
+//! passes. The model then writes the lapse where the engine must: on the
+//! account's next reserve or job (once its key may spend, whatever the
+//! answer), its next removal (whatever the answer), or the next reaper
+//! pass; and a settlement's return to that grant expires at once. Compared
+//! besides the above: every account's `grant_expired` after every step,
+//! each grant's expiry, `expired` tokens and whether its lapse is written
+//! (`expired_at`), its status in the grants list, the `grant_expire`
+//! entries' reason and actor, and the `grant.expired` and
+//! `grant.expiring` events with their grant and amount (the reaper runs
+//! with a 72-hour notice window, and two of the three expiries lie within
+//! it: the model sends the notices too). A removal sent with an expiry is
+//! refused.
 
+use chrono::{DateTime, SecondsFormat, Utc};
 use diesel::prelude::*;
 use diesel::sql_types::Uuid as SqlUuid;
 use proptest::prelude::*;
@@ -34,7 +53,7 @@ use token_billing::domain::job_leases::{
 use token_billing::domain::reaper::{run_pass, ReaperSettings};
 
 use crate::helpers::{ledger_of, property_config, TestApp, ADMIN_KEY};
-use crate::model::{Caller, Claim, Model, Reply};
+use crate::model::{Caller, Claim, Expiry, Model, Reply};
 
 const ACCOUNTS: usize = 3;
 /// Each account's low-balance threshold at creation (0: off).
@@ -42,6 +61,12 @@ const THRESHOLDS: [i64; ACCOUNTS] = [0, 3, 20];
 /// `JOB_MAX_ATTEMPTS` of the history's worker and reaper: small, so that
 /// histories run out of attempts.
 const MAX_ATTEMPTS: i32 = 2;
+/// The expiries credits and positive adjustments may name: this many hours
+/// after the history's start (ascending: the model ranks them so).
+const EXPIRY_HOURS: [i64; 3] = [24, 48, 720];
+/// The reaper's `GRANT_EXPIRING_NOTICE_HOURS`: the first two expiries lie
+/// within it.
+const NOTICE_HOURS: i32 = 72;
 
 /// The key a request carries, relative to the account it names.
 #[derive(Clone, Copy, Debug)]
@@ -68,12 +93,23 @@ fn key() -> impl Strategy<Value = Key> {
 #[derive(Clone, Debug)]
 enum Step {
     /// `note`: one of two notes or none; `priority`: one of PRIORITIES or
-    /// none (the default); `reuse`: the reference of an earlier credit (a
-    /// replay, or a reuse with another body).
-    Credit(usize, i64, Option<u8>, Option<u8>, Option<usize>),
-    /// `reason`: one of two reasons; `priority` as for a credit (refused
-    /// on a removal).
-    Adjust(usize, i64, u8, Option<u8>, Option<usize>),
+    /// none (the default); `expiry`: one of EXPIRY_HOURS or none (never);
+    /// `reuse`: the reference of an earlier credit (a replay, or a reuse
+    /// with another body).
+    Credit(
+        usize,
+        i64,
+        Option<u8>,
+        Option<u8>,
+        Option<u8>,
+        Option<usize>,
+    ),
+    /// `reason`: one of two reasons; `priority` and `expiry` as for a
+    /// credit (refused on a removal).
+    Adjust(usize, i64, u8, Option<u8>, Option<u8>, Option<usize>),
+    /// The n-th of the grants whose expiry has not passed (of any account)
+    /// — of those that `Pick` says, if there are any — lapses now.
+    ExpireGrant(usize, Pick),
     /// `replay`: an earlier request_id of the account, with this amount.
     /// TTLs are long (≥ 10 min) so nothing expires by the clock during a
     /// history: expiry is the explicit `Age` step, which the model sees.
@@ -132,6 +168,18 @@ enum Step {
     Crowd(usize, Vec<i64>),
 }
 
+/// Which grants an `ExpireGrant` step picks from (when none of them is
+/// left: from all whose expiry has not passed).
+#[derive(Clone, Copy, Debug)]
+enum Pick {
+    Any,
+    /// Those that reservations drew from (`reserved` > 0): their rest
+    /// expires when the reservation settles.
+    Reserved,
+    /// Those holding `remaining` tokens: their lapse takes them.
+    Remaining,
+}
+
 /// The priorities credits and positive adjustments name.
 const PRIORITIES: [i64; 4] = [0, 10, 50, 90];
 
@@ -139,15 +187,23 @@ fn priority() -> impl Strategy<Value = Option<u8>> {
     prop::option::weighted(0.7, 0..PRIORITIES.len() as u8)
 }
 
+fn expiry(probability: f64) -> impl Strategy<Value = Option<u8>> {
+    prop::option::weighted(probability, 0..EXPIRY_HOURS.len() as u8)
+}
+
 fn step() -> impl Strategy<Value = Step> {
     let account = 0..ACCOUNTS;
     let reuse = || prop::option::weighted(0.2, 0..20usize);
     prop_oneof![
-        3 => (account.clone(), 1..8i64, prop::option::of(0..2u8), priority(), reuse())
-            .prop_map(|(a, n, note, p, r)| Step::Credit(a, n, note, p, r)),
-        1 => (account.clone(), prop_oneof![-6..0i64, 1..4i64], 0..2u8,
-              prop::option::weighted(0.3, 0..PRIORITIES.len() as u8), reuse())
-            .prop_map(|(a, n, why, p, r)| Step::Adjust(a, n, why, p, r)),
+        6 => (account.clone(), 1..8i64, prop::option::of(0..2u8), priority(), expiry(0.6),
+              reuse())
+            .prop_map(|(a, n, note, p, e, r)| Step::Credit(a, n, note, p, e, r)),
+        2 => (account.clone(), prop_oneof![-6..0i64, 1..4i64], 0..2u8,
+              prop::option::weighted(0.3, 0..PRIORITIES.len() as u8), expiry(0.3), reuse())
+            .prop_map(|(a, n, why, p, e, r)| Step::Adjust(a, n, why, p, e, r)),
+        4 => (0..20usize,
+              prop_oneof![1 => Just(Pick::Any), 3 => Just(Pick::Reserved), 2 => Just(Pick::Remaining)])
+            .prop_map(|(n, pick)| Step::ExpireGrant(n, pick)),
         6 => (account.clone(), 1..4i64, prop::option::weighted(0.2, 600..86_400i32),
               reuse(), key())
             .prop_map(|(a, n, t, r, k)| Step::Reserve(a, n, t, r, k)),
@@ -175,7 +231,7 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(Step::FinishMany),
         1 => (0..20usize).prop_map(Step::Lapse),
         1 => (0..20usize, any::<bool>()).prop_map(|(n, ok)| Step::FinishedUnsettled(n, ok)),
-        1 => Just(Step::Reaper),
+        2 => Just(Step::Reaper),
         2 => prop::collection::btree_map(account.clone(), 1..3i64, 2..=ACCOUNTS)
             .prop_map(|m| Step::Burst(m.into_iter().collect())),
         2 => (account, prop::collection::vec(1..4i64, 2..=4))
@@ -215,6 +271,8 @@ struct Real {
     adjustment_refs: Vec<String>,
     /// The service's id of each of the model's grants, by index.
     grants: Vec<Uuid>,
+    /// The instants of EXPIRY_HOURS for this history.
+    expiries: Vec<DateTime<Utc>>,
     requests: Vec<Vec<(u64, i64, Option<i32>)>>,
     job_requests: Vec<Vec<(u64, u64)>>,
     next_request: u64,
@@ -262,6 +320,17 @@ impl Real {
         }
         let path = format!("/v1/accounts/{}/reservations", self.accounts[account]);
         reply(self.app.post(&path, key, &body).await).await
+    }
+
+    /// The model's expiry of an expiry rank, and the `expires_at` to send.
+    fn expiry(&self, rank: Option<u8>) -> (Expiry, Option<String>) {
+        match rank {
+            None => (Expiry::Never, None),
+            Some(rank) => (
+                Expiry::At(rank),
+                Some(self.expiries[usize::from(rank)].to_rfc3339_opts(SecondsFormat::Micros, true)),
+            ),
+        }
     }
 
     fn job_index(&self, id: Uuid) -> usize {
@@ -335,7 +404,7 @@ const REASONS: [&str; 2] = ["correction", "goodwill"];
 async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut PgConnection) {
     let path = |real: &Real, account: usize| format!("/v1/accounts/{}", real.accounts[account]);
     let (expected, actual) = match step.clone() {
-        Step::Credit(account, amount, note, priority, reuse) => {
+        Step::Credit(account, amount, note, priority, expiry, reuse) => {
             let reference = reuse
                 .and_then(|n| real.credit_refs.get(n).cloned())
                 .unwrap_or_else(|| Uuid::new_v4().to_string());
@@ -349,16 +418,20 @@ async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut Pg
             if let Some(priority) = priority {
                 body["priority"] = json!(priority);
             }
+            let (expiry, expires_at) = real.expiry(expiry);
+            if let Some(expires_at) = expires_at {
+                body["expires_at"] = json!(expires_at);
+            }
             let url = format!("{}/credits", path(real, account));
             let (actual, answer) = reply(real.app.post(&url, ADMIN_KEY, &body).await).await;
-            let expected = model.credit(account, amount, note, priority, &reference);
+            let expected = model.credit(account, amount, note, priority, expiry, &reference);
             if expected.status == 201 && actual.status == 201 {
                 real.grants
                     .push(uuid_of(&answer["grant_id"]).expect("a credit's grant_id"));
             }
             (expected, actual)
         }
-        Step::Adjust(account, amount, reason, priority, reuse) => {
+        Step::Adjust(account, amount, reason, priority, expiry, reuse) => {
             let reference = reuse
                 .and_then(|n| real.adjustment_refs.get(n).cloned())
                 .unwrap_or_else(|| Uuid::new_v4().to_string());
@@ -369,9 +442,13 @@ async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut Pg
             if let Some(priority) = priority {
                 body["priority"] = json!(priority);
             }
+            let (expiry, expires_at) = real.expiry(expiry);
+            if let Some(expires_at) = expires_at {
+                body["expires_at"] = json!(expires_at);
+            }
             let url = format!("{}/adjustments", path(real, account));
             let (actual, answer) = reply(real.app.post(&url, ADMIN_KEY, &body).await).await;
-            let expected = model.adjust(account, amount, reason, priority, &reference);
+            let expected = model.adjust(account, amount, reason, priority, expiry, &reference);
             if expected.status == 201 && actual.status == 201 && amount > 0 {
                 real.grants
                     .push(uuid_of(&answer["grant_id"]).expect("a positive adjustment's grant_id"));
@@ -477,6 +554,34 @@ async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut Pg
             if model.reservations[index].state == crate::model::State::Held {
                 model.reservations[index].past_expiry = true;
             }
+            return;
+        }
+        Step::ExpireGrant(n, pick) => {
+            let due: Vec<usize> = (0..model.grants.len())
+                .filter(|&g| model.grants[g].expiry != Expiry::Passed)
+                .collect();
+            let picked: Vec<usize> = due
+                .iter()
+                .copied()
+                .filter(|&g| match pick {
+                    Pick::Any => true,
+                    Pick::Reserved => model.grants[g].reserved > 0,
+                    Pick::Remaining => model.grants[g].remaining > 0,
+                })
+                .collect();
+            let due = if picked.is_empty() { due } else { picked };
+            let Some(&grant) = due.get(n % due.len().max(1)) else {
+                return;
+            };
+            // As waiting for the expiry would: every entry so far lies
+            // before it.
+            diesel::sql_query(
+                "UPDATE credit_grants SET expires_at = clock_timestamp() WHERE id = $1",
+            )
+            .bind::<SqlUuid, _>(real.grants[grant])
+            .execute(conn)
+            .expect("lapse a grant");
+            model.pass_expiry(grant);
             return;
         }
         Step::Suspend(account, suspended) => {
@@ -708,17 +813,23 @@ async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut Pg
                     real.reservations[i],
                 )
             });
+            let mut grant_order: Vec<usize> = (0..model.grants.len()).collect();
+            grant_order.sort_by_key(|&g| real.grants[g]);
+            let soon: Vec<bool> = EXPIRY_HOURS
+                .iter()
+                .map(|&hours| hours <= i64::from(NOTICE_HOURS))
+                .collect();
             run_pass(
                 conn,
                 &ReaperSettings {
                     batch: 500,
                     job_max_attempts: MAX_ATTEMPTS,
-                    grant_expiring_notice_hours: 72,
+                    grant_expiring_notice_hours: NOTICE_HOURS,
                 },
                 None,
             )
             .expect("reaper");
-            model.reaper_pass(&order, MAX_ATTEMPTS);
+            model.reaper_pass(&order, &grant_order, &soon, MAX_ATTEMPTS);
             return;
         }
         Step::Burst(ops) => {
@@ -751,6 +862,7 @@ async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut Pg
             let answers = concurrently(real, &requests).await;
             let actual: Vec<Reply> = answers.iter().map(|(reply, _)| reply.clone()).collect();
             let ledger: Vec<(String, i64, i64, i64, i64)> = ledger_of(conn, real.accounts[account]);
+            let named: Vec<Option<Uuid>> = entry_reservations(conn, real.accounts[account]);
             // The service took them in some order: the model, taking them
             // in that order, must give the same answers and the same
             // ledger.
@@ -783,7 +895,27 @@ async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut Pg
                             }
                             _ => true,
                         });
-                (replies == actual && same_ledger && same_draws)
+                // Two reserves of the same amount from the same grants
+                // leave the same ledger either way; the reservations the
+                // entries name tell the order.
+                let id_of = |index: usize| {
+                    real.reservations.get(index).copied().or_else(|| {
+                        outcomes
+                            .iter()
+                            .zip(&answers)
+                            .find_map(|(outcome, (_, body))| match outcome {
+                                Some((_, Some(made))) if *made == index => {
+                                    uuid_of(&body["reservation_id"])
+                                }
+                                _ => None,
+                            })
+                    })
+                };
+                let same_reservations = candidate.entry_reservations[account]
+                    .iter()
+                    .map(|named| named.and_then(id_of))
+                    .eq(named.iter().copied());
+                (replies == actual && same_ledger && same_draws && same_reservations)
                     .then_some((candidate, order, outcomes))
             });
             let (candidate, order, outcomes) = explained.unwrap_or_else(|| {
@@ -807,6 +939,17 @@ async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut Pg
         _ => return,
     };
     assert_eq!(actual, expected, "{step:?}");
+}
+
+/// The reservation each of the account's ledger entries names, in order.
+fn entry_reservations(conn: &mut PgConnection, account: Uuid) -> Vec<Option<Uuid>> {
+    use token_billing::db::schema::ledger_entries;
+    ledger_entries::table
+        .filter(ledger_entries::account_id.eq(account))
+        .order(ledger_entries::id.asc())
+        .select(ledger_entries::reservation_id)
+        .load(conn)
+        .expect("entries' reservations")
 }
 
 /// Reserves `(account, request, amount)` with the admin key, all at once.
@@ -859,7 +1002,7 @@ fn fenced(outcome: Fenced) -> &'static str {
 
 fn compare_balances(model: &Model, real: &Real, conn: &mut PgConnection, step: &Step) {
     for (index, expected) in model.accounts.iter().enumerate() {
-        let row: (String, i64, i64, i64, i64, i64, i32, i32) = accounts::table
+        let row: (String, i64, i64, i64, i64, i64, i64, i32, i32) = accounts::table
             .find(real.accounts[index])
             .select((
                 accounts::status,
@@ -868,6 +1011,7 @@ fn compare_balances(model: &Model, real: &Real, conn: &mut PgConnection, step: &
                 accounts::used,
                 accounts::credited,
                 accounts::adjusted,
+                accounts::grant_expired,
                 accounts::active_reservations,
                 accounts::max_active_reservations,
             ))
@@ -887,6 +1031,7 @@ fn compare_balances(model: &Model, real: &Real, conn: &mut PgConnection, step: &
                 expected.used,
                 expected.credited,
                 expected.adjusted,
+                expected.grant_expired,
                 i32::try_from(expected.active).expect("count"),
                 i32::try_from(expected.limit).expect("limit"),
             ),
@@ -994,6 +1139,18 @@ fn model_draws(draws: &[(usize, i64)]) -> Vec<(Option<usize>, i64)> {
         .collect()
 }
 
+/// A grant's row: account, priority, remaining, reserved, expired,
+/// expires_at, expired_at.
+type GrantRow = (
+    Uuid,
+    i16,
+    i64,
+    i64,
+    i64,
+    Option<DateTime<Utc>>,
+    Option<DateTime<Utc>>,
+);
+
 /// Every grant's books, the grant each ledger entry names, every
 /// reservation's draws (in draw order), and the invariant checks.
 fn compare_grants(model: &Model, real: &Real, conn: &mut PgConnection) {
@@ -1002,44 +1159,96 @@ fn compare_grants(model: &Model, real: &Real, conn: &mut PgConnection) {
     struct Named {
         #[diesel(sql_type = diesel::sql_types::Nullable<SqlUuid>)]
         grant_id: Option<Uuid>,
+        #[diesel(sql_type = diesel::sql_types::Nullable<SqlUuid>)]
+        reservation_id: Option<Uuid>,
     }
     for (index, expected) in model.grants.iter().enumerate() {
-        let (account, priority, remaining, reserved): (Uuid, i16, i64, i64) = credit_grants::table
-            .find(real.grants[index])
-            .select((
-                credit_grants::account_id,
-                credit_grants::priority,
-                credit_grants::remaining,
-                credit_grants::reserved,
-            ))
-            .first(conn)
-            .expect("grant");
+        let (account, priority, remaining, reserved, expired, expires_at, expired_at): GrantRow =
+            credit_grants::table
+                .find(real.grants[index])
+                .select((
+                    credit_grants::account_id,
+                    credit_grants::priority,
+                    credit_grants::remaining,
+                    credit_grants::reserved,
+                    credit_grants::expired,
+                    credit_grants::expires_at,
+                    credit_grants::expired_at,
+                ))
+                .first(conn)
+                .expect("grant");
         assert_eq!(
-            (account, i64::from(priority), remaining, reserved),
+            (
+                account,
+                i64::from(priority),
+                remaining,
+                reserved,
+                expired,
+                expired_at.is_some()
+            ),
             (
                 real.accounts[expected.account],
                 expected.priority,
                 expected.remaining,
-                expected.reserved
+                expected.reserved,
+                expected.expired,
+                expected.lapse_written
             ),
             "grant {index}"
         );
+        // The expiry it was made with, or (moved by the test) one passed.
+        let expiry_agrees = match expected.expiry {
+            Expiry::Never => expires_at.is_none(),
+            Expiry::At(rank) => expires_at == Some(real.expiries[usize::from(rank)]),
+            Expiry::Passed => expires_at.is_some_and(|at| at <= Utc::now()),
+        };
+        assert!(
+            expiry_agrees,
+            "grant {index}: expires_at {expires_at:?}, the model's {:?}",
+            expected.expiry
+        );
     }
     for (index, expected) in model.entry_grants.iter().enumerate() {
-        let actual: Vec<Option<usize>> = diesel::sql_query(
-            "SELECT grant_id FROM ledger_entries WHERE account_id = $1 ORDER BY id",
+        let named: Vec<Named> = diesel::sql_query(
+            "SELECT grant_id, reservation_id FROM ledger_entries WHERE account_id = $1 ORDER BY id",
         )
         .bind::<SqlUuid, _>(real.accounts[index])
         .load::<Named>(conn)
-        .expect("entries' grants")
-        .into_iter()
-        .map(|entry| model_grant(real, entry.grant_id))
-        .collect();
+        .expect("entries' grants");
+        let grants: Vec<Option<usize>> = named
+            .iter()
+            .map(|entry| model_grant(real, entry.grant_id))
+            .collect();
         assert_eq!(
-            actual, *expected,
+            grants, *expected,
             "the grants the entries of account {index} name"
         );
+        let reservations: Vec<Option<usize>> = named
+            .iter()
+            .map(|entry| {
+                entry.reservation_id.map(|id| {
+                    real.reservations
+                        .iter()
+                        .position(|&known| known == id)
+                        .expect("a reservation of the history")
+                })
+            })
+            .collect();
+        assert_eq!(
+            reservations, model.entry_reservations[index],
+            "the reservations the entries of account {index} name"
+        );
     }
+    // A grant's lapse is the system's; every grant_expire says why.
+    let odd: i64 = diesel::sql_query(
+        "SELECT count(*) AS count FROM ledger_entries WHERE kind = 'grant_expire' \
+         AND (reason IS DISTINCT FROM 'grant_expired' \
+              OR (reservation_id IS NULL AND actor <> 'system'))",
+    )
+    .get_result::<Count>(conn)
+    .expect("grant_expire entries")
+    .count;
+    assert_eq!(odd, 0, "grant_expire entries with another reason or actor");
     for (index, expected) in model.reservations.iter().enumerate() {
         let draws: Value = reservations::table
             .find(real.reservations[index])
@@ -1059,25 +1268,51 @@ fn compare_grants(model: &Model, real: &Real, conn: &mut PgConnection) {
     assert!(grants.is_empty(), "{grants:#?}");
 }
 
+/// An event: its type, and for a grant's event its grant (the model's)
+/// and amount.
+type ShownEvent = (String, Option<(Option<usize>, Option<i64>)>);
+
 /// Each account's events (the model's, in the order it raised them)
-/// against the service's in feed order; and every event against the books.
+/// against the service's in feed order — a grant's event with its grant
+/// and amount; and every event against the books.
 fn compare_events(model: &Model, real: &Real, conn: &mut PgConnection) {
     #[derive(QueryableByName)]
     struct Event {
         #[diesel(sql_type = diesel::sql_types::Text)]
         r#type: String,
+        #[diesel(sql_type = diesel::sql_types::Nullable<SqlUuid>)]
+        grant_id: Option<Uuid>,
+        #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
+        amount: Option<i64>,
     }
     for (index, expected) in model.events.iter().enumerate() {
-        let actual: Vec<String> = diesel::sql_query(
-            "SELECT type FROM events WHERE account_id = $1 AND type NOT LIKE 'job.%' ORDER BY seq",
+        let actual: Vec<ShownEvent> = diesel::sql_query(
+            "SELECT type, (data->>'grant_id')::uuid AS grant_id, \
+                    (data->>'amount')::bigint AS amount \
+             FROM events WHERE account_id = $1 AND type NOT LIKE 'job.%' ORDER BY seq",
         )
         .bind::<SqlUuid, _>(real.accounts[index])
         .load::<Event>(conn)
         .expect("events")
         .into_iter()
-        .map(|event| event.r#type)
+        .map(|event| {
+            let grant = event
+                .r#type
+                .starts_with("grant.")
+                .then(|| (model_grant(real, event.grant_id), event.amount));
+            (event.r#type, grant)
+        })
         .collect();
-        assert_eq!(actual, *expected, "events of account {index}");
+        let expected: Vec<ShownEvent> = expected
+            .iter()
+            .map(|&(kind, grant)| {
+                (
+                    kind.to_owned(),
+                    grant.map(|(grant, amount)| (Some(grant), Some(amount))),
+                )
+            })
+            .collect();
+        assert_eq!(actual, expected, "events of account {index}");
     }
     let disagreements =
         token_billing::domain::checks::events_disagreeing_with_books(conn).expect("events check");
@@ -1177,6 +1412,15 @@ async fn run_history(steps: Vec<Step>) {
         credit_refs: Vec::new(),
         adjustment_refs: Vec::new(),
         grants: Vec::new(),
+        expiries: EXPIRY_HOURS
+            .iter()
+            .map(|&hours| {
+                use chrono::{DurationRound, TimeDelta};
+                (Utc::now() + TimeDelta::hours(hours))
+                    .duration_trunc(TimeDelta::microseconds(1))
+                    .expect("an instant PostgreSQL stores")
+            })
+            .collect(),
         requests: vec![Vec::new(); ACCOUNTS],
         job_requests: vec![Vec::new(); ACCOUNTS],
         next_request: 0,
@@ -1186,6 +1430,49 @@ async fn run_history(steps: Vec<Step>) {
         compare_balances(&model, &real, &mut conn, step);
     }
     compare_final(&model, &real, &mut conn);
+    compare_grant_list(&model, &real).await;
+}
+
+/// Every grant's status and lapse as the grants list shows them: expired
+/// once its expiry has passed (lapse written or not), else active while
+/// it holds tokens, else depleted.
+async fn compare_grant_list(model: &Model, real: &Real) {
+    for (account, &id) in real.accounts.iter().enumerate() {
+        let response = real
+            .app
+            .get(&format!("/v1/accounts/{id}/grants"), ADMIN_KEY)
+            .await;
+        assert_eq!(response.status().as_u16(), 200);
+        let page: Value = response.json().await.expect("grants page");
+        assert!(page["next_after"].is_null(), "one page: {page}");
+        let actual: Vec<(Option<usize>, String, bool)> = page["grants"]
+            .as_array()
+            .expect("grants")
+            .iter()
+            .map(|shown| {
+                (
+                    model_grant(real, uuid_of(&shown["grant_id"])),
+                    shown["status"].as_str().expect("status").to_owned(),
+                    shown["expired_at"].is_string(),
+                )
+            })
+            .collect();
+        let expected: Vec<(Option<usize>, String, bool)> = (0..model.grants.len())
+            .filter(|&g| model.grants[g].account == account)
+            .map(|g| {
+                let grant = &model.grants[g];
+                let status = if grant.expiry == Expiry::Passed {
+                    "expired"
+                } else if grant.remaining + grant.reserved > 0 {
+                    "active"
+                } else {
+                    "depleted"
+                };
+                (Some(g), status.to_owned(), grant.lapse_written)
+            })
+            .collect();
+        assert_eq!(actual, expected, "the grants list of account {account}");
+    }
 }
 
 #[test]

@@ -7,12 +7,26 @@
 //! with the engine: a rule changed in one and not the other fails it.
 //!
 //! Credit grants: every credit and positive adjustment is a grant with a
-//! priority; spending draws from an account's grants in draw order — here
-//! a sort of the account's grants by (priority, creation index), taking
-//! from each in turn until the amount is met. (The engine decides the same
+//! priority and an expiry (one of a few fixed future instants, or never);
+//! spending draws from an account's grants in draw order — here a sort of
+//! the account's grants by (priority, expiry, creation index), taking from
+//! each in turn until the amount is met. (The engine decides the same
 //! order set-based: running sums over its grants ordered by priority,
 //! expiry and creation sequence, intersected with running sums of the
 //! items.)
+//!
+//! Grant expiry: a grant's expiry can pass (the test moves it to now), and
+//! then the grant has lapsed; its lapse — what it still holds leaves
+//! `available` as one `grant_expire` entry and a `grant.expired` event —
+//! is written by the next spending decision on its account (a reserve or a
+//! job, whatever its answer once the key may spend; a removal, whatever its
+//! answer), or by the reaper's pass, whichever comes first. A credit or a
+//! positive adjustment writes none. A settlement's return to a grant whose
+//! expiry has passed (lapse written or not) leaves `reserved` as a
+//! `grant_expire` entry (naming the reservation) instead of going back.
+//! The reaper's pass writes every lapse first, then one `grant.expiring`
+//! notice per grant that lapses within the notice window, has not lapsed,
+//! holds tokens and was not noticed before.
 
 use std::collections::HashMap;
 
@@ -47,6 +61,8 @@ pub struct Account {
     pub used: i64,
     pub credited: i64,
     pub adjusted: i64,
+    /// Tokens that left when grants lapsed.
+    pub grant_expired: i64,
     pub active: i64,
 }
 
@@ -83,6 +99,17 @@ pub struct Reservation {
     pub draws: Vec<(usize, i64)>,
 }
 
+/// When a grant lapses, in draw order: a grant whose expiry has passed
+/// sorts first (it is never drawn: its lapse is written before any draw),
+/// then the history's fixed future instants by rank (a lower rank is
+/// sooner), then never.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Expiry {
+    Passed,
+    At(u8),
+    Never,
+}
+
 /// A credit grant: made by a credit or a positive adjustment, in creation
 /// order (its index).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -91,6 +118,13 @@ pub struct Grant {
     pub priority: i64,
     pub remaining: i64,
     pub reserved: i64,
+    pub expiry: Expiry,
+    /// Its lapse is written (`expired_at` set).
+    pub lapse_written: bool,
+    /// Tokens that left with its lapse or by returns after it.
+    pub expired: i64,
+    /// Its `grant.expiring` notice was sent.
+    pub noticed: bool,
 }
 
 /// A credit's priority when it names none.
@@ -167,8 +201,16 @@ fn no_attempt_left(attempts: i32, max_attempts: i32) -> bool {
 
 /// An external movement's identity for replays: account, amount, the
 /// note (credit) or reason (adjustment), and its grant's priority (none for
-/// a removal).
+/// a removal). Its grant's expiry is compared too, as the grant has it
+/// now (a grant whose expiry the test moved no longer has the one sent).
 type External = (usize, i64, Option<String>, Option<i64>);
+
+/// An event: its type, and for a grant's event the grant and its amount.
+pub type Event = (&'static str, Option<(usize, i64)>);
+
+fn event(kind: &'static str) -> Event {
+    (kind, None)
+}
 
 #[derive(Clone, Default)]
 pub struct Model {
@@ -178,11 +220,14 @@ pub struct Model {
     pub ledger: Vec<Vec<Entry>>,
     /// The grant each ledger entry names, parallel to `ledger`.
     pub entry_grants: Vec<Vec<Option<usize>>>,
+    /// The reservation each ledger entry names, parallel to `ledger`.
+    pub entry_reservations: Vec<Vec<Option<usize>>>,
     pub grants: Vec<Grant>,
     /// Each account's events (other than jobs'), in order.
-    pub events: Vec<Vec<&'static str>>,
-    credits: HashMap<String, External>,
-    adjustments: HashMap<String, External>,
+    pub events: Vec<Vec<Event>>,
+    /// Each external reference's identity and the grant it made.
+    credits: HashMap<String, (External, Option<usize>)>,
+    adjustments: HashMap<String, (External, Option<usize>)>,
 }
 
 impl Model {
@@ -197,24 +242,27 @@ impl Model {
         });
         self.ledger.push(Vec::new());
         self.entry_grants.push(Vec::new());
+        self.entry_reservations.push(Vec::new());
         self.events.push(if threshold > 0 {
-            vec!["account.balance_low"]
+            vec![event("account.balance_low")]
         } else {
             Vec::new()
         });
         self.accounts.len() - 1
     }
 
-    /// One ledger entry naming `grant`, and the events it causes: its
-    /// movement's own (credit, adjustment, expiry: once, on the movement's
-    /// `last` entry), a crossing of the low-balance threshold either way,
-    /// and a depletion (available reaching 0 from above).
+    /// One ledger entry naming `grant` (and `reservation`), and the events
+    /// it causes: its movement's own (credit, adjustment, expiry: once, on
+    /// the movement's `last` entry of its kind; a grant's expiry: on every
+    /// `grant_expire` entry), a crossing of the low-balance threshold
+    /// either way, and a depletion (available reaching 0 from above).
     fn record(
         &mut self,
         account: usize,
         kind: &'static str,
         amount: i64,
         grant: Option<usize>,
+        reservation: Option<usize>,
         last: bool,
     ) {
         let a = &self.accounts[account];
@@ -224,25 +272,30 @@ impl Model {
             .map_or(0, |&(_, _, available, _, _)| available);
         self.ledger[account].push(entry);
         self.entry_grants[account].push(grant);
+        self.entry_reservations[account].push(reservation);
         let events = &mut self.events[account];
         match kind {
-            "credit" if last => events.push("credit.created"),
-            "adjustment" if last => events.push("adjustment.created"),
-            "expire" if last => events.push("reservation.expired"),
+            "credit" if last => events.push(event("credit.created")),
+            "adjustment" if last => events.push(event("adjustment.created")),
+            "expire" if last => events.push(event("reservation.expired")),
+            "grant_expire" => events.push((
+                "grant.expired",
+                Some((grant.expect("a grant_expire names its grant"), amount)),
+            )),
             _ => {}
         }
         let a = &mut self.accounts[account];
         let below = a.threshold > 0 && a.available < a.threshold;
         if below != a.low {
             a.low = below;
-            events.push(if below {
+            events.push(event(if below {
                 "account.balance_low"
             } else {
                 "account.balance_recovered"
-            });
+            }));
         }
         if a.available == 0 && before > 0 {
-            events.push("account.balance_depleted");
+            events.push(event("account.balance_depleted"));
         }
     }
 
@@ -265,11 +318,11 @@ impl Model {
         if below != a.low {
             a.low = below;
             if threshold > 0 {
-                self.events[account].push(if below {
+                self.events[account].push(event(if below {
                     "account.balance_low"
                 } else {
                     "account.balance_recovered"
-                });
+                }));
             }
         }
         ok(200)
@@ -286,23 +339,62 @@ impl Model {
     }
 
     /// A new grant of `amount` tokens on `account`.
-    fn grant(&mut self, account: usize, amount: i64, priority: i64) -> usize {
+    fn grant(&mut self, account: usize, amount: i64, priority: i64, expiry: Expiry) -> usize {
         self.grants.push(Grant {
             account,
             priority,
             remaining: amount,
             reserved: 0,
+            expiry,
+            lapse_written: false,
+            expired: 0,
+            noticed: false,
         });
         self.grants.len() - 1
     }
 
+    /// The grant's expiry passes now (the test moves it): it has lapsed,
+    /// and its lapse is not written yet.
+    pub fn pass_expiry(&mut self, grant: usize) {
+        self.grants[grant].expiry = Expiry::Passed;
+    }
+
+    /// Writes the lapse of every grant of `account` whose expiry has
+    /// passed and whose lapse is not written yet, in creation order: what
+    /// it still holds leaves `available` (one `grant_expire` entry, when it
+    /// holds any). What reservations drew from it stays reserved.
+    fn lapse(&mut self, account: usize) {
+        for index in 0..self.grants.len() {
+            let grant = &mut self.grants[index];
+            if grant.account != account || grant.expiry != Expiry::Passed || grant.lapse_written {
+                continue;
+            }
+            grant.lapse_written = true;
+            let left = std::mem::take(&mut grant.remaining);
+            if left > 0 {
+                grant.expired += left;
+                let a = &mut self.accounts[account];
+                a.available -= left;
+                a.grant_expired += left;
+                self.record(account, "grant_expire", left, Some(index), None, true);
+            }
+        }
+    }
+
     /// Which grants `amount` tokens of `account` come from, in draw order:
-    /// lowest priority first, then the older grant.
+    /// lowest priority first, then the soonest expiry (never: last), then
+    /// the older grant.
     fn draw(&self, account: usize, amount: i64) -> Vec<(usize, i64)> {
         let mut candidates: Vec<usize> = (0..self.grants.len())
             .filter(|&g| self.grants[g].account == account && self.grants[g].remaining > 0)
             .collect();
-        candidates.sort_by_key(|&g| (self.grants[g].priority, g));
+        assert!(
+            candidates
+                .iter()
+                .all(|&g| self.grants[g].expiry != Expiry::Passed),
+            "the model draws only after writing the lapses"
+        );
+        candidates.sort_by_key(|&g| (self.grants[g].priority, self.grants[g].expiry, g));
         let mut wanted = amount;
         let mut draws = Vec::new();
         for g in candidates {
@@ -317,50 +409,73 @@ impl Model {
         draws
     }
 
-    /// A credit makes a grant of `priority` (the default when none).
+    /// Whether an external movement is the same as the first one of its
+    /// reference: the same identity, and its grant's expiry as the grant
+    /// has it now (no grant: none asked).
+    fn same_external(
+        &self,
+        first: &(External, Option<usize>),
+        this: &External,
+        expiry: Expiry,
+    ) -> bool {
+        let (identity, grant) = first;
+        let expiry_then = grant.map_or(Expiry::Never, |g| self.grants[g].expiry);
+        identity == this && expiry_then == expiry
+    }
+
+    /// A credit makes a grant of `priority` (the default when none) lapsing
+    /// at `expiry`.
     pub fn credit(
         &mut self,
         account: usize,
         amount: i64,
         note: Option<&str>,
         priority: Option<i64>,
+        expiry: Expiry,
         reference: &str,
     ) -> Reply {
         let priority = priority.unwrap_or(DEFAULT_PRIORITY);
         let this = (account, amount, note.map(str::to_owned), Some(priority));
         if let Some(first) = self.credits.get(reference) {
-            return if *first == this {
+            return if self.same_external(first, &this, expiry) {
                 ok(200)
             } else {
                 refused(422, "idempotency_key_reused")
             };
         }
-        self.credits.insert(reference.to_owned(), this);
-        let grant = self.grant(account, amount, priority);
+        let grant = self.grant(account, amount, priority, expiry);
+        self.credits
+            .insert(reference.to_owned(), (this, Some(grant)));
         let a = &mut self.accounts[account];
         a.available += amount;
         a.credited += amount;
-        self.record(account, "credit", amount, Some(grant), true);
+        self.record(account, "credit", amount, Some(grant), None, true);
         ok(201)
     }
 
-    /// A positive adjustment makes a grant; a removal takes no priority and
-    /// draws from the grants in draw order, one entry per grant.
+    /// A positive adjustment makes a grant; a removal takes no priority
+    /// and no expiry, writes the lapses of the account's grants first (a
+    /// spending decision, whatever its answer), and draws from the grants
+    /// in draw order, one entry per grant.
     pub fn adjust(
         &mut self,
         account: usize,
         amount: i64,
         reason: &str,
         priority: Option<i64>,
+        expiry: Expiry,
         reference: &str,
     ) -> Reply {
-        if amount < 0 && priority.is_some() {
+        if amount < 0 && (priority.is_some() || expiry != Expiry::Never) {
             return refused(400, "invalid_request");
+        }
+        if amount < 0 {
+            self.lapse(account);
         }
         let priority = (amount > 0).then(|| priority.unwrap_or(DEFAULT_PRIORITY));
         let this = (account, amount, Some(reason.to_owned()), priority);
         if let Some(first) = self.adjustments.get(reference) {
-            return if *first == this {
+            return if self.same_external(first, &this, expiry) {
                 ok(200)
             } else {
                 refused(422, "idempotency_key_reused")
@@ -369,14 +484,16 @@ impl Model {
         if self.accounts[account].available + amount < 0 {
             return refused(402, "insufficient_tokens");
         }
-        self.adjustments.insert(reference.to_owned(), this);
         if let Some(priority) = priority {
-            let grant = self.grant(account, amount, priority);
+            let grant = self.grant(account, amount, priority, expiry);
+            self.adjustments
+                .insert(reference.to_owned(), (this, Some(grant)));
             let a = &mut self.accounts[account];
             a.available += amount;
             a.adjusted += amount;
-            self.record(account, "adjustment", amount, Some(grant), true);
+            self.record(account, "adjustment", amount, Some(grant), None, true);
         } else {
+            self.adjustments.insert(reference.to_owned(), (this, None));
             let draws = self.draw(account, -amount);
             let last = draws.len() - 1;
             for (i, (grant, take)) in draws.into_iter().enumerate() {
@@ -384,7 +501,7 @@ impl Model {
                 let a = &mut self.accounts[account];
                 a.available -= take;
                 a.adjusted -= take;
-                self.record(account, "adjustment", -take, Some(grant), i == last);
+                self.record(account, "adjustment", -take, Some(grant), None, i == last);
             }
         }
         ok(201)
@@ -413,6 +530,7 @@ impl Model {
         job: Option<usize>,
     ) -> usize {
         let draws = self.draw(account, amount);
+        let index = self.reservations.len();
         self.reservations.push(Reservation {
             account,
             request,
@@ -432,9 +550,9 @@ impl Model {
             let a = &mut self.accounts[account];
             a.available -= take;
             a.reserved += take;
-            self.record(account, "reserve", take, Some(grant), false);
+            self.record(account, "reserve", take, Some(grant), Some(index), false);
         }
-        self.reservations.len() - 1
+        index
     }
 
     /// A reservation by the API. Returns the reply and the reservation (new
@@ -450,6 +568,8 @@ impl Model {
         if let Err(reply) = Model::may_spend(caller, account) {
             return (reply, None);
         }
+        // A spending decision: the lapses first, whatever its answer.
+        self.lapse(account);
         let existing = self
             .reservations
             .iter()
@@ -473,8 +593,9 @@ impl Model {
 
     /// Moves a held reservation to its final state: `committed` tokens
     /// spent, taken from its draws in draw order; the rest of each draw
-    /// back to its grant. The commits first, then the returns, one entry
-    /// per grant.
+    /// back to its grant — or, to a grant whose expiry has passed, out of
+    /// the account (`grant_expire`, from reserved). The commits first, then
+    /// the returns, one entry per grant.
     fn settle(&mut self, index: usize, state: State, committed: i64) {
         let account = self.reservations[index].account;
         self.reservations[index].state = state;
@@ -493,7 +614,7 @@ impl Model {
                 let a = &mut self.accounts[account];
                 a.reserved -= spent;
                 a.used += spent;
-                self.record(account, "commit", spent, Some(grant), false);
+                self.record(account, "commit", spent, Some(grant), Some(index), false);
             }
         }
         let kind = if state == State::Expired {
@@ -506,15 +627,41 @@ impl Model {
             .filter(|&&(_, _, back)| back > 0)
             .map(|&(grant, _, back)| (grant, back))
             .collect();
-        let last = returns.len().saturating_sub(1);
+        let lapsed = |model: &Model, grant: usize| model.grants[grant].expiry == Expiry::Passed;
+        // The movement's own event comes with its last entry of its kind
+        // (the engine's rule, and docs/api.md's "names its last `expire`
+        // entry"): an expiry whose every return goes to a lapsed grant
+        // writes no `expire` entry, and no `reservation.expired` event.
+        let last = returns.iter().rposition(|&(grant, _)| !lapsed(self, grant));
         for (i, (grant, back)) in returns.into_iter().enumerate() {
+            let gone = lapsed(self, grant);
             let g = &mut self.grants[grant];
             g.reserved -= back;
-            g.remaining += back;
             let a = &mut self.accounts[account];
             a.reserved -= back;
-            a.available += back;
-            self.record(account, kind, back, Some(grant), i == last);
+            if gone {
+                g.expired += back;
+                a.grant_expired += back;
+                self.record(
+                    account,
+                    "grant_expire",
+                    back,
+                    Some(grant),
+                    Some(index),
+                    true,
+                );
+            } else {
+                g.remaining += back;
+                a.available += back;
+                self.record(
+                    account,
+                    kind,
+                    back,
+                    Some(grant),
+                    Some(index),
+                    Some(i) == last,
+                );
+            }
         }
     }
 
@@ -615,6 +762,8 @@ impl Model {
         seed: u64,
         cost: i64,
     ) -> (Reply, Option<usize>) {
+        // A spending decision: the lapses first, whatever its answer.
+        self.lapse(account);
         if let Some(index) = self
             .jobs
             .iter()
@@ -762,13 +911,49 @@ impl Model {
     }
 
     /// The reaper, as docs/architecture.md's table lists its steps:
+    /// write the lapses of grants whose expiry has passed; send one
+    /// `grant.expiring` notice per grant that lapses within the notice
+    /// window (`soon`, by expiry rank), has not lapsed, holds tokens and
+    /// was not noticed (by expiry, then `grant_order`: the grants by id);
     /// expire held reservations past their expiry (`order`: by account,
     /// then reservation id), failing their unfinished jobs; requeue running
     /// jobs whose lease ran out and that have an attempt left; fail those
     /// without one (`attempts_exhausted`, tokens released); settle the held
     /// reservation of a finished job (commit a success, release a failure);
     /// fail unfinished jobs whose reservation is no longer held.
-    pub fn reaper_pass(&mut self, order: &[usize], max_attempts: i32) {
+    pub fn reaper_pass(
+        &mut self,
+        order: &[usize],
+        grant_order: &[usize],
+        soon: &[bool],
+        max_attempts: i32,
+    ) {
+        for account in 0..self.accounts.len() {
+            self.lapse(account);
+        }
+        let mut noticed: Vec<(u8, usize)> = grant_order
+            .iter()
+            .filter_map(|&index| {
+                let g = &self.grants[index];
+                match g.expiry {
+                    Expiry::At(rank)
+                        if soon[usize::from(rank)]
+                            && !g.noticed
+                            && g.remaining + g.reserved > 0 =>
+                    {
+                        Some((rank, index))
+                    }
+                    _ => None,
+                }
+            })
+            .collect();
+        noticed.sort_by_key(|&(rank, _)| rank);
+        for (_, index) in noticed {
+            let g = &mut self.grants[index];
+            g.noticed = true;
+            let held = g.remaining + g.reserved;
+            self.events[g.account].push(("grant.expiring", Some((index, held))));
+        }
         for &index in order {
             self.expire_if_due(index);
         }
