@@ -294,10 +294,12 @@ pub fn grants_disagreeing_with_ledger(
 }
 
 /// Events and books against each other, from the ledger and the jobs
-/// alone (window functions, not the engine's code): every credit,
-/// adjustment and expiry has exactly one `credit.created`,
-/// `adjustment.created` or `reservation.expired` event naming its last
-/// entry, every grant_expire entry one `grant.expired` (a movement spanning several grants writes one entry per grant,
+/// alone (window functions, not the engine's code): every credit and
+/// adjustment has exactly one `credit.created` or `adjustment.created`
+/// event naming its last entry, every expired reservation one
+/// `reservation.expired` naming its last return (`expire`, or
+/// `grant_expire` to a lapsed grant), every grant_expire entry one
+/// `grant.expired` (a movement spanning several grants writes one entry per grant,
 /// all with the same reservation or external_ref); every
 /// entry that brought `available` from above 0 to 0 one
 /// `account.balance_depleted`; every finished job one `job.<status>`; and
@@ -311,17 +313,22 @@ pub fn events_disagreeing_with_books(conn: &mut PgConnection) -> Result<Vec<Stri
     }
     let rows: Vec<Disagreement> = diesel::sql_query(
         "WITH entries AS ( \
-           SELECT id, kind, grant_id, available_after, \
+           SELECT id, kind, grant_id, reservation_id, available_after, \
                   COALESCE(lag(available_after) OVER (PARTITION BY account_id ORDER BY id), 0) \
                     AS available_before, \
                   id = max(id) OVER (PARTITION BY account_id, kind, reservation_id, external_ref) \
-                    AS closes \
+                    AS closes, \
+                  id = max(id) FILTER (WHERE kind IN ('expire', 'grant_expire')) \
+                         OVER (PARTITION BY account_id, reservation_id) AS last_return \
            FROM ledger_entries), \
          expected AS ( \
            SELECT CASE kind WHEN 'credit' THEN 'credit.created' \
-                            WHEN 'adjustment' THEN 'adjustment.created' \
-                            ELSE 'reservation.expired' END AS type, id::text AS subject \
-           FROM entries WHERE kind IN ('credit', 'adjustment', 'expire') AND closes \
+                            ELSE 'adjustment.created' END AS type, id::text AS subject \
+           FROM entries WHERE kind IN ('credit', 'adjustment') AND closes \
+           UNION ALL \
+           SELECT 'reservation.expired', e.id::text FROM entries e \
+           JOIN reservations r ON r.id = e.reservation_id \
+           WHERE e.kind IN ('expire', 'grant_expire') AND e.last_return AND r.state = 'expired' \
            UNION ALL \
            SELECT 'grant.expired', id::text FROM entries WHERE kind = 'grant_expire' \
            UNION ALL \

@@ -278,10 +278,17 @@ impl Model {
             "credit" if last => events.push(event("credit.created")),
             "adjustment" if last => events.push(event("adjustment.created")),
             "expire" if last => events.push(event("reservation.expired")),
-            "grant_expire" => events.push((
-                "grant.expired",
-                Some((grant.expect("a grant_expire names its grant"), amount)),
-            )),
+            "grant_expire" => {
+                events.push((
+                    "grant.expired",
+                    Some((grant.expect("a grant_expire names its grant"), amount)),
+                ));
+                // The last return of an expiry: its reservation.expired.
+                if last && reservation.is_some_and(|r| self.reservations[r].state == State::Expired)
+                {
+                    events.push(event("reservation.expired"));
+                }
+            }
             _ => {}
         }
         let a = &mut self.accounts[account];
@@ -628,11 +635,11 @@ impl Model {
             .map(|&(grant, _, back)| (grant, back))
             .collect();
         let lapsed = |model: &Model, grant: usize| model.grants[grant].expiry == Expiry::Passed;
-        // The movement's own event comes with its last entry of its kind
-        // (the engine's rule, and docs/api.md's "names its last `expire`
-        // entry"): an expiry whose every return goes to a lapsed grant
-        // writes no `expire` entry, and no `reservation.expired` event.
-        let last = returns.iter().rposition(|&(grant, _)| !lapsed(self, grant));
+        // An expiry's `reservation.expired` comes once, with its last
+        // return, whether that return went back (`expire`) or expired with
+        // a lapsed grant (`grant_expire`, after that entry's
+        // `grant.expired`).
+        let last = returns.len().checked_sub(1);
         for (i, (grant, back)) in returns.into_iter().enumerate() {
             let gone = lapsed(self, grant);
             let g = &mut self.grants[grant];
@@ -648,7 +655,7 @@ impl Model {
                     back,
                     Some(grant),
                     Some(index),
-                    true,
+                    Some(i) == last,
                 );
             } else {
                 g.remaining += back;

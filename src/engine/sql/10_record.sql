@@ -83,10 +83,12 @@ $$;
 -- sum of its movements (one UPDATE per account), each movement becomes a
 -- ledger entry carrying the balances after it (running sums in array
 -- order), and the movement's events are written next to it:
--- credit.created, adjustment.created, reservation.expired (once per
--- movement, with its last entry when it spans several grants),
--- grant.expired (once per grant_expire entry: the grant and the tokens it
--- took), and the
+-- credit.created, adjustment.created (once per movement, with its last
+-- entry when it spans several grants), grant.expired (once per
+-- grant_expire entry: the grant and the tokens it took),
+-- reservation.expired (once per expired reservation, with its last return
+-- entry: `expire`, or `grant_expire` when it went to a lapsed grant), and
+-- the
 -- crossings — account.balance_low / account.balance_recovered when the
 -- low-balance state (engine_is_low) changes from the one last reported
 -- (accounts.balance_low), account.balance_depleted when available reaches
@@ -206,7 +208,16 @@ BEGIN
                    -- per grant (all in this call); its event (credit,
                    -- adjustment, expiry) comes once, with its last entry.
                    e.id = max(e.id) OVER (PARTITION BY e.account_id, e.kind, e.reservation_id,
-                                                       e.external_ref) AS closes
+                                                       e.external_ref) AS closes,
+                   -- A reservation's expiry: its reservation.expired comes
+                   -- with its last return, whether that went back
+                   -- (`expire`) or expired with a lapsed grant
+                   -- (`grant_expire`).
+                   (e.kind IN ('expire', 'grant_expire') AND e.reservation_id IS NOT NULL
+                    AND e.id = max(e.id) FILTER (WHERE e.kind IN ('expire', 'grant_expire'))
+                                        OVER (PARTITION BY e.account_id, e.reservation_id)
+                    AND (SELECT r.state FROM reservations r WHERE r.id = e.reservation_id)
+                        = 'expired') AS closes_expiry
             FROM unnest(written) e
             JOIN unnest(watched) b ON b.id = e.account_id
             CROSS JOIN LATERAL engine_deltas(e.kind, e.amount, e.reservation_id) d
@@ -219,7 +230,8 @@ BEGIN
                        m.adjusted_after, m.threshold)
                        || jsonb_build_object('entry', to_jsonb(m.entry)) AS account_json
             FROM marked m
-            WHERE (m.kind IN ('credit', 'adjustment', 'expire') AND m.closes)
+            WHERE (m.kind IN ('credit', 'adjustment') AND m.closes)
+               OR m.closes_expiry
                OR m.kind = 'grant_expire'
                OR (m.threshold > 0 AND m.low <> m.low_before)
                OR (m.available_after = 0 AND m.available_after - m.d_available > 0)
@@ -229,26 +241,22 @@ BEGIN
         FROM (
             SELECT m.id, 1 AS step,
                    CASE m.kind WHEN 'credit' THEN 'credit.created'
-                               WHEN 'adjustment' THEN 'adjustment.created'
-                               ELSE 'reservation.expired' END AS type,
+                               ELSE 'adjustment.created' END AS type,
                    m.account_id,
                    m.account_json
                        || CASE m.kind
                           WHEN 'credit' THEN jsonb_build_object('credit',
                               (SELECT to_jsonb(c) FROM credits c
                                WHERE c.external_ref = (m.entry).external_ref))
-                          WHEN 'adjustment' THEN jsonb_build_object('adjustment',
+                          ELSE jsonb_build_object('adjustment',
                               (SELECT to_jsonb(a) FROM adjustments a
                                WHERE a.external_ref = (m.entry).external_ref))
-                          ELSE jsonb_build_object('reservation',
-                              (SELECT to_jsonb(r) FROM reservations r
-                               WHERE r.id = (m.entry).reservation_id))
                           END AS data,
                    m.created_at
-            FROM notable m WHERE m.kind IN ('credit', 'adjustment', 'expire') AND m.closes
+            FROM notable m WHERE m.kind IN ('credit', 'adjustment') AND m.closes
             UNION ALL
             -- Every grant_expire entry: the grant, and the tokens it took.
-            SELECT m.id, 1, 'grant.expired', m.account_id,
+            SELECT m.id, 2, 'grant.expired', m.account_id,
                    m.account_json || jsonb_build_object('grant_id', (m.entry).grant_id,
                        'amount', (m.entry).amount,
                        'grant', (SELECT engine_grant_json(to_jsonb(g)) FROM credit_grants g
@@ -256,12 +264,19 @@ BEGIN
                    m.created_at
             FROM notable m WHERE m.kind = 'grant_expire'
             UNION ALL
-            SELECT m.id, 2,
+            SELECT m.id, 3, 'reservation.expired', m.account_id,
+                   m.account_json || jsonb_build_object('reservation',
+                       (SELECT to_jsonb(r) FROM reservations r
+                        WHERE r.id = (m.entry).reservation_id)),
+                   m.created_at
+            FROM notable m WHERE m.closes_expiry
+            UNION ALL
+            SELECT m.id, 4,
                    CASE WHEN m.low THEN 'account.balance_low' ELSE 'account.balance_recovered' END,
                    m.account_id, m.account_json, m.created_at
             FROM notable m WHERE m.threshold > 0 AND m.low <> m.low_before
             UNION ALL
-            SELECT m.id, 3, 'account.balance_depleted', m.account_id, m.account_json, m.created_at
+            SELECT m.id, 5, 'account.balance_depleted', m.account_id, m.account_json, m.created_at
             FROM notable m WHERE m.available_after = 0 AND m.available_after - m.d_available > 0
         ) ev
         ORDER BY ev.id, ev.step;
