@@ -7,8 +7,8 @@ SELECT bench_uuid(n), 'pgbench ' || n, 0, 1000000000, 1000000000
 FROM generate_series(1, :accounts) n;
 -- Each account's tokens as one grant (as the upgrade to grants makes
 -- them: no ledger entry behind them).
-INSERT INTO credit_grants (id, account_id, source, amount, remaining)
-SELECT id, id, 'upgrade', available, available FROM accounts WHERE name LIKE 'pgbench %';
+INSERT INTO credit_grants (id, account_id, source, amount, remaining, drawable)
+SELECT id, id, 'upgrade', available, available, true FROM accounts WHERE name LIKE 'pgbench %';
 INSERT INTO api_keys (id, secret_hash, scope, account_id, label)
 SELECT id, sha256('pgbench-secret'::bytea), 'kiosk', id, 'pgbench' FROM accounts;
 ANALYZE;

@@ -161,6 +161,7 @@ diesel::table! {
         expired -> Int8,
         expired_at -> Nullable<Timestamptz>,
         expiring_notified_at -> Nullable<Timestamptz>,
+        drawable -> Bool,
     }
 }
 

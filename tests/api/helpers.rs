@@ -625,12 +625,23 @@ impl TestApp {
     }
 }
 
-/// `credited + adjusted = available + reserved + used`, `reserved` = sum
-/// of held reservations, `active_reservations` = their count, and the
-/// ledger replays to the balance columns with each entry's balances-after.
 /// An account's ledger in order: (kind, amount, available, reserved, used
 /// after).
 pub fn ledger_of(conn: &mut PgConnection, account: Uuid) -> Vec<(String, i64, i64, i64, i64)> {
+    ledger_with_reservations(conn, account)
+        .into_iter()
+        .map(|(kind, amount, available, reserved, used, _)| {
+            (kind, amount, available, reserved, used)
+        })
+        .collect()
+}
+
+/// The same, with whether each entry names a reservation (a `grant_expire`
+/// takes from `reserved` when it does).
+pub fn ledger_with_reservations(
+    conn: &mut PgConnection,
+    account: Uuid,
+) -> Vec<(String, i64, i64, i64, i64, bool)> {
     use token_billing::db::schema::ledger_entries;
     ledger_entries::table
         .filter(ledger_entries::account_id.eq(account))
@@ -641,11 +652,16 @@ pub fn ledger_of(conn: &mut PgConnection, account: Uuid) -> Vec<(String, i64, i6
             ledger_entries::available_after,
             ledger_entries::reserved_after,
             ledger_entries::used_after,
+            ledger_entries::reservation_id.is_not_null(),
         ))
         .load(conn)
         .expect("ledger")
 }
 
+/// `credited + adjusted = available + reserved + used + grant_expired`,
+/// `reserved` = sum of held reservations, `active_reservations` = their
+/// count, and the ledger replays to the balance columns with each entry's
+/// balances-after.
 pub fn assert_account_invariants(conn: &mut PgConnection, account: Uuid) -> Balances {
     use token_billing::db::schema::{accounts, reservations};
     let (available, reserved, used, credited, adjusted, grant_expired, active): (
@@ -695,22 +711,7 @@ pub fn assert_account_invariants(conn: &mut PgConnection, account: Uuid) -> Bala
         active,
         "active_reservations = held count"
     );
-    let entries: Vec<(String, i64, i64, i64, i64, bool)> = {
-        use token_billing::db::schema::ledger_entries;
-        ledger_entries::table
-            .filter(ledger_entries::account_id.eq(account))
-            .order(ledger_entries::id.asc())
-            .select((
-                ledger_entries::kind,
-                ledger_entries::amount,
-                ledger_entries::available_after,
-                ledger_entries::reserved_after,
-                ledger_entries::used_after,
-                ledger_entries::reservation_id.is_not_null(),
-            ))
-            .load(conn)
-            .expect("ledger")
-    };
+    let entries = ledger_with_reservations(conn, account);
     let mut running = Balances::default();
     for (kind, amount, available_after, reserved_after, used_after, of_reservation) in &entries {
         running = replay_step(running, kind, *amount, *of_reservation);

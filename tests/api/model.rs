@@ -20,7 +20,9 @@
 //! `available` as one `grant_expire` entry and a `grant.expired` event —
 //! is written by the next spending decision on its account (a reserve or a
 //! job, whatever its answer once the key may spend; a removal, whatever its
-//! answer), or by the reaper's pass, whichever comes first. A credit or a
+//! answer) when it holds remaining tokens, or by the reaper's pass,
+//! whichever comes first; the lapse of a grant that holds none (all of it
+//! reserved, consumed or taken) is written by the reaper only. A credit or a
 //! positive adjustment writes none. A settlement's return to a grant whose
 //! expiry has passed (lapse written or not) leaves `reserved` as a
 //! `grant_expire` entry (naming the reservation) instead of going back.
@@ -368,12 +370,18 @@ impl Model {
 
     /// Writes the lapse of every grant of `account` whose expiry has
     /// passed and whose lapse is not written yet, in creation order: what
-    /// it still holds leaves `available` (one `grant_expire` entry, when it
-    /// holds any). What reservations drew from it stays reserved.
-    fn lapse(&mut self, account: usize) {
+    /// it still holds leaves `available` (one `grant_expire` entry). What
+    /// reservations drew from it stays reserved. A spend or a removal
+    /// (`holding_only`) writes the lapse of the grants that hold remaining
+    /// tokens; the reaper also marks those that hold none.
+    fn lapse(&mut self, account: usize, holding_only: bool) {
         for index in 0..self.grants.len() {
             let grant = &mut self.grants[index];
-            if grant.account != account || grant.expiry != Expiry::Passed || grant.lapse_written {
+            if grant.account != account
+                || grant.expiry != Expiry::Passed
+                || grant.lapse_written
+                || (holding_only && grant.remaining == 0)
+            {
                 continue;
             }
             grant.lapse_written = true;
@@ -477,7 +485,7 @@ impl Model {
             return refused(400, "invalid_request");
         }
         if amount < 0 {
-            self.lapse(account);
+            self.lapse(account, true);
         }
         let priority = (amount > 0).then(|| priority.unwrap_or(DEFAULT_PRIORITY));
         let this = (account, amount, Some(reason.to_owned()), priority);
@@ -576,7 +584,7 @@ impl Model {
             return (reply, None);
         }
         // A spending decision: the lapses first, whatever its answer.
-        self.lapse(account);
+        self.lapse(account, true);
         let existing = self
             .reservations
             .iter()
@@ -770,7 +778,7 @@ impl Model {
         cost: i64,
     ) -> (Reply, Option<usize>) {
         // A spending decision: the lapses first, whatever its answer.
-        self.lapse(account);
+        self.lapse(account, true);
         if let Some(index) = self
             .jobs
             .iter()
@@ -936,7 +944,7 @@ impl Model {
         max_attempts: i32,
     ) {
         for account in 0..self.accounts.len() {
-            self.lapse(account);
+            self.lapse(account, false);
         }
         let mut noticed: Vec<(u8, usize)> = grant_order
             .iter()

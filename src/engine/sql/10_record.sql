@@ -157,7 +157,10 @@ BEGIN
         UPDATE credit_grants g
         SET remaining = g.remaining + t.d_remaining, reserved = g.reserved + t.d_reserved,
             consumed = g.consumed + t.d_consumed, debited = g.debited + t.d_debited,
-            expired = g.expired + t.d_expired
+            expired = g.expired + t.d_expired,
+            -- Changes (and costs index writes) only when the grant empties
+            -- or fills again: every other grant update is HOT.
+            drawable = g.remaining + t.d_remaining > 0
         FROM grant_totals t
         WHERE g.id = t.grant_id AND g.id = ANY (ARRAY(SELECT grant_id FROM grant_totals))
         RETURNING g.id

@@ -29,7 +29,7 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- The draw order, written once: the account's grants that hold tokens
--- (remaining > 0) ordered by priority (0 first), then the soonest expiry
+-- (drawable: remaining > 0) ordered by priority (0 first), then the soonest expiry
 -- (grants that never expire last), then creation order, each as the
 -- interval [lo, hi) of the account's drawable tokens it covers. After them
 -- lies one interval of no grant (grant_id NULL): only an account whose
@@ -46,18 +46,20 @@ LANGUAGE sql STABLE AS $$
     FROM (SELECT g.id AS grant_id, g.remaining,
                  (sum(g.remaining) OVER (ORDER BY g.priority, g.expires_at, g.seq))::bigint AS hi
           FROM credit_grants g
-          WHERE g.account_id = p_account AND g.remaining > 0) p
+          WHERE g.account_id = p_account AND g.drawable) p
     UNION ALL
     SELECT NULL::uuid, COALESCE(sum(g.remaining), 0)::bigint, 4611686018427387904
     FROM credit_grants g
-    WHERE g.account_id = p_account AND g.remaining > 0
+    WHERE g.account_id = p_account AND g.drawable
 $$;
 
--- The lapse, written once: every grant of `p_accounts` whose expiry has
--- passed at `p_at` and whose lapse is not written yet is marked lapsed
--- (expired_at), and what it still holds leaves the account as a
--- grant_expire entry naming it (engine_record; reason grant_expired, which
--- writes the grant.expired event). Tokens held reservations drew from it
+-- The lapse, written once: every grant of `p_accounts` that still holds
+-- drawable tokens, whose expiry has passed at `p_at` and whose lapse is not
+-- written yet is marked lapsed (expired_at), and what it holds leaves the
+-- account as a grant_expire entry naming it (engine_record; reason
+-- grant_expired, which writes the grant.expired event). A lapsed grant
+-- that holds no drawable token moves nothing: the reaper marks it
+-- (engine_expire_grants). Tokens held reservations drew from it
 -- stay reserved: when their reservation settles, the rest that goes back
 -- to it expires at once (engine_settle). Called by every spending decision
 -- on its accounts before it draws (engine_spend, a removal in
@@ -72,7 +74,8 @@ DECLARE
 BEGIN
     WITH due AS (
         UPDATE credit_grants g SET expired_at = p_at
-        WHERE g.account_id = ANY (p_accounts) AND g.expired_at IS NULL AND g.expires_at <= p_at
+        WHERE g.account_id = ANY (p_accounts) AND g.drawable AND g.expired_at IS NULL
+          AND g.expires_at <= p_at
         RETURNING g.*
     )
     SELECT array_agg(d ORDER BY d.account_id, d.seq) INTO lapsed FROM due d;
@@ -82,7 +85,7 @@ BEGIN
     PERFORM engine_record(ARRAY(
         SELECT ROW(l.account_id, 'grant_expire', l.remaining, 0, NULL, NULL, NULL, 'grant_expired',
                    'system', p_at, l.id)::engine_movement
-        FROM unnest(lapsed) l WHERE l.remaining > 0
+        FROM unnest(lapsed) l
         ORDER BY l.account_id, l.seq));
     RETURN (SELECT COALESCE(sum(l.remaining), 0)::bigint FROM unnest(lapsed) l);
 END;
@@ -90,8 +93,9 @@ $$;
 
 -- The reaper's lapse: the accounts of up to `p_limit` grants due to lapse
 -- (soonest first) are locked in id order and their lapsed grants written
--- (engine_lapse_grants). Returns the grants lapsed and the tokens that
--- left.
+-- (engine_lapse_grants); the lapsed grants that hold no drawable token are
+-- marked lapsed (expired_at) without a movement. Returns the grants lapsed
+-- and the tokens that left.
 CREATE FUNCTION engine_expire_grants(p_limit integer, OUT grants integer, OUT tokens bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -111,6 +115,8 @@ BEGIN
     SELECT count(*) INTO grants FROM credit_grants g
     WHERE g.account_id = ANY (due_accounts) AND g.expired_at IS NULL AND g.expires_at <= at;
     tokens := engine_lapse_grants(due_accounts, at);
+    UPDATE credit_grants g SET expired_at = at
+    WHERE g.account_id = ANY (due_accounts) AND g.expired_at IS NULL AND g.expires_at <= at;
 END;
 $$;
 

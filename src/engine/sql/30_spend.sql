@@ -65,12 +65,14 @@ BEGIN
         at := clock_timestamp();
         -- Grants lapsed by now leave first (engine_lapse_grants), so the
         -- decision sees the balance without them and never draws them. The
-        -- look-up alone (by credit_grants_lapse_idx) is what most rounds
-        -- cost: a call that updates nothing costs several times more.
+        -- look-up alone (the accounts' grants that hold tokens, by
+        -- credit_grants_drawable_idx) is what most rounds cost: a call that
+        -- updates nothing costs several times more. (A lapsed grant that
+        -- holds none leaves nothing; the reaper marks it.)
         spenders := ARRAY(SELECT DISTINCT i.account FROM unnest(pending) i);
         IF EXISTS (SELECT 1 FROM credit_grants g
-                   WHERE g.account_id = ANY (spenders) AND g.expired_at IS NULL
-                     AND g.expires_at <= at) THEN
+                   WHERE g.account_id = ANY (spenders) AND g.drawable
+                     AND g.expired_at IS NULL AND g.expires_at <= at) THEN
             PERFORM engine_lapse_grants(spenders, at);
         END IF;
         FOR d IN

@@ -128,9 +128,9 @@ BEGIN
     END IF;
     IF p_amount > 0 THEN
         INSERT INTO credit_grants (id, account_id, source, amount, remaining, priority, external_ref,
-            created_at, expires_at)
+            created_at, expires_at, drawable)
         VALUES (p_id, p_account, p_kind, p_amount, p_amount, p_priority, p_external_ref, at,
-            p_expires_at)
+            p_expires_at, true)
         RETURNING * INTO made_grant;
         SELECT * INTO entry FROM engine_record(ARRAY[ROW(p_account, p_kind, p_amount, 0, NULL, NULL,
             p_external_ref, CASE p_kind WHEN 'adjustment' THEN p_reason END, p_actor, at,
