@@ -211,7 +211,11 @@ pub fn heartbeat_many(
     if jobs.is_empty() {
         return Ok(Vec::new());
     }
-    let (ids, tokens): (Vec<Uuid>, Vec<i64>) = jobs.iter().copied().unzip();
+    // In job id order: the order the engine locks them in (see
+    // engine_heartbeat_jobs).
+    let mut sorted = jobs.to_vec();
+    sorted.sort_unstable();
+    let (ids, tokens): (Vec<Uuid>, Vec<i64>) = sorted.into_iter().unzip();
     let rows: Vec<Row> =
         prepared("SELECT job_id, lease_token, outcome FROM engine_heartbeat_jobs($1, $2, $3, $4)")
             .bind::<Array<SqlUuid>, _>(ids)

@@ -132,7 +132,10 @@ $$;
 -- outlives several leases): those jobs' leases move by one conditional
 -- UPDATE, fenced by its own condition (the token, `running`), with no lock
 -- taken before it and no other row touched — a heartbeat writes one row
--- version per job. The jobs whose reservation is due (or no longer held)
+-- version per job. Without account locks, it takes the job rows in id
+-- order (the worker sends them sorted; the look-up by `= ANY` walks the
+-- primary key in order), as a batch that finishes jobs does after its
+-- accounts, so neither waits on the other crosswise. The jobs whose reservation is due (or no longer held)
 -- take the full path: their accounts locked in id order, then the jobs,
 -- then one engine_settle extending their reservations; a job whose
 -- reservation is no longer held (expired meanwhile, or past its expiry on
@@ -362,9 +365,9 @@ $$;
 
 -- A worker's claim of up to `p_limit` due jobs: queued jobs whose backoff
 -- has passed, and running jobs whose lease expired (their worker died).
--- The candidates are found without locks, their accounts are locked in id
--- order, then the jobs themselves (SKIP LOCKED: a job another worker is
--- claiming is left to it) and checked again. Each claim moves the fencing
+-- The candidates are found without locks, then the jobs themselves are
+-- locked (SKIP LOCKED: a job another transaction holds is left to it) and
+-- checked again. Each claim moves the fencing
 -- token on, counts an attempt and leases the job to `p_owner` for
 -- `p_lease_seconds`. For each job: whether its reservation is held for
 -- longer than the lease (then no heartbeat is needed before the first
@@ -393,9 +396,10 @@ BEGIN
     IF cardinality(candidates) = 0 THEN
         RETURN;
     END IF;
-    PERFORM 1 FROM accounts
-    WHERE id IN (SELECT j.account_id FROM generation_jobs j WHERE j.id = ANY (candidates))
-    ORDER BY id FOR NO KEY UPDATE;
+    -- No account lock: a claim changes only job rows, and SKIP LOCKED
+    -- never waits, so it cannot close a cycle with the transactions that
+    -- hold an account and then a job (it used to wait behind every create
+    -- and finish on a busy account for a lock it did not need).
     RETURN QUERY
     WITH claimable AS (
         SELECT j.id FROM generation_jobs j

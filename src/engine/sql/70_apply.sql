@@ -163,6 +163,15 @@ BEGIN
     PERFORM 1 FROM accounts
     WHERE id = ANY (ARRAY(SELECT DISTINCT o.account FROM unnest(ops) o))
     ORDER BY id FOR NO KEY UPDATE;
+    -- The jobs the batch finishes, in id order, before it touches any:
+    -- a replica's heartbeat moves its jobs' leases without account locks,
+    -- in job id order too, so the two never wait on each other crosswise.
+    IF EXISTS (SELECT 1 FROM unnest(ops) o WHERE o.class = 'job') THEN
+        PERFORM 1 FROM generation_jobs g
+        WHERE g.id = ANY (ARRAY(SELECT o.job FROM unnest(ops) o WHERE o.class = 'job'))
+          AND g.account_id = ANY (ARRAY(SELECT DISTINCT o.account FROM unnest(ops) o))
+        ORDER BY g.id FOR UPDATE;
+    END IF;
 
     -- Keys: a spending operation whose key does not verify, or may not
     -- spend on this account, is answered here and takes no further part.
