@@ -159,6 +159,24 @@ fn record_success(conn: &mut PgConnection, report: &PassReport) -> Result<(), Ap
     })
 }
 
+/// Runs a bounded step until a batch comes back short, so a backlog drains
+/// in transactions of at most `settings.batch` rows: `step` gets the batch
+/// limit and answers how many rows it handled; each run counts a batch.
+fn until_short(
+    settings: &ReaperSettings,
+    report: &mut PassReport,
+    mut step: impl FnMut(i32, &mut PassReport) -> Result<i64, ApiError>,
+) -> Result<(), ApiError> {
+    let limit = i32::try_from(settings.batch).unwrap_or(i32::MAX);
+    loop {
+        let handled = step(limit, report)?;
+        report.batches += 1;
+        if handled < settings.batch {
+            return Ok(());
+        }
+    }
+}
+
 /// One reaper transaction, with the tokens of lapsed grants it expired
 /// (a reservation's rest going back to a lapsed grant) counted in
 /// `token_billing_tokens_total{movement="grant_expired"}` once it commits.
@@ -201,8 +219,7 @@ fn lapse_grants(
         #[diesel(sql_type = BigInt)]
         tokens: i64,
     }
-    loop {
-        let limit = i32::try_from(settings.batch).unwrap_or(i32::MAX);
+    until_short(settings, report, |limit, report| {
         let lapsed: Lapsed = counting_lapses(conn, metrics, |conn| {
             Ok(
                 diesel::sql_query("SELECT grants, tokens FROM engine_expire_grants($1)")
@@ -210,13 +227,10 @@ fn lapse_grants(
                     .get_result(conn)?,
             )
         })?;
-        report.batches += 1;
         report.grants_expired += u64::try_from(lapsed.grants).unwrap_or(0);
         report.grant_tokens_expired += lapsed.tokens;
-        if i64::from(lapsed.grants) < settings.batch {
-            return Ok(());
-        }
-    }
+        Ok(i64::from(lapsed.grants))
+    })
 }
 
 /// Step 0b: one `grant.expiring` event per grant that lapses within
@@ -235,19 +249,15 @@ fn notice_expiring_grants(
     if settings.grant_expiring_notice_hours == 0 {
         return Ok(());
     }
-    loop {
-        let limit = i32::try_from(settings.batch).unwrap_or(i32::MAX);
+    until_short(settings, report, |limit, report| {
         let noticed = diesel::sql_query("SELECT engine_notice_expiring_grants($1, $2) AS noticed")
             .bind::<Integer, _>(settings.grant_expiring_notice_hours)
             .bind::<Integer, _>(limit)
             .get_result::<Noticed>(conn)?
             .noticed;
-        report.batches += 1;
         report.grants_noticed += u64::try_from(noticed).unwrap_or(0);
-        if i64::from(noticed) < settings.batch {
-            return Ok(());
-        }
-    }
+        Ok(i64::from(noticed))
+    })
 }
 
 /// Step 1: held reservations past `expires_at` → expired, tokens back to
@@ -267,8 +277,7 @@ fn expire_stale_reservations(
         #[diesel(sql_type = diesel::sql_types::Bool)]
         job_failed: bool,
     }
-    loop {
-        let limit = i32::try_from(settings.batch).unwrap_or(i32::MAX);
+    until_short(settings, report, |limit, report| {
         let expired: Vec<Expired> = counting_lapses(conn, metrics, |conn| {
             Ok(
                 diesel::sql_query("SELECT amount, job_failed FROM engine_expire_due($1)")
@@ -283,14 +292,11 @@ fn expire_stale_reservations(
             }
         }
         let handled = expired.len();
-        report.batches += 1;
         report.reservations_expired += handled as u64;
         report.jobs_failed_reservation_expired +=
             expired.iter().filter(|row| row.job_failed).count() as u64;
-        if (handled as i64) < settings.batch {
-            return Ok(());
-        }
-    }
+        Ok(handled as i64)
+    })
 }
 
 /// Step 2a: running jobs whose lease expired go back to the queue (the
@@ -307,20 +313,16 @@ fn requeue_expired_leases(
         #[diesel(sql_type = Integer)]
         requeued: i32,
     }
-    loop {
-        let limit = i32::try_from(settings.batch).unwrap_or(i32::MAX);
+    until_short(settings, report, |limit, report| {
         let requeued =
             diesel::sql_query("SELECT engine_requeue_expired_leases($1, $2) AS requeued")
                 .bind::<Integer, _>(limit)
                 .bind::<Integer, _>(settings.job_max_attempts)
                 .get_result::<Requeued>(conn)?
                 .requeued;
-        report.batches += 1;
         report.jobs_requeued += u64::try_from(requeued).unwrap_or(0);
-        if i64::from(requeued) < settings.batch {
-            return Ok(());
-        }
-    }
+        Ok(i64::from(requeued))
+    })
 }
 
 /// Step 2b: running jobs with an expired lease, out of attempts and never
@@ -428,16 +430,12 @@ fn fail_jobs_without_held_reservation(
         #[diesel(sql_type = Integer)]
         failed: i32,
     }
-    loop {
-        let limit = i32::try_from(settings.batch).unwrap_or(i32::MAX);
+    until_short(settings, report, |limit, report| {
         let failed = diesel::sql_query("SELECT engine_fail_orphaned_jobs($1) AS failed")
             .bind::<Integer, _>(limit)
             .get_result::<Failed>(conn)?
             .failed;
-        report.batches += 1;
         report.fixup_jobs_failed += u64::try_from(failed).unwrap_or(0);
-        if i64::from(failed) < settings.batch {
-            return Ok(());
-        }
-    }
+        Ok(i64::from(failed))
+    })
 }

@@ -50,6 +50,11 @@ async fn credit(app: &TestApp, account: Uuid, body: Value) -> Value {
     credited
 }
 
+/// A credit of `body`, and the grant it made.
+async fn granted(app: &TestApp, account: Uuid, body: Value) -> Uuid {
+    uuid(&credit(app, account, body).await["grant_id"])
+}
+
 fn uuid(value: &Value) -> Uuid {
     value.as_str().expect("a uuid").parse().expect("uuid")
 }
@@ -251,25 +256,19 @@ async fn a_lapsed_grant_is_never_drawn_and_returns_to_it_expire_at_once() {
     let later = rfc3339(Utc::now() + chrono::Duration::days(20));
     // Same priority: the one that expires soonest is drawn first, and a
     // grant that never expires last.
-    let never = uuid(
-        &credit(&app, account, json!({"amount": 5, "external_ref": "never"})).await["grant_id"],
-    );
-    let event = uuid(
-        &credit(
-            &app,
-            account,
-            json!({"amount": 10, "external_ref": "event", "expires_at": soon}),
-        )
-        .await["grant_id"],
-    );
-    let promo = uuid(
-        &credit(
-            &app,
-            account,
-            json!({"amount": 4, "external_ref": "promo", "expires_at": later}),
-        )
-        .await["grant_id"],
-    );
+    let never = granted(&app, account, json!({"amount": 5, "external_ref": "never"})).await;
+    let event = granted(
+        &app,
+        account,
+        json!({"amount": 10, "external_ref": "event", "expires_at": soon}),
+    )
+    .await;
+    let promo = granted(
+        &app,
+        account,
+        json!({"amount": 4, "external_ref": "promo", "expires_at": later}),
+    )
+    .await;
     let response = app.reserve(account, &kiosk, Uuid::new_v4(), 12).await;
     assert_eq!(response.status(), StatusCode::CREATED);
     let held: Value = response.json().await.expect("json");
@@ -404,16 +403,10 @@ async fn the_reaper_lapses_grants_notices_them_once_and_the_report_balances() {
     let app = TestApp::spawn().await;
     let from = Utc::now();
     let account = app.create_account(0).await;
-    let soon = uuid(
-        &credit(&app, account, json!({"amount": 6, "external_ref": "soon",
-                                       "expires_at": rfc3339(Utc::now() + chrono::Duration::hours(1))}))
-            .await["grant_id"],
-    );
-    let far = uuid(
-        &credit(&app, account, json!({"amount": 4, "external_ref": "far",
-                                       "expires_at": rfc3339(Utc::now() + chrono::Duration::days(30))}))
-            .await["grant_id"],
-    );
+    let soon = granted(&app, account, json!({"amount": 6, "external_ref": "soon",
+                                       "expires_at": rfc3339(Utc::now() + chrono::Duration::hours(1))})).await;
+    let far = granted(&app, account, json!({"amount": 4, "external_ref": "far",
+                                       "expires_at": rfc3339(Utc::now() + chrono::Duration::days(30))})).await;
     let report = run_pass(&mut app.conn(), &SETTINGS, None).expect("pass");
     assert_eq!((report.grants_noticed, report.grants_expired), (1, 0));
     let report = run_pass(&mut app.conn(), &SETTINGS, None).expect("pass");
@@ -508,32 +501,26 @@ async fn forty_kiosks_spend_while_grants_lapse_and_nothing_is_drawn_from_a_lapse
     let app = Arc::new(TestApp::spawn().await);
     let account = app.create_account(0).await;
     let started = Utc::now();
-    let first = uuid(
-        &credit(
-            &app,
-            account,
-            json!({"amount": 5000, "external_ref": "first",
+    let first = granted(
+        &app,
+        account,
+        json!({"amount": 5000, "external_ref": "first",
             "expires_at": rfc3339(started + chrono::Duration::milliseconds(1500))}),
-        )
-        .await["grant_id"],
-    );
-    let second = uuid(
-        &credit(
-            &app,
-            account,
-            json!({"amount": 5000, "external_ref": "second",
+    )
+    .await;
+    let second = granted(
+        &app,
+        account,
+        json!({"amount": 5000, "external_ref": "second",
             "expires_at": rfc3339(started + chrono::Duration::milliseconds(3000))}),
-        )
-        .await["grant_id"],
-    );
-    let kept = uuid(
-        &credit(
-            &app,
-            account,
-            json!({"amount": 100_000, "external_ref": "kept"}),
-        )
-        .await["grant_id"],
-    );
+    )
+    .await;
+    let kept = granted(
+        &app,
+        account,
+        json!({"amount": 100_000, "external_ref": "kept"}),
+    )
+    .await;
     let keys: Vec<String> = {
         let mut keys = Vec::new();
         for _ in 0..KIOSKS {

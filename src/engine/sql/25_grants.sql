@@ -65,8 +65,9 @@ $$;
 -- on its accounts before it draws (engine_spend, a removal in
 -- engine_external), so a lapsed grant is never drawn, and by the reaper
 -- (engine_expire_grants) for the others. The caller holds the accounts'
--- row locks. Returns the tokens that left.
-CREATE FUNCTION engine_lapse_grants(p_accounts uuid[], p_at timestamptz) RETURNS bigint
+-- row locks. Returns the grants lapsed and the tokens that left.
+CREATE FUNCTION engine_lapse_grants(p_accounts uuid[], p_at timestamptz,
+    OUT grants integer, OUT tokens bigint)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
@@ -79,15 +80,17 @@ BEGIN
         RETURNING g.*
     )
     SELECT array_agg(d ORDER BY d.account_id, d.seq) INTO lapsed FROM due d;
+    grants := COALESCE(cardinality(lapsed), 0);
+    tokens := 0;
     IF lapsed IS NULL THEN
-        RETURN 0;
+        RETURN;
     END IF;
     PERFORM engine_record(ARRAY(
         SELECT ROW(l.account_id, 'grant_expire', l.remaining, 0, NULL, NULL, NULL, 'grant_expired',
                    'system', p_at, l.id)::engine_movement
         FROM unnest(lapsed) l
         ORDER BY l.account_id, l.seq));
-    RETURN (SELECT COALESCE(sum(l.remaining), 0)::bigint FROM unnest(lapsed) l);
+    tokens := (SELECT sum(l.remaining)::bigint FROM unnest(lapsed) l);
 END;
 $$;
 
@@ -101,6 +104,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     due_accounts uuid[];
     at timestamptz;
+    marked integer;
 BEGIN
     SELECT array_agg(DISTINCT d.account_id) INTO due_accounts
     FROM (SELECT g.account_id FROM credit_grants g
@@ -112,11 +116,11 @@ BEGIN
     END IF;
     PERFORM 1 FROM accounts WHERE id = ANY (due_accounts) ORDER BY id FOR NO KEY UPDATE;
     at := clock_timestamp();
-    SELECT count(*) INTO grants FROM credit_grants g
-    WHERE g.account_id = ANY (due_accounts) AND g.expired_at IS NULL AND g.expires_at <= at;
-    tokens := engine_lapse_grants(due_accounts, at);
+    SELECT l.grants, l.tokens INTO grants, tokens FROM engine_lapse_grants(due_accounts, at) l;
     UPDATE credit_grants g SET expired_at = at
     WHERE g.account_id = ANY (due_accounts) AND g.expired_at IS NULL AND g.expires_at <= at;
+    GET DIAGNOSTICS marked = ROW_COUNT;
+    grants := grants + marked;
 END;
 $$;
 

@@ -64,7 +64,7 @@ BEGIN
     IF p_amount < 0 THEN
         -- A removal is a spending decision: grants lapsed by now leave
         -- first (engine_lapse_grants), and it sees the balance without them.
-        IF engine_lapse_grants(ARRAY[p_account], at) > 0 THEN
+        IF (engine_lapse_grants(ARRAY[p_account], at)).tokens > 0 THEN
             SELECT * INTO account FROM accounts WHERE id = p_account;
         END IF;
     END IF;
