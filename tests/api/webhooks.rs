@@ -381,15 +381,25 @@ async fn retries_keep_the_webhook_id_and_every_signature_verifies() {
             1
         );
     }
-    let log: Value = app
-        .get(
-            &format!("/v1/webhook-endpoints/{endpoint_id}/deliveries"),
-            ADMIN_KEY,
-        )
-        .await
-        .json()
-        .await
-        .expect("json");
+    // The receiver has the third answer before the service has recorded
+    // it (the attempt is written once the response is in): read the log
+    // until the third attempt is there.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let log: Value = loop {
+        let log: Value = app
+            .get(
+                &format!("/v1/webhook-endpoints/{endpoint_id}/deliveries"),
+                ADMIN_KEY,
+            )
+            .await
+            .json()
+            .await
+            .expect("json");
+        if log["attempts"].as_array().is_some_and(|a| a.len() >= 3) || Instant::now() > deadline {
+            break log;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     let attempts = log["attempts"].as_array().expect("attempts");
     let summary: Vec<(i64, i64, &str)> = attempts
         .iter()
