@@ -419,3 +419,65 @@ async fn limits_insufficient_tokens_and_unknown_ids() {
     app.assert_invariants(account);
     app.assert_invariants(other);
 }
+
+/// A request_id is one account's own: the same one on another account is a
+/// new reservation (or job), never a replay of the first account's. Both
+/// batched together (one coalesced engine call) and one after the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_id_belongs_to_its_account() {
+    let app = TestApp::spawn().await;
+    let first = app.funded_account(5).await;
+    let second = app.funded_account(5).await;
+    let first_key = app.kiosk_key(first).await;
+    let second_key = app.kiosk_key(second).await;
+    let request_id = Uuid::new_v4();
+
+    let (a, b) = tokio::join!(
+        app.reserve(first, &first_key, request_id, 2),
+        app.reserve(second, &second_key, request_id, 3)
+    );
+    assert_eq!(
+        (a.status(), b.status()),
+        (StatusCode::CREATED, StatusCode::CREATED)
+    );
+    let a: Value = a.json().await.expect("json");
+    let b: Value = b.json().await.expect("json");
+    assert_ne!(a["reservation_id"], b["reservation_id"]);
+    assert_eq!(
+        (a["amount"].as_i64(), b["amount"].as_i64()),
+        (Some(2), Some(3))
+    );
+    // The same request on the second account again replays the second
+    // account's reservation.
+    let later = app.reserve(second, &second_key, request_id, 3).await;
+    assert_eq!(
+        later.status(),
+        StatusCode::OK,
+        "a replay on the second account"
+    );
+    let later: Value = later.json().await.expect("json");
+    assert_eq!(later["reservation_id"], b["reservation_id"]);
+    let first_balances = app.assert_invariants(first);
+    let second_balances = app.assert_invariants(second);
+    assert_eq!((first_balances.reserved, second_balances.reserved), (2, 3));
+
+    // Jobs: the same request_id on both accounts makes two jobs.
+    let job_request = Uuid::new_v4();
+    let params = json!({"simulate": {"delay_ms": 0}});
+    let one = app
+        .create_job(first, &first_key, job_request, &params)
+        .await;
+    assert_eq!(one.status(), StatusCode::CREATED);
+    let other = app
+        .create_job(second, &second_key, job_request, &params)
+        .await;
+    assert_eq!(
+        other.status(),
+        StatusCode::CREATED,
+        "not a replay of the first account's job"
+    );
+    let one: Value = one.json().await.expect("json");
+    let other: Value = other.json().await.expect("json");
+    assert!(one["job_id"].is_string());
+    assert_ne!(one["job_id"], other["job_id"]);
+}

@@ -12,8 +12,13 @@
 -- every call. Left to choose, PostgreSQL planned the batch statements anew
 -- on every call, and planning cost three times their execution (measured
 -- with pg_stat_statements; BENCHMARKS.md). A generic plan does not know the
--- batch's keys, so every look-up by key is written as `= ANY (ARRAY(...))`
--- of the batch's keys, which is found by index whatever the plan. The
+-- batch's keys, so every look-up by a primary key is written as `= ANY
+-- (ARRAY(...))` of the batch's keys, which is found by index whatever the
+-- plan; a look-up by a two-column key (an account's request_id) is a
+-- LATERAL subquery with LIMIT 1, one index probe per item (`= ANY` of the
+-- second column alone walks the whole index). Nor does a statement join
+-- two of the batch's own sets (CTEs) on their keys: with no idea of their
+-- sizes the planner joins them by nested loop, quadratic in the batch. The
 -- reaper's and the claimer's scans (a LIMIT over a status) keep the default:
 -- they run a few times a minute, and their plans depend on the limit.
 

@@ -129,18 +129,22 @@ BEGIN
         -- is planned as a scan of every account.
         SELECT a.* FROM accounts a WHERE a.id = ANY (ARRAY(SELECT account FROM totals))
     ), updated AS (
+        -- From the row itself (the caller's lock keeps it as `before`
+        -- read it): a join with `before` is planned as a nested loop over
+        -- both (their sizes are unknown to the planner), quadratic in the
+        -- batch.
         UPDATE accounts a
-        SET available = b.available + t.d_available,
-            reserved = b.reserved + t.d_reserved,
-            used = b.used + t.d_used,
-            credited = b.credited + t.d_credited,
-            adjusted = b.adjusted + t.d_adjusted,
-            grant_expired = b.grant_expired + t.d_grant_expired,
-            active_reservations = b.active_reservations + t.d_active,
-            version = b.version + t.moved,
-            balance_low = engine_is_low(b.available + t.d_available, b.low_balance_threshold),
+        SET available = a.available + t.d_available,
+            reserved = a.reserved + t.d_reserved,
+            used = a.used + t.d_used,
+            credited = a.credited + t.d_credited,
+            adjusted = a.adjusted + t.d_adjusted,
+            grant_expired = a.grant_expired + t.d_grant_expired,
+            active_reservations = a.active_reservations + t.d_active,
+            version = a.version + t.moved,
+            balance_low = engine_is_low(a.available + t.d_available, a.low_balance_threshold),
             updated_at = now()
-        FROM totals t JOIN before b ON b.id = t.account
+        FROM totals t
         WHERE a.id = t.account AND a.id = ANY (ARRAY(SELECT account FROM totals))
         RETURNING a.id
     ), grant_totals AS (

@@ -58,6 +58,7 @@ DECLARE
     spenders uuid[];
     at timestamptz;
     d record;
+    m record;
 BEGIN
     WHILE cardinality(pending) > 0 LOOP
         later := '{}';
@@ -81,31 +82,43 @@ BEGIN
             ), seen AS (
                 SELECT i.*, a.id IS NOT NULL AS account_found, a.status, a.available, a.reserved,
                        a.active_reservations, a.max_active_reservations,
-                       CASE WHEN x.id IS NOT NULL THEN x END AS earlier_reservation,
-                       CASE WHEN g.id IS NOT NULL THEN g END AS earlier_job,
+                       x.found AS earlier_reservation,
+                       g.found AS earlier_job,
                        CASE
                            WHEN a.id IS NULL THEN 'not_found'
-                           WHEN i.op = 'reserve' AND x.id IS NOT NULL THEN
-                               CASE WHEN x.amount = i.amount
-                                         AND x.requested_ttl_seconds IS NOT DISTINCT FROM i.requested_ttl
+                           WHEN i.op = 'reserve' AND (x.found).id IS NOT NULL THEN
+                               CASE WHEN (x.found).amount = i.amount
+                                         AND (x.found).requested_ttl_seconds
+                                             IS NOT DISTINCT FROM i.requested_ttl
                                     THEN 'replayed' ELSE 'idempotency_key_reused' END
-                           WHEN i.op = 'create_job' AND g.id IS NOT NULL THEN
-                               CASE WHEN g.request_hash = i.hash
+                           WHEN i.op = 'create_job' AND (g.found).id IS NOT NULL THEN
+                               CASE WHEN (g.found).request_hash = i.hash
                                     THEN 'replayed' ELSE 'idempotency_key_reused' END
                            WHEN a.status <> 'active' THEN 'account_suspended'
                        END AS early
                 FROM items i
-                -- Each lookup by its index (= ANY of the batch's keys): a
-                -- plain join is planned as a scan of the whole table.
+                -- The accounts by their primary key (= ANY of the batch's
+                -- keys): a plain join is planned as a scan of the whole
+                -- table.
                 LEFT JOIN accounts a
                        ON a.id = i.account AND a.id = ANY (ARRAY(SELECT account FROM items))
-                LEFT JOIN reservations x
-                       ON i.op = 'reserve' AND x.account_id = i.account AND x.request_id = i.request
-                      AND x.job_id IS NULL
-                      AND x.request_id = ANY (ARRAY(SELECT request FROM items))
-                LEFT JOIN generation_jobs g
-                       ON i.op = 'create_job' AND g.account_id = i.account AND g.request_id = i.request
-                      AND g.request_id = ANY (ARRAY(SELECT request FROM items))
+                -- An earlier reservation or job of the item's request_id:
+                -- one probe of the (account_id, request_id) index per
+                -- item. (`request_id = ANY` of the batch's requests walks
+                -- the whole index: request_id is its second column. LIMIT
+                -- keeps each look-up a subquery of its own, never
+                -- flattened into a join the planner could turn into a
+                -- scan.)
+                LEFT JOIN LATERAL (
+                    SELECT r AS found FROM reservations r
+                    WHERE i.op = 'reserve' AND r.account_id = i.account
+                      AND r.request_id = i.request AND r.job_id IS NULL
+                    LIMIT 1) x ON true
+                LEFT JOIN LATERAL (
+                    SELECT j AS found FROM generation_jobs j
+                    WHERE i.op = 'create_job' AND j.account_id = i.account
+                      AND j.request_id = i.request
+                    LIMIT 1) g ON true
             ), summed AS (
                 SELECT s.*,
                        sum(s.amount) OVER w AS through_amount,
@@ -130,35 +143,34 @@ BEGIN
                             THEN c.refusal
                        END AS verdict
                 FROM checked c
-            ), bounded AS (
-                -- The spending accounts' grants in draw order, as
-                -- intervals of their drawable tokens (engine_grant_pools).
-                SELECT x.account, p.grant_id, p.lo, p.hi
-                FROM (SELECT DISTINCT c.account FROM decided c WHERE c.verdict = 'created') x
-                CROSS JOIN LATERAL engine_grant_pools(x.account) p
-            ), drawn AS (
-                -- Item i takes the account's tokens [through - amount,
-                -- through) in draw order (through: its running sum); its
-                -- draw from each grant is the overlap with that grant's
-                -- interval.
-                SELECT d.pos, p.grant_id, p.lo,
-                       (LEAST(d.through_amount, p.hi) - GREATEST(d.through_amount - d.amount, p.lo))::bigint
-                           AS amount
-                FROM decided d JOIN bounded p ON p.account = d.account
+            ), draws AS (
+                -- Each created item with its draws: the spending account's
+                -- grants in draw order are intervals of their drawable
+                -- tokens (engine_grant_pools); item i takes the account's
+                -- tokens [through - amount, through) (through: its running
+                -- sum), and its draw from each grant is the overlap with
+                -- that grant's interval. One pass over `decided`, each
+                -- item's grants by their index: a join of two of the
+                -- batch's CTEs is planned as a nested loop (their sizes
+                -- are unknown to the planner), quadratic in the batch.
+                SELECT d.pos, d.reservation, d.account, d.request, d.amount, d.requested_ttl,
+                       d.ttl, d.job,
+                       jsonb_agg(jsonb_build_object('grant_id', p.grant_id, 'amount',
+                           (LEAST(d.through_amount, p.hi) - GREATEST(d.through_amount - d.amount, p.lo))::bigint)
+                           ORDER BY p.lo) AS draws
+                FROM decided d
+                CROSS JOIN LATERAL engine_grant_pools(d.account) p
                 WHERE d.verdict = 'created'
                   AND p.lo < d.through_amount AND p.hi > d.through_amount - d.amount
-            ), draws AS (
-                SELECT w.pos, jsonb_agg(jsonb_build_object('grant_id', w.grant_id, 'amount', w.amount)
-                                        ORDER BY w.lo) AS draws
-                FROM drawn w GROUP BY w.pos
+                GROUP BY d.pos, d.reservation, d.account, d.request, d.amount, d.requested_ttl,
+                         d.ttl, d.job
             ), new_reservations AS (
                 INSERT INTO reservations (id, account_id, request_id, amount, requested_ttl_seconds,
                     state, expires_at, job_id, draws)
-                SELECT d.reservation, d.account, d.request, d.amount, d.requested_ttl, 'held',
-                       now() + make_interval(secs => d.ttl), d.job, w.draws
-                FROM decided d JOIN draws w ON w.pos = d.pos
-                WHERE d.verdict = 'created'
-                ORDER BY d.pos
+                SELECT w.reservation, w.account, w.request, w.amount, w.requested_ttl, 'held',
+                       now() + make_interval(secs => w.ttl), w.job, w.draws
+                FROM draws w
+                ORDER BY w.pos
                 RETURNING *
             ), new_jobs AS (
                 INSERT INTO generation_jobs (id, account_id, request_id, request_hash, kind, params,
@@ -199,13 +211,18 @@ BEGIN
             END IF;
             IF d.verdict = 'created' THEN
                 -- One reserve entry per draw, in draw order; the first
-                -- counts the reservation.
-                moves := moves || ARRAY(
+                -- counts the reservation. Appended one at a time (`moves
+                -- || ARRAY(...)` copies the whole array on every item:
+                -- quadratic in the batch).
+                FOR m IN
                     SELECT ROW(d.account, 'reserve', (x.draw->>'amount')::bigint,
                                CASE WHEN x.k = 1 THEN 1 ELSE 0 END, d.reservation, d.job, NULL, NULL,
-                               d.actor, at, (x.draw->>'grant_id')::uuid)::engine_movement
+                               d.actor, at, (x.draw->>'grant_id')::uuid)::engine_movement AS move
                     FROM jsonb_array_elements(d.draws) WITH ORDINALITY AS x (draw, k)
-                    ORDER BY x.k);
+                    ORDER BY x.k
+                LOOP
+                    moves := moves || m.move;
+                END LOOP;
             END IF;
             pos := d.pos; outcome := d.verdict; detail := d.detail; object := d.object;
             RETURN NEXT;

@@ -79,16 +79,19 @@ DECLARE
     settled_at timestamptz := clock_timestamp();
     committed bigint;
     d record;
+    m record;
 BEGIN
+    -- The reservations' row locks first, in id order (two batches never
+    -- deadlock); the decision then reads each locked row by its primary
+    -- key, one probe per item. (Joining the items with the locked rows in
+    -- one statement was planned as a nested loop over both: quadratic in
+    -- the batch.)
+    PERFORM 1 FROM reservations r
+    WHERE r.id = ANY (ARRAY(SELECT i.reservation FROM unnest(p_items) i))
+    ORDER BY r.id
+    FOR UPDATE;
     FOR d IN
-        WITH items AS (
-            SELECT i.* FROM unnest(p_items) i
-        ), locked AS (
-            SELECT r AS found FROM reservations r
-            WHERE r.id = ANY (ARRAY(SELECT i.reservation FROM items i))
-            ORDER BY r.id
-            FOR UPDATE
-        ), decided AS (
+        WITH decided AS (
             SELECT i.*, l.found, (l.found).amount AS held,
                    CASE
                        WHEN l.found IS NULL OR (l.found).account_id <> i.account THEN 'not_found'
@@ -107,7 +110,13 @@ BEGIN
                            THEN 'expired_on_access'
                        ELSE i.action
                    END AS verdict
-            FROM items i LEFT JOIN locked l ON (l.found).id = i.reservation
+            FROM unnest(p_items) i
+            LEFT JOIN LATERAL (SELECT r AS found FROM reservations r
+                               WHERE r.id = i.reservation LIMIT 1) l ON true
+        ), judged AS (
+            SELECT d.*, d.verdict IN ('commit', 'commit_all', 'release', 'extend', 'expire',
+                                      'expired_on_access') AS changes
+            FROM decided d
         ), applied AS (
             UPDATE reservations r
             SET state = CASE d.verdict WHEN 'commit' THEN 'committed' WHEN 'commit_all' THEN 'committed'
@@ -120,16 +129,20 @@ BEGIN
                     WHEN d.verdict <> 'extend' THEN r.expires_at
                     WHEN d.job IS NULL THEN now() + make_interval(secs => d.ttl)
                     ELSE GREATEST(r.expires_at, now() + make_interval(secs => d.ttl)) END
-            FROM decided d
-            WHERE r.id = d.reservation
-              AND d.verdict IN ('commit', 'commit_all', 'release', 'extend', 'expire', 'expired_on_access')
-            RETURNING r AS changed
+            FROM judged d
+            WHERE r.id = d.reservation AND d.changes
+            RETURNING d.pos, d.action, d.account, d.reservation, d.amount, d.reason, d.actor,
+                      d.verdict, d.held, d.found, r AS changed
         )
-        SELECT d.pos, d.action, d.account, d.reservation, d.amount, d.reason, d.actor, d.verdict, d.held,
-               d.found,
-               a.changed
-        FROM decided d LEFT JOIN applied a ON (a.changed).id = d.reservation
-        ORDER BY d.pos
+        -- The items that changed their reservation (as it is now), and
+        -- the others: no join of the two (see the locks above).
+        SELECT a.* FROM applied a
+        UNION ALL
+        SELECT d.pos, d.action, d.account, d.reservation, d.amount, d.reason, d.actor, d.verdict,
+               d.held, d.found, NULL::reservations
+        FROM judged d
+        WHERE NOT d.changes
+        ORDER BY pos
     LOOP
         pos := d.pos;
         at := settled_at;
@@ -167,7 +180,9 @@ BEGIN
                 -- A return to a grant that has lapsed by now expires at
                 -- once (grant_expire, reason grant_expired): it leaves
                 -- reserved and the account, and is never made available.
-                moves := moves || ARRAY(
+                -- Appended one at a time (`moves || ARRAY(...)` copies the
+                -- whole array on every item: quadratic in the batch).
+                FOR m IN
                     SELECT ROW(d.account,
                                CASE WHEN x.part = 'commit' THEN 'commit'
                                     WHEN g.expires_at <= settled_at THEN 'grant_expire'
@@ -179,10 +194,13 @@ BEGIN
                                     THEN 'grant_expired'
                                     WHEN x.part = 'return' AND d.verdict = 'expired_on_access'
                                     THEN 'expired_on_access' ELSE d.reason END,
-                               d.actor, settled_at, x.grant_id)::engine_movement
+                               d.actor, settled_at, x.grant_id)::engine_movement AS move
                     FROM engine_split_draws((d.changed).draws, d.held, committed) x
                     LEFT JOIN credit_grants g ON g.id = x.grant_id
-                    ORDER BY x.n);
+                    ORDER BY x.n
+                LOOP
+                    moves := moves || m.move;
+                END LOOP;
         END CASE;
         RETURN NEXT;
     END LOOP;
