@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # History at scale (BENCHMARKS.md, "History at scale"):
 #   bench/history.sh [ENTRIES] [ACCOUNTS] [EVENTS]
-# 1. kiosk load (8 kiosks, spread) on an empty database: the baseline;
-# 2. a history of ENTRIES ledger entries over ACCOUNTS accounts spanning 12
+# 1. a history of ENTRIES ledger entries over ACCOUNTS accounts spanning 12
 #    months, built through the engine (`bench history`), closed by day;
-# 3. with the service on it and the same kiosk load running: as_of of one
+# 2. with the service on it and the same kiosk load running: as_of of one
 #    account, the account list as_of, the ledger page, reconciliation of a
 #    month and of the year (`bench history --skip-build --url …`);
-# 4. the kiosk load alone on the big database (throughput against 1.);
-# 5. EVENTS expired events, then a retention pass that archives them
+# 3. the kiosk load alone, PAIRS times (default 2) on an empty database and
+#    then on the big one, back to back: reserve→commit throughput of each;
+# 4. EVENTS expired events, then a retention pass that archives them
 #    (`token-billing prune` with ARCHIVE_DIR) while the kiosk load runs:
 #    its time, the WAL written, the kiosks' p99.
-# HISTORY_BUILT=1 skips step 2 and measures the tb_bench_history built by
-# an earlier run (the build takes about an hour; the measurements want an
+# SKIP_READS=1 skips step 2, SKIP_RETENTION=1 step 4.
+# HISTORY_BUILT=1 skips step 1 and measures the tb_bench_history built by
+# an earlier run (the build took 43 minutes here; the measurements want an
 # idle machine, the build does not).
 # Needs release binaries (cargo build --release) and PostgreSQL at $PG; it
 # drops and recreates the databases tb_bench_history and
@@ -60,23 +61,17 @@ load() {
 wal() { sql "SELECT pg_current_wal_lsn()"; }
 wal_since() { sql "SELECT pg_size_pretty(pg_wal_lsn_diff(pg_current_wal_lsn(), '$1'))"; }
 
-echo "== 1. kiosk load on an empty database"
-psql_admin "DROP DATABASE IF EXISTS $EMPTY WITH (FORCE)"
-serve "$EMPTY"
-load
-stop
-psql_admin "DROP DATABASE IF EXISTS $EMPTY WITH (FORCE)"
-
 if [ "${HISTORY_BUILT:-0}" = 1 ]; then
-  echo "== 2. build: skipped (HISTORY_BUILT=1), $DB as it is: $(sql "SELECT count(*) FROM ledger_entries") entries"
+  echo "== 1. build: skipped (HISTORY_BUILT=1), $DB as it is: $(sql "SELECT count(*) FROM ledger_entries") entries"
 else
-  echo "== 2. build: $ENTRIES entries, $ACCOUNTS accounts, 12 months"
+  echo "== 1. build: $ENTRIES entries, $ACCOUNTS accounts, 12 months"
   psql_admin "DROP DATABASE IF EXISTS $DB WITH (FORCE)"
   "$BIN/token-billing-tools" --database-url "$PG/$DB" bench history \
     --entries "$ENTRIES" --accounts "$ACCOUNTS" --months 12
 fi
 
-echo "== 3. history reads under the kiosk load"
+if [ "${SKIP_READS:-0}" != 1 ]; then
+echo "== 2. history reads under the kiosk load"
 serve "$DB"
 LOAD_SECONDS=$((LOAD_SECONDS * 6)) load >"$WORK/load-during-reads.txt" &
 LOADER=$!
@@ -87,12 +82,29 @@ wait "$LOADER"
 echo "-- the kiosk load meanwhile:"
 cat "$WORK/load-during-reads.txt"
 
-echo "== 4. kiosk load alone on the big database"
-START=$(wal)
-load
-echo "WAL written by the kiosk load alone: $(wal_since "$START")"
+stop
+fi
 
-echo "== 5. retention pass over $EVENTS expired events, archived, under the kiosk load"
+echo "== 3. kiosk load alone: an empty database, then the big one, ${PAIRS:-2} times"
+for round in $(seq 1 "${PAIRS:-2}"); do
+  psql_admin "DROP DATABASE IF EXISTS $EMPTY WITH (FORCE)"
+  serve "$EMPTY"
+  echo -n "round $round empty:   "
+  load
+  stop
+  psql_admin "DROP DATABASE IF EXISTS $EMPTY WITH (FORCE)"
+  serve "$DB"
+  START=$(wal)
+  echo -n "round $round history: "
+  load
+  echo "WAL written by the kiosk load alone: $(wal_since "$START")"
+  stop
+done
+
+if [ "${SKIP_RETENTION:-0}" != 1 ]; then
+serve "$DB"
+
+echo "== 4. retention pass over $EVENTS expired events, archived, under the kiosk load"
 sql "INSERT INTO events (type, account_id, data, created_at)
      SELECT 'credit.created', NULL, jsonb_build_object('bench', g), now() - interval '100 days'
      FROM generate_series(1, $EVENTS) g;
@@ -111,4 +123,5 @@ wait "$LOADER"
 echo "-- the kiosk load meanwhile:"
 cat "$WORK/load-during-pass.txt"
 stop
+fi
 rm -rf "$WORK"

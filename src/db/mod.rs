@@ -48,10 +48,16 @@ impl CustomizeConnection<PgConnection, diesel::r2d2::Error> for SessionLimits {
 }
 
 /// The session settings of every connection (see [`SessionLimits`]).
+///
+/// JIT is off: PostgreSQL compiles a statement whose estimated cost is
+/// high, and the ones that reach it here (the history reads over every
+/// account: reconciliation, `as_of` of the list) spent longer compiling
+/// than compiled code saved them (BENCHMARKS.md, "History at scale").
 pub fn set_session(conn: &mut PgConnection) -> QueryResult<()> {
     conn.batch_execute(&format!(
         "SET statement_timeout = {DB_STATEMENT_TIMEOUT_MS}; \
          SET idle_in_transaction_session_timeout = {DB_STATEMENT_TIMEOUT_MS}; \
+         SET jit = off; \
          SET TIME ZONE 'UTC'; \
          SET search_path TO public, {ENGINE_SCHEMA}"
     ))
