@@ -71,18 +71,18 @@ else
 fi
 
 if [ "${SKIP_READS:-0}" != 1 ]; then
-echo "== 2. history reads under the kiosk load"
-serve "$DB"
-LOAD_SECONDS=$((LOAD_SECONDS * 6)) load >"$WORK/load-during-reads.txt" &
-LOADER=$!
-sleep 5
-"$BIN/token-billing-tools" --database-url "$PG/$DB" bench history --skip-build \
-  --url "$URL" --admin-key "$KEY"
-wait "$LOADER"
-echo "-- the kiosk load meanwhile:"
-cat "$WORK/load-during-reads.txt"
+  echo "== 2. history reads under the kiosk load"
+  serve "$DB"
+  LOAD_SECONDS=$((LOAD_SECONDS * 6)) load >"$WORK/load-during-reads.txt" &
+  LOADER=$!
+  sleep 5
+  "$BIN/token-billing-tools" --database-url "$PG/$DB" bench history --skip-build \
+    --url "$URL" --admin-key "$KEY"
+  wait "$LOADER"
+  echo "-- the kiosk load meanwhile:"
+  cat "$WORK/load-during-reads.txt"
 
-stop
+  stop
 fi
 
 echo "== 3. kiosk load alone: an empty database, then the big one, ${PAIRS:-2} times"
@@ -102,26 +102,26 @@ for round in $(seq 1 "${PAIRS:-2}"); do
 done
 
 if [ "${SKIP_RETENTION:-0}" != 1 ]; then
-serve "$DB"
+  serve "$DB"
 
-echo "== 4. retention pass over $EVENTS expired events, archived, under the kiosk load"
-sql "INSERT INTO events (type, account_id, data, created_at)
-     SELECT 'credit.created', NULL, jsonb_build_object('bench', g), now() - interval '100 days'
-     FROM generate_series(1, $EVENTS) g;
-     UPDATE webhook_relay SET after_txid = 9223372036854775807;
-     CHECKPOINT"
-START=$(wal)
-LOAD_SECONDS=$((LOAD_SECONDS * 3)) load >"$WORK/load-during-pass.txt" &
-LOADER=$!
-sleep 2
-BEGAN=$(date +%s.%N)
-ARCHIVE_DIR="$ARCHIVE" "$BIN/token-billing" --database-url "$PG/$DB" prune
-ENDED=$(date +%s.%N)
-echo "retention pass: $(awk "BEGIN {printf \"%.1f\", $ENDED - $BEGAN}") s; WAL during it (kiosks included): $(wal_since "$START")"
-echo "archive: $(du -sh "$ARCHIVE" | cut -f1) in $(find "$ARCHIVE" -name '*.jsonl.gz' | wc -l) files"
-wait "$LOADER"
-echo "-- the kiosk load meanwhile:"
-cat "$WORK/load-during-pass.txt"
-stop
+  echo "== 4. retention pass over $EVENTS expired events, archived, under the kiosk load"
+  sql "INSERT INTO events (type, account_id, data, created_at)
+       SELECT 'credit.created', NULL, jsonb_build_object('bench', g), now() - interval '100 days'
+       FROM generate_series(1, $EVENTS) g;
+       UPDATE webhook_relay SET after_txid = 9223372036854775807;
+       CHECKPOINT"
+  START=$(wal)
+  LOAD_SECONDS=$((LOAD_SECONDS * 3)) load >"$WORK/load-during-pass.txt" &
+  LOADER=$!
+  sleep 2
+  BEGAN=$(date +%s.%N)
+  ARCHIVE_DIR="$ARCHIVE" "$BIN/token-billing" --database-url "$PG/$DB" prune
+  ENDED=$(date +%s.%N)
+  echo "retention pass: $(awk "BEGIN {printf \"%.1f\", $ENDED - $BEGAN}") s; WAL during it (kiosks included): $(wal_since "$START")"
+  echo "archive: $(du -sh "$ARCHIVE" | cut -f1) in $(find "$ARCHIVE" -name '*.jsonl.gz' | wc -l) files"
+  wait "$LOADER"
+  echo "-- the kiosk load meanwhile:"
+  cat "$WORK/load-during-pass.txt"
+  stop
 fi
 rm -rf "$WORK"

@@ -152,7 +152,9 @@ BEGIN
                 -- that grant's interval. One pass over `decided`, each
                 -- item's grants by their index: a join of two of the
                 -- batch's CTEs is planned as a nested loop (their sizes
-                -- are unknown to the planner), quadratic in the batch.
+                -- are unknown to the planner), quadratic in the batch. (So
+                -- an account with several items in the batch has its
+                -- grants read once per item: one index probe each.)
                 SELECT d.pos, d.reservation, d.account, d.request, d.amount, d.requested_ttl,
                        d.ttl, d.job,
                        jsonb_agg(jsonb_build_object('grant_id', p.grant_id, 'amount',

@@ -135,13 +135,13 @@ $$;
 -- version per job. Without account locks, it takes the job rows in id
 -- order (the worker sends them sorted; the look-up by `= ANY` walks the
 -- primary key in order), as a batch that finishes jobs does after its
--- accounts, so neither waits on the other crosswise. The jobs whose reservation is due (or no longer held)
--- take the full path: their accounts locked in id order, then the jobs,
--- then one engine_settle extending their reservations; a job whose
--- reservation is no longer held (expired meanwhile, or past its expiry on
--- this access) fails (engine_fail_unreserved_jobs). One row per distinct
--- job and token: done, lease_lost (that token no longer holds the job),
--- reservation_lost.
+-- accounts, so neither waits on the other crosswise. The jobs whose
+-- reservation is due (or no longer held) take the full path: their
+-- accounts locked in id order, then the jobs, then one engine_settle
+-- extending their reservations; a job whose reservation is no longer held
+-- (expired meanwhile, or past its expiry on this access) fails
+-- (engine_fail_unreserved_jobs). One row per distinct job and token: done,
+-- lease_lost (that token no longer holds the job), reservation_lost.
 CREATE FUNCTION engine_heartbeat_jobs(
     p_jobs uuid[], p_tokens bigint[], p_lease_seconds integer,
     p_reservation_seconds double precision, p_extend_within double precision
@@ -367,15 +367,14 @@ $$;
 -- has passed, and running jobs whose lease expired (their worker died).
 -- The candidates are found without locks, then the jobs themselves are
 -- locked (SKIP LOCKED: a job another transaction holds is left to it) and
--- checked again. Each claim moves the fencing
--- token on, counts an attempt and leases the job to `p_owner` for
--- `p_lease_seconds`. For each job: whether its reservation is held for
--- longer than the lease (then no heartbeat is needed before the first
--- provider call), and what the max-attempts rule
--- (engine_attempts_exhausted with `p_max_attempts`) says: `over_limit`,
--- the job had no attempt left before this claim (only a result the
--- provider already holds may still finish it); `last_attempt`, no retry
--- follows this one.
+-- checked again. Each claim moves the fencing token on, counts an attempt
+-- and leases the job to `p_owner` for `p_lease_seconds`. For each job:
+-- whether its reservation is held for longer than the lease (then no
+-- heartbeat is needed before the first provider call), and what the
+-- max-attempts rule (engine_attempts_exhausted with `p_max_attempts`)
+-- says: `over_limit`, the job had no attempt left before this claim (only
+-- a result the provider already holds may still finish it);
+-- `last_attempt`, no retry follows this one.
 CREATE FUNCTION engine_claim_jobs(p_owner text, p_lease_seconds integer, p_max_attempts integer,
     p_limit integer)
 RETURNS TABLE (job generation_jobs, reservation_outlasts_lease boolean, over_limit boolean,
