@@ -237,6 +237,7 @@ services_run() { # round scenario accounts kiosks
   if [ -n "$pinned" ]; then
     order="pinned main"
     [ $(($1 % 2)) -eq 0 ] && order="main pinned"
+    echo "$2 $4 kiosks, round $1: $order" >&2
   fi
   for which in $order; do
     if [ "$which" = pinned ]; then
