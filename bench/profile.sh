@@ -35,8 +35,10 @@ while [ $# -gt 0 ]; do
 done
 
 target_dir="${CARGO_TARGET_DIR:-target}"
-binary="$target_dir/$build/token-billing"
-tools="$target_dir/$build/token-billing-tools"
+# BIN_DIR: another build's binaries (e.g. the pinned reference's, from
+# bench/pinned_build.sh) instead of this checkout's.
+binary="${BIN_DIR:-$target_dir/$build}/token-billing"
+tools="${BIN_DIR:-$target_dir/$build}/token-billing-tools"
 for file in "$binary" "$tools"; do
   [ -x "$file" ] || { echo "build first: cargo build --release ($file missing)" >&2; exit 1; }
 done
@@ -90,6 +92,24 @@ psql_db -d tb_profile -F ' | ' -c "
   FROM pg_stat_statements
   WHERE dbid = (SELECT oid FROM pg_database WHERE datname = 'tb_profile')
   ORDER BY total_exec_time DESC LIMIT 15"
+echo
+# Statements per batch: every statement the engine ran inside PostgreSQL
+# (pg_stat_statements, track = all) per top-level engine_apply call, with
+# the foreign-key checks PostgreSQL runs on its own (`SELECT 1 FROM ONLY …
+# FOR KEY SHARE`) counted apart. With one kiosk every batch is one request.
+echo "statements inside engine_apply, per batch (one request per batch at 1 kiosk)"
+psql_db -d tb_profile -F ' | ' -c "
+  WITH s AS (
+    SELECT sum(calls) FILTER (WHERE toplevel AND query LIKE '%engine_apply(%') AS batches,
+           sum(calls) FILTER (WHERE NOT toplevel AND query NOT LIKE 'SELECT 1 FROM ONLY %FOR KEY SHARE%'
+                                AND query NOT LIKE '%FOR KEY SHARE OF x') AS statements,
+           sum(calls) FILTER (WHERE NOT toplevel AND (query LIKE 'SELECT 1 FROM ONLY %FOR KEY SHARE%'
+                                OR query LIKE '%FOR KEY SHARE OF x')) AS key_checks
+    FROM pg_stat_statements
+    WHERE dbid = (SELECT oid FROM pg_database WHERE datname = 'tb_profile'))
+  SELECT 'batches ' || batches, 'statements/batch ' || to_char(statements / batches, 'FM990.00'),
+         'foreign-key checks/batch ' || to_char(key_checks / batches, 'FM990.00')
+  FROM s"
 echo
 echo "engine functions by own time (self_time excludes the functions they call)"
 psql_db -d tb_profile -F ' | ' -c "

@@ -270,6 +270,19 @@ impl TestDatabase {
     pub fn connect(&self) -> PgConnection {
         db::connect_session(&self.url).expect("connect test database")
     }
+
+    /// Every later session of this database sends every batch to the
+    /// engine's full machinery (`token_billing.lean = off`).
+    pub fn set_full_engine(&self) {
+        let mut admin =
+            PgConnection::establish(&format!("{}/postgres", server_url())).expect("connect");
+        admin
+            .batch_execute(&format!(
+                "ALTER DATABASE {} SET token_billing.lean = 'off'",
+                self.name
+            ))
+            .expect("set token_billing.lean");
+    }
 }
 
 impl Drop for TestDatabase {
@@ -346,6 +359,16 @@ impl TestApp {
 
     pub async fn spawn_with(adjust: impl FnOnce(&mut Config)) -> TestApp {
         Self::spawn_on(Arc::new(TestDatabase::create()), adjust).await
+    }
+
+    /// Like [`TestApp::spawn_with`], on a database whose sessions send
+    /// every batch to the engine's full machinery (`token_billing.lean =
+    /// off`, see `src/engine/sql/68_lean.sql`): the tests that compare the
+    /// lean path with the full one run the same steps on both.
+    pub async fn spawn_full_engine_with(adjust: impl FnOnce(&mut Config)) -> TestApp {
+        let database = TestDatabase::create();
+        database.set_full_engine();
+        Self::spawn_on(Arc::new(database), adjust).await
     }
 
     /// Another replica on the same database as `self`.

@@ -1,5 +1,25 @@
 -- Key rules: which presented keys are valid, and who may spend where.
 
+-- The rule of a valid key, written once: the presented key `p_id` is
+-- valid when it is known, the SHA-256 of the presented secret (`p_hash`)
+-- matches, and it is neither revoked nor expired. At most one row: the key.
+-- Inlined where it is called (one probe of the primary key): by
+-- engine_verify_keys below, and by the lean path (`68_lean.sql`).
+CREATE FUNCTION engine_valid_key(p_id uuid, p_hash bytea)
+RETURNS TABLE (key_id uuid, scope text, account_id uuid, last_used_at timestamptz)
+LANGUAGE sql STABLE AS $$
+    SELECT k.id, k.scope, k.account_id, k.last_used_at FROM api_keys k
+    WHERE k.id = p_id AND k.secret_hash = p_hash AND k.revoked_at IS NULL
+      AND (k.expires_at IS NULL OR k.expires_at > now())
+$$;
+
+-- A valid key's last_used_at is written again when it is this old: at most
+-- one write a minute per key.
+CREATE FUNCTION engine_key_use_stale(p_last_used_at timestamptz) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT p_last_used_at IS NULL OR p_last_used_at < now() - interval '1 minute'
+$$;
+
 -- The presented keys (`p_ids[i]` with the SHA-256 of its secret
 -- `p_hashes[i]`) that are valid: known, the secret's hash matching, not
 -- revoked, not expired. One row per valid key, with its position `n`. A
@@ -15,21 +35,17 @@ BEGIN
     WITH presented AS (
         SELECT p.* FROM unnest(p_ids, p_hashes) WITH ORDINALITY AS p (id, hash, n)
     ), valid AS (
-        SELECT p.n, k.id, k.scope, k.account_id, k.last_used_at
+        -- One probe of the primary key per presented key (the rule is
+        -- inlined into this LATERAL).
+        SELECT p.n, k.key_id AS id, k.scope, k.account_id, k.last_used_at
         FROM presented p
-        -- By the primary key (= ANY of the presented ids): the functions
-        -- run generic plans, and a plain join is planned as a scan of
-        -- every key.
-        JOIN api_keys k ON k.id = p.id AND k.secret_hash = p.hash AND k.revoked_at IS NULL
-                       AND (k.expires_at IS NULL OR k.expires_at > now())
-                       AND k.id = ANY (ARRAY(SELECT id FROM presented))
+        CROSS JOIN LATERAL engine_valid_key(p.id, p.hash) k
     ), touched AS (
         UPDATE api_keys SET last_used_at = now()
         WHERE id IN (SELECT k.id FROM api_keys k
                      WHERE k.id IN (SELECT v.id FROM valid v
-                                    WHERE v.last_used_at IS NULL
-                                       OR v.last_used_at < now() - interval '1 minute')
-                       AND (k.last_used_at IS NULL OR k.last_used_at < now() - interval '1 minute')
+                                    WHERE engine_key_use_stale(v.last_used_at))
+                       AND engine_key_use_stale(k.last_used_at)
                      ORDER BY k.id
                      FOR UPDATE SKIP LOCKED)
         RETURNING 1

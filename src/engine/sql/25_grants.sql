@@ -28,6 +28,15 @@ LANGUAGE sql STABLE AS $$
         'expired_at', p_grant->'expired_at')
 $$;
 
+-- When a grant's lapse is due at `p_at`, written once: its expiry has
+-- passed, its lapse is not written yet, and it holds drawable tokens (a
+-- lapsed grant that holds none leaves nothing; the reaper marks it).
+CREATE FUNCTION engine_grant_lapse_due(p_drawable boolean, p_expired_at timestamptz,
+    p_expires_at timestamptz, p_at timestamptz) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT p_drawable AND p_expired_at IS NULL AND p_expires_at <= p_at
+$$;
+
 -- The draw order, written once: the account's grants that hold tokens
 -- (drawable: remaining > 0) ordered by priority (0 first), then the soonest expiry
 -- (grants that never expire last), then creation order, each as the
@@ -75,8 +84,8 @@ DECLARE
 BEGIN
     WITH due AS (
         UPDATE credit_grants g SET expired_at = p_at
-        WHERE g.account_id = ANY (p_accounts) AND g.drawable AND g.expired_at IS NULL
-          AND g.expires_at <= p_at
+        WHERE g.account_id = ANY (p_accounts) AND g.drawable
+          AND engine_grant_lapse_due(g.drawable, g.expired_at, g.expires_at, p_at)
         RETURNING g.*
     )
     SELECT array_agg(d ORDER BY d.account_id, d.seq) INTO lapsed FROM due d;

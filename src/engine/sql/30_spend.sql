@@ -73,7 +73,7 @@ BEGIN
         spenders := ARRAY(SELECT DISTINCT i.account FROM unnest(pending) i);
         IF EXISTS (SELECT 1 FROM credit_grants g
                    WHERE g.account_id = ANY (spenders) AND g.drawable
-                     AND g.expired_at IS NULL AND g.expires_at <= at) THEN
+                     AND engine_grant_lapse_due(g.drawable, g.expired_at, g.expires_at, at)) THEN
             PERFORM engine_lapse_grants(spenders, at);
         END IF;
         FOR d IN

@@ -1,6 +1,10 @@
 -- The entry point of every spending request of the API, alone or
 -- coalesced with concurrent ones: a batch of operations on any accounts,
--- in one statement (one transaction, one WAL flush).
+-- in one statement (one transaction, one WAL flush). engine_apply (at the
+-- end of this file) applies the batch's plain reserves, commits and
+-- releases on the lean path (`68_lean.sql`) and hands the rest, from the
+-- first operation that is not plain, to engine_apply_full: the full
+-- machinery below.
 --
 -- The batch crosses as typed arrays, one element per operation (element i
 -- of every array belongs to operation i). `p_op` names the operation; the
@@ -50,7 +54,7 @@
 -- spend or removal lapsing them on access, a return to a lapsed grant), a
 -- row at position 0, outcome grant_expired, detail {tokens}, for the
 -- caller's metrics.
-CREATE FUNCTION engine_apply(
+CREATE FUNCTION engine_apply_full(
     p_op text[], p_account uuid[], p_actor text[], p_key_id uuid[], p_key_hash bytea[],
     p_authorized boolean[], p_request uuid[], p_amount bigint[], p_requested_ttl integer[],
     p_ttl integer[], p_new_id uuid[], p_job uuid[], p_reservation uuid[], p_hash bytea[],
@@ -254,5 +258,98 @@ BEGIN
         detail := jsonb_build_object('tokens', lapsed);
         RETURN NEXT;
     END IF;
+END;
+$$;
+
+-- The entry point: the batch's leading plain operations on the lean path
+-- (68_lean.sql), one by one in batch order, then everything from the
+-- first operation that is not plain on (a refusal, a replay, a lapse, an
+-- event, another kind of operation) in engine_apply_full, in the same
+-- transaction: each operation gets the answer it would have had alone at
+-- its place, whichever path decided it. A batch of several operations
+-- first locks its accounts in id order, as engine_apply_full does, so two
+-- batches never wait on each other crosswise. The setting
+-- token_billing.lean = off sends every batch to engine_apply_full (the
+-- tests compare the two paths with it).
+CREATE FUNCTION engine_apply(
+    p_op text[], p_account uuid[], p_actor text[], p_key_id uuid[], p_key_hash bytea[],
+    p_authorized boolean[], p_request uuid[], p_amount bigint[], p_requested_ttl integer[],
+    p_ttl integer[], p_new_id uuid[], p_job uuid[], p_reservation uuid[], p_hash bytea[],
+    p_kind text[], p_params jsonb[], p_external_ref text[], p_note text[], p_reason text[],
+    p_http_request_id text[], p_lease_token bigint[], p_status text[], p_result jsonb[],
+    p_error jsonb[], p_priority integer[], p_expires_at timestamptz[]
+)
+RETURNS TABLE (op_position integer, outcome text, detail jsonb, object jsonb)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    batch integer := COALESCE(cardinality(p_op), 0);
+    done integer := 0;
+    answer jsonb;
+BEGIN
+    IF batch BETWEEN 1 AND 64
+       AND COALESCE(current_setting('token_billing.lean', true), '') <> 'off'
+       -- Every array as long as the batch (engine_apply_full says which
+       -- is not); the lean path reads only these.
+       AND (batch = ALL (ARRAY[cardinality(p_account), cardinality(p_actor),
+               cardinality(p_key_id), cardinality(p_key_hash), cardinality(p_authorized),
+               cardinality(p_request), cardinality(p_amount), cardinality(p_requested_ttl),
+               cardinality(p_ttl), cardinality(p_new_id), cardinality(p_job),
+               cardinality(p_reservation), cardinality(p_hash), cardinality(p_kind),
+               cardinality(p_params), cardinality(p_expires_at)])) IS TRUE THEN
+        IF batch > 1 THEN
+            PERFORM 1 FROM accounts WHERE id = ANY (p_account) ORDER BY id FOR NO KEY UPDATE;
+        END IF;
+        FOR i IN 1 .. batch LOOP
+            -- Only an operation with every field the lean path reads, and
+            -- none it would ignore (engine_apply_full refuses a batch with
+            -- a field missing, and then nothing at all is written).
+            EXIT WHEN p_account[i] IS NULL OR p_actor[i] IS NULL OR p_authorized[i] IS NULL
+                   OR p_expires_at[i] IS NOT NULL
+                   OR NOT (p_authorized[i] OR (p_key_id[i] IS NOT NULL
+                                               AND p_key_hash[i] IS NOT NULL));
+            IF p_op[i] IN ('reserve', 'create_job') THEN
+                EXIT WHEN p_request[i] IS NULL OR p_amount[i] IS NULL OR p_ttl[i] IS NULL
+                       OR p_new_id[i] IS NULL
+                       OR (p_op[i] = 'create_job'
+                           AND (p_job[i] IS NULL OR p_hash[i] IS NULL OR p_kind[i] IS NULL
+                                OR p_params[i] IS NULL));
+                answer := engine_lean_reserve(p_account[i], p_actor[i], p_key_id[i],
+                    p_key_hash[i], p_authorized[i], p_request[i], p_amount[i],
+                    p_requested_ttl[i], p_ttl[i], p_new_id[i],
+                    CASE WHEN p_op[i] = 'create_job' THEN p_job[i] END,
+                    CASE WHEN p_op[i] = 'create_job' THEN p_hash[i] END,
+                    CASE WHEN p_op[i] = 'create_job' THEN p_kind[i] END,
+                    CASE WHEN p_op[i] = 'create_job' THEN p_params[i] END);
+                outcome := 'created';
+            ELSIF p_op[i] IN ('commit', 'commit_all', 'release') THEN
+                EXIT WHEN p_reservation[i] IS NULL
+                       OR (p_amount[i] IS NULL) <> (p_op[i] <> 'commit');
+                answer := engine_lean_settle(p_op[i], p_account[i], p_actor[i], p_key_id[i],
+                    p_key_hash[i], p_authorized[i], p_reservation[i], p_amount[i]);
+                outcome := CASE p_op[i] WHEN 'release' THEN 'released' ELSE 'committed' END;
+            ELSE
+                EXIT;
+            END IF;
+            EXIT WHEN answer IS NULL;
+            op_position := i; detail := NULL; object := answer;
+            RETURN NEXT;
+            done := i;
+        END LOOP;
+        IF done = batch THEN
+            RETURN;
+        END IF;
+    END IF;
+    RETURN QUERY
+    SELECT CASE WHEN f.op_position = 0 THEN 0 ELSE f.op_position + done END,
+           f.outcome, f.detail, f.object
+    FROM engine_apply_full(p_op[done + 1:], p_account[done + 1:], p_actor[done + 1:],
+        p_key_id[done + 1:], p_key_hash[done + 1:], p_authorized[done + 1:],
+        p_request[done + 1:], p_amount[done + 1:], p_requested_ttl[done + 1:],
+        p_ttl[done + 1:], p_new_id[done + 1:], p_job[done + 1:], p_reservation[done + 1:],
+        p_hash[done + 1:], p_kind[done + 1:], p_params[done + 1:], p_external_ref[done + 1:],
+        p_note[done + 1:], p_reason[done + 1:], p_http_request_id[done + 1:],
+        p_lease_token[done + 1:], p_status[done + 1:], p_result[done + 1:],
+        p_error[done + 1:], p_priority[done + 1:], p_expires_at[done + 1:]) f;
 END;
 $$;

@@ -1,0 +1,231 @@
+//! The engine's lean path (`src/engine/sql/68_lean.sql`): which batches it
+//! takes, and that a batch it leaves part-way ends exactly as on the full
+//! machinery. (The differential test runs every history both ways against
+//! the model; these tests pin down the path each kind of case takes.)
+
+use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Text};
+use serde_json::Value;
+use uuid::Uuid;
+
+use token_billing::domain::api_keys::Credentials;
+use token_billing::domain::types::{AccountId, RequestId, ReservationId, Tokens};
+use token_billing::engine::{self, Answer, Authority, CommitAmount, Op, Operation, Outcome};
+
+use crate::helpers::TestApp;
+
+#[derive(QueryableByName)]
+struct Calls {
+    #[diesel(sql_type = Text)]
+    function: String,
+    #[diesel(sql_type = BigInt)]
+    calls: i64,
+}
+
+/// Applies `operations` in a transaction of its own that counts its calls
+/// of the engine's functions: the answers, and how often the lean reserve,
+/// the lean settlement and the full machinery were called.
+fn apply_counted(conn: &mut PgConnection, operations: &[Operation]) -> (Vec<Answer>, [i64; 3]) {
+    // The session's counts not yet reported (pg_stat_xact_user_functions
+    // may still hold earlier transactions' calls): compare before and after.
+    fn counts(conn: &mut PgConnection) -> Result<[i64; 3], diesel::result::Error> {
+        let calls: Vec<Calls> = diesel::sql_query(
+            "SELECT funcname::text AS function, calls FROM pg_stat_xact_user_functions \
+             WHERE funcname IN ('engine_lean_reserve', 'engine_lean_settle', 'engine_apply_full')",
+        )
+        .load(conn)?;
+        let count = |name: &str| {
+            calls
+                .iter()
+                .filter(|call| call.function == name)
+                .map(|call| call.calls)
+                .sum::<i64>()
+        };
+        Ok([
+            count("engine_lean_reserve"),
+            count("engine_lean_settle"),
+            count("engine_apply_full"),
+        ])
+    }
+    conn.transaction(|conn| {
+        diesel::sql_query("SET LOCAL track_functions = 'pl'").execute(conn)?;
+        let before = counts(conn)?;
+        let answers = engine::apply(conn, operations).expect("engine answers");
+        let after = counts(conn)?;
+        Ok::<_, diesel::result::Error>((answers, std::array::from_fn(|i| after[i] - before[i])))
+    })
+    .expect("transaction")
+}
+
+fn reserve(account: Uuid, key: &str, request: Uuid, amount: i64) -> Operation {
+    Operation {
+        account: AccountId(account),
+        authority: Authority::from(Credentials::parse(key).expect("a kiosk key")),
+        op: Op::Reserve {
+            request_id: RequestId(request),
+            amount: Tokens::parse(amount).expect("tokens"),
+            ttl_seconds: None,
+            effective_ttl_seconds: 300,
+        },
+    }
+}
+
+fn commit_all(account: Uuid, key: &str, reservation: Uuid) -> Operation {
+    Operation {
+        account: AccountId(account),
+        authority: Authority::from(Credentials::parse(key).expect("a kiosk key")),
+        op: Op::Commit {
+            reservation: ReservationId(reservation),
+            amount: CommitAmount::All,
+        },
+    }
+}
+
+fn outcomes(answers: &[Answer]) -> Vec<Outcome> {
+    answers.iter().map(|answer| answer.outcome).collect()
+}
+
+fn reservation_id(answer: &Answer) -> Uuid {
+    answer
+        .object
+        .as_ref()
+        .and_then(|object| object["id"].as_str())
+        .and_then(|id| id.parse().ok())
+        .expect("the answer's reservation id")
+}
+
+#[actix_web::test]
+async fn plain_reserves_and_commits_take_the_lean_path_refusals_and_events_the_full_one() {
+    let app = TestApp::spawn().await;
+    let account = app.funded_account(5).await;
+    let key = app.kiosk_key(account).await;
+    let mut conn = app.database.connect();
+
+    // The key is new: its first use writes last_used_at on the lean path.
+    let (answers, calls) = apply_counted(&mut conn, &[reserve(account, &key, Uuid::new_v4(), 2)]);
+    assert_eq!(outcomes(&answers), [Outcome::Created]);
+    assert_eq!(calls, [1, 0, 0], "a plain reserve: lean only");
+    let used: Option<chrono::DateTime<chrono::Utc>> = token_billing::db::schema::api_keys::table
+        .select(token_billing::db::schema::api_keys::last_used_at)
+        .filter(
+            token_billing::db::schema::api_keys::account_id.eq(Some(account)),
+        )
+        .first(&mut conn)
+        .expect("the key");
+    assert!(used.is_some(), "the lean path writes a key's first use");
+
+    let held = reservation_id(&answers[0]);
+    let (answers, calls) = apply_counted(&mut conn, &[commit_all(account, &key, held)]);
+    assert_eq!(outcomes(&answers), [Outcome::Committed]);
+    assert_eq!(calls, [0, 1, 0], "a plain commit: lean only");
+
+    // 3 tokens left: reserving all of them empties the account (its
+    // balance_depleted event), reserving 4 is refused: both on the full
+    // machinery, after the lean path declined them.
+    let (answers, calls) = apply_counted(&mut conn, &[reserve(account, &key, Uuid::new_v4(), 4)]);
+    assert_eq!(outcomes(&answers), [Outcome::InsufficientTokens]);
+    assert_eq!(calls, [1, 0, 1]);
+    let (answers, calls) = apply_counted(&mut conn, &[reserve(account, &key, Uuid::new_v4(), 3)]);
+    assert_eq!(outcomes(&answers), [Outcome::Created]);
+    assert_eq!(calls, [1, 0, 1]);
+    #[derive(QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = BigInt)]
+        count: i64,
+    }
+    let depleted: Count = diesel::sql_query(
+        "SELECT count(*) AS count FROM events WHERE type = 'account.balance_depleted'",
+    )
+    .get_result(&mut conn)
+    .expect("events");
+    assert_eq!(depleted.count, 1);
+
+    // A wrong secret: the full machinery answers unauthorized.
+    let wrong = format!("{}x", &key[..key.len() - 1]);
+    let (answers, calls) = apply_counted(&mut conn, &[reserve(account, &wrong, Uuid::new_v4(), 1)]);
+    assert_eq!(outcomes(&answers), [Outcome::Unauthorized]);
+    assert_eq!(calls, [1, 0, 1]);
+}
+
+/// The books of an account as comparable rows: every ledger entry (kind,
+/// amount, balances after) and the account's balances.
+fn books(conn: &mut PgConnection, account: Uuid) -> (Vec<(String, i64, i64, i64, i64)>, Value) {
+    use token_billing::db::schema::{accounts, ledger_entries};
+    let entries = ledger_entries::table
+        .filter(ledger_entries::account_id.eq(account))
+        .order(ledger_entries::id)
+        .select((
+            ledger_entries::kind,
+            ledger_entries::amount,
+            ledger_entries::available_after,
+            ledger_entries::reserved_after,
+            ledger_entries::used_after,
+        ))
+        .load(conn)
+        .expect("entries");
+    let (available, reserved, used, active, version): (i64, i64, i64, i32, i64) = accounts::table
+        .find(account)
+        .select((
+            accounts::available,
+            accounts::reserved,
+            accounts::used,
+            accounts::active_reservations,
+            accounts::version,
+        ))
+        .first(conn)
+        .expect("account");
+    (
+        entries,
+        serde_json::json!([available, reserved, used, active, version]),
+    )
+}
+
+/// One batch: a plain reserve, its replay, its commit, a reserve the
+/// account cannot pay, another plain reserve. The lean path takes the
+/// first, the full machinery everything from the replay on; the answers
+/// and the books are those of the full machinery alone.
+async fn mixed_batch(lean: bool) -> (Vec<Outcome>, (Vec<(String, i64, i64, i64, i64)>, Value), [i64; 3]) {
+    let app = if lean {
+        TestApp::spawn().await
+    } else {
+        TestApp::spawn_full_engine_with(|_| {}).await
+    };
+    let account = app.funded_account(10).await;
+    let key = app.kiosk_key(account).await;
+    let mut conn = app.database.connect();
+    let request = Uuid::new_v4();
+    // The reservation's id is chosen by the service: find it from the
+    // first answer, then send the rest of the batch's operations.
+    let first = reserve(account, &key, request, 2);
+    let (answers, _) = apply_counted(&mut conn, std::slice::from_ref(&first));
+    let held = reservation_id(&answers[0]);
+    let batch = [
+        reserve(account, &key, Uuid::new_v4(), 1),
+        reserve(account, &key, request, 2),
+        commit_all(account, &key, held),
+        reserve(account, &key, Uuid::new_v4(), 9),
+        reserve(account, &key, Uuid::new_v4(), 3),
+    ];
+    let (answers, calls) = apply_counted(&mut conn, &batch);
+    (outcomes(&answers), books(&mut conn, account), calls)
+}
+
+#[actix_web::test]
+async fn a_batch_leaves_the_lean_path_at_its_first_case_that_is_not_plain() {
+    let (lean_outcomes, lean_books, lean_calls) = mixed_batch(true).await;
+    let (full_outcomes, full_books, full_calls) = mixed_batch(false).await;
+    assert_eq!(
+        lean_outcomes,
+        [
+            Outcome::Created,
+            Outcome::Replayed,
+            Outcome::Committed,
+            Outcome::InsufficientTokens,
+            Outcome::Created
+        ]
+    );
+    assert_eq!(lean_outcomes, full_outcomes);
+    assert_eq!(lean_books, full_books);
+    assert_eq!(lean_calls, [2, 0, 1], "lean for the first, then the full machinery once");
+    assert_eq!(full_calls, [0, 0, 1], "token_billing.lean = off: the full machinery only");
+}
