@@ -12,7 +12,7 @@ use token_billing::domain::api_keys::Credentials;
 use token_billing::domain::types::{AccountId, RequestId, ReservationId, Tokens};
 use token_billing::engine::{self, Answer, Authority, CommitAmount, Op, Operation, Outcome};
 
-use crate::helpers::TestApp;
+use crate::helpers::{ledger_of, TestApp};
 
 #[derive(QueryableByName)]
 struct Calls {
@@ -107,9 +107,7 @@ async fn plain_reserves_and_commits_take_the_lean_path_refusals_and_events_the_f
     assert_eq!(calls, [1, 0, 0], "a plain reserve: lean only");
     let used: Option<chrono::DateTime<chrono::Utc>> = token_billing::db::schema::api_keys::table
         .select(token_billing::db::schema::api_keys::last_used_at)
-        .filter(
-            token_billing::db::schema::api_keys::account_id.eq(Some(account)),
-        )
+        .filter(token_billing::db::schema::api_keys::account_id.eq(Some(account)))
         .first(&mut conn)
         .expect("the key");
     assert!(used.is_some(), "the lean path writes a key's first use");
@@ -147,22 +145,14 @@ async fn plain_reserves_and_commits_take_the_lean_path_refusals_and_events_the_f
     assert_eq!(calls, [1, 0, 1]);
 }
 
-/// The books of an account as comparable rows: every ledger entry (kind,
-/// amount, balances after) and the account's balances.
-fn books(conn: &mut PgConnection, account: Uuid) -> (Vec<(String, i64, i64, i64, i64)>, Value) {
-    use token_billing::db::schema::{accounts, ledger_entries};
-    let entries = ledger_entries::table
-        .filter(ledger_entries::account_id.eq(account))
-        .order(ledger_entries::id)
-        .select((
-            ledger_entries::kind,
-            ledger_entries::amount,
-            ledger_entries::available_after,
-            ledger_entries::reserved_after,
-            ledger_entries::used_after,
-        ))
-        .load(conn)
-        .expect("entries");
+/// An account's books as comparable rows: every ledger entry (kind,
+/// amount, balances after) and the account's balances, held count and
+/// version.
+type Books = (Vec<(String, i64, i64, i64, i64)>, Value);
+
+fn books(conn: &mut PgConnection, account: Uuid) -> Books {
+    use token_billing::db::schema::accounts;
+    let entries = ledger_of(conn, account);
     let (available, reserved, used, active, version): (i64, i64, i64, i32, i64) = accounts::table
         .find(account)
         .select((
@@ -184,7 +174,7 @@ fn books(conn: &mut PgConnection, account: Uuid) -> (Vec<(String, i64, i64, i64,
 /// account cannot pay, another plain reserve. The lean path takes the
 /// first, the full machinery everything from the replay on; the answers
 /// and the books are those of the full machinery alone.
-async fn mixed_batch(lean: bool) -> (Vec<Outcome>, (Vec<(String, i64, i64, i64, i64)>, Value), [i64; 3]) {
+async fn mixed_batch(lean: bool) -> (Vec<Outcome>, Books, [i64; 3]) {
     let app = if lean {
         TestApp::spawn().await
     } else {
@@ -226,6 +216,14 @@ async fn a_batch_leaves_the_lean_path_at_its_first_case_that_is_not_plain() {
     );
     assert_eq!(lean_outcomes, full_outcomes);
     assert_eq!(lean_books, full_books);
-    assert_eq!(lean_calls, [2, 0, 1], "lean for the first, then the full machinery once");
-    assert_eq!(full_calls, [0, 0, 1], "token_billing.lean = off: the full machinery only");
+    assert_eq!(
+        lean_calls,
+        [2, 0, 1],
+        "lean for the first, then the full machinery once"
+    );
+    assert_eq!(
+        full_calls,
+        [0, 0, 1],
+        "token_billing.lean = off: the full machinery only"
+    );
 }

@@ -31,6 +31,8 @@ $$;
 -- When a grant's lapse is due at `p_at`, written once: its expiry has
 -- passed, its lapse is not written yet, and it holds drawable tokens (a
 -- lapsed grant that holds none leaves nothing; the reaper marks it).
+-- Callers write `g.drawable` beside it as well: the look-up by account then
+-- uses credit_grants_drawable_idx, whose predicate that is.
 CREATE FUNCTION engine_grant_lapse_due(p_drawable boolean, p_expired_at timestamptz,
     p_expires_at timestamptz, p_at timestamptz) RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$
