@@ -33,30 +33,41 @@
 -- statement. The second statement runs with a snapshot taken after the
 -- lock, so it sees every reservation and grant committed before it.
 
--- Whether the caller may spend on `p_account` on the lean path: the
--- service vouches for it (`p_authorized`), or its key is valid (the key's
--- columns, read by engine_valid_key: NULL when it is not) and may spend
--- here (engine_spend_authority). A valid key whose last use is stale
--- (engine_key_use_stale) has it written now, as engine_verify_keys does: a
--- key row another transaction holds is skipped, never waited for.
-CREATE FUNCTION engine_lean_may_spend(p_authorized boolean, p_account uuid, p_key_id uuid,
-    p_scope text, p_key_account uuid, p_last_used_at timestamptz)
-RETURNS boolean
+-- The first statement of every lean operation: `p_account`'s row, locked
+-- (FOR NO KEY UPDATE, as every path locks it), when the caller may spend on
+-- it — the service vouches for it (`p_authorized`), or its key is valid
+-- (engine_valid_key) and may spend here (engine_spend_authority). NULL
+-- when there is no such account or the caller may not spend on it. A valid
+-- key whose last use is stale (engine_key_use_stale) has it written now, as
+-- engine_verify_keys does: a key row another transaction holds is skipped,
+-- never waited for.
+CREATE FUNCTION engine_lean_account(p_account uuid, p_authorized boolean, p_key_id uuid,
+    p_key_hash bytea)
+RETURNS accounts
 LANGUAGE plpgsql AS $$
+DECLARE
+    locked record;
 BEGIN
-    IF p_authorized THEN
-        RETURN true;
+    -- The key is read in the statement that locks the account.
+    SELECT x AS account, k.key_id, k.scope, k.account_id AS key_account, k.last_used_at
+    INTO locked
+    FROM accounts x LEFT JOIN LATERAL engine_valid_key(p_key_id, p_key_hash) k ON true
+    WHERE x.id = p_account FOR NO KEY UPDATE OF x;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    ELSIF p_authorized THEN
+        RETURN locked.account;
+    ELSIF locked.key_id IS NULL
+          OR engine_spend_authority(locked.scope, locked.key_account, p_account) <> 'ok' THEN
+        RETURN NULL;
     END IF;
-    IF p_key_id IS NULL OR engine_spend_authority(p_scope, p_key_account, p_account) <> 'ok' THEN
-        RETURN false;
-    END IF;
-    IF engine_key_use_stale(p_last_used_at) THEN
+    IF engine_key_use_stale(locked.last_used_at) THEN
         UPDATE api_keys SET last_used_at = now()
         WHERE id = (SELECT k.id FROM api_keys k
                     WHERE k.id = p_key_id AND engine_key_use_stale(k.last_used_at)
                     FOR UPDATE SKIP LOCKED);
     END IF;
-    RETURN true;
+    RETURN locked.account;
 END;
 $$;
 
@@ -74,18 +85,12 @@ RETURNS jsonb
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
-    a record;
+    a accounts;
     at timestamptz;
     created jsonb;
 BEGIN
-    SELECT x.status, x.available, x.active_reservations, x.max_active_reservations,
-           x.low_balance_threshold, x.balance_low, k.key_id, k.scope, k.account_id AS key_account,
-           k.last_used_at
-    INTO a FROM accounts x LEFT JOIN LATERAL engine_valid_key(p_key_id, p_key_hash) k ON true
-    WHERE x.id = p_account FOR NO KEY UPDATE OF x;
-    IF NOT FOUND OR NOT engine_lean_may_spend(p_authorized, p_account, a.key_id, a.scope,
-                                              a.key_account, a.last_used_at)
-       OR a.status <> 'active' OR a.available <= p_amount
+    a := engine_lean_account(p_account, p_authorized, p_key_id, p_key_hash);
+    IF a.id IS NULL OR a.status <> 'active' OR a.available <= p_amount
        OR (a.max_active_reservations > 0 AND a.active_reservations >= a.max_active_reservations)
        OR (a.low_balance_threshold > 0
            AND engine_is_low(a.available - p_amount, a.low_balance_threshold) <> a.balance_low) THEN
@@ -176,16 +181,12 @@ RETURNS jsonb
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
-    a record;
+    a accounts;
     at timestamptz;
     settled jsonb;
 BEGIN
-    SELECT x.low_balance_threshold, k.key_id, k.scope, k.account_id AS key_account,
-           k.last_used_at
-    INTO a FROM accounts x LEFT JOIN LATERAL engine_valid_key(p_key_id, p_key_hash) k ON true
-    WHERE x.id = p_account FOR NO KEY UPDATE OF x;
-    IF NOT FOUND OR NOT engine_lean_may_spend(p_authorized, p_account, a.key_id, a.scope,
-                                              a.key_account, a.last_used_at) THEN
+    a := engine_lean_account(p_account, p_authorized, p_key_id, p_key_hash);
+    IF a.id IS NULL THEN
         RETURN NULL;
     END IF;
     at := clock_timestamp();

@@ -1,3 +1,42 @@
+-- Whether an operation lacks a field its kind needs, carries one it may
+-- not, or names an unknown kind (the fields each kind sets are listed
+-- below, at engine_apply_full), written once: engine_apply_full refuses a
+-- batch holding such an operation (nothing at all is written), and
+-- engine_apply sends no operation to the lean path unless this is false.
+CREATE FUNCTION engine_op_incomplete(p_op text, p_account uuid, p_actor text,
+    p_authorized boolean, p_key_id uuid, p_key_hash bytea, p_request uuid, p_amount bigint,
+    p_ttl integer, p_new_id uuid, p_job uuid, p_hash bytea, p_kind text, p_params jsonb,
+    p_reservation uuid, p_external_ref text, p_reason text, p_priority integer,
+    p_lease_token bigint, p_status text, p_result jsonb, p_expires_at timestamptz)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT p_account IS NULL OR p_actor IS NULL OR NOT CASE p_op
+        WHEN 'reserve' THEN p_request IS NOT NULL AND p_amount IS NOT NULL AND p_ttl IS NOT NULL
+                            AND p_new_id IS NOT NULL
+        WHEN 'create_job' THEN p_request IS NOT NULL AND p_amount IS NOT NULL AND p_ttl IS NOT NULL
+                            AND p_new_id IS NOT NULL AND p_job IS NOT NULL AND p_hash IS NOT NULL
+                            AND p_kind IS NOT NULL AND p_params IS NOT NULL
+        WHEN 'commit' THEN p_reservation IS NOT NULL AND p_amount IS NOT NULL
+        WHEN 'commit_all' THEN p_reservation IS NOT NULL AND p_amount IS NULL
+        WHEN 'release' THEN p_reservation IS NOT NULL
+        WHEN 'extend' THEN p_reservation IS NOT NULL AND p_ttl IS NOT NULL
+        WHEN 'credit' THEN p_new_id IS NOT NULL AND p_amount IS NOT NULL
+                           AND p_external_ref IS NOT NULL AND p_priority IS NOT NULL
+        WHEN 'adjust' THEN p_new_id IS NOT NULL AND p_amount IS NOT NULL
+                           AND p_external_ref IS NOT NULL AND p_reason IS NOT NULL
+                           AND (p_priority IS NOT NULL) = (p_amount > 0)
+        WHEN 'finish_job' THEN p_job IS NOT NULL AND p_lease_token IS NOT NULL
+                           AND (p_status = 'succeeded' AND p_result IS NOT NULL
+                                OR p_status = 'failed' AND p_result IS NULL)
+        ELSE false END
+       OR (p_expires_at IS NOT NULL AND NOT (p_op IN ('credit', 'adjust') AND p_amount > 0))
+       OR p_authorized IS NULL
+       -- Credits, adjustments and job finishes are the service's own
+       -- (authorised); a spending operation's key is verified here.
+       OR (p_authorized = false AND (p_op IN ('credit', 'adjust', 'finish_job')
+                                     OR p_key_id IS NULL OR p_key_hash IS NULL))
+$$;
+
 -- The entry point of every spending request of the API, alone or
 -- coalesced with concurrent ones: a batch of operations on any accounts,
 -- in one statement (one transaction, one WAL flush). engine_apply (at the
@@ -84,18 +123,7 @@ BEGIN
     IF batch IS NULL OR batch = 0 THEN
         RETURN;
     END IF;
-    IF (batch = ALL (ARRAY[cardinality(p_account), cardinality(p_actor), cardinality(p_key_id),
-            cardinality(p_key_hash), cardinality(p_authorized), cardinality(p_request),
-            cardinality(p_amount), cardinality(p_requested_ttl), cardinality(p_ttl),
-            cardinality(p_new_id), cardinality(p_job), cardinality(p_reservation),
-            cardinality(p_hash), cardinality(p_kind), cardinality(p_params),
-            cardinality(p_external_ref), cardinality(p_note), cardinality(p_reason),
-            cardinality(p_http_request_id), cardinality(p_lease_token), cardinality(p_status),
-            cardinality(p_result), cardinality(p_error), cardinality(p_priority),
-            cardinality(p_expires_at)])) IS NOT TRUE THEN
-        RAISE EXCEPTION 'engine_apply: every array must have % elements', batch
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
+    -- (engine_apply checked that every array has `batch` elements.)
 
     SELECT array_agg(ROW(o.n, o.op, o.class, o.round, o.account, o.actor, o.key_id, o.key_hash, o.authorized, o.request, o.amount,
                o.requested_ttl, o.ttl, o.new_id, o.job, o.reservation, o.hash, o.kind, o.params,
@@ -133,29 +161,9 @@ BEGIN
     ) o;
 
     SELECT o.n, o.op INTO bad FROM unnest(ops) o
-    WHERE o.account IS NULL OR o.actor IS NULL OR NOT CASE o.op
-        WHEN 'reserve' THEN o.request IS NOT NULL AND o.amount IS NOT NULL AND o.ttl IS NOT NULL
-                            AND o.new_id IS NOT NULL
-        WHEN 'create_job' THEN o.request IS NOT NULL AND o.amount IS NOT NULL AND o.ttl IS NOT NULL
-                            AND o.new_id IS NOT NULL AND o.job IS NOT NULL AND o.hash IS NOT NULL
-                            AND o.kind IS NOT NULL AND o.params IS NOT NULL
-        WHEN 'commit' THEN o.reservation IS NOT NULL AND o.amount IS NOT NULL
-        WHEN 'commit_all' THEN o.reservation IS NOT NULL AND o.amount IS NULL
-        WHEN 'release' THEN o.reservation IS NOT NULL
-        WHEN 'extend' THEN o.reservation IS NOT NULL AND o.ttl IS NOT NULL
-        WHEN 'credit' THEN o.new_id IS NOT NULL AND o.amount IS NOT NULL
-                           AND o.external_ref IS NOT NULL AND o.priority IS NOT NULL
-        WHEN 'adjust' THEN o.new_id IS NOT NULL AND o.amount IS NOT NULL
-                           AND o.external_ref IS NOT NULL AND o.reason IS NOT NULL
-                           AND (o.priority IS NOT NULL) = (o.amount > 0)
-        WHEN 'finish_job' THEN o.job IS NOT NULL AND o.lease_token IS NOT NULL
-                           AND (o.status = 'succeeded' AND o.result IS NOT NULL
-                                OR o.status = 'failed' AND o.result IS NULL)
-        ELSE false END
-       OR (o.expires_at IS NOT NULL AND NOT (o.op IN ('credit', 'adjust') AND o.amount > 0))
-       OR o.authorized IS NULL
-       OR (o.authorized = false AND (o.class IN ('external', 'job') OR o.key_id IS NULL
-                                     OR o.key_hash IS NULL))
+    WHERE engine_op_incomplete(o.op, o.account, o.actor, o.authorized, o.key_id, o.key_hash,
+        o.request, o.amount, o.ttl, o.new_id, o.job, o.hash, o.kind, o.params, o.reservation,
+        o.external_ref, o.reason, o.priority, o.lease_token, o.status, o.result, o.expires_at)
     ORDER BY o.n LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION 'engine_apply: operation % (%) lacks a required field or names an unknown operation',
@@ -287,33 +295,37 @@ DECLARE
     done integer := 0;
     answer jsonb;
 BEGIN
-    IF batch BETWEEN 1 AND 64
-       AND COALESCE(current_setting('token_billing.lean', true), '') <> 'off'
-       -- Every array as long as the batch (engine_apply_full says which
-       -- is not); the lean path reads only these.
-       AND (batch = ALL (ARRAY[cardinality(p_account), cardinality(p_actor),
-               cardinality(p_key_id), cardinality(p_key_hash), cardinality(p_authorized),
-               cardinality(p_request), cardinality(p_amount), cardinality(p_requested_ttl),
-               cardinality(p_ttl), cardinality(p_new_id), cardinality(p_job),
-               cardinality(p_reservation), cardinality(p_hash), cardinality(p_kind),
-               cardinality(p_params), cardinality(p_expires_at)])) IS TRUE THEN
+    IF batch = 0 THEN
+        RETURN;
+    END IF;
+    IF (batch = ALL (ARRAY[cardinality(p_account), cardinality(p_actor), cardinality(p_key_id),
+            cardinality(p_key_hash), cardinality(p_authorized), cardinality(p_request),
+            cardinality(p_amount), cardinality(p_requested_ttl), cardinality(p_ttl),
+            cardinality(p_new_id), cardinality(p_job), cardinality(p_reservation),
+            cardinality(p_hash), cardinality(p_kind), cardinality(p_params),
+            cardinality(p_external_ref), cardinality(p_note), cardinality(p_reason),
+            cardinality(p_http_request_id), cardinality(p_lease_token), cardinality(p_status),
+            cardinality(p_result), cardinality(p_error), cardinality(p_priority),
+            cardinality(p_expires_at)])) IS NOT TRUE THEN
+        RAISE EXCEPTION 'engine_apply: every array must have % elements', batch
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF batch <= 64 AND COALESCE(current_setting('token_billing.lean', true), '') <> 'off' THEN
         IF batch > 1 THEN
             PERFORM 1 FROM accounts WHERE id = ANY (p_account) ORDER BY id FOR NO KEY UPDATE;
         END IF;
         FOR i IN 1 .. batch LOOP
-            -- Only an operation with every field the lean path reads, and
-            -- none it would ignore (engine_apply_full refuses a batch with
-            -- a field missing, and then nothing at all is written).
-            EXIT WHEN p_account[i] IS NULL OR p_actor[i] IS NULL OR p_authorized[i] IS NULL
-                   OR p_expires_at[i] IS NOT NULL
-                   OR NOT (p_authorized[i] OR (p_key_id[i] IS NOT NULL
-                                               AND p_key_hash[i] IS NOT NULL));
+            -- A lean kind with every field it needs (engine_apply_full
+            -- refuses a batch with a field missing, and then nothing at
+            -- all is written).
+            EXIT WHEN p_op[i] NOT IN ('reserve', 'create_job', 'commit', 'commit_all', 'release')
+                   OR engine_op_incomplete(p_op[i], p_account[i], p_actor[i], p_authorized[i],
+                          p_key_id[i], p_key_hash[i], p_request[i], p_amount[i], p_ttl[i],
+                          p_new_id[i], p_job[i], p_hash[i], p_kind[i], p_params[i],
+                          p_reservation[i], p_external_ref[i], p_reason[i], p_priority[i],
+                          p_lease_token[i], p_status[i], p_result[i], p_expires_at[i])
+                      IS NOT FALSE;
             IF p_op[i] IN ('reserve', 'create_job') THEN
-                EXIT WHEN p_request[i] IS NULL OR p_amount[i] IS NULL OR p_ttl[i] IS NULL
-                       OR p_new_id[i] IS NULL
-                       OR (p_op[i] = 'create_job'
-                           AND (p_job[i] IS NULL OR p_hash[i] IS NULL OR p_kind[i] IS NULL
-                                OR p_params[i] IS NULL));
                 answer := engine_lean_reserve(p_account[i], p_actor[i], p_key_id[i],
                     p_key_hash[i], p_authorized[i], p_request[i], p_amount[i],
                     p_requested_ttl[i], p_ttl[i], p_new_id[i],
@@ -322,14 +334,10 @@ BEGIN
                     CASE WHEN p_op[i] = 'create_job' THEN p_kind[i] END,
                     CASE WHEN p_op[i] = 'create_job' THEN p_params[i] END);
                 outcome := 'created';
-            ELSIF p_op[i] IN ('commit', 'commit_all', 'release') THEN
-                EXIT WHEN p_reservation[i] IS NULL
-                       OR (p_amount[i] IS NULL) <> (p_op[i] <> 'commit');
+            ELSE
                 answer := engine_lean_settle(p_op[i], p_account[i], p_actor[i], p_key_id[i],
                     p_key_hash[i], p_authorized[i], p_reservation[i], p_amount[i]);
                 outcome := CASE p_op[i] WHEN 'release' THEN 'released' ELSE 'committed' END;
-            ELSE
-                EXIT;
             END IF;
             EXIT WHEN answer IS NULL;
             op_position := i; detail := NULL; object := answer;
