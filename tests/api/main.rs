@@ -43,5 +43,6 @@ mod reconciliation;
 mod reservations;
 mod secrets;
 mod security;
+mod throttle_paths;
 mod webhook_durability;
 mod webhooks;
