@@ -217,7 +217,7 @@ pub struct Config {
     pub provider: ProviderKind,
 
     /// Base URL of the `http` provider.
-    #[arg(long, env = "PROVIDER_URL")]
+    #[arg(long, env = "PROVIDER_URL", hide_env_values = true)]
     pub provider_url: Option<String>,
 
     /// Timeout of one provider request, in seconds.
