@@ -29,6 +29,7 @@ mod jobs;
 mod json_numbers;
 mod keys_audit;
 mod layers;
+mod leaks;
 mod lean;
 mod ledger_property;
 mod model;
