@@ -358,6 +358,7 @@ fn docs_and_scripts_pass_no_secret_on_a_command_line() {
     let mut found = Vec::new();
     for file in [
         "docs/backup.md",
+        "docs/finance.md",
         "docs/operations.md",
         "tests/backup/drill.sh",
     ] {
