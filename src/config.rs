@@ -11,6 +11,7 @@ use secrecy::{ExposeSecret, SecretString};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::rate_limit::{ForwardedHeader, GuardSettings};
 use clap::{Args, ValueEnum};
 
 /// Where `serve` and the management commands find PostgreSQL by default.
@@ -216,7 +217,7 @@ pub struct Config {
     pub provider: ProviderKind,
 
     /// Base URL of the `http` provider.
-    #[arg(long, env = "PROVIDER_URL")]
+    #[arg(long, env = "PROVIDER_URL", hide_env_values = true)]
     pub provider_url: Option<String>,
 
     /// Timeout of one provider request, in seconds.
@@ -257,10 +258,33 @@ pub struct Config {
     #[arg(long, env = "AUTH_FAILURES_PER_MINUTE", default_value_t = 10)]
     pub auth_failures_per_minute: u32,
 
-    /// Proxies whose `X-Forwarded-For` is believed, as comma-separated CIDRs
+    /// IPv6 clients are counted per network of this prefix length (one
+    /// host usually holds a whole /64); 128 counts each address.
+    #[arg(long, env = "AUTH_FAILURE_IPV6_PREFIX", default_value_t = 64,
+          value_parser = clap::value_parser!(u8).range(1..=128))]
+    pub auth_failure_ipv6_prefix: u8,
+
+    /// Most client addresses (or IPv6 networks) whose failures are tracked
+    /// at once; when full, the least active are forgotten first.
+    #[arg(long, env = "AUTH_FAILURE_TRACKED_MAX", default_value_t = 100_000,
+          value_parser = clap::value_parser!(u64).range(100..=10_000_000))]
+    pub auth_failure_tracked_max: u64,
+
+    /// How long this replica remembers a verified key after its last
+    /// authenticated request (it passes a blocked address meanwhile).
+    #[arg(long, env = "AUTH_VERIFIED_KEY_MEMORY_SECONDS", default_value_t = 600,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub auth_verified_key_memory_seconds: u64,
+
+    /// Proxies whose forwarding header is believed, as comma-separated CIDRs
     /// (e.g. `10.0.0.0/8,192.168.1.10/32`); empty: the peer is the client.
     #[arg(long, env = "TRUSTED_PROXIES", default_value = "")]
     pub trusted_proxies: String,
+
+    /// The header trusted proxies name the client in: `x-forwarded-for`,
+    /// or `forwarded` (RFC 7239).
+    #[arg(long, env = "FORWARDED_HEADER", value_enum, default_value_t = ForwardedHeader::XForwardedFor)]
+    pub forwarded_header: ForwardedHeader,
 
     /// Send webhooks to loopback, private and link-local addresses too (for
     /// development and tests only; production keeps the default, false).
@@ -325,6 +349,21 @@ fn parse_secret(value: &str) -> Result<SecretString, String> {
 pub type PriceList = BTreeMap<String, i64>;
 
 impl Config {
+    /// The address throttle's settings.
+    pub fn guard_settings(&self) -> Result<GuardSettings, String> {
+        Ok(GuardSettings {
+            burst: self.auth_failure_burst,
+            per_minute: self.auth_failures_per_minute,
+            trusted_proxies: self.trusted_proxy_networks()?,
+            forwarded_header: self.forwarded_header,
+            ipv6_prefix: self.auth_failure_ipv6_prefix,
+            tracked_max: usize::try_from(self.auth_failure_tracked_max).unwrap_or(usize::MAX),
+            verified_key_memory: std::time::Duration::from_secs(
+                self.auth_verified_key_memory_seconds,
+            ),
+        })
+    }
+
     /// `TRUSTED_PROXIES` parsed.
     pub fn trusted_proxy_networks(&self) -> Result<Vec<ipnet::IpNet>, String> {
         self.trusted_proxies

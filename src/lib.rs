@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod provider;
 pub mod rate_limit;
+pub mod request_path;
 pub mod routes;
 pub mod scheduler;
 pub mod secrets;

@@ -1,42 +1,45 @@
-//! Request limits (GCRA, the `governor` crate); over a limit: 429
-//! `rate_limited` with `Retry-After`.
+//! Request limits; over a limit: 429 `rate_limited` with `Retry-After`.
 //!
 //! A key's id is printed in places (the audit log, finance's ledger), so an
 //! id alone must open nothing and cost its owner nothing:
 //!
-//! - [`KeyRateLimiter`]: requests per API key, charged only once the key's
-//!   secret is verified — against this replica's memory of verified keys
-//!   (no lookup), or else by the database first. A flood of
-//!   `tbk_<someone's id>_<made-up secret>` never touches that key's bucket.
-//! - [`AuthFailureGuard`]: authentication failures per client address. A
-//!   client that keeps presenting unknown, wrong or revoked keys is
-//!   answered 429 before any database lookup after `AUTH_FAILURE_BURST`
-//!   failures; from a blocked address only a key whose secret matches one
-//!   this replica verified (a constant-time compare of the SHA-256 held in
-//!   memory) still gets through.
+//! - [`KeyRateLimiter`]: requests per API key (GCRA, the `governor`
+//!   crate), charged only once the key's secret is verified — against
+//!   this replica's memory of verified keys (no lookup), or else by the
+//!   database first. A flood of `tbk_<someone's id>_<made-up secret>`
+//!   never touches that key's bucket.
+//! - [`AuthFailureGuard`]: authentication failures per client (an IPv4
+//!   address, or an IPv6 network of `AUTH_FAILURE_IPV6_PREFIX` bits). A
+//!   client that keeps presenting unknown, wrong or revoked keys — the
+//!   bootstrap admin key's guesses included — is answered 429 before any
+//!   database lookup after `AUTH_FAILURE_BURST` failures; from a blocked
+//!   client only a key whose secret matches one this replica verified and
+//!   has seen in use since (a constant-time compare of the SHA-256 held in
+//!   memory, refreshed by each request with that secret) still gets
+//!   through. docs/security.md, "The address throttle", states the rules.
 //!
-//! Every map here is bounded (`TRACKED_MAX` entries): under a flood of
-//! distinct keys or addresses, idle entries are dropped, and past the bound
-//! new ones share one overflow entry, so memory stays flat.
+//! Every map here is bounded: the failure table evicts its least active
+//! entries when full (so it never fails open), the key limiter forgets
+//! idle keys and past its bound lets new ones share one overflow entry.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::num::NonZeroU32;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use governor::clock::{Clock, DefaultClock};
-use governor::middleware::StateInformationMiddleware;
-use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
-use ipnet::IpNet;
+use governor::{DefaultKeyedRateLimiter, Quota};
+use ipnet::{IpNet, Ipv6Net};
 use subtle::ConstantTimeEq;
 use uuid::Uuid;
 
 /// Most entries any limiter or map here keeps.
 pub const TRACKED_MAX: usize = 100_000;
 
-/// How long a verified key is remembered.
-const VERIFIED_KEY_MEMORY: Duration = Duration::from_secs(600);
+/// How long a verified key is remembered by default
+/// (`AUTH_VERIFIED_KEY_MEMORY_SECONDS`).
+pub const VERIFIED_KEY_MEMORY: Duration = Duration::from_secs(600);
 
 /// `Err(seconds to wait)` from a keyed limiter, bounded in size: idle keys
 /// are forgotten when it is full, and past the bound new keys share
@@ -106,7 +109,8 @@ impl KeyRateLimiter {
 
 /// What this replica remembers of a key it verified: the SHA-256 of its
 /// secret (a key's secret never changes, so a presented secret that does
-/// not match is wrong without asking the database) and when.
+/// not match is wrong without asking the database) and when it was last
+/// proven (verified by the database, or presented with that secret).
 struct Remembered {
     secret_hash: [u8; 32],
     at: Instant,
@@ -128,24 +132,120 @@ pub enum Known {
 /// A presented key as the guard sees it: its id and its secret's hash.
 pub type PresentedKey = (Uuid, [u8; 32]);
 
+/// What a request presents, as the guard classifies it before any lookup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Presented {
+    /// No `Authorization` header: only the answer tells whether the route
+    /// needed one.
+    Nothing,
+    /// The bootstrap `ADMIN_API_KEY` (compared in constant time).
+    Bootstrap,
+    /// A well-formed API key: its id and its secret's hash.
+    Key(PresentedKey),
+    /// A key that is neither the bootstrap key nor well formed: certainly
+    /// a failure, whatever the database holds.
+    Refused,
+}
+
+/// Which header a trusted proxy names the client in (`FORWARDED_HEADER`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ForwardedHeader {
+    /// `X-Forwarded-For: client, proxy1, …` (every header line, in order).
+    #[default]
+    #[value(name = "x-forwarded-for")]
+    XForwardedFor,
+    /// RFC 7239 `Forwarded: for=client;proto=https, for=proxy1`.
+    #[value(name = "forwarded")]
+    Forwarded,
+}
+
+impl ForwardedHeader {
+    /// The header's name, lower case.
+    pub fn name(self) -> &'static str {
+        match self {
+            ForwardedHeader::XForwardedFor => "x-forwarded-for",
+            ForwardedHeader::Forwarded => "forwarded",
+        }
+    }
+}
+
+/// The address throttle's settings (`config.rs` holds their defaults).
+#[derive(Clone, Debug)]
+pub struct GuardSettings {
+    /// Failures an address may cause at once; 0 disables the throttle.
+    pub burst: u32,
+    /// Failures an address regains per minute.
+    pub per_minute: u32,
+    /// Proxies whose forwarding header is believed.
+    pub trusted_proxies: Vec<IpNet>,
+    pub forwarded_header: ForwardedHeader,
+    /// IPv6 clients are counted per network of this prefix length.
+    pub ipv6_prefix: u8,
+    /// Most addresses (or IPv6 networks) tracked at once.
+    pub tracked_max: usize,
+    /// How long a verified key is remembered after its last proof.
+    pub verified_key_memory: Duration,
+}
+
+impl GuardSettings {
+    /// The throttle with `burst` and `per_minute`, other settings default.
+    pub fn new(burst: u32, per_minute: u32) -> GuardSettings {
+        GuardSettings {
+            burst,
+            per_minute,
+            trusted_proxies: Vec::new(),
+            forwarded_header: ForwardedHeader::XForwardedFor,
+            ipv6_prefix: 64,
+            tracked_max: TRACKED_MAX,
+            verified_key_memory: VERIFIED_KEY_MEMORY,
+        }
+    }
+}
+
+/// One client address (or IPv6 network) with failures: how many are
+/// outstanding (they drain at `per_minute`), when that was computed, and
+/// until when it is blocked.
+#[derive(Clone, Copy, Debug)]
+struct Offender {
+    level: f64,
+    updated: Instant,
+    blocked_until: Option<Instant>,
+}
+
+impl Offender {
+    /// Outstanding failures at `now`.
+    fn level_at(&self, now: Instant, per_second: f64) -> f64 {
+        let drained = now.saturating_duration_since(self.updated).as_secs_f64() * per_second;
+        (self.level - drained).max(0.0)
+    }
+
+    fn blocked_at(&self, now: Instant) -> Option<Instant> {
+        self.blocked_until.filter(|until| *until > now)
+    }
+
+    /// Forgettable: nothing outstanding and not blocked.
+    fn idle_at(&self, now: Instant, per_second: f64) -> bool {
+        self.blocked_at(now).is_none() && self.level_at(now, per_second) <= 0.0
+    }
+}
+
 /// Authentication failures per client address, and the memory of keys
 /// this replica has verified.
+///
+/// The failure table is bounded (`tracked_max`) and never fails open: when
+/// it is full, idle entries are dropped first, then the least active tenth
+/// (not blocked before blocked, fewest outstanding failures first, oldest
+/// first), so a new address always gets its own entry and the busiest
+/// offenders stay blocked.
 pub struct AuthFailureGuard {
-    failures: Option<FailureLimiter>,
-    /// How long an address stays blocked once over its failure quota.
-    block_for: Duration,
-    trusted_proxies: Vec<IpNet>,
-    /// Addresses over their failure quota, and until when.
-    blocked: Mutex<HashMap<IpAddr, Instant>>,
+    settings: GuardSettings,
+    /// Failures drained per second.
+    per_second: f64,
+    offenders: Mutex<HashMap<IpAddr, Offender>>,
     /// Keys this replica verified recently: they pass a blocked address,
     /// and only they are charged to their own rate bucket.
     verified: Mutex<HashMap<Uuid, Remembered>>,
 }
-
-type FailureLimiter = DefaultKeyedRateLimiter<IpAddr, StateInformationMiddleware>;
-
-/// The address that stands for all new ones once the maps are full.
-const OVERFLOW_ADDRESS: IpAddr = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
 
 /// Whole seconds to wait, rounded up.
 fn seconds_until(until: Instant, now: Instant) -> u64 {
@@ -153,65 +253,123 @@ fn seconds_until(until: Instant, now: Instant) -> u64 {
     wait.as_secs() + u64::from(wait.subsec_nanos() > 0)
 }
 
+/// One hop of `X-Forwarded-For`: an address, with or without a port
+/// (`192.0.2.1:4711`, `[2001:db8::1]:4711`, `[2001:db8::1]`).
+fn parse_hop(hop: &str) -> Option<IpAddr> {
+    let hop = hop.trim();
+    hop.parse::<IpAddr>()
+        .ok()
+        .or_else(|| hop.parse::<SocketAddr>().ok().map(|socket| socket.ip()))
+        .or_else(|| {
+            hop.strip_prefix('[')
+                .and_then(|rest| rest.strip_suffix(']'))
+                .and_then(|inner| inner.parse::<Ipv6Addr>().ok())
+                .map(IpAddr::V6)
+        })
+}
+
 impl AuthFailureGuard {
     /// `burst` failures, then blocked until one more is allowed, at
     /// `per_minute` per minute; `burst` = 0 disables the throttle (the
     /// memory of verified keys still serves the rate limit).
-    pub fn new(burst: u32, per_minute: u32, trusted_proxies: Vec<IpNet>) -> AuthFailureGuard {
-        let rate = NonZeroU32::new(per_minute.max(1)).unwrap_or(NonZeroU32::MIN);
-        let quota = NonZeroU32::new(burst).map(|burst| Quota::per_minute(rate).allow_burst(burst));
+    pub fn new(settings: GuardSettings) -> AuthFailureGuard {
+        let per_second = f64::from(settings.per_minute.max(1)) / 60.0;
         AuthFailureGuard {
-            failures: quota.map(|quota| {
-                RateLimiter::keyed(quota).with_middleware::<StateInformationMiddleware>()
-            }),
-            block_for: Quota::per_minute(rate).replenish_interval(),
-            trusted_proxies,
-            blocked: Mutex::new(HashMap::new()),
+            settings,
+            per_second,
+            offenders: Mutex::new(HashMap::new()),
             verified: Mutex::new(HashMap::new()),
         }
     }
 
+    fn enabled(&self) -> bool {
+        self.settings.burst > 0
+    }
+
     fn trusted(&self, address: IpAddr) -> bool {
-        self.trusted_proxies
+        self.settings
+            .trusted_proxies
             .iter()
             .any(|network| network.contains(&address))
     }
 
+    /// The forwarding header this guard reads (`FORWARDED_HEADER`).
+    pub fn forwarded_header(&self) -> ForwardedHeader {
+        self.settings.forwarded_header
+    }
+
+    /// The hops a forwarding header names, left (the client, as far as the
+    /// first proxy knew) to right (the proxy nearest to us); `None` for a
+    /// hop that names no address (`unknown`, an obfuscated name, garbage).
+    /// Every header line counts, joined in order (RFC 9110 §5.3).
+    fn hops(&self, lines: &[&str]) -> Vec<Option<IpAddr>> {
+        match self.settings.forwarded_header {
+            ForwardedHeader::XForwardedFor => lines
+                .iter()
+                .flat_map(|line| line.split(','))
+                .filter(|hop| !hop.trim().is_empty())
+                .map(parse_hop)
+                .collect(),
+            ForwardedHeader::Forwarded => lines
+                .iter()
+                .flat_map(|line| rfc7239::parse(line))
+                .map(|element| {
+                    element
+                        .ok()
+                        .and_then(|element| element.forwarded_for)
+                        .and_then(|node| node.ip().copied())
+                })
+                .collect(),
+        }
+    }
+
     /// The client's address: the peer's, or — when the peer is a trusted
-    /// proxy — the nearest `X-Forwarded-For` hop (read from the right) that
-    /// is not a trusted proxy. Hops left of it could be anything the client
-    /// wrote, so they are never believed.
-    pub fn client_address(
-        &self,
-        peer: Option<IpAddr>,
-        forwarded_for: Option<&str>,
-    ) -> Option<IpAddr> {
-        let peer = peer?;
+    /// proxy — the right-most hop of the forwarding header that is not a
+    /// trusted proxy. Hops left of it could be anything the client wrote,
+    /// so they are never believed; a hop that names no address stops the
+    /// walk at the last trusted proxy.
+    pub fn client_address(&self, peer: Option<IpAddr>, lines: &[&str]) -> Option<IpAddr> {
+        let peer = peer?.to_canonical();
         if !self.trusted(peer) {
             return Some(peer);
         }
-        let Some(forwarded_for) = forwarded_for else {
-            return Some(peer);
-        };
         let mut client = peer;
-        for hop in forwarded_for.rsplit(',') {
-            let Ok(address) = hop.trim().parse::<IpAddr>() else {
+        for hop in self.hops(lines).into_iter().rev() {
+            let Some(address) = hop else {
                 break;
             };
-            client = address;
-            if !self.trusted(address) {
+            client = address.to_canonical();
+            if !self.trusted(client) {
                 break;
             }
         }
         Some(client)
     }
 
-    /// What this replica knows of a presented key, from memory only.
+    /// What failures are counted against: an IPv4 address, or the IPv6
+    /// network of `ipv6_prefix` bits that holds the address (one host
+    /// usually has a whole /64).
+    pub fn subject(&self, client: IpAddr) -> IpAddr {
+        match client.to_canonical() {
+            IpAddr::V6(address) => {
+                let prefix = self.settings.ipv6_prefix.min(128);
+                Ipv6Net::new(address, prefix)
+                    .map_or(IpAddr::V6(address), |network| IpAddr::V6(network.network()))
+            }
+            v4 => v4,
+        }
+    }
+
+    /// What this replica knows of a presented key, from memory only. A
+    /// match proves the key again: its memory is refreshed, so a key in
+    /// use is never forgotten (only by its secret, never by its id alone).
     pub fn recognise(&self, (id, secret_hash): &PresentedKey) -> Known {
-        let verified = self.verified.lock().unwrap_or_else(PoisonError::into_inner);
-        match verified.get(id) {
-            Some(remembered) if remembered.at.elapsed() < VERIFIED_KEY_MEMORY => {
+        let memory = self.settings.verified_key_memory;
+        let mut verified = self.verified.lock().unwrap_or_else(PoisonError::into_inner);
+        match verified.get_mut(id) {
+            Some(remembered) if remembered.at.elapsed() < memory => {
                 if bool::from(remembered.secret_hash.ct_eq(secret_hash)) {
+                    remembered.at = Instant::now();
                     Known::Verified
                 } else {
                     Known::WrongSecret
@@ -223,10 +381,11 @@ impl AuthFailureGuard {
 
     /// The database has just verified this key (id and secret).
     pub fn remember(&self, (id, secret_hash): &PresentedKey) {
+        let memory = self.settings.verified_key_memory;
         let mut verified = self.verified.lock().unwrap_or_else(PoisonError::into_inner);
-        if verified.len() >= TRACKED_MAX && !verified.contains_key(id) {
-            verified.retain(|_, remembered| remembered.at.elapsed() < VERIFIED_KEY_MEMORY);
-            if verified.len() >= TRACKED_MAX {
+        if verified.len() >= self.settings.tracked_max && !verified.contains_key(id) {
+            verified.retain(|_, remembered| remembered.at.elapsed() < memory);
+            if verified.len() >= self.settings.tracked_max {
                 return;
             }
         }
@@ -249,95 +408,155 @@ impl AuthFailureGuard {
             .remove(id);
     }
 
-    /// Before any lookup: `Err(seconds to wait)` when `client` is blocked,
-    /// unless the presented key's secret matches one this replica verified
-    /// (memory only, no database lookup). A key id alone opens nothing.
-    pub fn admit(&self, client: IpAddr, presented: Option<&PresentedKey>) -> Result<(), u64> {
-        if self.failures.is_none() {
-            return Ok(());
+    /// Before any lookup. `Err(seconds to wait)` when the client is
+    /// blocked, unless it presents a key whose secret this replica verified
+    /// (memory only; a key id alone opens nothing, and the bootstrap key,
+    /// whose secret may be short, is never remembered: it is blocked like
+    /// a guess). `Ok(true)` when the request was counted as a failure
+    /// here, before its answer — a key that is neither the bootstrap key
+    /// nor well formed, or a remembered id with another secret, is a
+    /// failure whatever the database holds — so concurrent guesses cannot
+    /// outrun the count; `Ok(false)`: the answer decides ([`record`]).
+    ///
+    /// [`record`]: AuthFailureGuard::record
+    pub fn admit(&self, client: IpAddr, presented: &Presented) -> Result<bool, u64> {
+        if !self.enabled() {
+            return Ok(false);
         }
-        let now = Instant::now();
-        let until = {
-            let blocked = self.blocked.lock().unwrap_or_else(PoisonError::into_inner);
-            match blocked.get(&client) {
-                Some(until) if *until > now => *until,
-                _ => return Ok(()),
-            }
+        let verified = match presented {
+            Presented::Key(key) => self.recognise(key),
+            _ => Known::Unknown,
         };
-        if presented.is_some_and(|key| self.recognise(key) == Known::Verified) {
-            return Ok(());
+        let subject = self.subject(client);
+        let now = Instant::now();
+        let mut offenders = self
+            .offenders
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(until) = offenders.get(&subject).and_then(|o| o.blocked_at(now)) {
+            if verified == Known::Verified {
+                return Ok(false);
+            }
+            return Err(seconds_until(until, now));
         }
-        Err(seconds_until(until, now))
+        let certain_failure =
+            matches!(presented, Presented::Refused) || verified == Known::WrongSecret;
+        if certain_failure {
+            self.count(&mut offenders, subject, now);
+        }
+        Ok(certain_failure)
     }
 
-    /// After the answer: a 401 counts against the client's quota; the
-    /// failure that uses its last allowance blocks the client until the
-    /// quota lets one more through (so `burst` failures, then 429).
+    /// After the answer: a 401 counts against the client's quota (unless
+    /// [`admit`] counted it already); the failure that uses its last
+    /// allowance blocks the client until the quota lets one more through
+    /// (so `burst` failures, then 429).
+    ///
+    /// [`admit`]: AuthFailureGuard::admit
     pub fn record(&self, client: IpAddr, status: u16) {
-        let Some(failures) = &self.failures else {
-            return;
-        };
-        if status != 401 {
+        if !self.enabled() || status != 401 {
             return;
         }
-        if failures.len() >= TRACKED_MAX {
-            failures.retain_recent();
+        let subject = self.subject(client);
+        let mut offenders = self
+            .offenders
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        self.count(&mut offenders, subject, Instant::now());
+    }
+
+    /// One more failure for `subject`; blocks it at the burst.
+    fn count(&self, offenders: &mut HashMap<IpAddr, Offender>, subject: IpAddr, now: Instant) {
+        if !offenders.contains_key(&subject) && offenders.len() >= self.settings.tracked_max {
+            self.make_room(offenders, now);
         }
-        let client = if failures.len() >= TRACKED_MAX {
-            OVERFLOW_ADDRESS
-        } else {
-            client
-        };
-        let now = Instant::now();
-        let until = match failures.check_key(&client) {
-            Ok(snapshot) if snapshot.remaining_burst_capacity() > 0 => return,
-            Ok(_) => now + self.block_for,
-            Err(not_until) => {
-                now + not_until
-                    .wait_time_from(DefaultClock::default().now())
-                    .max(Duration::from_millis(1))
-            }
-        };
-        let mut blocked = self.blocked.lock().unwrap_or_else(PoisonError::into_inner);
-        if blocked.len() >= TRACKED_MAX && !blocked.contains_key(&client) {
-            blocked.retain(|_, until| *until > now);
-            if blocked.len() >= TRACKED_MAX {
-                return;
-            }
+        let offender = offenders.entry(subject).or_insert(Offender {
+            level: 0.0,
+            updated: now,
+            blocked_until: None,
+        });
+        let level = offender.level_at(now, self.per_second) + 1.0;
+        offender.level = level;
+        offender.updated = now;
+        // Blocked once less than one failure is left of the burst (the
+        // level drains continuously, so "at the burst" is "above it less
+        // one").
+        let burst = f64::from(self.settings.burst);
+        if level > burst - 1.0 {
+            // Blocked until one failure has drained below the burst.
+            let wait = (level - (burst - 1.0)) / self.per_second;
+            let until = now + Duration::from_secs_f64(wait.max(0.001));
+            offender.blocked_until = Some(offender.blocked_at(now).map_or(until, |u| u.max(until)));
         }
-        blocked.insert(client, until);
+    }
+
+    /// The table is full: drop idle entries, then the least active tenth.
+    fn make_room(&self, offenders: &mut HashMap<IpAddr, Offender>, now: Instant) {
+        let per_second = self.per_second;
+        offenders.retain(|_, offender| !offender.idle_at(now, per_second));
+        if offenders.len() < self.settings.tracked_max {
+            return;
+        }
+        let mut ranked: Vec<(bool, f64, Instant, IpAddr)> = offenders
+            .iter()
+            .map(|(subject, offender)| {
+                (
+                    offender.blocked_at(now).is_some(),
+                    offender.level_at(now, per_second),
+                    offender.updated,
+                    *subject,
+                )
+            })
+            .collect();
+        let evict = (self.settings.tracked_max / 10).max(1).min(ranked.len());
+        ranked.select_nth_unstable_by(evict - 1, |a, b| {
+            (a.0, a.1, a.2)
+                .partial_cmp(&(b.0, b.1, b.2))
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
+        for (_, _, _, subject) in &ranked[..evict] {
+            offenders.remove(subject);
+        }
     }
 
     /// Forgets what no longer matters (called periodically).
     pub fn forget_idle(&self) {
         let now = Instant::now();
-        if let Some(failures) = &self.failures {
-            failures.retain_recent();
-            failures.shrink_to_fit();
-        }
-        self.blocked
+        let per_second = self.per_second;
+        let mut offenders = self
+            .offenders
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .retain(|_, until| *until > now);
+            .unwrap_or_else(PoisonError::into_inner);
+        offenders.retain(|_, offender| !offender.idle_at(now, per_second));
+        offenders.shrink_to_fit();
+        drop(offenders);
+        let memory = self.settings.verified_key_memory;
         self.verified
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .retain(|_, remembered| remembered.at.elapsed() < VERIFIED_KEY_MEMORY);
+            .retain(|_, remembered| remembered.at.elapsed() < memory);
     }
 
-    /// Entries tracked now: (failure quotas, blocked, verified keys).
+    /// Entries tracked now: (addresses with failures, blocked, verified keys).
     pub fn tracked(&self) -> (usize, usize, usize) {
-        (
-            self.failures.as_ref().map_or(0, |failures| failures.len()),
-            self.blocked
+        let now = Instant::now();
+        let (tracked, blocked) = {
+            let offenders = self
+                .offenders
                 .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .len(),
-            self.verified
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .len(),
-        )
+                .unwrap_or_else(PoisonError::into_inner);
+            let blocked = offenders
+                .values()
+                .filter(|offender| offender.blocked_at(now).is_some())
+                .count();
+            (offenders.len(), blocked)
+        };
+        let verified = self
+            .verified
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len();
+        (tracked, blocked, verified)
     }
 }
 
@@ -362,31 +581,50 @@ mod tests {
         assert!((0..1000).all(|_| unlimited.check("a").is_ok()));
     }
 
+    fn guard(burst: u32, per_minute: u32) -> AuthFailureGuard {
+        AuthFailureGuard::new(GuardSettings::new(burst, per_minute))
+    }
+
     #[test]
     fn failures_block_an_address_at_the_burst_but_not_a_verified_key() {
-        let guard = AuthFailureGuard::new(5, 6, Vec::new());
+        let guard = guard(5, 6);
         let client: IpAddr = "203.0.113.7".parse().expect("ip");
         let other: IpAddr = "203.0.113.8".parse().expect("ip");
         let good: PresentedKey = (Uuid::new_v4(), [7; 32]);
-        let good_id_wrong_secret: PresentedKey = (good.0, [8; 32]);
-        let made_up: PresentedKey = (Uuid::new_v4(), [9; 32]);
+        let good_id_wrong_secret = Presented::Key((good.0, [8; 32]));
+        let made_up = Presented::Key((Uuid::new_v4(), [9; 32]));
         guard.remember(&good);
         for failure in 0..5 {
-            assert_eq!(guard.admit(client, Some(&made_up)), Ok(()), "{failure}");
+            assert_eq!(guard.admit(client, &made_up), Ok(false), "{failure}");
             guard.record(client, 401);
         }
         // Five failures (the burst) and the sixth request is refused.
-        assert!(guard.admit(client, Some(&made_up)).is_err());
-        assert!(guard.admit(client, None).is_err());
-        assert_eq!(guard.admit(client, Some(&good)), Ok(()));
-        // The id of a verified key with another secret opens nothing.
-        assert!(guard.admit(client, Some(&good_id_wrong_secret)).is_err());
-        assert_eq!(guard.admit(other, Some(&made_up)), Ok(()));
+        assert!(guard.admit(client, &made_up).is_err());
+        assert!(guard.admit(client, &Presented::Nothing).is_err());
+        assert_eq!(guard.admit(client, &Presented::Key(good)), Ok(false));
+        // The id of a verified key with another secret opens nothing, and
+        // the bootstrap key is blocked like a guess.
+        assert!(guard.admit(client, &good_id_wrong_secret).is_err());
+        assert!(guard.admit(client, &Presented::Bootstrap).is_err());
+        assert_eq!(guard.admit(other, &made_up), Ok(false));
+    }
+
+    #[test]
+    fn certain_failures_are_counted_before_the_answer() {
+        let guard = guard(3, 1);
+        let client: IpAddr = "203.0.113.9".parse().expect("ip");
+        // Three concurrent guesses are admitted and counted at once; the
+        // fourth is refused before any of them is answered.
+        for _ in 0..3 {
+            assert_eq!(guard.admit(client, &Presented::Refused), Ok(true));
+        }
+        assert!(guard.admit(client, &Presented::Refused).is_err());
+        assert!(guard.admit(client, &Presented::Bootstrap).is_err());
     }
 
     #[test]
     fn the_memory_knows_a_key_by_its_secret_not_its_id() {
-        let guard = AuthFailureGuard::new(0, 0, Vec::new());
+        let guard = guard(0, 0);
         let key: PresentedKey = (Uuid::new_v4(), [1; 32]);
         assert_eq!(guard.recognise(&key), Known::Unknown);
         guard.remember(&key);
@@ -398,24 +636,108 @@ mod tests {
     }
 
     #[test]
+    fn the_memory_is_refreshed_by_each_proof() {
+        let mut settings = GuardSettings::new(0, 0);
+        settings.verified_key_memory = Duration::from_millis(300);
+        let guard = AuthFailureGuard::new(settings);
+        let key: PresentedKey = (Uuid::new_v4(), [1; 32]);
+        guard.remember(&key);
+        for _ in 0..5 {
+            std::thread::sleep(Duration::from_millis(100));
+            assert_eq!(guard.recognise(&key), Known::Verified);
+        }
+        // A wrong secret for the id proves nothing and refreshes nothing.
+        for _ in 0..2 {
+            std::thread::sleep(Duration::from_millis(100));
+            assert_eq!(guard.recognise(&(key.0, [2; 32])), Known::WrongSecret);
+        }
+        std::thread::sleep(Duration::from_millis(150));
+        assert_eq!(guard.recognise(&key), Known::Unknown);
+    }
+
+    #[test]
+    fn a_full_table_evicts_the_least_active_and_still_blocks() {
+        let mut settings = GuardSettings::new(3, 1);
+        settings.tracked_max = 100;
+        let guard = AuthFailureGuard::new(settings);
+        let busy: IpAddr = "198.51.100.1".parse().expect("ip");
+        for _ in 0..3 {
+            guard.record(busy, 401);
+        }
+        for n in 0..1000_u32 {
+            let address = IpAddr::V4(std::net::Ipv4Addr::from(0x0a00_0000 + n));
+            guard.record(address, 401);
+        }
+        assert!(guard.tracked().0 <= 100, "{:?}", guard.tracked());
+        assert!(guard.admit(busy, &Presented::Nothing).is_err());
+        let fresh: IpAddr = "192.0.2.200".parse().expect("ip");
+        for _ in 0..3 {
+            assert!(guard.admit(fresh, &Presented::Nothing).is_ok());
+            guard.record(fresh, 401);
+        }
+        assert!(guard.admit(fresh, &Presented::Nothing).is_err());
+    }
+
+    #[test]
+    fn ipv6_is_counted_per_network() {
+        let guard = guard(2, 1);
+        let one: IpAddr = "2001:db8:1:2::1".parse().expect("ip");
+        let same_64: IpAddr = "2001:db8:1:2:ffff::9".parse().expect("ip");
+        let other_64: IpAddr = "2001:db8:1:3::1".parse().expect("ip");
+        guard.record(one, 401);
+        guard.record(same_64, 401);
+        assert!(guard.admit(one, &Presented::Nothing).is_err());
+        assert!(guard.admit(same_64, &Presented::Nothing).is_err());
+        assert!(guard.admit(other_64, &Presented::Nothing).is_ok());
+        let mapped: IpAddr = "::ffff:192.0.2.1".parse().expect("ip");
+        assert_eq!(
+            guard.subject(mapped),
+            "192.0.2.1".parse::<IpAddr>().expect("ip")
+        );
+    }
+
+    #[test]
     fn forwarded_for_is_believed_only_from_trusted_proxies() {
-        let proxies = vec!["10.0.0.0/8".parse().expect("cidr")];
-        let guard = AuthFailureGuard::new(5, 6, proxies);
+        let mut settings = GuardSettings::new(5, 6);
+        settings.trusted_proxies = vec!["10.0.0.0/8".parse().expect("cidr")];
+        let guard = AuthFailureGuard::new(settings.clone());
         let proxy: IpAddr = "10.1.2.3".parse().expect("ip");
         let stranger: IpAddr = "198.51.100.1".parse().expect("ip");
-        let client = |peer, header| guard.client_address(Some(peer), header).expect("address");
-        assert_eq!(client(stranger, Some("192.0.2.1")), stranger);
-        assert_eq!(client(proxy, None), proxy);
-        assert_eq!(
-            client(proxy, Some("192.0.2.1")),
-            "192.0.2.1".parse::<IpAddr>().expect("ip")
-        );
+        let ip = |text: &str| text.parse::<IpAddr>().expect("ip");
+        let client = |peer, lines: &[&str]| guard.client_address(Some(peer), lines).expect("ip");
+        assert_eq!(client(stranger, &["192.0.2.1"]), stranger);
+        assert_eq!(client(proxy, &[]), proxy);
+        assert_eq!(client(proxy, &["192.0.2.1"]), ip("192.0.2.1"));
         // A hop the client wrote itself, left of the real one, is ignored.
         assert_eq!(
-            client(proxy, Some("1.1.1.1, 192.0.2.1, 10.9.9.9")),
-            "192.0.2.1".parse::<IpAddr>().expect("ip")
+            client(proxy, &["1.1.1.1, 192.0.2.1, 10.9.9.9"]),
+            ip("192.0.2.1")
         );
-        assert_eq!(client(proxy, Some("garbage")), proxy);
+        assert_eq!(client(proxy, &["garbage"]), proxy);
+        // Every line, in order: the last line's hops are the nearest.
+        assert_eq!(client(proxy, &["6.6.6.6", "192.0.2.7"]), ip("192.0.2.7"));
+        // Hops with ports.
+        assert_eq!(client(proxy, &["8.8.4.4:1234"]), ip("8.8.4.4"));
+        assert_eq!(client(proxy, &["[2001:db8::5]:443"]), ip("2001:db8::5"));
+        assert_eq!(client(proxy, &["[2001:db8::6]"]), ip("2001:db8::6"));
+
+        settings.forwarded_header = ForwardedHeader::Forwarded;
+        let guard = AuthFailureGuard::new(settings);
+        let client = |peer, lines: &[&str]| guard.client_address(Some(peer), lines).expect("ip");
+        assert_eq!(
+            client(
+                proxy,
+                &[
+                    "for=6.6.6.6",
+                    "for=\"[2001:db8::7]:80\";proto=https, for=10.0.0.9"
+                ]
+            ),
+            ip("2001:db8::7")
+        );
+        // Unquoted with a port is not RFC 7239, but unambiguous.
+        assert_eq!(client(proxy, &["for=192.0.2.3:80"]), ip("192.0.2.3"));
+        assert_eq!(client(proxy, &["for=\"192.0.2.3:80\""]), ip("192.0.2.3"));
+        assert_eq!(client(proxy, &["for=unknown"]), proxy);
     }
 
     #[test]

@@ -12,7 +12,6 @@ use actix_web::middleware::{ErrorHandlerResponse, ErrorHandlers};
 use actix_web::{web, App, HttpRequest, HttpServer, ResponseError};
 
 use crate::config::BODY_LIMIT_BYTES;
-use crate::domain::api_keys::Credentials;
 use crate::error::ApiError;
 use crate::provider::AnyProvider;
 use crate::routes;
@@ -76,8 +75,10 @@ fn problem_json_for_framework_errors<B>(
 /// Authentication failures per client address (`AuthFailureGuard`): a
 /// blocked client is answered 429 before any handler runs (so before any
 /// database lookup), unless it presents a key whose secret this replica
-/// has verified; every `/v1` answer is recorded afterwards (a 401 counts
-/// against the address). The bootstrap admin key is never throttled here.
+/// has verified. Every key is throttled, the bootstrap admin key included;
+/// a failure certain before any lookup (a key that is neither the
+/// bootstrap key nor well formed) is counted before the answer, every
+/// other `/v1` answer afterwards (a 401 counts against the address).
 fn guard_authentication_failures<S>(
     request: actix_web::dev::ServiceRequest,
     service: &S,
@@ -95,21 +96,18 @@ where
     let guarded = state
         .filter(|_| request.path().starts_with("/v1/"))
         .and_then(|state| {
-            let presented = routes::bearer_key(request.request());
-            let bootstrap = presented.is_some_and(|key| state.is_bootstrap_key(key));
-            let forwarded_for = request
+            let presented = routes::presented_to_the_guard(&state, request.request());
+            let lines: Vec<&str> = request
                 .headers()
-                .get("x-forwarded-for")
-                .and_then(|value| value.to_str().ok());
+                .get_all(state.auth_guard.forwarded_header().name())
+                .filter_map(|value| value.to_str().ok())
+                .collect();
             let client = state
                 .auth_guard
-                .client_address(request.peer_addr().map(|peer| peer.ip()), forwarded_for)?;
-            let key = presented
-                .and_then(Credentials::parse)
-                .and_then(|credentials| credentials.presented());
-            (!bootstrap).then_some((state, client, key))
+                .client_address(request.peer_addr().map(|peer| peer.ip()), &lines)?;
+            Some((state, client, presented))
         });
-    let Some((state, client, key)) = guarded else {
+    let Some((state, client, presented)) = guarded else {
         return service
             .call(request)
             .map(|response| {
@@ -122,18 +120,21 @@ where
             })
             .boxed_local();
     };
-    if let Err(retry_after_seconds) = state.auth_guard.admit(client, key.as_ref()) {
-        state
-            .metrics
-            .auth_failures_total
-            .with_label_values(&["throttled"])
-            .inc();
-        let response = ApiError::AddressThrottled {
-            retry_after_seconds,
+    let counted = match state.auth_guard.admit(client, &presented) {
+        Ok(counted) => counted,
+        Err(retry_after_seconds) => {
+            state
+                .metrics
+                .auth_failures_total
+                .with_label_values(&["throttled"])
+                .inc();
+            let response = ApiError::AddressThrottled {
+                retry_after_seconds,
+            }
+            .error_response();
+            return std::future::ready(Ok(request.into_response(response))).boxed_local();
         }
-        .error_response();
-        return std::future::ready(Ok(request.into_response(response))).boxed_local();
-    }
+    };
     let response = service.call(request);
     async move {
         let response = response.await?;
@@ -145,11 +146,39 @@ where
                 .with_label_values(&["unauthorized"])
                 .inc();
         }
-        state.auth_guard.record(client, status);
+        if !counted {
+            state.auth_guard.record(client, status);
+        }
         routes::remember_verified_by_the_answer(&state, response.request(), status);
         Ok(response)
     }
     .boxed_local()
+}
+
+/// Replaces the request's path by its canonical form
+/// (`request_path::canonical`) before anything reads it; `Err` is the 400
+/// to answer instead.
+fn canonicalise_path(request: &mut actix_web::dev::ServiceRequest) -> Result<(), ApiError> {
+    let canonical =
+        crate::request_path::canonical(request.path()).map_err(ApiError::InvalidRequest)?;
+    let Some(path) = canonical else {
+        return Ok(());
+    };
+    let path_and_query = match request.uri().query() {
+        Some(query) => format!("{path}?{query}"),
+        None => path,
+    };
+    let mut parts = request.uri().clone().into_parts();
+    parts.path_and_query = Some(
+        path_and_query
+            .parse()
+            .map_err(|_| ApiError::InvalidRequest("the path is not a valid URI path".into()))?,
+    );
+    let uri = actix_web::http::Uri::from_parts(parts)
+        .map_err(|_| ApiError::InvalidRequest("the path is not a valid URI path".into()))?;
+    request.match_info_mut().get_mut().update(&uri);
+    request.head_mut().uri = uri;
+    Ok(())
 }
 
 /// `HEAD` on a `GET` route answers as `GET` would, without the body (RFC
@@ -189,10 +218,12 @@ pub fn build_server(state: Arc<AppState>, workers: usize) -> anyhow::Result<(Ser
             .wrap_fn(head_as_get)
             .wrap_fn(guard_authentication_failures)
             .wrap(ErrorHandlers::new().default_handler(problem_json_for_framework_errors))
-            .wrap_fn(|request, service| {
-                // Request id, log line and metrics; metrics are labelled by
-                // route pattern, never by the raw path.
+            .wrap_fn(|mut request, service| {
+                // The canonical path first (every check below reads it),
+                // then request id, log line and metrics; metrics are
+                // labelled by route pattern, never by the raw path.
                 let started = std::time::Instant::now();
+                let refused = canonicalise_path(&mut request).err();
                 let route = request
                     .match_pattern()
                     .unwrap_or_else(|| "unmatched".to_owned());
@@ -208,8 +239,15 @@ pub fn build_server(state: Arc<AppState>, workers: usize) -> anyhow::Result<(Ser
                     .map(|state| Arc::clone(&state.metrics));
                 let header_value = header::HeaderValue::from_str(&request_id).ok();
                 let span = telemetry::request_span(&request_id, &method, &route);
-                let response = telemetry::sync_scope(request_id.clone(), || {
-                    actix_web::dev::Service::call(service, request)
+                let response = telemetry::sync_scope(request_id.clone(), || match refused {
+                    Some(error) => {
+                        futures_util::future::Either::Left(std::future::ready(Ok(request
+                            .into_response(error.error_response())
+                            .map_into_right_body())))
+                    }
+                    None => futures_util::future::Either::Right(actix_web::dev::Service::call(
+                        service, request,
+                    )),
                 });
                 let response = telemetry::scope(request_id, response);
                 async move {

@@ -532,7 +532,7 @@ impl Worker {
             Some(prediction_id) => match self.observed(provider.fetch(prediction_id)).await {
                 Ok(prediction) => Some(prediction),
                 Err(ProviderError::NotFound) => None,
-                Err(error) => return provider_error(error),
+                Err(error) => return provider_error(job, error),
             },
             None => None,
         };
@@ -559,7 +559,7 @@ impl Worker {
                     }
                     prediction
                 }
-                Err(error) => return provider_error(error),
+                Err(error) => return provider_error(job, error),
             },
         };
         let mut poll = PROVIDER_POLL_INITIAL;
@@ -568,8 +568,8 @@ impl Worker {
                 PredictionStatus::Succeeded(output) => {
                     return Attempt::Succeeded(prediction, output)
                 }
-                PredictionStatus::Failed(message) => {
-                    return Attempt::Failed(JobError::new("provider_failed", message))
+                PredictionStatus::Failed(detail) => {
+                    return Attempt::Failed(kiosk_visible(job, "provider_failed", &detail))
                 }
                 PredictionStatus::Pending => {}
             }
@@ -577,7 +577,7 @@ impl Worker {
             poll = (poll * 5 / 4).min(PROVIDER_POLL_MAX);
             prediction = match self.observed(provider.fetch(&prediction.id)).await {
                 Ok(prediction) => prediction,
-                Err(error) => return provider_error(error),
+                Err(error) => return provider_error(job, error),
             };
         }
     }
@@ -608,18 +608,38 @@ fn record_finished(metrics: &Metrics, job: &JobRow, status: JobStatus) {
         .observe(elapsed.num_milliseconds().max(0) as f64 / 1000.0);
 }
 
-fn provider_error(error: ProviderError) -> Attempt {
+fn provider_error(job: &JobRow, error: ProviderError) -> Attempt {
     match error {
         ProviderError::Retryable { code, message } => {
-            Attempt::Retryable(JobError::new(code, message))
+            Attempt::Retryable(kiosk_visible(job, code, &message))
         }
         ProviderError::Rejected(message) => {
-            Attempt::Failed(JobError::new("provider_rejected", message))
+            Attempt::Failed(kiosk_visible(job, "provider_rejected", &message))
         }
-        ProviderError::NotFound => Attempt::Retryable(JobError::new(
+        ProviderError::NotFound => Attempt::Retryable(kiosk_visible(
+            job,
             "provider_unavailable",
             "the provider lost the prediction",
         )),
+    }
+}
+
+/// The error a kiosk reads (the job's `error`, `job.failed`): the code, in
+/// the service's own words. The provider's words (`detail`: its answers,
+/// the transport's errors, which may name its URL) go to the admins' log
+/// only.
+fn kiosk_visible(job: &JobRow, code: &'static str, detail: &str) -> JobError {
+    tracing::warn!(job_id = %job.id, code, detail, "provider attempt failed");
+    JobError::new(code, kiosk_message(code))
+}
+
+/// The service's words for each provider failure code.
+fn kiosk_message(code: &str) -> &'static str {
+    match code {
+        "provider_timeout" => "the image provider did not answer in time",
+        "provider_rejected" => "the image provider refused this request",
+        "provider_failed" => "the image provider could not generate this request",
+        _ => "the image provider could not be reached",
     }
 }
 

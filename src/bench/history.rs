@@ -55,7 +55,7 @@ pub struct HistoryBenchArgs {
     #[arg(long)]
     pub url: Option<String>,
     /// An admin key of that service.
-    #[arg(long, env = "BENCH_ADMIN_KEY")]
+    #[arg(long, env = "BENCH_ADMIN_KEY", hide_env_values = true)]
     pub admin_key: Option<String>,
     /// Requests per latency figure.
     #[arg(long, default_value_t = 300)]

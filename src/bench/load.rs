@@ -30,7 +30,7 @@ pub enum Scenario {
 pub struct LoadArgs {
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     pub url: String,
-    #[arg(long, env = "BENCH_ADMIN_KEY")]
+    #[arg(long, env = "BENCH_ADMIN_KEY", hide_env_values = true)]
     pub admin_key: String,
     #[arg(long, value_enum)]
     pub scenario: Scenario,

@@ -22,7 +22,7 @@ pub struct JobBenchArgs {
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     pub url: String,
     /// An admin key of that service.
-    #[arg(long, env = "BENCH_ADMIN_KEY")]
+    #[arg(long, env = "BENCH_ADMIN_KEY", hide_env_values = true)]
     pub admin_key: String,
     /// Jobs to run in total.
     #[arg(long, default_value_t = 500)]

@@ -68,7 +68,7 @@ enum Tool {
 enum BenchCommand {
     /// Job pipeline overhead beyond provider time.
     #[command(after_help = "Example:\n  \
-        token-billing-tools bench jobs --admin-key dev-admin-key-change-me --jobs 500 --concurrency 8")]
+        BENCH_ADMIN_KEY=dev-admin-key-change-me token-billing-tools bench jobs --jobs 500 --concurrency 8")]
     Jobs(token_billing::bench::JobBenchArgs),
     /// Kiosk fleets: reserve→commit cycles (spread, hot) or jobs.
     Load(token_billing::bench::load::LoadArgs),
@@ -85,8 +85,9 @@ enum BenchCommand {
     #[command(after_help = "Example:\n  \
         token-billing-tools --database-url postgres://postgres@127.0.0.1:5432/tb_history \\\n    \
         bench history --entries 20000000 --accounts 10000\n  \
-        token-billing-tools --database-url postgres://postgres@127.0.0.1:5432/tb_history \\\n    \
-        bench history --skip-build --url http://127.0.0.1:8080 --admin-key dev-admin-key-change-me")]
+        BENCH_ADMIN_KEY=dev-admin-key-change-me token-billing-tools \\\n    \
+        --database-url postgres://postgres@127.0.0.1:5432/tb_history \\\n    \
+        bench history --skip-build --url http://127.0.0.1:8080")]
     History(token_billing::bench::history::HistoryBenchArgs),
     /// A webhook receiver that answers 204 and counts (`GET /count`).
     #[command(after_help = "Example:\n  \

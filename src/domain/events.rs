@@ -104,11 +104,17 @@ pub fn list_events(conn: &mut PgConnection, filter: &EventFilter) -> Result<Even
     let (txid, seq) = match filter.after {
         None => (0, 0),
         Some(after) => {
-            let position: Option<Position> =
-                diesel::sql_query("SELECT txid, seq FROM events WHERE id = $1")
-                    .bind::<SqlUuid, _>(after)
-                    .get_result(conn)
-                    .optional()?;
+            // With an account filter (always, for a kiosk), another
+            // account's event is no cursor of this feed: it answers as an
+            // id that names nothing, so its existence is not told.
+            let position: Option<Position> = diesel::sql_query(
+                "SELECT txid, seq FROM events \
+                 WHERE id = $1 AND ($2::uuid IS NULL OR account_id = $2)",
+            )
+            .bind::<SqlUuid, _>(after)
+            .bind::<Nullable<SqlUuid>, _>(filter.account)
+            .get_result(conn)
+            .optional()?;
             let Some(position) = position else {
                 return Err(unknown_cursor(conn)?);
             };

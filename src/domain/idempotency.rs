@@ -5,7 +5,9 @@
 //!
 //! Rules:
 //! - a key is 1–200 printable ASCII characters, scoped to the caller (its
-//!   API key) and the endpoint (the request path);
+//!   API key) and the endpoint (the route and its parsed parameters,
+//!   `routes::idempotency_scope`: never the raw path, so `/%761/accounts`
+//!   and `/v1/accounts` are one endpoint);
 //! - the key is recorded in the creation's own transaction, by an
 //!   `INSERT … ON CONFLICT DO NOTHING` on the table's primary key: of two
 //!   concurrent requests with one key, the second waits for the first,

@@ -393,9 +393,8 @@ fn build_report(
 }
 
 /// The per-account lines as CSV (RFC 4180: a header line, then one line per
-/// account; a field holding a comma, quote or line break is quoted). A
-/// name that a spreadsheet would run as a formula (starting with `=`, `+`,
-/// `-`, `@`, a tab or a carriage return) is written with a leading `'`.
+/// account); text fields go through [`csv_text`] (quoted when needed,
+/// defused against formulas wherever a spreadsheet may start a cell).
 pub fn to_csv(report: &Report) -> String {
     let mut csv = String::from(
         "account_id,name,status,opening,credited,adjusted,committed,grant_expired,closing,reserved,\
@@ -436,20 +435,47 @@ pub fn to_csv(report: &Report) -> String {
             csv_text(&line.name),
             line.status,
             numbers.join(","),
-            failed.join(";")
+            csv_text(&failed.join(";"))
         ));
     }
     csv
 }
 
-/// One text field of the CSV: defused against formulas, quoted when needed.
+/// Characters that make a spreadsheet run a cell as a formula when the
+/// cell starts with one (OWASP, CSV injection).
+const FORMULA_STARTS: [char; 7] = ['=', '+', '-', '@', '\t', '\r', '\n'];
+
+/// Characters a spreadsheet may split cells at: `,`, or `;` where the
+/// locale's list separator is `;` (German, French, Dutch defaults).
+const CELL_SEPARATORS: [char; 2] = [',', ';'];
+
+/// Whether a cell starting with `rest` would be read as a formula: it
+/// starts with a formula character, or does after blanks (spreadsheets
+/// skip leading spaces, the no-break space included).
+fn starts_a_formula(rest: &str) -> bool {
+    rest.starts_with(FORMULA_STARTS)
+        || rest
+            .trim_start_matches(|c: char| c.is_whitespace() || c == '\u{FEFF}' || c == '\u{200B}')
+            .starts_with(FORMULA_STARTS)
+}
+
+/// One text field of the CSV, following OWASP's CSV-injection guidance
+/// wherever a spreadsheet may start a cell: at the field's start and after
+/// every `,` or `;` inside it (a `;`-splitting spreadsheet reads
+/// `Booth 7;=1+1` as two cells), a would-be formula gets a leading `'`;
+/// then a field holding a separator, a quote or a line break is quoted
+/// (RFC 4180).
 pub fn csv_text(text: &str) -> String {
-    let defused = if text.starts_with(['=', '+', '-', '@', '\t', '\r']) {
-        format!("'{text}")
-    } else {
-        text.to_owned()
-    };
-    if defused.contains([',', '"', '\n', '\r']) {
+    let mut defused = String::with_capacity(text.len() + 2);
+    let mut cell_starts = true;
+    for (at, character) in text.char_indices() {
+        if cell_starts && starts_a_formula(&text[at..]) {
+            defused.push('\'');
+        }
+        cell_starts = CELL_SEPARATORS.contains(&character);
+        defused.push(character);
+    }
+    if defused.contains([',', ';', '"', '\n', '\r']) {
         format!("\"{}\"", defused.replace('"', "\"\""))
     } else {
         defused
@@ -565,6 +591,11 @@ mod tests {
         assert_eq!(csv_text("the \"best\" booth"), "\"the \"\"best\"\" booth\"");
         assert_eq!(csv_text("=HYPERLINK(1)"), "'=HYPERLINK(1)");
         assert_eq!(csv_text("-1,2"), "\"'-1,2\"");
+        assert_eq!(csv_text("Booth 7;=1+1;"), "\"Booth 7;'=1+1;\"");
+        assert_eq!(csv_text(" =1+1"), "' =1+1");
+        assert_eq!(csv_text("\u{A0}@SUM(A1)"), "'\u{A0}@SUM(A1)");
+        assert_eq!(csv_text("a, +1"), "\"a,' +1\"");
+        assert_eq!(csv_text("a;b"), "\"a;b\"");
     }
 
     #[test]

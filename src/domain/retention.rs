@@ -330,6 +330,32 @@ fn count(rows: usize) -> i64 {
     i64::try_from(rows).unwrap_or(i64::MAX)
 }
 
+/// Creates `folder` (and any missing parent) readable by this user only
+/// (0700, whatever the umask): archives hold audit rows, events and
+/// idempotency rows. An existing `folder` is made 0700 too; existing
+/// parents are the operator's and left as they are.
+fn private_folder(folder: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(folder)?;
+    std::fs::set_permissions(folder, std::fs::Permissions::from_mode(0o700))
+}
+
+/// A new file readable and writable by this user only (0600, whatever the
+/// umask: the mode is set again after the umask applied).
+fn private_file(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    Ok(file)
+}
+
 /// Writes the rows to a new gzip JSON Lines file under `dir/<table>/`,
 /// durably (the file and its directory fsynced) before returning. Without
 /// an archive directory nothing is written (0 archived).
@@ -342,14 +368,14 @@ fn archive(dir: Option<&Path>, table: &str, rows: &[Locked]) -> Result<i64, ApiE
     }
     let failed = |error: std::io::Error| ApiError::Internal(format!("archive of {table}: {error}"));
     let folder = dir.join(table);
-    std::fs::create_dir_all(&folder).map_err(failed)?;
+    private_folder(&folder).map_err(failed)?;
     let name = format!(
         "{table}-{}-{}.jsonl.gz",
         Utc::now().format("%Y%m%dT%H%M%S%.6fZ"),
         uuid::Uuid::new_v4().simple()
     );
     let partial = folder.join(format!(".{name}.partial"));
-    let file = std::fs::File::create(&partial).map_err(failed)?;
+    let file = private_file(&partial).map_err(failed)?;
     let mut gzip = flate2::write::GzEncoder::new(file, flate2::Compression::default());
     for row in rows {
         gzip.write_all(row.row.as_bytes()).map_err(failed)?;

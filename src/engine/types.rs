@@ -334,20 +334,21 @@ fn bounded_text(field: &str, value: String, max: usize) -> Result<String, String
 }
 
 /// A character a name people read must not hold: a control character, or
-/// one that is invisible or changes the direction of the text — format
-/// characters (Unicode category Cf: bidi overrides and isolates such as
-/// U+202E, zero-width spaces and joiners, the soft hyphen, the BOM), line
-/// and paragraph separators (Zl, Zp: U+2028/U+2029), private-use code
-/// points (Co), variation selectors and the letters and symbols that draw
-/// nothing (Hangul fillers, the braille blank, the combining grapheme
-/// joiner).
+/// one that is invisible or changes the direction of the text — every
+/// `Default_Ignorable_Code_Point` of Unicode's derived tables (variation
+/// selectors, zero-width spaces and joiners, the soft hyphen, Hangul and
+/// Mongolian fillers, the Khmer inherent vowels, tags), read from the
+/// `icu_properties` crate's data rather than listed here; besides them,
+/// format characters (Unicode category Cf: bidi overrides and isolates such
+/// as U+202E, the BOM), line and paragraph separators (Zl, Zp:
+/// U+2028/U+2029), private-use code points (Co), and the two fillers that
+/// draw nothing but Unicode does not list as ignorable ([`BLANK_FILLERS`]).
 fn hidden_in_names(character: char) -> bool {
+    use icu_properties::props::DefaultIgnorableCodePoint;
+    use icu_properties::CodePointSetData;
     use unicode_properties::{GeneralCategory, UnicodeGeneralCategory};
-    /// Blank-looking characters of other categories.
-    const BLANKS: [char; 7] = [
-        '\u{034F}', '\u{115F}', '\u{1160}', '\u{180E}', '\u{2800}', '\u{3164}', '\u{FFA0}',
-    ];
     character.is_control()
+        || CodePointSetData::new::<DefaultIgnorableCodePoint>().contains(character)
         || matches!(
             character.general_category(),
             GeneralCategory::Format
@@ -355,28 +356,35 @@ fn hidden_in_names(character: char) -> bool {
                 | GeneralCategory::ParagraphSeparator
                 | GeneralCategory::PrivateUse
         )
-        || BLANKS.contains(&character)
-        || ('\u{FE00}'..='\u{FE0F}').contains(&character)
-        || ('\u{E0100}'..='\u{E01EF}').contains(&character)
+        || BLANK_FILLERS.contains(&character)
 }
 
+/// Characters that draw nothing, alone, and are not
+/// `Default_Ignorable_Code_Point`: the braille pattern blank and the
+/// Khitan small script filler.
+const BLANK_FILLERS: [char; 2] = ['\u{2800}', '\u{16FE4}'];
+
 /// A name people read and tell apart (an account's name, a key's label):
-/// [`bounded_text`], no character of [`hidden_in_names`], not whitespace
-/// alone; stored in Unicode normalization form C, so the same name typed
-/// two ways is one name.
+/// trimmed of leading and trailing whitespace (the no-break space too;
+/// not tabs or line breaks, which are refused as control characters),
+/// then [`bounded_text`], no character of [`hidden_in_names`], not empty;
+/// stored in Unicode normalization form C, so the same name typed two ways
+/// is one name.
 fn display_name(field: &str, value: String, max: usize) -> Result<String, String> {
     use unicode_normalization::UnicodeNormalization;
     let value: String = value.nfc().collect();
-    let value = bounded_text(field, value, max)?;
+    // Control characters are refused below, not trimmed away.
+    let trimmed = value.trim_matches(|c: char| c.is_whitespace() && !c.is_control());
+    if trimmed.is_empty() && !value.is_empty() {
+        return Err(format!("{field} must not be only whitespace"));
+    }
+    let value = bounded_text(field, trimmed.to_owned(), max)?;
     if let Some(refused) = value.chars().find(|character| hidden_in_names(*character)) {
         return Err(format!(
             "{field} must not contain invisible or direction-changing characters \
              (found U+{:04X})",
             u32::from(refused)
         ));
-    }
-    if value.chars().all(char::is_whitespace) {
-        return Err(format!("{field} must not be only whitespace"));
     }
     Ok(value)
 }
@@ -495,8 +503,8 @@ text_newtype!(
     display_name,
     display_name_pattern(),
     "Text of 1 to `maxLength` characters, not only whitespace; no control characters, \
-     no invisible or direction-changing ones (Unicode Cf, Zl, Zp, private use, blank fillers). \
-     Stored in Unicode normalization form C."
+     no invisible or direction-changing ones (Unicode Default_Ignorable_Code_Point, Cf, Zl, Zp, private use). \
+     Leading and trailing whitespace is trimmed; stored in Unicode normalization form C."
 );
 text_newtype!(
     Label,
@@ -505,8 +513,8 @@ text_newtype!(
     display_name,
     display_name_pattern(),
     "Text of 1 to `maxLength` characters, not only whitespace; no control characters, \
-     no invisible or direction-changing ones (Unicode Cf, Zl, Zp, private use, blank fillers). \
-     Stored in Unicode normalization form C."
+     no invisible or direction-changing ones (Unicode Default_Ignorable_Code_Point, Cf, Zl, Zp, private use). \
+     Leading and trailing whitespace is trimmed; stored in Unicode normalization form C."
 );
 text_newtype!(ExternalRef, "external_ref", NAME_LENGTH_MAX);
 text_newtype!(Reason, "reason", REASON_LENGTH_MAX);
@@ -550,6 +558,15 @@ mod tests {
             "Wedding\u{FE0F}",
             "   ",
             "\u{00A0}\u{2003}",
+            // Default_Ignorable_Code_Point beyond category Cf.
+            "Wed\u{180B}ding",
+            "Wed\u{180C}ding",
+            "Wed\u{180D}ding",
+            "Wed\u{180F}ding",
+            "Wed\u{17B4}ding",
+            "Wed\u{17B5}ding",
+            "Wed\u{16FE4}ding",
+            "Wedding\u{E0041}",
         ] {
             assert!(Name::try_from(refused.to_owned()).is_err(), "{refused:?}");
             assert!(Label::try_from(refused.to_owned()).is_err(), "{refused:?}");
@@ -558,6 +575,11 @@ mod tests {
         assert_eq!(
             Name::try_from("Cafe\u{301}".to_owned()).map(String::from),
             Ok("Caf\u{E9}".to_owned())
+        );
+        // Names are trimmed, no-break spaces too.
+        assert_eq!(
+            Name::try_from(" \u{A0}Booth 7\u{2003} ".to_owned()).map(String::from),
+            Ok("Booth 7".to_owned())
         );
         for accepted in ["Müller's booth", "東京 kiosk", "Booth #7 — lobby"] {
             assert_eq!(

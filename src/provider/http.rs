@@ -85,7 +85,10 @@ impl HttpProvider {
     }
 }
 
+/// A transport error, without the request's URL (`PROVIDER_URL` may carry
+/// a credential in its query or userinfo).
 fn transport_error(error: reqwest::Error) -> ProviderError {
+    let error = error.without_url();
     if error.is_timeout() {
         ProviderError::timeout(format!("provider did not answer in time: {error}"))
     } else {

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::api_keys::{create_key_once, key_canonical};
-use super::{created, idempotency_key, replayed, JsonObject, State};
+use super::{created, idempotency_key, idempotency_scope, replayed, JsonObject, State};
 use crate::config::{LEDGER_PAGE_DEFAULT, LEDGER_PAGE_MAX};
 use crate::db::read_replica::run_read_blocking;
 use crate::db::run_blocking;
@@ -105,7 +105,12 @@ async fn create_account(
                 "max_active_reservations": limit,
                 "low_balance_threshold": threshold,
             });
-            Claim::new(caller.actor(), request.path().to_owned(), &key, &canonical)
+            Claim::new(
+                caller.actor(),
+                idempotency_scope(&request),
+                &key,
+                &canonical,
+            )
         })
         .transpose()?;
     let by = Audit::of(&caller);
@@ -448,7 +453,12 @@ async fn create_kiosk_key(
     let claim = idempotency_key(&request)?
         .map(|key| {
             let canonical = key_canonical(scope, &label, expires_at);
-            Claim::new(caller.actor(), request.path().to_owned(), &key, &canonical)
+            Claim::new(
+                caller.actor(),
+                idempotency_scope(&request),
+                &key,
+                &canonical,
+            )
         })
         .transpose()?;
     let by = Audit::of(&caller);

@@ -4,7 +4,7 @@ use actix_web::{delete, get, post, web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::{idempotency_key, replayed, JsonObject, State};
+use super::{idempotency_key, idempotency_scope, replayed, JsonObject, State};
 use crate::db::run_blocking;
 use crate::domain::api_keys::{
     self, create_api_key_by, parse_expires_at, revoke_api_key, ApiKeyPage, Caller, CreatedApiKey,
@@ -134,7 +134,12 @@ async fn create_key(
     let claim = idempotency_key(&request)?
         .map(|key| {
             let canonical = key_canonical(scope, &label, expires_at);
-            Claim::new(caller.actor(), request.path().to_owned(), &key, &canonical)
+            Claim::new(
+                caller.actor(),
+                idempotency_scope(&request),
+                &key,
+                &canonical,
+            )
         })
         .transpose()?;
     let by = Audit::of(&caller);

@@ -95,6 +95,25 @@ pub fn idempotency_key(request: &actix_web::HttpRequest) -> Result<Option<String
         .transpose()
 }
 
+/// What an `Idempotency-Key` is scoped to besides its caller: the route's
+/// pattern with its parameters as parsed (an id in its one printed form),
+/// never the raw text of the path, so two spellings of one endpoint share
+/// their keys. The form is the canonical path's (`/v1/accounts/<id>/…`),
+/// the one recorded before this rule, so recorded keys keep their scope.
+pub fn idempotency_scope(request: &HttpRequest) -> String {
+    let Some(pattern) = request.match_pattern() else {
+        return request.path().to_owned();
+    };
+    request
+        .match_info()
+        .iter()
+        .fold(pattern, |scope, (name, value)| {
+            let value = uuid::Uuid::try_parse(value)
+                .map_or_else(|_| value.to_owned(), |id| id.hyphenated().to_string());
+            scope.replace(&format!("{{{name}}}"), &value)
+        })
+}
+
 pub fn replayed(body: &impl Serialize) -> HttpResponse {
     HttpResponse::Ok()
         .insert_header((IDEMPOTENT_REPLAYED, "true"))
@@ -222,6 +241,20 @@ pub fn bearer_key(request: &HttpRequest) -> Option<&str> {
             scheme.eq_ignore_ascii_case("bearer").then(|| key.trim())
         })
         .filter(|key| !key.is_empty())
+}
+
+/// What a request presents, for the address throttle (before any lookup):
+/// nothing, the bootstrap key (compared in constant time), a well-formed
+/// key, or a key that can only fail.
+pub fn presented_to_the_guard(state: &AppState, request: &HttpRequest) -> rate_limit::Presented {
+    use rate_limit::Presented;
+    match bearer_key(request) {
+        None => Presented::Nothing,
+        Some(key) if state.is_bootstrap_key(key) => Presented::Bootstrap,
+        Some(key) => Credentials::parse(key)
+            .and_then(|credentials| credentials.presented())
+            .map_or(Presented::Refused, Presented::Key),
+    }
 }
 
 /// The presented credentials and what this replica already knows of them,

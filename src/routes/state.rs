@@ -41,11 +41,7 @@ impl AppState {
             config.rate_limit_per_second,
             config.rate_limit_burst,
         ));
-        let auth_guard = Arc::new(AuthFailureGuard::new(
-            config.auth_failure_burst,
-            config.auth_failures_per_minute,
-            config.trusted_proxy_networks()?,
-        ));
+        let auth_guard = Arc::new(AuthFailureGuard::new(config.guard_settings()?));
         let admin_key_hash = config
             .admin_api_key
             .as_ref()

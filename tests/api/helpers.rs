@@ -297,8 +297,14 @@ impl Drop for TestDatabase {
 }
 
 pub fn test_config(database_url: &str) -> Config {
+    test_config_with(database_url, &[])
+}
+
+/// [`test_config`] with more `serve` flags after the tests' own (a later
+/// flag wins): a setting by its flag, as an operator sets it.
+pub fn test_config_with(database_url: &str, flags: &[&str]) -> Config {
     use clap::Parser;
-    let cli = Cli::try_parse_from([
+    let arguments = [
         "token-billing",
         "--database-url",
         database_url,
@@ -326,8 +332,20 @@ pub fn test_config(database_url: &str) -> Config {
         // refuses such addresses by default has its own test.
         "--webhook-allow-private-urls",
         "true",
-    ])
-    .expect("test arguments parse");
+    ];
+    // A flag given in `flags` replaces the tests' own (flags and values
+    // come in pairs after `serve`).
+    let serve = arguments
+        .iter()
+        .position(|argument| *argument == "serve")
+        .expect("serve");
+    let (head, own) = arguments.split_at(serve + 1);
+    let own = own
+        .chunks(2)
+        .filter(|pair| !flags.contains(&pair[0]))
+        .flatten();
+    let cli = Cli::try_parse_from(head.iter().chain(own).chain(flags))
+        .unwrap_or_else(|error| panic!("test arguments {flags:?} parse: {error}"));
     cli.serve_config().expect("serve defaults parse")
 }
 
@@ -359,6 +377,15 @@ impl TestApp {
 
     pub async fn spawn_with(adjust: impl FnOnce(&mut Config)) -> TestApp {
         Self::spawn_on(Arc::new(TestDatabase::create()), adjust).await
+    }
+
+    /// An app started with these `serve` flags besides the tests' own.
+    pub async fn spawn_with_flags(flags: &[&str]) -> TestApp {
+        Self::spawn_on(Arc::new(TestDatabase::create()), |config| {
+            let database_url = config.database_url.clone();
+            *config = test_config_with(&database_url, flags);
+        })
+        .await
     }
 
     /// Like [`TestApp::spawn_with`], on a database whose sessions send

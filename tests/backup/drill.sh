@@ -252,9 +252,12 @@ wait_for_ledger_growth 30
 # A top-up and an adjustment through the admin API before T, so the credits
 # and adjustments that must come back include ones posted by an admin (the
 # adjustments table is otherwise empty and its digest proves nothing).
+# The key reaches curl on its standard input (`--config -`), never on its
+# command line, which every user of the host sees in `ps`.
 admin_post() {
-    curl -fsS -H "Authorization: Bearer $admin_key" -H "Content-Type: application/json" \
-        -d "$2" "$service_url$1" >/dev/null
+    printf 'header = "Authorization: Bearer %s"\n' "$admin_key" \
+        | curl -fsS --config - -H "Content-Type: application/json" \
+            -d "$2" "$service_url$1" >/dev/null
 }
 drill_account="$(psql_at -d token_billing -c "SELECT id FROM accounts ORDER BY id LIMIT 1")"
 admin_post "/v1/accounts/$drill_account/credits" '{"amount":500,"external_ref":"drill-credit-before-t"}'

@@ -6,7 +6,9 @@ time; long operations and unreachable services leave requests that
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
+import stat
 import time
 import uuid
 from pathlib import Path
@@ -193,3 +195,29 @@ def test_resume_hands_back_a_held_reservation(admin: Admin, new_kiosk: MakeKiosk
     kiosk.commit(outcome.reservation, amount=2)
     assert kiosk.resume() == [] and kiosk.pending() == []
     assert admin.assert_books(account.account_id)["used"] == 2
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o000])
+def test_the_journal_and_its_side_files_are_private_whatever_the_umask(
+    tmp_path: Path, umask: int
+) -> None:
+    """The journal holds request bodies (guests' prompts): the database and
+    SQLite's -wal and -shm side files are 0600 however the process's umask
+    is set."""
+    from token_billing_kiosk._journal import Journal
+
+    path = tmp_path / "kiosk.sqlite3"
+    previous = os.umask(umask)
+    try:
+        journal = Journal(path)
+        try:
+            journal.begin(str(uuid.uuid4()), "job", str(uuid.uuid4()), {"prompt": "a guest's words"})
+            modes = {
+                suffix: stat.S_IMODE(os.stat(f"{path}{suffix}").st_mode)
+                for suffix in ("", "-wal", "-shm", ".lock")
+            }
+        finally:
+            journal.close()
+    finally:
+        os.umask(previous)
+    assert modes == {"": 0o600, "-wal": 0o600, "-shm": 0o600, ".lock": 0o600}

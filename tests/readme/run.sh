@@ -89,6 +89,9 @@ fi
 port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 database="tb_readme_$$"
 export DATABASE_URL="postgres://postgres@127.0.0.1:5432/$database"
+# psql and the other libpq tools connect by these (the docs never put a
+# connection string on their command lines).
+export PGHOST=127.0.0.1 PGPORT=5432 PGUSER=postgres PGDATABASE="$database"
 export BIND_ADDR="127.0.0.1:$port"
 export TB_URL="http://127.0.0.1:$port"
 export PATH="$CARGO_TARGET_DIR/$profile:$PATH"

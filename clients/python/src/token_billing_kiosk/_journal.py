@@ -88,6 +88,8 @@ class Journal:
         self._lock_file: Optional[int] = None
         if lock and fcntl is not None:
             self._lock_file = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+            if hasattr(os, "fchmod"):
+                os.fchmod(self._lock_file, 0o600)
             try:
                 fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
@@ -97,6 +99,15 @@ class Journal:
                     f"the journal {self.path} is in use by another process"
                 ) from None
         created = not os.path.exists(self.path)
+        # The journal holds request bodies (guests' prompts): readable by
+        # this user only, whatever the umask. SQLite gives the -wal and
+        # -shm side files the main file's mode when it creates them, so
+        # the main file is made 0600 before SQLite opens it; side files
+        # left by an older version are fixed too.
+        _private_file(self.path)
+        for side in ("-wal", "-shm", "-journal"):
+            if os.path.exists(self.path + side):
+                _private_file(self.path + side)
         self._db = sqlite3.connect(
             self.path, timeout=10.0, isolation_level=None, check_same_thread=False
         )
@@ -107,8 +118,9 @@ class Journal:
         self._db.executescript(_SCHEMA)
         if created:
             _fsync_directory(os.path.dirname(os.path.abspath(self.path)))
-        if hasattr(os, "chmod"):
-            os.chmod(self.path, 0o600)
+        for side in ("", "-wal", "-shm"):
+            if os.path.exists(self.path + side):
+                _private_file(self.path + side)
 
     def close(self) -> None:
         with self._mutex:
@@ -254,5 +266,16 @@ def _fsync_directory(path: str) -> None:
         os.fsync(fd)
     except OSError:  # pragma: no cover
         pass
+    finally:
+        os.close(fd)
+
+
+def _private_file(path: str) -> None:
+    """Creates ``path`` if missing, and makes it 0600 (on POSIX systems;
+    elsewhere the mode bits mean nothing)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        if hasattr(os, "fchmod"):
+            os.fchmod(fd, 0o600)
     finally:
         os.close(fd)

@@ -1,0 +1,129 @@
+//! One canonical request path, made before anything looks at the path (the
+//! metrics' route label, the address throttle, idempotency scopes,
+//! routing): every check sees the path the router routes.
+//!
+//! Rules:
+//! - a percent-encoded unreserved character (RFC 3986 §2.3: letters,
+//!   digits, `-`, `.`, `_`, `~`) is decoded: `/%761/me` is `/v1/me`;
+//! - any other escape (`%2F`, `%25`, `%00`, a non-ASCII byte, a malformed
+//!   one) is refused with 400: a path the router would read differently
+//!   from the checks before it is not served;
+//! - a `.` or `..` segment is refused with 400 (nothing resolves them);
+//! - a segment that is a UUID (any case, with or without hyphens) is
+//!   written as routes print ids: lower case, hyphenated.
+//!
+//! The query string is left as sent.
+
+use uuid::Uuid;
+
+/// Characters a URI never needs to escape (RFC 3986 §2.3).
+fn unreserved(byte: u8) -> bool {
+    byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~')
+}
+
+fn hex_digit(byte: u8) -> Option<u8> {
+    char::from(byte)
+        .to_digit(16)
+        .and_then(|digit| u8::try_from(digit).ok())
+}
+
+/// `path` with unreserved escapes decoded, or why it is refused.
+fn decoded(path: &str) -> Result<String, String> {
+    let bytes = path.as_bytes();
+    let mut out = String::with_capacity(path.len());
+    let mut at = 0;
+    while at < bytes.len() {
+        let byte = bytes[at];
+        if byte != b'%' {
+            out.push(char::from(byte));
+            at += 1;
+            continue;
+        }
+        let escape = path.get(at..at + 3).unwrap_or(&path[at..]);
+        let value = match (bytes.get(at + 1), bytes.get(at + 2)) {
+            (Some(high), Some(low)) => hex_digit(*high)
+                .zip(hex_digit(*low))
+                .map(|(high, low)| high * 16 + low),
+            _ => None,
+        };
+        match value {
+            Some(value) if unreserved(value) => out.push(char::from(value)),
+            _ => {
+                return Err(format!(
+                    "the path must not percent-encode anything but letters, digits and \
+                     - . _ ~ (found {escape:?})"
+                ))
+            }
+        }
+        at += 3;
+    }
+    Ok(out)
+}
+
+/// The canonical form of a request path (without its query), or the
+/// reason it is refused. `Ok(None)`: the path is canonical already.
+pub fn canonical(path: &str) -> Result<Option<String>, String> {
+    // An `http::Uri` path is ASCII: anything else arrives escaped.
+    let decoded = decoded(path)?;
+    let mut segments = Vec::new();
+    for segment in decoded.split('/') {
+        if segment == "." || segment == ".." {
+            return Err("the path must not hold `.` or `..` segments".into());
+        }
+        let is_id = matches!(segment.len(), 32 | 36)
+            && segment.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-');
+        match Uuid::try_parse(segment).ok().filter(|_| is_id) {
+            Some(id) => segments.push(id.hyphenated().to_string()),
+            None => segments.push(segment.to_owned()),
+        }
+    }
+    let canonical = segments.join("/");
+    Ok((canonical != path).then_some(canonical))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::canonical;
+
+    #[test]
+    fn unreserved_escapes_are_decoded_and_ids_lower_cased() {
+        assert_eq!(canonical("/v1/me"), Ok(None));
+        assert_eq!(canonical("/%761/me"), Ok(Some("/v1/me".into())));
+        assert_eq!(canonical("/v1/%61ccounts"), Ok(Some("/v1/accounts".into())));
+        assert_eq!(canonical("/v1/%7e%2D%2e%5F"), Ok(Some("/v1/~-._".into())));
+        let id = "0E2A3F5C-1B2C-4D5E-8F90-A1B2C3D4E5F6";
+        assert_eq!(
+            canonical(&format!("/v1/accounts/{id}/jobs")),
+            Ok(Some(format!(
+                "/v1/accounts/{}/jobs",
+                id.to_ascii_lowercase()
+            )))
+        );
+        assert_eq!(
+            canonical("/v1/accounts/0e2a3f5c1b2c4d5e8f90a1b2c3d4e5f6"),
+            Ok(Some(
+                "/v1/accounts/0e2a3f5c-1b2c-4d5e-8f90-a1b2c3d4e5f6".into()
+            ))
+        );
+        // Hex-looking words that are not ids stay as they are.
+        assert_eq!(canonical("/static/ABCDEF"), Ok(None));
+    }
+
+    #[test]
+    fn other_escapes_and_dot_segments_are_refused() {
+        for refused in [
+            "/v1/accounts%2Fx",
+            "/v1/%2e%2e/v1/me",
+            "/v1/%25",
+            "/v1/%00",
+            "/v1/%C3%A9",
+            "/v1/%",
+            "/v1/%7",
+            "/v1/%zz",
+            "/v1/../v1/me",
+            "/v1/./me",
+        ] {
+            assert!(canonical(refused).is_err(), "{refused}");
+        }
+    }
+}
