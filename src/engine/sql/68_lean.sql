@@ -1,264 +1,309 @@
--- The lean path: what a kiosk sends most — a reserve or a job, a commit
--- (of all or part of what it holds) or a release, alone or a few together —
--- applied
--- in two short statements per operation: the account's row lock (and its
--- balances), then one conditional statement that checks what is left to
--- check and writes everything. engine_apply (`70_apply.sql`) tries it
--- first, operation by operation in batch order.
+-- The lean path: what kiosks send most — reserves and jobs, commits (of
+-- all or part of what is held) and releases, alone or a few together —
+-- applied as a set, in ONE statement for the whole batch (engine_apply in
+-- `70_apply.sql` takes the accounts' row locks first, in id order, and
+-- then calls engine_lean_batch with the batch's leading operations of
+-- these kinds).
 --
 -- It decides only the plain case, where the answer is the success and no
--- event is due: the key verifies and may spend here (and its last use was
--- written less than a minute ago), the account is active and holds the
--- tokens and a free reservation slot, the request_id is new, no grant of
--- the account is due to lapse, a settlement returns nothing to a lapsed
--- grant, and the movement crosses no threshold and empties nothing. For
--- anything else (a refusal, a replay, a lapse, an event) it writes nothing
--- and answers NULL, and engine_apply hands that operation and every one
--- after it to the full machinery, which then decides them as if one by one
--- after the ones the lean path applied: the answers are the ones the full
--- machinery would have given, operation by operation (the differential
--- test compares the service with the model on every step, and
--- tests/api/lean.rs compares the two paths on the same histories).
+-- event is due: the key verifies and may spend here, the account is active
+-- and keeps at least one token and a free reservation slot after the
+-- batch's reserves so far, the request_id is new (in the database and in
+-- the batch), no grant of the account is due to lapse, a settlement is of
+-- a held, unexpired reservation of the account (once in the batch) and
+-- returns nothing to a lapsed grant, and no movement crosses the
+-- low-balance threshold or empties the account. The operations are
+-- checked in batch order as if one by one, each after the ones before it
+-- (the balances and reservation counts of the account carried forward);
+-- the batch's plain prefix — everything before its first operation that
+-- is not plain — is applied, and engine_apply hands that first operation
+-- and everything after it to the full machinery (engine_apply_full),
+-- which then decides them as if one by one after the ones applied here.
+-- The answers are the ones the full machinery would have given, operation
+-- by operation: the differential test compares the service with the model
+-- on every step both ways, and tests/api/lean.rs compares the two paths on
+-- the same batches.
+--
+-- Two things are decided more cautiously than one by one would, which
+-- only ever sends an operation to the full machinery, never changes an
+-- answer: a reserve after a settlement that returned tokens to the same
+-- account in the batch (the draw order would change) is not plain, and
+-- the reservation slots freed by settlements earlier in the batch are not
+-- counted.
 --
 -- The rules are not written again here: the key's validity and when its
--- use is written (engine_valid_key, engine_key_use_stale), the draw order
--- (engine_grant_pools), a settlement's split over its draws
--- (engine_split_draws), what a movement does to the account and to its
--- grant (engine_deltas, engine_grant_deltas), the low-balance state
--- (engine_is_low) and a grant's lapse (engine_grant_lapse_due) are the
--- functions the full machinery calls, inlined. What the lean path adds is
--- only the test that a case is plain.
+-- use is written (engine_valid_key, engine_spend_authority,
+-- engine_key_use_stale), the draw order (engine_grant_pools), a
+-- settlement's split over its draws (engine_split_draws), what a movement
+-- does to the account and to its grant (engine_deltas,
+-- engine_grant_deltas), the low-balance state (engine_is_low) and a
+-- grant's lapse (engine_grant_lapse_due) are the functions the full
+-- machinery calls, inlined. What the lean path adds is only the test that
+-- a case is plain, and the arithmetic of a batch's running balances.
 --
--- The caller holds no lock; the account's row lock is taken by the first
--- statement. The second statement runs with a snapshot taken after the
--- lock, so it sees every reservation and grant committed before it.
+-- Why one statement: PostgreSQL's cost of a statement is mostly fixed —
+-- executor start-up of its plan, and for every table it writes the
+-- parsing and preparing of that table's CHECK constraints — so N
+-- operations in one statement cost little more than one (BENCHMARKS.md,
+-- "Where the time goes").
 
--- The first statement of every lean operation: `p_account`'s row, locked
--- (FOR NO KEY UPDATE, as every path locks it), when the caller may spend on
--- it — the service vouches for it (`p_authorized`), or its key is valid
--- (engine_valid_key) and may spend here (engine_spend_authority). NULL
--- when there is no such account or the caller may not spend on it. A valid
--- key whose last use is stale (engine_key_use_stale) has it written now, as
--- engine_verify_keys does: a key row another transaction holds is skipped,
--- never waited for.
-CREATE FUNCTION engine_lean_account(p_account uuid, p_authorized boolean, p_key_id uuid,
-    p_key_hash bytea)
-RETURNS accounts
-LANGUAGE plpgsql AS $$
-DECLARE
-    locked record;
-BEGIN
-    -- The key is read in the statement that locks the account.
-    SELECT x AS account, k.key_id, k.scope, k.account_id AS key_account, k.last_used_at
-    INTO locked
-    FROM accounts x LEFT JOIN LATERAL engine_valid_key(p_key_id, p_key_hash) k ON true
-    WHERE x.id = p_account FOR NO KEY UPDATE OF x;
-    IF NOT FOUND THEN
-        RETURN NULL;
-    ELSIF p_authorized THEN
-        RETURN locked.account;
-    ELSIF locked.key_id IS NULL
-          OR engine_spend_authority(locked.scope, locked.key_account, p_account) <> 'ok' THEN
-        RETURN NULL;
-    END IF;
-    IF engine_key_use_stale(locked.last_used_at) THEN
-        UPDATE api_keys SET last_used_at = now()
-        WHERE id = (SELECT k.id FROM api_keys k
-                    WHERE k.id = p_key_id AND engine_key_use_stale(k.last_used_at)
-                    FOR UPDATE SKIP LOCKED);
-    END IF;
-    RETURN locked.account;
-END;
-$$;
-
--- A reserve: `p_amount` tokens for the API's `p_request`, drawn from the
--- account's grants in draw order; or, when `p_job` is set, a generation
--- job of `p_kind` with `p_params` (its canonical request hash `p_hash`)
--- and its reservation of its cost `p_amount` (create_job). Answers the new
--- reservation, or the new job as the API shows it (engine_job_view), as
--- JSON; or NULL when the case is not plain (nothing written).
-CREATE FUNCTION engine_lean_reserve(p_account uuid, p_actor text, p_key_id uuid,
-    p_key_hash bytea, p_authorized boolean, p_request uuid, p_amount bigint,
-    p_requested_ttl integer, p_ttl integer, p_reservation uuid, p_job uuid, p_hash bytea,
-    p_kind text, p_params jsonb)
-RETURNS jsonb
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+-- The batch's leading lean operations (arrays as engine_apply's, element i
+-- of each belongs to operation i; `p_job`, `p_hash`, `p_kind`, `p_params`
+-- only for create_job). The caller holds the row locks of every account
+-- named. Returns one row per operation applied, from the first, in order:
+-- its position, outcome (created, committed, released) and the object the
+-- API shows (the reservation, or the job as engine_job_view shows it). No
+-- row for an operation means it and every one after it were not applied:
+-- nothing of them was written.
+CREATE FUNCTION engine_lean_batch(p_op text[], p_account uuid[], p_actor text[],
+    p_key_id uuid[], p_key_hash bytea[], p_authorized boolean[], p_request uuid[],
+    p_amount bigint[], p_requested_ttl integer[], p_ttl integer[], p_new_id uuid[],
+    p_job uuid[], p_reservation uuid[], p_hash bytea[], p_kind text[], p_params jsonb[])
+RETURNS TABLE (op_position integer, outcome text, object jsonb)
+-- Every table access here is a look-up by key of a few rows: the one
+-- generic plan, made once per session for every batch size, must not
+-- scan a whole table because the statistics say it is small (they were
+-- taken when it was) or a batch of ten operations is assumed.
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
-    a accounts;
-    at timestamptz;
-    created jsonb;
+    at timestamptz := clock_timestamp();
+    applied record;
+    stale uuid[] := '{}';
 BEGIN
-    a := engine_lean_account(p_account, p_authorized, p_key_id, p_key_hash);
-    IF a.id IS NULL OR a.status <> 'active' OR a.available <= p_amount
-       OR (a.max_active_reservations > 0 AND a.active_reservations >= a.max_active_reservations)
-       OR (a.low_balance_threshold > 0
-           AND engine_is_low(a.available - p_amount, a.low_balance_threshold) <> a.balance_low) THEN
-        -- (available = amount would empty the account: its event.)
-        RETURN NULL;
-    END IF;
-    at := clock_timestamp();
-    WITH plain AS (
-        -- The request_id is new: no reservation of the API (reserve) or
-        -- job (create_job) of this account has it.
-        SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM reservations r
-                          WHERE p_job IS NULL AND r.account_id = p_account
-                            AND r.request_id = p_request AND r.job_id IS NULL)
-          AND NOT EXISTS (SELECT 1 FROM generation_jobs j
-                          WHERE p_job IS NOT NULL AND j.account_id = p_account
-                            AND j.request_id = p_request)
-          AND NOT EXISTS (SELECT 1 FROM credit_grants g
-                          WHERE g.account_id = p_account AND g.drawable
-                            AND engine_grant_lapse_due(g.drawable, g.expired_at, g.expires_at, at))
+    -- This statement's snapshot is taken after the caller's locks: it sees
+    -- every reservation and grant committed before them. Reservations
+    -- change only under their account's lock, so what it reads of them
+    -- stays true until the end of the transaction.
+    FOR applied IN
+    WITH o AS MATERIALIZED (
+        SELECT u.n::integer AS n, u.op, u.account, u.actor, u.key_id, u.key_hash,
+               u.authorized, u.request, u.amount, u.requested_ttl, u.ttl, u.new_id,
+               CASE WHEN u.op = 'create_job' THEN u.job END AS job, u.reservation,
+               CASE WHEN u.op = 'create_job' THEN u.hash END AS hash,
+               CASE WHEN u.op = 'create_job' THEN u.kind END AS kind,
+               CASE WHEN u.op = 'create_job' THEN u.params END AS params,
+               u.op IN ('reserve', 'create_job') AS spends
+        FROM unnest(p_op, p_account, p_actor, p_key_id, p_key_hash, p_authorized, p_request,
+                    p_amount, p_requested_ttl, p_ttl, p_new_id, p_job, p_reservation, p_hash,
+                    p_kind, p_params) WITH ORDINALITY
+             AS u (op, account, actor, key_id, key_hash, authorized, request, amount,
+                   requested_ttl, ttl, new_id, job, reservation, hash, kind, params, n)
+    ), steps AS MATERIALIZED (
+        -- Each operation with its account, its reservation and its key,
+        -- and the account as the batch's earlier operations leave it.
+        SELECT o.*, a.id AS a_id, a.status, a.available AS a_available,
+               a.reserved AS a_reserved, a.used AS a_used,
+               a.active_reservations, a.max_active_reservations, a.low_balance_threshold,
+               a.balance_low,
+               r.id AS r_id, r.amount AS r_amount, r.draws AS r_draws, r.state AS r_state,
+               r.expires_at AS r_expires_at, r.job_id AS r_job,
+               CASE o.op WHEN 'commit' THEN o.amount WHEN 'commit_all' THEN r.amount ELSE 0 END
+                   AS committed,
+               (o.authorized OR engine_spend_authority(v.scope, v.account_id, o.account) = 'ok')
+                   AS may, v.key_id AS valid_key, v.last_used_at,
+               -- Tokens the batch's reserves on this account take, this one
+               -- included; its reserves so far; whether a settlement before
+               -- this operation returned tokens to it (one window: each
+               -- window of a plan costs its start-up at every batch).
+               (sum(CASE WHEN o.spends THEN o.amount ELSE 0 END) OVER upto)::bigint AS spent,
+               count(*) FILTER (WHERE o.spends) OVER upto AS reserves,
+               count(*) FILTER (WHERE NOT o.spends AND (o.op = 'release'
+                                                        OR (o.op = 'commit' AND o.amount < r.amount)))
+                   OVER upto
+               > CASE WHEN NOT o.spends AND (o.op = 'release'
+                                             OR (o.op = 'commit' AND o.amount < r.amount))
+                      THEN 1 ELSE 0 END AS returned_before,
+               t.taken IS NOT NULL AS taken,
+               -- The same request_id (of its kind) or reservation earlier in
+               -- the batch on this account: a replay.
+               EXISTS (SELECT 1 FROM o e
+                       WHERE e.n < o.n AND e.account = o.account AND e.spends = o.spends
+                         AND CASE WHEN o.spends THEN e.op = o.op AND e.request = o.request
+                                  ELSE e.reservation = o.reservation END) AS repeated
+        -- (Each look-up a LATERAL probe of one row by its key: a join
+        -- here is planned, once for every batch size, as a scan of the
+        -- whole table.)
+        FROM o
+        LEFT JOIN LATERAL (SELECT a.* FROM accounts a WHERE a.id = o.account LIMIT 1) a ON true
+        -- The reservation a settlement names, of its account only.
+        LEFT JOIN LATERAL (SELECT r.* FROM reservations r
+                           WHERE NOT o.spends AND r.id = o.reservation
+                             AND r.account_id = o.account LIMIT 1) r ON true
+        LEFT JOIN LATERAL (SELECT k.* FROM engine_valid_key(o.key_id, o.key_hash) k
+                           WHERE NOT o.authorized LIMIT 1) v ON true
+        -- Whether the request_id is taken (a replay).
+        LEFT JOIN LATERAL (SELECT true AS taken FROM reservations x
+                           WHERE o.op = 'reserve' AND x.account_id = o.account
+                             AND x.request_id = o.request AND x.job_id IS NULL
+                           UNION ALL
+                           SELECT true FROM generation_jobs j
+                           WHERE o.op = 'create_job' AND j.account_id = o.account
+                             AND j.request_id = o.request
+                           LIMIT 1) t ON true
+        WINDOW upto AS (PARTITION BY o.account ORDER BY o.n)
+    ), checked AS MATERIALIZED (
+        SELECT s.*,
+               s.a_id IS NOT NULL AND s.may AND NOT s.repeated AND CASE WHEN s.spends THEN
+                   s.status = 'active'
+                   -- (available = amount would empty the account: its event.)
+                   AND s.a_available - s.spent >= 1
+                   AND (s.max_active_reservations = 0
+                        OR s.active_reservations + s.reserves <= s.max_active_reservations)
+                   AND (s.low_balance_threshold = 0
+                        OR engine_is_low(s.a_available - s.spent, s.low_balance_threshold)
+                           = s.balance_low)
+                   AND NOT s.returned_before AND NOT s.taken
+                   AND NOT EXISTS (SELECT 1 FROM credit_grants g
+                                   WHERE g.account_id = s.account AND g.drawable
+                                     AND engine_grant_lapse_due(g.drawable, g.expired_at,
+                                                                g.expires_at, at)
+                                   LIMIT 1)
+               ELSE
+                   s.r_id IS NOT NULL AND s.r_job IS NULL AND s.r_state = 'held'
+                   AND s.r_expires_at > now()
+                   AND (s.op <> 'commit' OR s.amount <= s.r_amount)
+                   -- A return of tokens may cross the threshold (an event):
+                   -- only without a threshold, or when nothing goes back.
+                   AND (s.low_balance_threshold = 0 OR s.committed = s.r_amount)
+                   -- No draw's grant has lapsed (a return to it would
+                   -- expire). (By the primary key: a join with the draws is
+                   -- planned as a scan of every grant.)
+                   AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(s.r_draws) d
+                                   CROSS JOIN LATERAL (SELECT 1 FROM credit_grants g
+                                                       WHERE g.id = (d->>'grant_id')::uuid
+                                                         AND g.expires_at <= at LIMIT 1) g
+                                   LIMIT 1)
+               END AS plain
+        FROM steps s
+    ), go AS MATERIALIZED (
+        -- The plain prefix.
+        SELECT c.* FROM checked c
+        WHERE c.n < COALESCE((SELECT min(x.n) FROM checked x WHERE x.plain IS NOT TRUE),
+                             2147483647)
     ), draws AS MATERIALIZED (
-        -- The reserve takes the account's drawable tokens [0, amount).
-        SELECT p.grant_id, (LEAST(p_amount, p.hi) - p.lo)::bigint AS amount, p.lo
-        FROM plain CROSS JOIN engine_grant_pools(p_account) p
-        WHERE p.lo < p_amount
+        -- A reserve takes the account's drawable tokens [spent - amount,
+        -- spent): after what the batch's earlier reserves took.
+        SELECT g.n, p.grant_id, GREATEST(g.spent - g.amount, p.lo) AS lo,
+               (LEAST(g.spent, p.hi) - GREATEST(g.spent - g.amount, p.lo))::bigint AS amount
+        FROM go g CROSS JOIN LATERAL engine_grant_pools(g.account) p
+        WHERE g.spends AND p.lo < g.spent AND p.hi > g.spent - g.amount
     ), moves AS MATERIALIZED (
-        SELECT d.grant_id, d.amount, d.lo, m.*
-        FROM draws d CROSS JOIN LATERAL engine_deltas('reserve', d.amount, p_reservation) m
-    ), grants AS (
-        UPDATE credit_grants g
-        SET remaining = g.remaining + t.remaining, reserved = g.reserved + t.reserved,
-            drawable = g.remaining + t.remaining > 0
-        FROM (SELECT d.grant_id, x.remaining, x.reserved FROM draws d
-              CROSS JOIN LATERAL engine_grant_deltas('reserve', d.amount, p_reservation) x) t
-        WHERE g.id = t.grant_id AND g.id = ANY (ARRAY(SELECT grant_id FROM draws))
-        RETURNING g.id
-    ), held AS (
-        INSERT INTO reservations (id, account_id, request_id, amount, requested_ttl_seconds,
-            state, expires_at, job_id, draws)
-        SELECT p_reservation, p_account, p_request, p_amount, p_requested_ttl, 'held',
-               now() + make_interval(secs => p_ttl), p_job,
-               (SELECT jsonb_agg(jsonb_build_object('grant_id', d.grant_id, 'amount', d.amount)
-                                 ORDER BY d.lo) FROM draws d)
-        FROM plain
-        RETURNING *
-    ), job AS (
-        INSERT INTO generation_jobs (id, account_id, request_id, request_hash, kind, params, cost,
-            reservation_id)
-        SELECT p_job, p_account, p_request, p_hash, p_kind, p_params, p_amount, p_reservation
-        FROM plain WHERE p_job IS NOT NULL
-        RETURNING *
-    ), moved AS (
-        UPDATE accounts x
-        SET available = x.available + s.available, reserved = x.reserved + s.reserved,
-            active_reservations = x.active_reservations + 1, version = x.version + s.entries,
-            balance_low = engine_is_low(x.available + s.available, x.low_balance_threshold),
-            updated_at = now()
-        FROM (SELECT sum(m.available)::bigint AS available, sum(m.reserved)::bigint AS reserved,
-                     count(*) AS entries FROM moves m) s
-        WHERE x.id = p_account AND s.entries > 0
-        RETURNING x.available - s.available AS available, x.reserved - s.reserved AS reserved,
-                  x.used
-    ), entries AS (
-        INSERT INTO ledger_entries (account_id, kind, amount, available_after, reserved_after,
-            used_after, reservation_id, job_id, external_ref, reason, actor, created_at, grant_id)
-        SELECT p_account, 'reserve', m.amount, b.available + (sum(m.available) OVER w)::bigint,
-               b.reserved + (sum(m.reserved) OVER w)::bigint, b.used, p_reservation, p_job, NULL,
-               NULL, p_actor, at, m.grant_id
-        FROM moves m CROSS JOIN moved b
-        WINDOW w AS (ORDER BY m.lo)
-        ORDER BY m.lo
-        RETURNING 1
-    )
-    -- (Every part of a WITH that writes runs once, read or not.)
-    SELECT CASE WHEN p_job IS NULL THEN to_jsonb(h)
-                ELSE (SELECT engine_job_view(j, h.state, h.expires_at, h.draws) FROM job j) END
-    INTO created FROM held h;
-    RETURN created;
-END;
-$$;
-
--- A commit (`p_op` commit: exactly `p_amount`; commit_all: all held) or a
--- release of the API's held, unexpired reservation `p_reservation`.
--- Answers the reservation as it is after (as JSON), or NULL when the case
--- is not plain (nothing written).
-CREATE FUNCTION engine_lean_settle(p_op text, p_account uuid, p_actor text, p_key_id uuid,
-    p_key_hash bytea, p_authorized boolean, p_reservation uuid, p_amount bigint)
-RETURNS jsonb
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
-#variable_conflict use_column
-DECLARE
-    a accounts;
-    at timestamptz;
-    settled jsonb;
-BEGIN
-    a := engine_lean_account(p_account, p_authorized, p_key_id, p_key_hash);
-    IF a.id IS NULL THEN
-        RETURN NULL;
-    END IF;
-    at := clock_timestamp();
-    WITH changed AS (
-        -- The reservation's row lock is taken here, under the account's.
-        UPDATE reservations r
-        SET state = CASE WHEN p_op = 'release' THEN 'released' ELSE 'committed' END,
-            committed_amount = CASE p_op WHEN 'commit' THEN p_amount
-                                         WHEN 'commit_all' THEN r.amount ELSE 0 END,
-            resolved_at = now()
-        WHERE r.id = p_reservation AND r.account_id = p_account AND r.job_id IS NULL
-          AND r.state = 'held' AND r.expires_at > now()
-          AND (p_op <> 'commit' OR p_amount <= r.amount)
-          -- A return of tokens may cross the threshold (an event): only
-          -- without a threshold, or when nothing goes back.
-          AND (a.low_balance_threshold = 0 OR p_op = 'commit_all'
-               OR (p_op = 'commit' AND p_amount = r.amount))
-          -- No draw's grant has lapsed (a return to it would expire).
-          -- (By the primary key: a join with the draws is planned as a
-          -- scan of every grant.)
-          AND NOT EXISTS (SELECT 1 FROM credit_grants g
-                          WHERE g.id = ANY (ARRAY(SELECT (d->>'grant_id')::uuid
-                                                  FROM jsonb_array_elements(r.draws) d))
-                            AND g.expires_at <= at)
-        RETURNING r.*
-    ), parts AS MATERIALIZED (
-        SELECT x.n, CASE x.part WHEN 'commit' THEN 'commit' ELSE 'release' END AS kind,
-               x.grant_id, x.amount, c.job_id
-        FROM changed c
-        CROSS JOIN LATERAL engine_split_draws(c.draws, c.amount, c.committed_amount) x
-    ), moves AS MATERIALIZED (
-        SELECT p.*, m.available AS d_available, m.reserved AS d_reserved, m.used AS d_used
-        FROM parts p CROSS JOIN LATERAL engine_deltas(p.kind, p.amount, p_reservation) m
+        SELECT m.*, d.available AS d_available, d.reserved AS d_reserved, d.used AS d_used
+        FROM (SELECT d.n, d.lo AS k, g.account, 'reserve' AS kind, d.grant_id, d.amount,
+                     g.new_id AS reservation, g.job
+              FROM draws d JOIN go g ON g.n = d.n
+              UNION ALL
+              SELECT g.n, x.n, g.account, CASE x.part WHEN 'commit' THEN 'commit' ELSE 'release' END,
+                     x.grant_id, x.amount, g.reservation, g.r_job
+              FROM go g CROSS JOIN LATERAL engine_split_draws(g.r_draws, g.r_amount, g.committed) x
+              WHERE NOT g.spends) m
+        CROSS JOIN LATERAL engine_deltas(m.kind, m.amount, m.reservation) d
     ), grants AS (
         UPDATE credit_grants g
         SET remaining = g.remaining + t.remaining, reserved = g.reserved + t.reserved,
             consumed = g.consumed + t.consumed,
             drawable = g.remaining + t.remaining > 0
-        FROM (SELECT p.grant_id, sum(x.remaining)::bigint AS remaining,
+        FROM (SELECT m.grant_id, sum(x.remaining)::bigint AS remaining,
                      sum(x.reserved)::bigint AS reserved, sum(x.consumed)::bigint AS consumed
-              FROM parts p
-              CROSS JOIN LATERAL engine_grant_deltas(p.kind, p.amount, p_reservation) x
-              WHERE p.grant_id IS NOT NULL
-              GROUP BY p.grant_id) t
-        WHERE g.id = t.grant_id AND g.id = ANY (ARRAY(SELECT grant_id FROM parts))
+              FROM moves m
+              CROSS JOIN LATERAL engine_grant_deltas(m.kind, m.amount, m.reservation) x
+              WHERE m.grant_id IS NOT NULL
+              GROUP BY m.grant_id) t
+        WHERE g.id = t.grant_id AND g.id = ANY (ARRAY(SELECT grant_id FROM moves))
         RETURNING g.id
+    ), made AS (
+        INSERT INTO reservations (id, account_id, request_id, amount, requested_ttl_seconds,
+            state, expires_at, job_id, draws)
+        SELECT g.new_id, g.account, g.request, g.amount, g.requested_ttl, 'held',
+               now() + make_interval(secs => g.ttl), g.job,
+               (SELECT jsonb_agg(jsonb_build_object('grant_id', d.grant_id, 'amount', d.amount)
+                                 ORDER BY d.lo) FROM draws d WHERE d.n = g.n)
+        FROM go g WHERE g.spends
+        RETURNING *
+    ), jobs AS (
+        INSERT INTO generation_jobs (id, account_id, request_id, request_hash, kind, params, cost,
+            reservation_id)
+        SELECT g.job, g.account, g.request, g.hash, g.kind, g.params, g.amount, g.new_id
+        FROM go g WHERE g.op = 'create_job'
+        RETURNING *
+    ), settled AS (
+        -- The reservation's row lock is taken here, under the account's.
+        UPDATE reservations r
+        SET state = CASE WHEN g.op = 'release' THEN 'released' ELSE 'committed' END,
+            committed_amount = g.committed, resolved_at = now()
+        FROM go g
+        WHERE NOT g.spends AND r.id = g.reservation
+          AND r.id = ANY (ARRAY(SELECT x.reservation FROM go x WHERE NOT x.spends))
+        RETURNING g.n, to_jsonb(r) AS answer
     ), moved AS (
         UPDATE accounts x
         SET available = x.available + s.available, reserved = x.reserved + s.reserved,
-            used = x.used + s.used, active_reservations = x.active_reservations - 1,
+            used = x.used + s.used,
+            active_reservations = x.active_reservations + s.opened - s.closed,
             version = x.version + s.entries,
             balance_low = engine_is_low(x.available + s.available, x.low_balance_threshold),
             updated_at = now()
-        FROM (SELECT sum(m.d_available)::bigint AS available,
-                     sum(m.d_reserved)::bigint AS reserved, sum(m.d_used)::bigint AS used,
-                     count(*) AS entries FROM moves m) s
-        WHERE x.id = p_account AND s.entries > 0
-        RETURNING x.available - s.available AS available, x.reserved - s.reserved AS reserved,
-                  x.used - s.used AS used
+        FROM (SELECT g.account, COALESCE(sum(m.available), 0)::bigint AS available,
+                     COALESCE(sum(m.reserved), 0)::bigint AS reserved,
+                     COALESCE(sum(m.used), 0)::bigint AS used,
+                     COALESCE(sum(m.entries), 0)::bigint AS entries,
+                     count(*) FILTER (WHERE g.spends) AS opened,
+                     count(*) FILTER (WHERE NOT g.spends) AS closed
+              FROM go g
+              CROSS JOIN LATERAL (SELECT sum(v.d_available) AS available,
+                                         sum(v.d_reserved) AS reserved, sum(v.d_used) AS used,
+                                         count(*) AS entries
+                                  FROM moves v WHERE v.n = g.n) m
+              GROUP BY g.account) s
+        WHERE x.id = s.account AND x.id = ANY (ARRAY(SELECT account FROM go))
+        RETURNING x.id
     ), entries AS (
+        -- Each entry with the account's balances after it: the balances
+        -- before the batch (this statement's snapshot) and every movement
+        -- of the batch on the account up to it.
         INSERT INTO ledger_entries (account_id, kind, amount, available_after, reserved_after,
             used_after, reservation_id, job_id, external_ref, reason, actor, created_at, grant_id)
-        SELECT p_account, m.kind, m.amount, b.available + (sum(m.d_available) OVER w)::bigint,
-               b.reserved + (sum(m.d_reserved) OVER w)::bigint,
-               b.used + (sum(m.d_used) OVER w)::bigint, p_reservation, m.job_id, NULL, NULL,
-               p_actor, at, m.grant_id
-        FROM moves m CROSS JOIN moved b
-        WINDOW w AS (ORDER BY m.n)
-        ORDER BY m.n
+        SELECT m.account, m.kind, m.amount,
+               g.a_available + (sum(m.d_available) OVER w)::bigint,
+               g.a_reserved + (sum(m.d_reserved) OVER w)::bigint,
+               g.a_used + (sum(m.d_used) OVER w)::bigint,
+               m.reservation, m.job, NULL, NULL, g.actor, at, m.grant_id
+        FROM moves m JOIN go g ON g.n = m.n
+        WINDOW w AS (PARTITION BY m.account ORDER BY m.n, m.k)
+        ORDER BY m.n, m.k
         RETURNING 1
     )
-    SELECT to_jsonb(c) INTO settled FROM changed c;
-    RETURN settled;
+    -- (Every part of a WITH that writes runs once, read or not.)
+    SELECT g.n AS n,
+           CASE g.op WHEN 'release' THEN 'released' WHEN 'commit' THEN 'committed'
+                     WHEN 'commit_all' THEN 'committed' ELSE 'created' END AS outcome,
+           CASE g.op
+               WHEN 'reserve' THEN (SELECT to_jsonb(h) FROM made h WHERE h.id = g.new_id)
+               WHEN 'create_job' THEN (SELECT engine_job_view(j, h.state, h.expires_at, h.draws)
+                                       FROM jobs j JOIN made h ON h.id = j.reservation_id
+                                       WHERE j.id = g.job)
+               ELSE (SELECT s.answer FROM settled s WHERE s.n = g.n)
+           END AS answer,
+           CASE WHEN engine_key_use_stale(g.last_used_at) THEN g.valid_key END AS stale_key
+    FROM go g
+    ORDER BY g.n
+    LOOP
+        op_position := applied.n; outcome := applied.outcome; object := applied.answer;
+        RETURN NEXT;
+        IF applied.stale_key IS NOT NULL THEN
+            stale := stale || applied.stale_key;
+        END IF;
+    END LOOP;
+    -- A verified key whose last use is stale has it written, as
+    -- engine_verify_keys does: a key row another transaction holds is
+    -- skipped, never waited for. (Once a minute per key: a statement of
+    -- its own, not a part of every batch's.)
+    IF cardinality(stale) > 0 THEN
+        UPDATE api_keys SET last_used_at = now()
+        WHERE id = ANY (ARRAY(SELECT k.id FROM api_keys k
+                              WHERE k.id = ANY (stale) AND engine_key_use_stale(k.last_used_at)
+                              FOR UPDATE SKIP LOCKED));
+    END IF;
 END;
 $$;

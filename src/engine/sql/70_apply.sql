@@ -270,12 +270,12 @@ END;
 $$;
 
 -- The entry point: the batch's leading plain operations on the lean path
--- (68_lean.sql), one by one in batch order, then everything from the
+-- (68_lean.sql: one statement for all of them), then everything from the
 -- first operation that is not plain on (a refusal, a replay, a lapse, an
 -- event, another kind of operation) in engine_apply_full, in the same
 -- transaction: each operation gets the answer it would have had alone at
--- its place, whichever path decided it. A batch of several operations
--- first locks its accounts in id order, as engine_apply_full does, so two
+-- its place, whichever path decided it. Before the lean path, the batch's
+-- accounts are locked in id order, as engine_apply_full does, so two
 -- batches never wait on each other crosswise. The setting
 -- token_billing.lean = off sends every batch to engine_apply_full (the
 -- tests compare the two paths with it).
@@ -293,7 +293,8 @@ LANGUAGE plpgsql AS $$
 DECLARE
     batch integer := COALESCE(cardinality(p_op), 0);
     done integer := 0;
-    answer jsonb;
+    lean integer := 0;
+    applied record;
 BEGIN
     IF batch = 0 THEN
         RETURN;
@@ -311,13 +312,10 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF batch <= 64 AND COALESCE(current_setting('token_billing.lean', true), '') <> 'off' THEN
-        IF batch > 1 THEN
-            PERFORM 1 FROM accounts WHERE id = ANY (p_account) ORDER BY id FOR NO KEY UPDATE;
-        END IF;
+        -- The leading operations of the lean kinds, each with every field
+        -- it needs (engine_apply_full refuses a batch with a field
+        -- missing, and then nothing at all is written).
         FOR i IN 1 .. batch LOOP
-            -- A lean kind with every field it needs (engine_apply_full
-            -- refuses a batch with a field missing, and then nothing at
-            -- all is written).
             EXIT WHEN p_op[i] NOT IN ('reserve', 'create_job', 'commit', 'commit_all', 'release')
                    OR engine_op_incomplete(p_op[i], p_account[i], p_actor[i], p_authorized[i],
                           p_key_id[i], p_key_hash[i], p_request[i], p_amount[i], p_ttl[i],
@@ -325,27 +323,25 @@ BEGIN
                           p_reservation[i], p_external_ref[i], p_reason[i], p_priority[i],
                           p_lease_token[i], p_status[i], p_result[i], p_expires_at[i])
                       IS NOT FALSE;
-            IF p_op[i] IN ('reserve', 'create_job') THEN
-                answer := engine_lean_reserve(p_account[i], p_actor[i], p_key_id[i],
-                    p_key_hash[i], p_authorized[i], p_request[i], p_amount[i],
-                    p_requested_ttl[i], p_ttl[i], p_new_id[i],
-                    CASE WHEN p_op[i] = 'create_job' THEN p_job[i] END,
-                    CASE WHEN p_op[i] = 'create_job' THEN p_hash[i] END,
-                    CASE WHEN p_op[i] = 'create_job' THEN p_kind[i] END,
-                    CASE WHEN p_op[i] = 'create_job' THEN p_params[i] END);
-                outcome := 'created';
-            ELSE
-                answer := engine_lean_settle(p_op[i], p_account[i], p_actor[i], p_key_id[i],
-                    p_key_hash[i], p_authorized[i], p_reservation[i], p_amount[i]);
-                outcome := CASE p_op[i] WHEN 'release' THEN 'released' ELSE 'committed' END;
-            END IF;
-            EXIT WHEN answer IS NULL;
-            op_position := i; detail := NULL; object := answer;
-            RETURN NEXT;
-            done := i;
+            lean := i;
         END LOOP;
-        IF done = batch THEN
-            RETURN;
+        IF lean > 0 THEN
+            PERFORM 1 FROM accounts WHERE id = ANY (p_account) ORDER BY id FOR NO KEY UPDATE;
+            FOR applied IN
+                SELECT * FROM engine_lean_batch(p_op[:lean], p_account[:lean], p_actor[:lean],
+                    p_key_id[:lean], p_key_hash[:lean], p_authorized[:lean], p_request[:lean],
+                    p_amount[:lean], p_requested_ttl[:lean], p_ttl[:lean], p_new_id[:lean],
+                    p_job[:lean], p_reservation[:lean], p_hash[:lean], p_kind[:lean],
+                    p_params[:lean])
+            LOOP
+                op_position := applied.op_position; outcome := applied.outcome;
+                detail := NULL; object := applied.object;
+                RETURN NEXT;
+                done := applied.op_position;
+            END LOOP;
+            IF done = batch THEN
+                RETURN;
+            END IF;
         END IF;
     END IF;
     RETURN QUERY
