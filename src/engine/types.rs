@@ -152,11 +152,10 @@ impl From<Priority> for i64 {
 /// the engine's decision (`engine_external`), after the replay check: a
 /// retry of a credit that landed is its replay even once its expiry has
 /// passed.
+/// Read by the one instant parser (`crate::time::parse_instant`: RFC 3339
+/// or a bare date as its midnight UTC).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(
-    try_from = "chrono::DateTime<chrono::Utc>",
-    into = "chrono::DateTime<chrono::Utc>"
-)]
+#[serde(try_from = "String", into = "String")]
 pub struct GrantExpiry(chrono::DateTime<chrono::Utc>);
 
 /// How far ahead a grant's expiry may lie.
@@ -191,6 +190,19 @@ impl TryFrom<chrono::DateTime<chrono::Utc>> for GrantExpiry {
     type Error = String;
     fn try_from(at: chrono::DateTime<chrono::Utc>) -> Result<Self, String> {
         GrantExpiry::at(at, chrono::Utc::now())
+    }
+}
+
+impl TryFrom<String> for GrantExpiry {
+    type Error = String;
+    fn try_from(text: String) -> Result<Self, String> {
+        GrantExpiry::try_from(crate::time::instant_of("expires_at", &text)?)
+    }
+}
+
+impl From<GrantExpiry> for String {
+    fn from(expiry: GrantExpiry) -> String {
+        crate::time::rfc3339(expiry.0)
     }
 }
 

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 /// The line, bottom first. A module not listed fails the test: place a new
 /// module in the line when you add it.
 const LAYERS: &[&[&str]] = &[
-    &["config", "secrets", "rate_limit", "job_watch"],
+    &["config", "secrets", "rate_limit", "job_watch", "time"],
     &["error", "telemetry", "provider"],
     &["db"],
     &["engine"],

@@ -40,6 +40,7 @@ mod read_replica;
 mod reaper;
 mod receiver;
 mod reconciliation;
+mod representations;
 mod reservations;
 mod secrets;
 mod security;
