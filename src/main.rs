@@ -279,36 +279,19 @@ fn reconcile_command(
 /// of accounts at a time, as JSON lines or CSV.
 fn balances_command(database_url: &str, as_of: &str, csv: bool) -> anyhow::Result<()> {
     use std::io::Write;
-    use token_billing::domain::history::{list_as_of, parse_as_of};
+    use token_billing::domain::history::{list_as_of, parse_as_of, BalancesAsOf};
     let as_of = parse_as_of(as_of, chrono::Utc::now())?;
     let mut conn = connect(database_url)?;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     if csv {
-        writeln!(
-            out,
-            "account_id,name,as_of,available,reserved,used,credited,adjusted,last_entry_id"
-        )?;
+        writeln!(out, "{}", BalancesAsOf::CSV_HEADER)?;
     }
     let mut after = None;
     loop {
         let page = list_as_of(&mut conn, as_of, after, 1_000)?;
         for line in &page.balances {
             if csv {
-                writeln!(
-                    out,
-                    "{},{},{},{},{},{},{},{},{}",
-                    line.account_id,
-                    token_billing::domain::reconciliation::csv_text(&line.name),
-                    line.as_of,
-                    line.available,
-                    line.reserved,
-                    line.used,
-                    line.credited,
-                    line.adjusted,
-                    line.last_entry_id
-                        .map(|id| id.to_string())
-                        .unwrap_or_default()
-                )?;
+                writeln!(out, "{}", line.csv_line())?;
             } else {
                 writeln!(out, "{}", serde_json::to_string(line)?)?;
             }

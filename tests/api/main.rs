@@ -21,6 +21,7 @@ mod distribution;
 mod docs_agree;
 mod failover;
 mod fencing;
+mod finance_exports;
 mod frozen_files;
 mod grant_expiry;
 mod grants;
