@@ -2,8 +2,8 @@
 //!
 //! - `serve` (the default): create the database if missing, migrate, serve;
 //! - `migrate`: create the database if missing and migrate;
-//! - `account create`, `account list`, `api-key create`, `reconcile`,
-//!   `ledger-digest`:
+//! - `account create`, `account list`, `api-key create`, `api-key list`,
+//!   `api-key revoke`, `credit`, `reconcile`, `balances`, `ledger-digest`:
 //!   management commands on a database that `serve` or `migrate` prepared
 //!   (they never create or migrate one themselves).
 //!
@@ -90,6 +90,35 @@ pub enum Command {
         #[arg(long)]
         csv: bool,
     },
+    /// Credit tokens to an account (a top-up), as POST /v1/accounts/{id}/credits does:
+    /// idempotent by --external-ref (the same command again changes nothing and prints
+    /// the same credit).
+    #[command(after_help = "Examples:\n  \
+        token-billing credit --account <ACCOUNT_ID> --amount 500 --external-ref invoice-2026-0042\n  \
+        token-billing credit --account <ACCOUNT_ID> --amount 100 --external-ref promo-12 \\\n    \
+          --expires-at 2027-01-01 --priority 0 --note \"December promotion\"")]
+    Credit {
+        /// The account to credit (its id).
+        #[arg(long)]
+        account: uuid::Uuid,
+        /// Tokens to credit (1–1,000,000).
+        #[arg(long)]
+        amount: i64,
+        /// Your reference for this credit (an invoice number), unique across all credits:
+        /// the same reference again is the same credit.
+        #[arg(long)]
+        external_ref: String,
+        /// A note for people reading the books.
+        #[arg(long)]
+        note: Option<String>,
+        /// The grant's priority, 0–100 (0 is drawn first; default 50).
+        #[arg(long)]
+        priority: Option<i64>,
+        /// When the credited tokens lapse: RFC 3339, or a date (YYYY-MM-DD) as its midnight
+        /// UTC; default: never.
+        #[arg(long)]
+        expires_at: Option<String>,
+    },
     /// Print every account's balances as the books stood at an instant, as
     /// JSON lines (or CSV): finance's month-end statement.
     #[command(after_help = "Examples:\n  \
@@ -143,12 +172,18 @@ pub enum Command {
     /// last_entry_id, format}`: keep it, and compare it after a restore or in an audit.
     #[command(after_help = "Examples:\n  \
         token-billing ledger-digest --until 2026-12-01T14:03:00Z\n  \
-        token-billing ledger-digest --until \"$(date -u +%Y-%m-%dT%H:%M:%SZ)\" | jq -r .digest\n\n\
+        token-billing ledger-digest --until \"$(date -u +%Y-%m-%dT%H:%M:%SZ)\" | jq -r .digest\n  \
+        token-billing ledger-digest --until 2026-12-01 --format 1\n\n\
         The chain and how to recompute it without this binary: docs/backup.md.")]
     LedgerDigest {
-        /// The instant (RFC 3339): every entry created at or before it is chained.
+        /// The instant: RFC 3339, or a date (YYYY-MM-DD) as its midnight UTC. Every entry
+        /// created at or before it is chained.
         #[arg(long)]
         until: String,
+        /// 2: sha256-chain-v2, every column of each entry (the default). 1: sha256-chain-v1,
+        /// to compare with a digest kept before format 2.
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=2))]
+        format: u8,
     },
 }
 
@@ -207,6 +242,28 @@ pub enum ApiKeyCommand {
         /// A note telling people what the key is for (1–200 characters).
         #[arg(long, default_value = "created from the command line")]
         label: String,
+    },
+    /// List keys in creation order as JSON `{keys, next_after}`, without their secrets.
+    #[command(after_help = "Examples:\n  \
+        token-billing api-key list | jq -r '.keys[] | [.key_id, .scope, .label, .revoked_at] | @tsv'\n  \
+        token-billing api-key list --account <ACCOUNT_ID>")]
+    List {
+        /// Only the kiosk keys of this account.
+        #[arg(long)]
+        account: Option<uuid::Uuid>,
+        /// Start after this key id (the `next_after` of a previous page).
+        #[arg(long)]
+        after: Option<uuid::Uuid>,
+        /// Most keys printed (1–1000).
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+    },
+    /// Revoke a key: it stops working at once, on every replica. Revoking a revoked key
+    /// again changes nothing.
+    #[command(after_help = "Example:\n  token-billing api-key revoke <KEY_ID>")]
+    Revoke {
+        /// The key's id (`key_id` of `api-key list`).
+        key_id: uuid::Uuid,
     },
 }
 

@@ -510,6 +510,55 @@ pub fn parse_price_list(text: &str) -> Result<PriceList, String> {
     Ok(prices)
 }
 
+/// A connection string in libpq's key=value form (`host=h port=5432
+/// dbname=token_billing user=postgres`) as its pairs, in order: values may
+/// be single-quoted (`password='a b'`, with `\'` and `\\` inside), spaces
+/// around `=` are allowed. `None` for a URL (`postgres://…`,
+/// `postgresql://…`) or a string that is not well-formed (libpq refuses it
+/// with its own message).
+pub fn conninfo_pairs(conninfo: &str) -> Option<Vec<(String, String)>> {
+    if conninfo.starts_with("postgres://") || conninfo.starts_with("postgresql://") {
+        return None;
+    }
+    let mut pairs = Vec::new();
+    let mut chars = conninfo.chars().peekable();
+    loop {
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        if chars.peek().is_none() {
+            break;
+        }
+        let mut key = String::new();
+        while let Some(c) = chars.next_if(|c| !c.is_whitespace() && *c != '=') {
+            key.push(c);
+        }
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        if key.is_empty() || chars.next() != Some('=') {
+            return None;
+        }
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        let mut value = String::new();
+        if chars.next_if_eq(&'\'').is_some() {
+            loop {
+                match chars.next()? {
+                    '\'' => break,
+                    '\\' => value.push(chars.next()?),
+                    c => value.push(c),
+                }
+            }
+        } else {
+            while let Some(c) = chars.next_if(|c| !c.is_whitespace()) {
+                if c == '\\' {
+                    value.push(chars.next()?);
+                } else {
+                    value.push(c);
+                }
+            }
+        }
+        pairs.push((key, value));
+    }
+    Some(pairs)
+}
+
 /// The hosts a `DATABASE_URL` names: several in libpq's multi-host form
 /// (`postgres://u@h1:5432,h2:5433/db`, or `host=h1,h2` in the key=value
 /// form), one otherwise.
@@ -522,10 +571,13 @@ pub fn database_hosts(database_url: &str) -> Vec<String> {
                 .rsplit_once('@')
                 .map_or(authority, |(_, hosts)| hosts)
         }
-        None => database_url
-            .split_whitespace()
-            .find_map(|pair| pair.strip_prefix("host="))
-            .unwrap_or(""),
+        None => {
+            let host = conninfo_pairs(database_url)
+                .and_then(|pairs| pairs.into_iter().rfind(|(key, _)| key == "host"))
+                .map(|(_, host)| host)
+                .unwrap_or_default();
+            return host.split(',').map(str::to_owned).collect();
+        }
     };
     authority.split(',').map(str::to_owned).collect()
 }
