@@ -144,14 +144,21 @@ pub enum Command {
             token-billing prune --pause 500ms   # gentler on the kiosks during opening hours"
     )]
     Prune {
+        /// How long idempotency keys are kept (humantime: `30d`, `12h`; `0` keeps them forever).
         #[arg(long, env = "RETENTION_IDEMPOTENCY_KEYS", default_value = "30d")]
         retention_idempotency_keys: String,
+        /// How long events (the feed, webhooks' payloads) are kept; `0` keeps them forever.
         #[arg(long, env = "RETENTION_EVENTS", default_value = "90d")]
         retention_events: String,
+        /// How long finished webhook deliveries and their attempts are kept; `0` keeps them
+        /// forever.
         #[arg(long, env = "RETENTION_WEBHOOK_ATTEMPTS", default_value = "30d")]
         retention_webhook_attempts: String,
+        /// How long audit events are kept; `0` (the default) keeps them forever.
         #[arg(long, env = "RETENTION_AUDIT_EVENTS", default_value = "0")]
         retention_audit_events: String,
+        /// Where pruned rows are archived first (gzip JSON Lines under `<dir>/<table>/`);
+        /// unset: no archive.
         #[arg(long, env = "ARCHIVE_DIR")]
         archive_dir: Option<std::path::PathBuf>,
         /// Rows per batch (one transaction each).
@@ -301,7 +308,7 @@ impl Cli {
     /// `token-billing --help`: each subcommand still accepts them (`account
     /// list --database-url …` works) but lists only its own options.
     pub fn command_for_help() -> clap::Command {
-        let command = Cli::command();
+        let command = plain_env_markers(Cli::command());
         let globals: Vec<clap::Arg> = command
             .get_arguments()
             .filter(|argument| argument.is_global_set())
@@ -393,6 +400,22 @@ fn all_arguments(command: &clap::Command) -> Vec<clap::Arg> {
 /// Gives every subcommand (at any depth) a hidden copy of each global
 /// option: clap then does not add the visible one, and the value still
 /// reaches `GlobalArgs` (same id, still global).
+/// Every option's environment variable shown as `[env: NAME]`, never with
+/// its value: clap writes `[env: NAME=]` for a variable that is not set (a
+/// bare marker that reads like a bug) and the value of one that is (which
+/// may be a secret).
+pub fn plain_env_markers(command: clap::Command) -> clap::Command {
+    let mut command = command.mut_args(|argument| argument.hide_env_values(true));
+    let names: Vec<String> = command
+        .get_subcommands()
+        .map(|subcommand| subcommand.get_name().to_owned())
+        .collect();
+    for name in names {
+        command = command.mut_subcommand(name, plain_env_markers);
+    }
+    command
+}
+
 fn quiet_globals(mut command: clap::Command, globals: &[clap::Arg]) -> clap::Command {
     let names: Vec<String> = command
         .get_subcommands()

@@ -269,7 +269,7 @@ pub struct Config {
         env = "WEBHOOK_ALLOW_PRIVATE_URLS",
         default_value = "false",
         action = clap::ArgAction::Set,
-        value_parser = clap::builder::BoolishValueParser::new()
+        value_parser = clap::builder::BoolValueParser::new()
     )]
     pub webhook_allow_private_urls: bool,
 
@@ -337,6 +337,45 @@ impl Config {
                     .map_err(|_| format!("TRUSTED_PROXIES: {cidr:?} is not a CIDR or an address"))
             })
             .collect()
+    }
+
+    /// Every setting that turns a guard off or weakens it, with what that
+    /// means: `serve` warns of each at start (one line each), so a setting
+    /// meant for development does not reach production unnoticed.
+    pub fn weakened_guards(&self) -> Vec<String> {
+        let mut weakened = Vec::new();
+        if self.webhook_allow_private_urls {
+            weakened.push(
+                "WEBHOOK_ALLOW_PRIVATE_URLS=true: webhooks may be sent to loopback, private and \
+                 link-local addresses (the guard against requests into your own network is \
+                 off; for development and tests only)"
+                    .to_owned(),
+            );
+        }
+        if self.rate_limit_per_second == 0 {
+            weakened.push(
+                "RATE_LIMIT_PER_SECOND=0: API keys are not rate-limited (one key can take the \
+                 whole service)"
+                    .to_owned(),
+            );
+        }
+        if self.auth_failure_burst == 0 {
+            weakened.push(
+                "AUTH_FAILURE_BURST=0: authentication failures are not throttled per address \
+                 (keys can be guessed as fast as the service answers)"
+                    .to_owned(),
+            );
+        }
+        if let Ok(networks) = self.trusted_proxy_networks() {
+            if networks.iter().any(|network| network.prefix_len() == 0) {
+                weakened.push(
+                    "TRUSTED_PROXIES contains a /0: every peer's X-Forwarded-For is believed, so \
+                     any client can choose the address its limits are counted by"
+                        .to_owned(),
+                );
+            }
+        }
+        weakened
     }
 
     /// Checks every cross-field rule; the error names the variable to fix.

@@ -216,6 +216,9 @@ fn warn_without_admin(conn: &mut PgConnection, bootstrap: bool) -> anyhow::Resul
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {
+    for weakened in config.weakened_guards() {
+        tracing::warn!("a guard is weakened: {weakened}");
+    }
     let database_url = config.database_url.clone();
     let bootstrap = config.admin_api_key.is_some();
     tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
