@@ -220,7 +220,7 @@ impl utoipa::PartialSchema for GrantExpiry {
                 utoipa::openapi::KnownFormat::DateTime,
             )))
             .description(Some(
-                "When the grant lapses (RFC 3339): in the future and within 10 years.",
+                "When the grant lapses: RFC 3339, or a date (YYYY-MM-DD) as its midnight UTC; in the future and within 10 years.",
             ))
             .into()
     }

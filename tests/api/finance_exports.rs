@@ -1,9 +1,9 @@
 //! Every file finance reads balances on its own: `balances --csv` has every
 //! column of the JSON lines, and each line satisfies the identity
-//! docs/finance.md states (credited + adjusted − grant_expired = available
-//! + reserved + used), on a history with a lapsed grant, adjustments both
-//! ways, a committed and a held reservation. (The reconciliation CSV's
-//! totals row: tests/api/reconciliation.rs.)
+//! docs/finance.md states (credited plus adjusted minus grant_expired
+//! equals available plus reserved plus used), on a history with a lapsed
+//! grant, adjustments both ways, a committed and a held reservation. (The
+//! reconciliation CSV's totals row: tests/api/reconciliation.rs.)
 
 use std::collections::HashMap;
 use std::process::Command;

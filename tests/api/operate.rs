@@ -237,7 +237,10 @@ fn the_compose_file_agrees_with_the_code_and_the_repository() {
     let backup_alerts = read("prometheus/backup-alerts.yml");
     let alerts = read("prometheus/alerts.yml");
     for alert in ["TokenBillingBackupTooOld", "TokenBillingWalArchiveStale"] {
-        assert!(backup_alerts.contains(&format!("alert: {alert}")), "{alert}");
+        assert!(
+            backup_alerts.contains(&format!("alert: {alert}")),
+            "{alert}"
+        );
         assert!(!alerts.contains(alert), "{alert} is loaded by compose");
     }
     assert!(read("docker-compose.yml").contains("prometheus/backup-alerts.yml"));
