@@ -425,11 +425,27 @@ fn keys_are_listed_and_revoked_and_credits_are_idempotent_from_the_command_line(
 #[test]
 fn booleans_are_strict_and_a_weakened_guard_is_warned_of() {
     for value in ["yes", "1", "on", "TRUE "] {
-        let output = Command::new(BINARY)
+        // A database that cannot be reached, and a bound: were the value
+        // accepted, `serve` would stop at the connection (or be killed),
+        // never touch a real database, and the test would fail, not hang.
+        let mut child = Command::new(BINARY)
             .arg("serve")
             .env("WEBHOOK_ALLOW_PRIVATE_URLS", value)
-            .output()
+            .env("DATABASE_URL", "postgres://unused@127.0.0.1:1/none")
+            .env_remove("RUST_LOG")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
             .expect("runs");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while child.try_wait().expect("wait").is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let output = child.wait_with_output().expect("output");
         let said = text(&output.stderr);
         assert_eq!(output.status.code(), Some(2), "{value}: {said}");
         assert!(
