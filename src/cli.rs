@@ -2,8 +2,8 @@
 //!
 //! - `serve` (the default): create the database if missing, migrate, serve;
 //! - `migrate`: create the database if missing and migrate;
-//! - `account create`, `account list`, `api-key create`, `reconcile`,
-//!   `ledger-digest`:
+//! - `account create`, `account list`, `api-key create`, `api-key list`,
+//!   `api-key revoke`, `credit`, `reconcile`, `balances`, `ledger-digest`:
 //!   management commands on a database that `serve` or `migrate` prepared
 //!   (they never create or migrate one themselves).
 //!
@@ -90,6 +90,35 @@ pub enum Command {
         #[arg(long)]
         csv: bool,
     },
+    /// Credit tokens to an account (a top-up), as POST /v1/accounts/{id}/credits does:
+    /// idempotent by --external-ref (the same command again changes nothing and prints
+    /// the same credit).
+    #[command(after_help = "Examples:\n  \
+        token-billing credit --account <ACCOUNT_ID> --amount 500 --external-ref invoice-2026-0042\n  \
+        token-billing credit --account <ACCOUNT_ID> --amount 100 --external-ref promo-12 \\\n    \
+          --expires-at 2027-01-01 --priority 0 --note \"December promotion\"")]
+    Credit {
+        /// The account to credit (its id).
+        #[arg(long)]
+        account: uuid::Uuid,
+        /// Tokens to credit (1–1,000,000).
+        #[arg(long)]
+        amount: i64,
+        /// Your reference for this credit (an invoice number), unique across all credits:
+        /// the same reference again is the same credit.
+        #[arg(long)]
+        external_ref: String,
+        /// A note for people reading the books.
+        #[arg(long)]
+        note: Option<String>,
+        /// The grant's priority, 0–100 (0 is drawn first; default 50).
+        #[arg(long)]
+        priority: Option<i64>,
+        /// When the credited tokens lapse: RFC 3339, or a date (YYYY-MM-DD) as its midnight
+        /// UTC; default: never.
+        #[arg(long)]
+        expires_at: Option<String>,
+    },
     /// Print every account's balances as the books stood at an instant, as
     /// JSON lines (or CSV): finance's month-end statement.
     #[command(after_help = "Examples:\n  \
@@ -115,14 +144,21 @@ pub enum Command {
             token-billing prune --pause 500ms   # gentler on the kiosks during opening hours"
     )]
     Prune {
+        /// How long idempotency keys are kept (humantime: `30d`, `12h`; `0` keeps them forever).
         #[arg(long, env = "RETENTION_IDEMPOTENCY_KEYS", default_value = "30d")]
         retention_idempotency_keys: String,
+        /// How long events (the feed, webhooks' payloads) are kept; `0` keeps them forever.
         #[arg(long, env = "RETENTION_EVENTS", default_value = "90d")]
         retention_events: String,
+        /// How long finished webhook deliveries and their attempts are kept; `0` keeps them
+        /// forever.
         #[arg(long, env = "RETENTION_WEBHOOK_ATTEMPTS", default_value = "30d")]
         retention_webhook_attempts: String,
+        /// How long audit events are kept; `0` (the default) keeps them forever.
         #[arg(long, env = "RETENTION_AUDIT_EVENTS", default_value = "0")]
         retention_audit_events: String,
+        /// Where pruned rows are archived first (gzip JSON Lines under `<dir>/<table>/`);
+        /// unset: no archive.
         #[arg(long, env = "ARCHIVE_DIR")]
         archive_dir: Option<std::path::PathBuf>,
         /// Rows per batch (one transaction each).
@@ -143,12 +179,18 @@ pub enum Command {
     /// last_entry_id, format}`: keep it, and compare it after a restore or in an audit.
     #[command(after_help = "Examples:\n  \
         token-billing ledger-digest --until 2026-12-01T14:03:00Z\n  \
-        token-billing ledger-digest --until \"$(date -u +%Y-%m-%dT%H:%M:%SZ)\" | jq -r .digest\n\n\
+        token-billing ledger-digest --until \"$(date -u +%Y-%m-%dT%H:%M:%SZ)\" | jq -r .digest\n  \
+        token-billing ledger-digest --until 2026-12-01 --format 1\n\n\
         The chain and how to recompute it without this binary: docs/backup.md.")]
     LedgerDigest {
-        /// The instant (RFC 3339): every entry created at or before it is chained.
+        /// The instant: RFC 3339, or a date (YYYY-MM-DD) as its midnight UTC. Every entry
+        /// created at or before it is chained.
         #[arg(long)]
         until: String,
+        /// 2: sha256-chain-v2, every column of each entry (the default). 1: sha256-chain-v1,
+        /// to compare with a digest kept before format 2.
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=2))]
+        format: u8,
     },
 }
 
@@ -208,6 +250,28 @@ pub enum ApiKeyCommand {
         #[arg(long, default_value = "created from the command line")]
         label: String,
     },
+    /// List keys in creation order as JSON `{keys, next_after}`, without their secrets.
+    #[command(after_help = "Examples:\n  \
+        token-billing api-key list | jq -r '.keys[] | [.key_id, .scope, .label, .revoked_at] | @tsv'\n  \
+        token-billing api-key list --account <ACCOUNT_ID>")]
+    List {
+        /// Only the kiosk keys of this account.
+        #[arg(long)]
+        account: Option<uuid::Uuid>,
+        /// Start after this key id (the `next_after` of a previous page).
+        #[arg(long)]
+        after: Option<uuid::Uuid>,
+        /// Most keys printed (1–1000).
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+    },
+    /// Revoke a key: it stops working at once, on every replica. Revoking a revoked key
+    /// again changes nothing.
+    #[command(after_help = "Example:\n  token-billing api-key revoke <KEY_ID>")]
+    Revoke {
+        /// The key's id (`key_id` of `api-key list`).
+        key_id: uuid::Uuid,
+    },
 }
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -244,7 +308,7 @@ impl Cli {
     /// `token-billing --help`: each subcommand still accepts them (`account
     /// list --database-url …` works) but lists only its own options.
     pub fn command_for_help() -> clap::Command {
-        let command = Cli::command();
+        let command = plain_env_markers(Cli::command());
         let globals: Vec<clap::Arg> = command
             .get_arguments()
             .filter(|argument| argument.is_global_set())
@@ -336,6 +400,22 @@ fn all_arguments(command: &clap::Command) -> Vec<clap::Arg> {
 /// Gives every subcommand (at any depth) a hidden copy of each global
 /// option: clap then does not add the visible one, and the value still
 /// reaches `GlobalArgs` (same id, still global).
+/// Every option's environment variable shown as `[env: NAME]`, never with
+/// its value: clap writes `[env: NAME=]` for a variable that is not set (a
+/// bare marker that reads like a bug) and the value of one that is (which
+/// may be a secret).
+pub fn plain_env_markers(command: clap::Command) -> clap::Command {
+    let mut command = command.mut_args(|argument| argument.hide_env_values(true));
+    let names: Vec<String> = command
+        .get_subcommands()
+        .map(|subcommand| subcommand.get_name().to_owned())
+        .collect();
+    for name in names {
+        command = command.mut_subcommand(name, plain_env_markers);
+    }
+    command
+}
+
 fn quiet_globals(mut command: clap::Command, globals: &[clap::Arg]) -> clap::Command {
     let names: Vec<String> = command
         .get_subcommands()

@@ -293,7 +293,7 @@ pub struct Config {
         env = "WEBHOOK_ALLOW_PRIVATE_URLS",
         default_value = "false",
         action = clap::ArgAction::Set,
-        value_parser = clap::builder::BoolishValueParser::new()
+        value_parser = clap::builder::BoolValueParser::new()
     )]
     pub webhook_allow_private_urls: bool,
 
@@ -376,6 +376,45 @@ impl Config {
                     .map_err(|_| format!("TRUSTED_PROXIES: {cidr:?} is not a CIDR or an address"))
             })
             .collect()
+    }
+
+    /// Every setting that turns a guard off or weakens it, with what that
+    /// means: `serve` warns of each at start (one line each), so a setting
+    /// meant for development does not reach production unnoticed.
+    pub fn weakened_guards(&self) -> Vec<String> {
+        let mut weakened = Vec::new();
+        if self.webhook_allow_private_urls {
+            weakened.push(
+                "WEBHOOK_ALLOW_PRIVATE_URLS=true: webhooks may be sent to loopback, private and \
+                 link-local addresses (the guard against requests into your own network is \
+                 off; for development and tests only)"
+                    .to_owned(),
+            );
+        }
+        if self.rate_limit_per_second == 0 {
+            weakened.push(
+                "RATE_LIMIT_PER_SECOND=0: API keys are not rate-limited (one key can take the \
+                 whole service)"
+                    .to_owned(),
+            );
+        }
+        if self.auth_failure_burst == 0 {
+            weakened.push(
+                "AUTH_FAILURE_BURST=0: authentication failures are not throttled per address \
+                 (keys can be guessed as fast as the service answers)"
+                    .to_owned(),
+            );
+        }
+        if let Ok(networks) = self.trusted_proxy_networks() {
+            if networks.iter().any(|network| network.prefix_len() == 0) {
+                weakened.push(
+                    "TRUSTED_PROXIES contains a /0: every peer's X-Forwarded-For is believed, so \
+                     any client can choose the address its limits are counted by"
+                        .to_owned(),
+                );
+            }
+        }
+        weakened
     }
 
     /// Checks every cross-field rule; the error names the variable to fix.
@@ -549,6 +588,55 @@ pub fn parse_price_list(text: &str) -> Result<PriceList, String> {
     Ok(prices)
 }
 
+/// A connection string in libpq's key=value form (`host=h port=5432
+/// dbname=token_billing user=postgres`) as its pairs, in order: values may
+/// be single-quoted (`password='a b'`, with `\'` and `\\` inside), spaces
+/// around `=` are allowed. `None` for a URL (`postgres://…`,
+/// `postgresql://…`) or a string that is not well-formed (libpq refuses it
+/// with its own message).
+pub fn conninfo_pairs(conninfo: &str) -> Option<Vec<(String, String)>> {
+    if conninfo.starts_with("postgres://") || conninfo.starts_with("postgresql://") {
+        return None;
+    }
+    let mut pairs = Vec::new();
+    let mut chars = conninfo.chars().peekable();
+    loop {
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        if chars.peek().is_none() {
+            break;
+        }
+        let mut key = String::new();
+        while let Some(c) = chars.next_if(|c| !c.is_whitespace() && *c != '=') {
+            key.push(c);
+        }
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        if key.is_empty() || chars.next() != Some('=') {
+            return None;
+        }
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        let mut value = String::new();
+        if chars.next_if_eq(&'\'').is_some() {
+            loop {
+                match chars.next()? {
+                    '\'' => break,
+                    '\\' => value.push(chars.next()?),
+                    c => value.push(c),
+                }
+            }
+        } else {
+            while let Some(c) = chars.next_if(|c| !c.is_whitespace()) {
+                if c == '\\' {
+                    value.push(chars.next()?);
+                } else {
+                    value.push(c);
+                }
+            }
+        }
+        pairs.push((key, value));
+    }
+    Some(pairs)
+}
+
 /// The hosts a `DATABASE_URL` names: several in libpq's multi-host form
 /// (`postgres://u@h1:5432,h2:5433/db`, or `host=h1,h2` in the key=value
 /// form), one otherwise.
@@ -561,10 +649,13 @@ pub fn database_hosts(database_url: &str) -> Vec<String> {
                 .rsplit_once('@')
                 .map_or(authority, |(_, hosts)| hosts)
         }
-        None => database_url
-            .split_whitespace()
-            .find_map(|pair| pair.strip_prefix("host="))
-            .unwrap_or(""),
+        None => {
+            let host = conninfo_pairs(database_url)
+                .and_then(|pairs| pairs.into_iter().rfind(|(key, _)| key == "host"))
+                .map(|(_, host)| host)
+                .unwrap_or_default();
+            return host.split(',').map(str::to_owned).collect();
+        }
     };
     authority.split(',').map(str::to_owned).collect()
 }

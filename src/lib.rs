@@ -20,5 +20,6 @@ pub mod scheduler;
 pub mod secrets;
 pub mod startup;
 pub mod telemetry;
+pub mod time;
 pub mod webhooks;
 pub mod worker;

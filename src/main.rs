@@ -60,8 +60,26 @@ async fn main() -> ExitCode {
         }) => {
             return reconcile_command(&database_url, from.as_deref(), to.as_deref(), account, csv)
         }
-        Some(Command::LedgerDigest { until }) => ledger_digest_command(&database_url, &until),
+        Some(Command::LedgerDigest { until, format }) => {
+            ledger_digest_command(&database_url, &until, format)
+        }
         Some(Command::Balances { as_of, csv }) => balances_command(&database_url, &as_of, csv),
+        Some(Command::Credit {
+            account,
+            amount,
+            external_ref,
+            note,
+            priority,
+            expires_at,
+        }) => credit_command(
+            &database_url,
+            account,
+            amount,
+            external_ref,
+            note,
+            priority,
+            expires_at,
+        ),
         Some(Command::CloseDays) => close_days_command(&database_url),
         Some(Command::Prune {
             retention_idempotency_keys,
@@ -198,6 +216,9 @@ fn warn_without_admin(conn: &mut PgConnection, bootstrap: bool) -> anyhow::Resul
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {
+    for weakened in config.weakened_guards() {
+        tracing::warn!("a guard is weakened: {weakened}");
+    }
     let database_url = config.database_url.clone();
     let bootstrap = config.admin_api_key.is_some();
     tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
@@ -279,36 +300,19 @@ fn reconcile_command(
 /// of accounts at a time, as JSON lines or CSV.
 fn balances_command(database_url: &str, as_of: &str, csv: bool) -> anyhow::Result<()> {
     use std::io::Write;
-    use token_billing::domain::history::{list_as_of, parse_as_of};
+    use token_billing::domain::history::{list_as_of, parse_as_of, BalancesAsOf};
     let as_of = parse_as_of(as_of, chrono::Utc::now())?;
     let mut conn = connect(database_url)?;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     if csv {
-        writeln!(
-            out,
-            "account_id,name,as_of,available,reserved,used,credited,adjusted,last_entry_id"
-        )?;
+        writeln!(out, "{}", BalancesAsOf::CSV_HEADER)?;
     }
     let mut after = None;
     loop {
         let page = list_as_of(&mut conn, as_of, after, 1_000)?;
         for line in &page.balances {
             if csv {
-                writeln!(
-                    out,
-                    "{},{},{},{},{},{},{},{},{}",
-                    line.account_id,
-                    token_billing::domain::reconciliation::csv_text(&line.name),
-                    line.as_of,
-                    line.available,
-                    line.reserved,
-                    line.used,
-                    line.credited,
-                    line.adjusted,
-                    line.last_entry_id
-                        .map(|id| id.to_string())
-                        .unwrap_or_default()
-                )?;
+                writeln!(out, "{}", line.csv_line())?;
             } else {
                 writeln!(out, "{}", serde_json::to_string(line)?)?;
             }
@@ -366,16 +370,13 @@ fn prune_command(
 }
 
 /// Prints the ledger's hash chain up to `until` (domain::ledger_digest).
-fn ledger_digest_command(database_url: &str, until: &str) -> anyhow::Result<()> {
-    use token_billing::domain::ledger_digest::ledger_digest;
-    let until = chrono::DateTime::parse_from_rfc3339(until)
-        .map_err(|error| {
-            anyhow::anyhow!("--until must be an RFC 3339 timestamp (2026-12-01T14:03:00Z): {error}")
-        })?
-        .with_timezone(&chrono::Utc);
+fn ledger_digest_command(database_url: &str, until: &str, format: u8) -> anyhow::Result<()> {
+    use token_billing::domain::ledger_digest::{ledger_digest, Format};
+    let format = Format::parse(format).map_err(anyhow::Error::msg)?;
+    let until = token_billing::time::instant_of("--until", until).map_err(anyhow::Error::msg)?;
     let mut conn = db::connect_prepared(database_url)?;
-    let digest =
-        ledger_digest(&mut conn, until).map_err(|error| anyhow::anyhow!(cli_message(&error)))?;
+    let digest = ledger_digest(&mut conn, until, format)
+        .map_err(|error| anyhow::anyhow!(cli_message(&error)))?;
     print_json(&digest)
 }
 
@@ -408,11 +409,41 @@ fn account_command(database_url: &str, action: AccountCommand) -> anyhow::Result
 }
 
 fn api_key_command(database_url: &str, action: ApiKeyCommand) -> anyhow::Result<()> {
-    let ApiKeyCommand::Create {
-        scope,
-        account,
-        label,
-    } = action;
+    let (scope, account, label) = match action {
+        ApiKeyCommand::Create {
+            scope,
+            account,
+            label,
+        } => (scope, account, label),
+        ApiKeyCommand::List {
+            account,
+            after,
+            limit,
+        } => {
+            let mut conn = connect(database_url)?;
+            let page = api_keys::list_api_keys(
+                &mut conn,
+                after.map(types::ApiKeyId),
+                Some(limit),
+                account.map(types::AccountId),
+            )
+            .map_err(|error| anyhow::anyhow!(cli_message(&error)))?;
+            return print_json(&page);
+        }
+        ApiKeyCommand::Revoke { key_id } => {
+            let mut conn = connect(database_url)?;
+            let audit = token_billing::domain::audit::Audit::local();
+            api_keys::revoke_api_key(&mut conn, &audit, types::ApiKeyId(key_id)).map_err(
+                |error| match error {
+                    token_billing::error::ApiError::NotFound(_) => anyhow::anyhow!(
+                        "no key has the id {key_id} (`token-billing api-key list` shows them)"
+                    ),
+                    other => anyhow::anyhow!(cli_message(&other)),
+                },
+            )?;
+            return print_json(&serde_json::json!({"key_id": key_id, "revoked": true}));
+        }
+    };
     let label =
         types::Label::try_from(label).map_err(|error| anyhow::anyhow!("--label: {error}"))?;
     let scope = api_keys::Scope::from(scope);
@@ -436,6 +467,71 @@ fn api_key_command(database_url: &str, action: ApiKeyCommand) -> anyhow::Result<
             other => anyhow::anyhow!(cli_message(&other)),
         })?;
     print_json(&key)
+}
+
+/// Credits an account through the money engine, as the API does (the same
+/// rules, ledger entry, grant, event and audit event; actor `cli`):
+/// idempotent by `external_ref`. Prints the credit as the API answers it,
+/// and says on stderr when it was a replay.
+fn credit_command(
+    database_url: &str,
+    account: uuid::Uuid,
+    amount: i64,
+    external_ref: String,
+    note: Option<String>,
+    priority: Option<i64>,
+    expires_at: Option<String>,
+) -> anyhow::Result<()> {
+    use token_billing::engine::{Authority, Op, Operation, Replay};
+    let amount =
+        types::Tokens::parse(amount).map_err(|error| anyhow::anyhow!("--amount: {error}"))?;
+    let external_ref = types::ExternalRef::try_from(external_ref)
+        .map_err(|error| anyhow::anyhow!("--external-ref: {error}"))?;
+    let note = note
+        .map(types::Note::try_from)
+        .transpose()
+        .map_err(|error| anyhow::anyhow!("--note: {error}"))?;
+    let priority = priority
+        .map(types::Priority::try_from)
+        .transpose()
+        .map_err(|error| anyhow::anyhow!("--priority: {error}"))?
+        .unwrap_or_default();
+    let expires_at = expires_at
+        .map(types::GrantExpiry::try_from)
+        .transpose()
+        .map_err(|error| anyhow::anyhow!("--{}", error.replace('_', "-")))?;
+    let operation = Operation {
+        account: types::AccountId(account),
+        authority: Authority::Request {
+            actor: token_billing::domain::audit::LOCAL_ACTOR.to_owned(),
+            request_id: None,
+        },
+        op: Op::Credit {
+            amount,
+            external_ref,
+            note,
+            priority,
+            expires_at,
+        },
+    };
+    let mut conn = connect(database_url)?;
+    let answer = engine::apply_one(&mut conn, operation.clone())
+        .map_err(|error| anyhow::anyhow!(cli_message(&error)))?;
+    let (credit, replay) = answer
+        .into_credit(&operation)
+        .map_err(|error| match error {
+            token_billing::error::ApiError::NotFound(_) => anyhow::anyhow!(
+            "no account has the id given with --account (`token-billing account list` shows them)"
+        ),
+            other => anyhow::anyhow!(cli_message(&other)),
+        })?;
+    if replay == Replay::Replayed {
+        eprintln!(
+            "token-billing: --external-ref was credited before with the same amount: nothing \
+             changed, this is that credit"
+        );
+    }
+    print_json(&credit)
 }
 
 fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {

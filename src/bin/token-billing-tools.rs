@@ -21,8 +21,9 @@ use token_billing::telemetry;
     about = "Test and operations tools of token-billing (not shipped in the service image)"
 )]
 struct Cli {
-    /// PostgreSQL connection URL (`chaos`, `bench reconciliation`).
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true, default_value = DEFAULT_DATABASE_URL)]
+    /// PostgreSQL connection URL, for `chaos`, `bench reconciliation` and `bench history`
+    /// (given before the command; the other tools use no database).
+    #[arg(long, env = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
     database_url: String,
 
     /// Log format (logs go to stderr; `RUST_LOG` sets the filter).
@@ -103,7 +104,10 @@ enum BenchCommand {
 async fn main() -> ExitCode {
     token_billing::secrets::register_environment();
     token_billing::secrets::install_panic_hook();
-    let cli = Cli::try_parse().unwrap_or_else(|error| token_billing::cli::exit_scrubbed(error));
+    let cli = token_billing::cli::plain_env_markers(<Cli as clap::CommandFactory>::command())
+        .try_get_matches()
+        .and_then(|matches| <Cli as clap::FromArgMatches>::from_arg_matches(&matches))
+        .unwrap_or_else(|error| token_billing::cli::exit_scrubbed(error));
     token_billing::secrets::register_connection_string(&cli.database_url);
     telemetry::init(cli.log_format);
     let result = match cli.command {

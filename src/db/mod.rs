@@ -16,7 +16,7 @@ use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 /// `DATABASE_URL` checks are the configuration's (`crate::config`).
-pub use crate::config::{check_multi_host, database_hosts, redact_database_url};
+pub use crate::config::{check_multi_host, conninfo_pairs, database_hosts, redact_database_url};
 use crate::config::{DB_CHECKOUT_TIMEOUT, DB_STATEMENT_TIMEOUT_MS};
 use crate::error::ApiError;
 
@@ -167,9 +167,39 @@ pub fn migrations_applied(conn: &mut PgConnection) -> Result<bool, ApiError> {
         .map_err(|error| ApiError::Unavailable(error.to_string()))
 }
 
-/// Splits `postgres://…/name?params` into the database name and the URL of
-/// the server's `postgres` maintenance database.
+/// Pairs back as a key=value connection string, every value quoted.
+fn conninfo_of(pairs: &[(String, String)]) -> String {
+    pairs
+        .iter()
+        .map(|(key, value)| {
+            format!(
+                "{key}='{}'",
+                value.replace('\\', "\\\\").replace('\'', "\\'")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Splits a `DATABASE_URL` into the database name and the connection
+/// string of the server's `postgres` maintenance database, in either form
+/// libpq accepts: `postgres://…/name?params` or `host=… dbname=name …`.
 pub fn split_database_url(database_url: &str) -> anyhow::Result<(String, String)> {
+    if let Some(mut pairs) = conninfo_pairs(database_url) {
+        let named = pairs
+            .iter()
+            .rposition(|(key, value)| key == "dbname" && !value.is_empty());
+        let Some(named) = named else {
+            anyhow::bail!(
+                "DATABASE_URL must name a database (dbname=… in the key=value form): {}",
+                redact_database_url(database_url)
+            );
+        };
+        let name = pairs[named].1.clone();
+        pairs.retain(|(key, _)| key != "dbname");
+        pairs.push(("dbname".into(), "postgres".into()));
+        return Ok((name, conninfo_of(&pairs)));
+    }
     let (base, query) = match database_url.split_once('?') {
         Some((base, query)) => (base, Some(query)),
         None => (database_url, None),
@@ -394,6 +424,40 @@ mod tests {
             refused.contains("target_session_attrs=read-write"),
             "{refused}"
         );
+        assert!(!refused.contains("hunter2"), "{refused}");
+    }
+
+    #[test]
+    fn reads_the_key_value_form() {
+        let (name, maintenance) =
+            split_database_url("host=127.0.0.1 port=5432 dbname=token_billing user=postgres")
+                .expect("valid");
+        assert_eq!(name, "token_billing");
+        assert_eq!(
+            maintenance,
+            "host='127.0.0.1' port='5432' user='postgres' dbname='postgres'"
+        );
+        let (name, maintenance) =
+            split_database_url("dbname = 'my books' password='it\\'s' host=h").expect("valid");
+        assert_eq!(name, "my books");
+        assert_eq!(maintenance, "password='it\\'s' host='h' dbname='postgres'");
+        assert_eq!(
+            super::conninfo_pairs("host=a,b dbname=db target_session_attrs=read-write")
+                .expect("pairs")
+                .len(),
+            3
+        );
+        for unnamed in [
+            "host=h user=u",
+            "host=h dbname=",
+            "host=h dbname='unterminated",
+        ] {
+            assert!(split_database_url(unnamed).is_err(), "{unnamed}");
+        }
+        let refused = split_database_url("host=h password=hunter2")
+            .expect_err("no dbname")
+            .to_string();
+        assert!(refused.contains("must name a database"), "{refused}");
         assert!(!refused.contains("hunter2"), "{refused}");
     }
 

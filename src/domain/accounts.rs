@@ -142,7 +142,9 @@ pub struct AccountView {
     pub low_balance_threshold: i64,
     pub balance_low: bool,
     pub version: i64,
+    #[serde(with = "crate::time::micros")]
     pub created_at: DateTime<Utc>,
+    #[serde(with = "crate::time::micros")]
     pub updated_at: DateTime<Utc>,
     /// Only in the answer to `POST /v1/accounts`: what the admin should
     /// know about the account just created — `[]`, or `name_taken` when

@@ -366,10 +366,14 @@ pub struct ApiKeyView {
     pub scope: Scope,
     pub account_id: Option<AccountId>,
     pub label: String,
+    #[serde(with = "crate::time::micros")]
     pub created_at: DateTime<Utc>,
     /// Within a minute: updated at most once a minute per key.
+    #[serde(with = "crate::time::micros_option")]
     pub last_used_at: Option<DateTime<Utc>>,
+    #[serde(with = "crate::time::micros_option")]
     pub expires_at: Option<DateTime<Utc>>,
+    #[serde(with = "crate::time::micros_option")]
     pub revoked_at: Option<DateTime<Utc>>,
 }
 
@@ -444,8 +448,10 @@ pub struct CreatedApiKey {
     pub scope: Scope,
     pub account_id: Option<AccountId>,
     pub label: String,
+    #[serde(with = "crate::time::micros")]
     pub created_at: chrono::DateTime<chrono::Utc>,
     /// When the key stops working (401 from then on); null: never.
+    #[serde(with = "crate::time::micros_option")]
     pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
@@ -472,18 +478,13 @@ pub fn create_api_key(
     create_api_key_by(conn, &Audit::local(), scope, account, label, None)
 }
 
-/// Parses an optional `expires_at` (RFC 3339), which must be in the future.
+/// Parses an optional `expires_at` (RFC 3339 or a date, `crate::time`),
+/// which must be in the future.
 pub fn parse_expires_at(text: Option<&str>) -> Result<Option<DateTime<Utc>>, ApiError> {
     let Some(text) = text else {
         return Ok(None);
     };
-    let at = DateTime::parse_from_rfc3339(text)
-        .map_err(|_| {
-            ApiError::InvalidRequest(
-                "expires_at must be an RFC 3339 date-time, e.g. 2027-01-31T00:00:00Z".into(),
-            )
-        })?
-        .with_timezone(&Utc);
+    let at = crate::time::instant_of("expires_at", text).map_err(ApiError::InvalidRequest)?;
     if at <= Utc::now() {
         return Err(ApiError::InvalidRequest(
             "expires_at must be in the future".into(),
@@ -622,11 +623,16 @@ mod tests {
             .expect("future")
             .expect("some");
         assert_eq!(parsed, tomorrow);
+        // A bare date is its midnight UTC, as everywhere (crate::time).
+        assert_eq!(
+            parse_expires_at(Some("2030-01-01")).expect("a date"),
+            Some("2030-01-01T00:00:00Z".parse().expect("time"))
+        );
         let past = (Utc::now() - chrono::Duration::seconds(1)).to_rfc3339();
         for bad in [
             past.as_str(),
             "tomorrow",
-            "2030-01-01",
+            "2030-01-1",
             "2030-13-01T00:00:00Z",
             "",
         ] {

@@ -94,6 +94,7 @@ pub struct AuditEventView {
     pub after: Option<serde_json::Value>,
     /// The `X-Request-Id` of the request that made the change.
     pub request_id: Option<String>,
+    #[serde(with = "crate::time::micros")]
     pub created_at: DateTime<Utc>,
 }
 

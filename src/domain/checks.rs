@@ -338,8 +338,10 @@ pub fn events_disagreeing_with_books(conn: &mut PgConnection) -> Result<Vec<Stri
            SELECT 'job.' || status, id::text FROM generation_jobs \
            WHERE status IN ('succeeded', 'failed')), \
          found AS ( \
-           SELECT type, CASE WHEN type LIKE 'job.%' THEN data->'job'->>'id' \
-                             ELSE data->'entry'->>'id' END AS subject, count(*) AS times \
+           SELECT type, CASE WHEN type LIKE 'job.%' \
+                             THEN COALESCE(data->'job'->>'job_id', data->'job'->>'id') \
+                             ELSE COALESCE(data->'entry'->>'entry_id', data->'entry'->>'id') END \
+                    AS subject, count(*) AS times \
            FROM events \
            WHERE type IN ('credit.created', 'adjustment.created', 'reservation.expired', 'grant.expired', \
                           'account.balance_depleted', 'job.succeeded', 'job.failed') \

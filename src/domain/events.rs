@@ -38,6 +38,7 @@ pub struct EventView {
     #[schema(example = "account.balance_low")]
     pub event_type: String,
     #[diesel(sql_type = Timestamptz)]
+    #[serde(with = "crate::time::micros")]
     pub created_at: DateTime<Utc>,
     /// `account_id`, the account's `balances` after the movement and its
     /// `low_balance_threshold`, and the object: `entry` (the ledger entry),

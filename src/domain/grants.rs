@@ -27,6 +27,8 @@ pub const GRANT_PAGE_MAX: i64 = 1_000;
 pub struct GrantView {
     /// The grant; a credit's or a positive adjustment's grant has its id.
     pub grant_id: Uuid,
+    /// The account whose tokens it holds.
+    pub account_id: AccountId,
     /// Tokens the grant was made with.
     pub amount: i64,
     /// What can still be drawn (until it lapses).
@@ -34,6 +36,7 @@ pub struct GrantView {
     /// What held reservations have drawn and not yet settled.
     pub reserved: i64,
     /// When it lapses; null: never.
+    #[serde(with = "crate::time::micros_option")]
     pub expires_at: Option<DateTime<Utc>>,
     /// 0 … 100; lower is drawn first.
     pub priority: i16,
@@ -44,11 +47,13 @@ pub struct GrantView {
     /// The credit's or adjustment's `external_ref`; null for the grant the
     /// upgrade to grants made of an account's earlier balance.
     pub external_ref: Option<String>,
+    #[serde(with = "crate::time::micros")]
     pub created_at: DateTime<Utc>,
     /// When its lapse was written to the ledger (by the reaper, or by the
     /// first spend on the account after `expires_at`); null before. An
     /// expired grant whose lapse is not written yet still shows what it
     /// held: nothing can draw it.
+    #[serde(with = "crate::time::micros_option")]
     pub expired_at: Option<DateTime<Utc>>,
 }
 

@@ -331,6 +331,33 @@ pub struct BalancesAsOf {
     pub last_entry_id: Option<i64>,
 }
 
+impl BalancesAsOf {
+    /// The CSV's columns: every member of the JSON line, in its order.
+    pub const CSV_HEADER: &'static str = "account_id,name,as_of,available,reserved,used,credited,\
+         adjusted,grant_expired,last_entry_id";
+
+    /// The line in CSV (`token-billing balances --csv`). A finance reader
+    /// checks each line on its own: credited + adjusted − grant_expired =
+    /// available + reserved + used (docs/finance.md).
+    pub fn csv_line(&self) -> String {
+        format!(
+            "{},{},{},{},{},{},{},{},{},{}",
+            self.account_id,
+            crate::domain::reconciliation::csv_text(&self.name),
+            self.as_of,
+            self.available,
+            self.reserved,
+            self.used,
+            self.credited,
+            self.adjusted,
+            self.grant_expired,
+            self.last_entry_id
+                .map(|id| id.to_string())
+                .unwrap_or_default()
+        )
+    }
+}
+
 /// One page of balances as of an instant; `next_after` as in the account list.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct BalancesAsOfPage {
@@ -345,12 +372,7 @@ pub struct BalancesAsOfPage {
 /// midnight UTC), not after `now`, truncated to microseconds (PostgreSQL's
 /// resolution).
 pub fn parse_as_of(text: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, ApiError> {
-    let instant = crate::domain::reconciliation::parse_bound(text).ok_or_else(|| {
-        ApiError::InvalidRequest(format!(
-            "as_of must be an RFC 3339 timestamp (e.g. 2026-11-30T23:59:59Z) or a date \
-             (YYYY-MM-DD, midnight UTC), not {text:?}"
-        ))
-    })?;
+    let instant = crate::time::instant_of("as_of", text).map_err(ApiError::InvalidRequest)?;
     if instant > now {
         return Err(ApiError::InvalidRequest(
             "as_of must not be in the future".into(),
@@ -361,9 +383,7 @@ pub fn parse_as_of(text: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, ApiE
         .ok_or_else(|| ApiError::InvalidRequest("as_of is out of range".into()))
 }
 
-fn rfc3339(instant: DateTime<Utc>) -> String {
-    instant.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
-}
+use crate::time::rfc3339;
 
 /// The balances of the chosen accounts as of `as_of` (inclusive).
 pub fn balances_as_of(
@@ -582,6 +602,40 @@ pub fn last_closed_day(conn: &mut PgConnection) -> Result<Option<NaiveDate>, Api
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_csv_has_every_column_of_the_json_line() {
+        let line = BalancesAsOf {
+            account_id: Uuid::nil(),
+            name: "a, b".into(),
+            as_of: "2026-12-01T00:00:00.000000Z".into(),
+            available: 71,
+            reserved: 3,
+            used: 9,
+            credited: 90,
+            adjusted: 0,
+            grant_expired: 7,
+            last_entry_id: Some(12),
+        };
+        let json = serde_json::to_value(&line).expect("json");
+        let mut members: Vec<&str> = json
+            .as_object()
+            .expect("object")
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let mut columns: Vec<&str> = BalancesAsOf::CSV_HEADER.split(',').collect();
+        members.sort_unstable();
+        columns.sort_unstable();
+        assert_eq!(columns, members);
+        assert_eq!(
+            line.csv_line(),
+            format!(
+                "{},\"a, b\",2026-12-01T00:00:00.000000Z,71,3,9,90,0,7,12",
+                Uuid::nil()
+            )
+        );
+    }
 
     #[test]
     fn as_of_is_checked_and_truncated() {

@@ -173,10 +173,13 @@ pub struct ReplayedApiKey {
     pub scope: String,
     pub account_id: Option<AccountId>,
     pub label: String,
+    #[serde(with = "crate::time::micros")]
     pub created_at: chrono::DateTime<chrono::Utc>,
     /// When the key was revoked, if it was.
+    #[serde(with = "crate::time::micros_option")]
     pub revoked_at: Option<chrono::DateTime<chrono::Utc>>,
     /// When the key stops working; null: never.
+    #[serde(with = "crate::time::micros_option")]
     pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 

@@ -2,63 +2,54 @@
 //! job with its reservation, `engine_create_job`) and the reads. The
 //! worker's fenced transitions live in `domain::job_leases`.
 
-use chrono::{DateTime, Utc};
 use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Jsonb, Nullable, Text, Uuid as SqlUuid};
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::db::models::JobRow;
-use crate::db::schema::{generation_jobs, reservations};
-use crate::db::states::{JobStatus, ReservationState};
+use crate::db::schema::generation_jobs;
+use crate::db::states::JobStatus;
 use crate::domain::paging::page_of;
-pub use crate::engine::jobs::{JobJson, JobRequest, JobReservation, JobView};
+pub use crate::engine::jobs::{JobRequest, JobReservation, JobView};
 use crate::engine::types::{AccountId, RequestId};
 use crate::error::ApiError;
 
-pub fn find_job(
+/// Jobs as the engine shows them (`engine_job_json`, the representation
+/// the job events carry too): an account's, one by request id or a page
+/// newest first.
+fn shown_jobs(
     conn: &mut PgConnection,
     account: AccountId,
-    request_id: RequestId,
-) -> Result<JobRow, ApiError> {
-    generation_jobs::table
-        .filter(generation_jobs::account_id.eq(account.0))
-        .filter(generation_jobs::request_id.eq(request_id.0))
-        .select(JobRow::as_select())
-        .first(conn)
-        .optional()?
-        .ok_or(ApiError::NotFound("job"))
-}
-
-fn with_reservations(conn: &mut PgConnection, jobs: Vec<JobRow>) -> Result<Vec<JobView>, ApiError> {
-    let ids: Vec<Uuid> = jobs.iter().map(|job| job.reservation_id).collect();
-    type Held = (ReservationState, DateTime<Utc>, serde_json::Value);
-    let states: std::collections::HashMap<Uuid, Held> = reservations::table
-        .filter(reservations::id.eq_any(&ids))
-        .select((
-            reservations::id,
-            reservations::state,
-            reservations::expires_at,
-            reservations::draws,
-        ))
-        .load::<(Uuid, ReservationState, DateTime<Utc>, serde_json::Value)>(conn)?
+    request_id: Option<RequestId>,
+    status: Option<JobStatus>,
+    after: Option<Uuid>,
+    limit: i64,
+) -> Result<Vec<JobView>, ApiError> {
+    #[derive(QueryableByName)]
+    struct Shown {
+        #[diesel(sql_type = Jsonb)]
+        job: serde_json::Value,
+    }
+    let shown: Vec<Shown> = diesel::sql_query(
+        "SELECT engine_job_json(j) AS job FROM generation_jobs j \
+         WHERE j.account_id = $1 AND ($2::uuid IS NULL OR j.request_id = $2) \
+           AND ($3::text IS NULL OR j.status = $3) AND ($4::uuid IS NULL OR j.id < $4) \
+         ORDER BY j.id DESC LIMIT $5",
+    )
+    .bind::<SqlUuid, _>(account.0)
+    .bind::<Nullable<SqlUuid>, _>(request_id.map(|id| id.0))
+    .bind::<Nullable<Text>, _>(status.map(JobStatus::as_str))
+    .bind::<Nullable<SqlUuid>, _>(after)
+    .bind::<BigInt, _>(limit)
+    .load(conn)?;
+    shown
         .into_iter()
-        .map(|(id, state, expires_at, draws)| (id, (state, expires_at, draws)))
-        .collect();
-    jobs.into_iter()
-        .map(|job| {
-            let reservation = states
-                .get(&job.reservation_id)
-                .cloned()
-                .ok_or_else(|| ApiError::Internal(format!("job {} has no reservation", job.id)))?;
-            Ok(JobView::from_row(job, reservation))
+        .map(|shown| {
+            serde_json::from_value::<JobView>(shown.job).map_err(|error| {
+                ApiError::Internal(format!("a job as the engine shows it: {error}"))
+            })
         })
         .collect()
-}
-
-pub fn job_view(conn: &mut PgConnection, job: JobRow) -> Result<JobView, ApiError> {
-    with_reservations(conn, vec![job])?
-        .pop()
-        .ok_or_else(|| ApiError::Internal("job view missing".into()))
 }
 
 pub fn get_job(
@@ -66,8 +57,9 @@ pub fn get_job(
     account: AccountId,
     request_id: RequestId,
 ) -> Result<JobView, ApiError> {
-    let job = find_job(conn, account, request_id)?;
-    job_view(conn, job)
+    shown_jobs(conn, account, Some(request_id), None, None, 1)?
+        .pop()
+        .ok_or(ApiError::NotFound("job"))
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -85,23 +77,9 @@ pub fn list_jobs(
     after: Option<Uuid>,
     limit: i64,
 ) -> Result<JobPage, ApiError> {
-    let mut query = generation_jobs::table
-        .filter(generation_jobs::account_id.eq(account.0))
-        .select(JobRow::as_select())
-        .order(generation_jobs::id.desc())
-        .limit(limit + 1)
-        .into_boxed();
-    if let Some(status) = status {
-        query = query.filter(generation_jobs::status.eq(status));
-    }
-    if let Some(after) = after {
-        query = query.filter(generation_jobs::id.lt(after));
-    }
-    let (rows, next_after) = page_of(query.load(conn)?, limit, |job: &JobRow| job.id);
-    Ok(JobPage {
-        jobs: with_reservations(conn, rows)?,
-        next_after,
-    })
+    let shown = shown_jobs(conn, account, None, status, after, limit + 1)?;
+    let (jobs, next_after) = page_of(shown, limit, |job: &JobView| job.job_id);
+    Ok(JobPage { jobs, next_after })
 }
 
 /// Of the given jobs, those that are terminal now (for waiting clients).

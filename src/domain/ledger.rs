@@ -4,11 +4,10 @@
 
 use chrono::{DateTime, Utc};
 use diesel::prelude::*;
-use serde::Serialize;
+use diesel::sql_types::{BigInt, Jsonb, Nullable, Timestamptz, Uuid as SqlUuid};
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::db::models::LedgerEntryRow;
-use crate::db::schema::ledger_entries;
 use crate::domain::paging::page_of;
 use crate::domain::types::AccountId;
 use crate::error::ApiError;
@@ -115,7 +114,9 @@ impl EntryKind {
     }
 }
 
-#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+/// A ledger entry as the ledger API and the events' `entry` show it: the
+/// engine writes it (`engine_entry_json`, src/engine/sql/05_views.sql).
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct LedgerEntryView {
     pub entry_id: i64,
     pub account_id: AccountId,
@@ -133,32 +134,12 @@ pub struct LedgerEntryView {
     pub external_ref: Option<String>,
     pub reason: Option<String>,
     pub actor: String,
+    #[serde(with = "crate::time::micros")]
     pub created_at: DateTime<Utc>,
     /// The grant whose tokens the entry moves (a movement spanning several
     /// grants writes one entry per grant); null for entries written before
     /// grants existed.
     pub grant_id: Option<Uuid>,
-}
-
-impl From<LedgerEntryRow> for LedgerEntryView {
-    fn from(row: LedgerEntryRow) -> Self {
-        LedgerEntryView {
-            entry_id: row.id,
-            account_id: AccountId(row.account_id),
-            kind: row.kind,
-            amount: row.amount,
-            available_after: row.available_after,
-            reserved_after: row.reserved_after,
-            used_after: row.used_after,
-            reservation_id: row.reservation_id,
-            job_id: row.job_id,
-            external_ref: row.external_ref,
-            reason: row.reason,
-            actor: row.actor,
-            created_at: row.created_at,
-            grant_id: row.grant_id,
-        }
-    }
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -176,20 +157,35 @@ pub fn list_entries(
     since: Option<DateTime<Utc>>,
     limit: i64,
 ) -> Result<LedgerPage, ApiError> {
-    let mut query = ledger_entries::table
-        .filter(ledger_entries::account_id.eq(account.0))
-        .filter(ledger_entries::id.gt(after.unwrap_or(0)))
-        .order(ledger_entries::id.asc())
-        .limit(limit + 1)
-        .select(LedgerEntryRow::as_select())
-        .into_boxed();
-    if let Some(since) = since {
-        query = query.filter(ledger_entries::created_at.ge(since));
+    #[derive(QueryableByName)]
+    struct Shown {
+        #[diesel(sql_type = Jsonb)]
+        entry: serde_json::Value,
     }
-    let rows: Vec<LedgerEntryRow> = query.load(conn)?;
-    let (rows, next_after) = page_of(rows, limit, |row: &LedgerEntryRow| row.id);
+    // The entry as the engine shows it (`engine_entry_json`, which the
+    // events' `entry` is too).
+    let shown: Vec<Shown> = diesel::sql_query(
+        "SELECT engine_entry_json(to_jsonb(e)) AS entry FROM ledger_entries e \
+         WHERE e.account_id = $1 AND e.id > $2 \
+           AND ($3::timestamptz IS NULL OR e.created_at >= $3) \
+         ORDER BY e.id LIMIT $4",
+    )
+    .bind::<SqlUuid, _>(account.0)
+    .bind::<BigInt, _>(after.unwrap_or(0))
+    .bind::<Nullable<Timestamptz>, _>(since)
+    .bind::<BigInt, _>(limit + 1)
+    .load(conn)?;
+    let views = shown
+        .into_iter()
+        .map(|shown| {
+            serde_json::from_value::<LedgerEntryView>(shown.entry).map_err(|error| {
+                ApiError::Internal(format!("a ledger entry as the engine shows it: {error}"))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let (entries, next_after) = page_of(views, limit, |view: &LedgerEntryView| view.entry_id);
     Ok(LedgerPage {
-        entries: rows.into_iter().map(LedgerEntryView::from).collect(),
+        entries,
         next_after,
     })
 }

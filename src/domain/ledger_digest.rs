@@ -6,21 +6,30 @@
 //! audit — without trusting the database: changing, removing or inserting
 //! one entry changes the digest of every later link.
 //!
-//! The chain (format `sha256-chain-v1`, documented in docs/backup.md so an
-//! auditor can recompute it without this binary):
+//! The chain (documented in docs/backup.md so an auditor can recompute it
+//! without this binary; `tests/backup/ledger_digest.py` does):
 //!
 //! ```text
 //! link_0 = "0" × 64
 //! link_n = hex(sha256(link_{n-1} ‖ "\n" ‖ canonical(entry_n)))
 //! ```
 //!
-//! where `canonical(entry)` is the compact JSON array `[id, account_id,
-//! kind, amount, available_after, reserved_after, used_after,
-//! reservation_id, job_id, external_ref, reason, actor, created_at]`
-//! (`null` for absent values, `created_at` in UTC with microseconds, e.g.
-//! `2026-12-01T14:03:00.123456Z`). The digest is the last link.
+//! Two formats, named by `format` in every answer:
+//!
+//! - `sha256-chain-v2` (format 2, the default): `canonical(entry)` is the
+//!   entry as a compact JSON object of **every column**, keys sorted by
+//!   name, times in UTC with microseconds (`2026-12-01T14:03:00.123456Z`),
+//!   `null` for absent values. tests/api/backup.rs changes each column of
+//!   the table in turn and sees the digest change, so a column added later
+//!   that this encoding misses fails the build.
+//! - `sha256-chain-v1` (format 1), for digests kept before format 2: the
+//!   compact JSON array `[id, account_id, kind, amount, available_after,
+//!   reserved_after, used_after, reservation_id, job_id, external_ref,
+//!   reason, actor, created_at]` (it does not cover `grant_id`).
+//!
+//! The digest is the last link.
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
 use diesel::prelude::*;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -28,9 +37,41 @@ use sha2::{Digest, Sha256};
 use crate::db::models::LedgerEntryRow;
 use crate::db::schema::ledger_entries;
 use crate::error::ApiError;
+use crate::time::rfc3339;
 
-/// The name of the chain's definition, printed with every digest.
-pub const FORMAT: &str = "sha256-chain-v1";
+/// A chain's definition: its number (`--format`) and its name (printed
+/// with every digest).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// `sha256-chain-v1`: thirteen columns as an array.
+    V1,
+    /// `sha256-chain-v2`: every column as an object.
+    V2,
+}
+
+impl Format {
+    /// The one a digest is taken in unless asked otherwise.
+    pub const DEFAULT: Format = Format::V2;
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::V1 => "sha256-chain-v1",
+            Format::V2 => "sha256-chain-v2",
+        }
+    }
+
+    /// `1` or `2`, as `--format` takes it.
+    pub fn parse(number: u8) -> Result<Format, String> {
+        match number {
+            1 => Ok(Format::V1),
+            2 => Ok(Format::V2),
+            other => Err(format!(
+                "--format must be 2 (sha256-chain-v2, every column) or 1 (sha256-chain-v1, for \
+                 digests kept before format 2), not {other}"
+            )),
+        }
+    }
+}
 
 /// Entries read per query: bounds memory on a ledger of any size.
 pub const LEDGER_DIGEST_BATCH: i64 = 10_000;
@@ -47,8 +88,59 @@ pub struct LedgerDigest {
     pub format: &'static str,
 }
 
-/// The compact JSON array an entry is hashed as.
-pub fn canonical(entry: &LedgerEntryRow) -> String {
+/// The text an entry is hashed as, in `format`.
+pub fn canonical(format: Format, entry: &LedgerEntryRow) -> String {
+    match format {
+        Format::V1 => canonical_v1(entry),
+        Format::V2 => canonical_v2(entry),
+    }
+}
+
+/// Format 2: every column, as a compact JSON object with its keys sorted
+/// (serde_json's map is ordered by key).
+fn canonical_v2(entry: &LedgerEntryRow) -> String {
+    // Destructured so that a field added to the row is a compile error
+    // here until it is hashed too.
+    let LedgerEntryRow {
+        id,
+        account_id,
+        kind,
+        amount,
+        available_after,
+        reserved_after,
+        used_after,
+        reservation_id,
+        job_id,
+        external_ref,
+        reason,
+        actor,
+        created_at,
+        grant_id,
+    } = entry;
+    let object: serde_json::Map<String, serde_json::Value> = [
+        ("id", serde_json::json!(id)),
+        ("account_id", serde_json::json!(account_id)),
+        ("kind", serde_json::json!(kind)),
+        ("amount", serde_json::json!(amount)),
+        ("available_after", serde_json::json!(available_after)),
+        ("reserved_after", serde_json::json!(reserved_after)),
+        ("used_after", serde_json::json!(used_after)),
+        ("reservation_id", serde_json::json!(reservation_id)),
+        ("job_id", serde_json::json!(job_id)),
+        ("external_ref", serde_json::json!(external_ref)),
+        ("reason", serde_json::json!(reason)),
+        ("actor", serde_json::json!(actor)),
+        ("created_at", serde_json::json!(rfc3339(*created_at))),
+        ("grant_id", serde_json::json!(grant_id)),
+    ]
+    .into_iter()
+    .map(|(name, value)| (name.to_owned(), value))
+    .collect();
+    serde_json::Value::Object(object).to_string()
+}
+
+/// Format 1: the compact JSON array of thirteen columns.
+fn canonical_v1(entry: &LedgerEntryRow) -> String {
     serde_json::json!([
         entry.id,
         entry.account_id,
@@ -62,19 +154,17 @@ pub fn canonical(entry: &LedgerEntryRow) -> String {
         entry.external_ref,
         entry.reason,
         entry.actor,
-        entry
-            .created_at
-            .to_rfc3339_opts(SecondsFormat::Micros, true),
+        rfc3339(entry.created_at),
     ])
     .to_string()
 }
 
 /// The next link of the chain.
-pub fn next_link(previous: &str, entry: &LedgerEntryRow) -> String {
+pub fn next_link(format: Format, previous: &str, entry: &LedgerEntryRow) -> String {
     let mut hasher = Sha256::new();
     hasher.update(previous.as_bytes());
     hasher.update(b"\n");
-    hasher.update(canonical(entry).as_bytes());
+    hasher.update(canonical(format, entry).as_bytes());
     hex::encode(hasher.finalize())
 }
 
@@ -85,6 +175,7 @@ pub fn next_link(previous: &str, entry: &LedgerEntryRow) -> String {
 pub fn ledger_digest(
     conn: &mut PgConnection,
     until: DateTime<Utc>,
+    format: Format,
 ) -> Result<LedgerDigest, ApiError> {
     conn.build_transaction()
         .read_only()
@@ -97,7 +188,7 @@ pub fn ledger_digest(
             if until > now {
                 return Err(ApiError::InvalidRequest(format!(
                     "until must not be in the future (the database's clock reads {})",
-                    now.to_rfc3339_opts(SecondsFormat::Micros, true)
+                    rfc3339(now)
                 )));
             }
             let mut link = GENESIS.to_owned();
@@ -112,7 +203,7 @@ pub fn ledger_digest(
                     .select(LedgerEntryRow::as_select())
                     .load(conn)?;
                 for entry in &batch {
-                    link = next_link(&link, entry);
+                    link = next_link(format, &link, entry);
                     entries += 1;
                     last_entry_id = Some(entry.id);
                 }
@@ -123,9 +214,9 @@ pub fn ledger_digest(
             Ok(LedgerDigest {
                 digest: link,
                 entries,
-                until: until.to_rfc3339_opts(SecondsFormat::Micros, true),
+                until: rfc3339(until),
                 last_entry_id,
-                format: FORMAT,
+                format: format.name(),
             })
         })
 }
@@ -158,14 +249,18 @@ mod tests {
     fn the_canonical_form_is_fixed() {
         // Auditors recompute this form with their own tools: it must not drift.
         assert_eq!(
-            canonical(&entry()),
+            canonical(Format::V1, &entry()),
             r#"[7,"00000000-0000-0000-0000-000000000000","credit",50,50,0,0,null,null,"invoice \"42\"\n",null,"system","2026-12-01T14:03:00.500000Z"]"#
         );
         // The same link as Python's hashlib.sha256 and json.dumps(row,
         // separators=(",", ":"), ensure_ascii=False) give (docs/backup.md).
         assert_eq!(
-            next_link(GENESIS, &entry()),
+            next_link(Format::V1, GENESIS, &entry()),
             "df2d72f60641f7d4ff0120da8551295db63b01632492bb3f3bac9d409cf08808"
+        );
+        assert_eq!(
+            canonical(Format::V2, &entry()),
+            r#"{"account_id":"00000000-0000-0000-0000-000000000000","actor":"system","amount":50,"available_after":50,"created_at":"2026-12-01T14:03:00.500000Z","external_ref":"invoice \"42\"\n","grant_id":null,"id":7,"job_id":null,"kind":"credit","reason":null,"reservation_id":null,"reserved_after":0,"used_after":0}"#
         );
     }
 }

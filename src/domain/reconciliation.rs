@@ -11,7 +11,7 @@
 //! bound is an RFC 3339 timestamp or a bare `YYYY-MM-DD` date, meaning that
 //! day's midnight UTC. docs/finance.md explains each figure to finance.
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Nullable, Text, Timestamptz, Uuid as SqlUuid};
 use serde::Serialize;
@@ -226,9 +226,7 @@ impl Report {
     }
 }
 
-fn rfc3339(instant: DateTime<Utc>) -> String {
-    instant.to_rfc3339_opts(SecondsFormat::Micros, true)
-}
+use crate::time::rfc3339;
 
 /// Builds the report for `[from, to)`, optionally for one account. The
 /// books at `from` and at `to` come from `history::states_before` (the
@@ -402,6 +400,7 @@ pub fn to_csv(report: &Report) -> String {
          opening_available,opening_reserved,opening_used,closing_available,closing_reserved,closing_used,\
          jobs_succeeded,job_commit_entries,failed_checks\n",
     );
+    let mut sums = [0_i64; 17];
     for line in &report.accounts {
         let failed: Vec<&str> = report
             .discrepancies
@@ -409,36 +408,61 @@ pub fn to_csv(report: &Report) -> String {
             .filter(|d| d.account_id == line.account_id)
             .map(|d| d.check.as_str())
             .collect();
-        let numbers = [
-            line.opening,
-            line.credited,
-            line.adjusted,
-            line.committed,
-            line.grant_expired,
-            line.closing,
-            line.reserved,
-            line.released,
-            line.expired,
-            line.opening_available,
-            line.opening_reserved,
-            line.opening_used,
-            line.closing_available,
-            line.closing_reserved,
-            line.closing_used,
-            line.jobs_succeeded,
-            line.job_commit_entries,
-        ];
-        let numbers: Vec<String> = numbers.iter().map(i64::to_string).collect();
+        let numbers = csv_numbers(line);
+        for (sum, number) in sums.iter_mut().zip(numbers) {
+            *sum += number;
+        }
         csv.push_str(&format!(
             "{},{},{},{},{}\n",
             line.account_id,
             csv_text(&line.name),
             line.status,
-            numbers.join(","),
+            joined(&numbers),
             csv_text(&failed.join(";"))
         ));
     }
+    // The last row: every column summed over the accounts (the JSON's
+    // `totals`, and the balance columns it does not carry), so the file
+    // balances on its own. `failed_checks` counts the failed checks.
+    csv.push_str(&format!(
+        "totals,{} accounts,{},{},{}\n",
+        report.accounts.len(),
+        report.status,
+        joined(&sums),
+        report.discrepancies.len()
+    ));
     csv
+}
+
+/// An account line's numbers in the CSV's column order.
+fn csv_numbers(line: &AccountLine) -> [i64; 17] {
+    [
+        line.opening,
+        line.credited,
+        line.adjusted,
+        line.committed,
+        line.grant_expired,
+        line.closing,
+        line.reserved,
+        line.released,
+        line.expired,
+        line.opening_available,
+        line.opening_reserved,
+        line.opening_used,
+        line.closing_available,
+        line.closing_reserved,
+        line.closing_used,
+        line.jobs_succeeded,
+        line.job_commit_entries,
+    ]
+}
+
+fn joined(numbers: &[i64]) -> String {
+    numbers
+        .iter()
+        .map(i64::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Characters that make a spreadsheet run a cell as a formula when the
@@ -493,12 +517,7 @@ pub fn parse_period(
     max: std::time::Duration,
 ) -> Result<(DateTime<Utc>, DateTime<Utc>), ApiError> {
     let parse = |name: &str, text: &str| {
-        parse_bound(text).ok_or_else(|| {
-            ApiError::InvalidRequest(format!(
-                "{name} must be a date (YYYY-MM-DD, midnight UTC) or an RFC 3339 timestamp \
-                 (e.g. 2026-11-01T00:00:00Z or 2026-11-01T00:00:00+01:00), not {text:?}"
-            ))
-        })
+        crate::time::instant_of(name, text).map_err(ApiError::InvalidRequest)
     };
     let to = to.map(|text| parse("to", text)).transpose()?.unwrap_or(now);
     let default =
@@ -521,7 +540,7 @@ pub fn parse_period(
 }
 
 /// The OpenAPI schema of an instant in a query string (`from`, `to`,
-/// `as_of`): the shape `parse_bound` reads, a date or a date and time with a
+/// `as_of`): the shape `crate::time::parse_instant` reads, a date or a date and time with a
 /// UTC offset. A value of this shape that is no real instant (a 13th month)
 /// is still refused with 400 and the reason. An offset's `+` typed
 /// unencoded in a URL arrives as a space; it is read back as the `+` it
@@ -533,56 +552,9 @@ pub fn parse_period(
 )]
 pub struct InstantParam(pub String);
 
-/// A period bound: `YYYY-MM-DD` (midnight UTC) or RFC 3339. A `+` of an
-/// offset that arrived unencoded in a query string reads as a space; it is
-/// taken back as the `+` it must have been.
-pub fn parse_bound(text: &str) -> Option<DateTime<Utc>> {
-    if let Ok(date) = chrono::NaiveDate::parse_from_str(text, "%Y-%m-%d") {
-        if text.len() == 10 {
-            return Some(date.and_time(chrono::NaiveTime::MIN).and_utc());
-        }
-    }
-    let repaired = match text.rsplit_once(' ') {
-        Some((instant, offset)) if offset.len() == 5 && offset.as_bytes()[2] == b':' => {
-            format!("{instant}+{offset}")
-        }
-        _ => text.to_owned(),
-    };
-    DateTime::parse_from_rfc3339(&repaired)
-        .ok()
-        .map(|instant| instant.with_timezone(&Utc))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn bounds_are_dates_or_timestamps() {
-        let midnight = |text: &str| text.parse::<DateTime<Utc>>().expect("time");
-        assert_eq!(
-            parse_bound("2026-11-01"),
-            Some(midnight("2026-11-01T00:00:00Z"))
-        );
-        assert_eq!(
-            parse_bound("2026-11-01T00:00:00+01:00"),
-            Some(midnight("2026-10-31T23:00:00Z"))
-        );
-        // `+01:00` sent unencoded in a query string arrives as ` 01:00`.
-        assert_eq!(
-            parse_bound("2026-11-01T00:00:00 01:00"),
-            Some(midnight("2026-10-31T23:00:00Z"))
-        );
-        for bad in [
-            "2026-11",
-            "2026-13-01",
-            "01.11.2026",
-            "2026-11-01 junk",
-            "2026-11-1",
-        ] {
-            assert_eq!(parse_bound(bad), None, "{bad}");
-        }
-    }
 
     #[test]
     fn csv_names_are_quoted_and_defused() {

@@ -6,17 +6,22 @@
 
 use chrono::{DateTime, Utc};
 use diesel::prelude::*;
-use serde::Serialize;
+use diesel::sql_types::{BigInt, Jsonb, Nullable, Text, Uuid as SqlUuid};
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::db::models::ReservationRow;
-use crate::db::schema::reservations;
 use crate::domain::paging::page_of;
 use crate::domain::states::ReservationState;
 use crate::domain::types::{AccountId, RequestId, ReservationId};
 use crate::error::ApiError;
 
-#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+/// A reservation as the API and `reservation.expired` show it: the engine
+/// writes it (`engine_reservation_json`, src/engine/sql/05_views.sql) for
+/// the reads and the event. The answers of reserve, commit, release and
+/// extend come from the engine's row (`From<ReservationRow>`, the same
+/// fields; tests/api/representations.rs holds the two to each other).
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ReservationView {
     pub reservation_id: ReservationId,
     pub account_id: AccountId,
@@ -26,9 +31,12 @@ pub struct ReservationView {
     #[schema(value_type = String, example = "held")]
     pub state: ReservationState,
     pub committed_amount: i64,
+    #[serde(with = "crate::time::micros")]
     pub expires_at: DateTime<Utc>,
     pub job_id: Option<Uuid>,
+    #[serde(with = "crate::time::micros")]
     pub created_at: DateTime<Utc>,
+    #[serde(with = "crate::time::micros_option")]
     pub resolved_at: Option<DateTime<Utc>>,
     /// The grants its tokens were drawn from, in draw order (amounts sum
     /// to `amount`).
@@ -55,17 +63,51 @@ impl From<ReservationRow> for ReservationView {
     }
 }
 
+/// Reservations as the engine shows them (`engine_reservation_json`, the
+/// representation `reservation.expired` carries too): an account's, one by
+/// id or a page newest first.
+fn shown_reservations(
+    conn: &mut PgConnection,
+    account: AccountId,
+    reservation: Option<ReservationId>,
+    state: Option<ReservationState>,
+    after: Option<Uuid>,
+    limit: i64,
+) -> Result<Vec<ReservationView>, ApiError> {
+    #[derive(QueryableByName)]
+    struct Shown {
+        #[diesel(sql_type = Jsonb)]
+        reservation: serde_json::Value,
+    }
+    let shown: Vec<Shown> = diesel::sql_query(
+        "SELECT engine_reservation_json(to_jsonb(r)) AS reservation FROM reservations r \
+         WHERE r.account_id = $1 AND ($2::uuid IS NULL OR r.id = $2) \
+           AND ($3::text IS NULL OR r.state = $3) AND ($4::uuid IS NULL OR r.id < $4) \
+         ORDER BY r.id DESC LIMIT $5",
+    )
+    .bind::<SqlUuid, _>(account.0)
+    .bind::<Nullable<SqlUuid>, _>(reservation.map(|id| id.0))
+    .bind::<Nullable<Text>, _>(state.map(ReservationState::as_str))
+    .bind::<Nullable<SqlUuid>, _>(after)
+    .bind::<BigInt, _>(limit)
+    .load(conn)?;
+    shown
+        .into_iter()
+        .map(|shown| {
+            serde_json::from_value::<ReservationView>(shown.reservation).map_err(|error| {
+                ApiError::Internal(format!("a reservation as the engine shows it: {error}"))
+            })
+        })
+        .collect()
+}
+
 pub fn get_reservation(
     conn: &mut PgConnection,
     account: AccountId,
     reservation: ReservationId,
-) -> Result<ReservationRow, ApiError> {
-    reservations::table
-        .filter(reservations::id.eq(reservation.0))
-        .filter(reservations::account_id.eq(account.0))
-        .select(ReservationRow::as_select())
-        .first(conn)
-        .optional()?
+) -> Result<ReservationView, ApiError> {
+    shown_reservations(conn, account, Some(reservation), None, None, 1)?
+        .pop()
         .ok_or(ApiError::NotFound("reservation"))
 }
 
@@ -85,21 +127,11 @@ pub fn list_reservations(
     after: Option<Uuid>,
     limit: i64,
 ) -> Result<ReservationPage, ApiError> {
-    let mut query = reservations::table
-        .filter(reservations::account_id.eq(account.0))
-        .select(ReservationRow::as_select())
-        .order(reservations::id.desc())
-        .limit(limit + 1)
-        .into_boxed();
-    if let Some(state) = state {
-        query = query.filter(reservations::state.eq(state));
-    }
-    if let Some(after) = after {
-        query = query.filter(reservations::id.lt(after));
-    }
-    let (rows, next_after) = page_of(query.load(conn)?, limit, |row: &ReservationRow| row.id);
+    let shown = shown_reservations(conn, account, None, state, after, limit + 1)?;
+    let (reservations, next_after) =
+        page_of(shown, limit, |view: &ReservationView| view.reservation_id.0);
     Ok(ReservationPage {
-        reservations: rows.into_iter().map(ReservationView::from).collect(),
+        reservations,
         next_after,
     })
 }

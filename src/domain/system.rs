@@ -15,6 +15,7 @@ use crate::error::ApiError;
 pub struct DatabaseSummary {
     /// The database's clock when it was read.
     #[diesel(sql_type = Timestamptz)]
+    #[serde(with = "crate::time::micros")]
     pub database_time: DateTime<Utc>,
     #[diesel(sql_type = BigInt)]
     pub accounts: i64,
@@ -30,6 +31,7 @@ pub struct DatabaseSummary {
     pub oldest_reservation_age_seconds: Option<f64>,
     /// The earliest expiry of a held reservation.
     #[diesel(sql_type = Nullable<Timestamptz>)]
+    #[serde(with = "crate::time::micros_option")]
     pub next_expiry_at: Option<DateTime<Utc>>,
     #[diesel(sql_type = BigInt)]
     pub jobs_queued: i64,
@@ -37,6 +39,7 @@ pub struct DatabaseSummary {
     pub jobs_running: i64,
     /// The reaper's last successful pass (any replica); null before the first.
     #[diesel(sql_type = Nullable<Timestamptz>)]
+    #[serde(with = "crate::time::micros_option")]
     pub reaper_last_success_at: Option<DateTime<Utc>>,
     /// Accounts violating an invariant at that pass; null before the first.
     #[diesel(sql_type = Nullable<Integer>)]

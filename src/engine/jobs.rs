@@ -6,9 +6,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::types::{draws_of, sha256, AccountId, Draw, RequestId};
+use super::types::{sha256, AccountId, Draw, RequestId};
 use crate::config::{JOB_PARAMS_DEPTH_MAX, JOB_PARAMS_MAX_BYTES};
-use crate::db::models::JobRow;
 use crate::db::states::{JobStatus, ReservationState};
 use crate::error::ApiError;
 
@@ -128,65 +127,22 @@ fn write_canonical(value: &Value, out: &mut String) {
     }
 }
 
-/// A job as the engine returns it (`engine_job_json`): the row without
-/// its hash, and its reservation's state and expiry.
-#[derive(Deserialize)]
-pub struct JobJson {
-    id: Uuid,
-    account_id: Uuid,
-    request_id: Uuid,
-    kind: String,
-    cost: i64,
-    status: JobStatus,
-    reservation_id: Uuid,
-    attempts: i32,
-    result: Option<Value>,
-    error: Option<Value>,
-    created_at: DateTime<Utc>,
-    updated_at: DateTime<Utc>,
-    finished_at: Option<DateTime<Utc>>,
-    reservation_state: ReservationState,
-    reservation_expires_at: DateTime<Utc>,
-    reservation_draws: Value,
-}
-
-impl JobJson {
-    pub fn into_view(self) -> JobView {
-        JobView {
-            job_id: self.id,
-            request_id: RequestId(self.request_id),
-            account_id: AccountId(self.account_id),
-            kind: self.kind,
-            status: self.status,
-            cost: self.cost,
-            attempts: self.attempts,
-            reservation: JobReservation {
-                reservation_id: self.reservation_id,
-                state: self.reservation_state,
-                expires_at: self.reservation_expires_at,
-                draws: draws_of(&self.reservation_draws),
-            },
-            result: self.result,
-            error: self.error,
-            created_at: self.created_at,
-            updated_at: self.updated_at,
-            finished_at: self.finished_at,
-        }
-    }
-}
-
-#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct JobReservation {
     pub reservation_id: Uuid,
     /// `held`, `committed`, `released` or `expired`.
     #[schema(value_type = String, example = "held")]
     pub state: ReservationState,
+    #[serde(with = "crate::time::micros")]
     pub expires_at: DateTime<Utc>,
     /// The grants its tokens were drawn from, in draw order.
     pub draws: Vec<Draw>,
 }
 
-#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+/// A job as the API and the job events show it: the engine writes it
+/// (`engine_job_view`, src/engine/sql/30_spend.sql), the API reads it from
+/// there and answers with it as it is.
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct JobView {
     pub job_id: Uuid,
     pub request_id: RequestId,
@@ -204,37 +160,16 @@ pub struct JobView {
     /// Why the job failed, once `failed`.
     #[schema(value_type = Option<Object>)]
     pub error: Option<Value>,
+    #[serde(with = "crate::time::micros")]
     pub created_at: DateTime<Utc>,
+    #[serde(with = "crate::time::micros")]
     pub updated_at: DateTime<Utc>,
+    #[serde(with = "crate::time::micros_option")]
     pub finished_at: Option<DateTime<Utc>>,
 }
 
 impl JobView {
     pub fn is_terminal(&self) -> bool {
         self.status.is_terminal()
-    }
-
-    /// A job row with its reservation's state, expiry and draws.
-    pub fn from_row(job: JobRow, reservation: (ReservationState, DateTime<Utc>, Value)) -> JobView {
-        JobView {
-            job_id: job.id,
-            request_id: RequestId(job.request_id),
-            account_id: AccountId(job.account_id),
-            kind: job.kind,
-            status: job.status,
-            cost: job.cost,
-            attempts: job.attempts,
-            reservation: JobReservation {
-                reservation_id: job.reservation_id,
-                state: reservation.0,
-                expires_at: reservation.1,
-                draws: draws_of(&reservation.2),
-            },
-            result: job.result,
-            error: job.error,
-            created_at: job.created_at,
-            updated_at: job.updated_at,
-            finished_at: job.finished_at,
-        }
     }
 }

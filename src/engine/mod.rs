@@ -19,6 +19,7 @@
 //! The outcome of each operation comes out of the code that decided it:
 //! there is no second read to guess why something was refused.
 
+pub mod credits;
 pub mod install;
 pub mod jobs;
 mod outcome;
@@ -39,7 +40,7 @@ use types::{
     SignedTokens, Tokens, TtlSeconds,
 };
 
-pub use outcome::{Answer, Movement, Outcome, Replay};
+pub use outcome::{Answer, Outcome, Replay};
 
 /// What one operation asks of an account.
 #[derive(Clone, Debug)]

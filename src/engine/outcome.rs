@@ -3,8 +3,9 @@
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use super::jobs::{JobJson, JobView};
-use crate::db::models::{AdjustmentRow, CreditGrantRow, CreditRow, LedgerEntryRow, ReservationRow};
+use super::credits::{AdjustmentView, CreditView};
+use super::jobs::JobView;
+use crate::db::models::ReservationRow;
 use crate::error::ApiError;
 
 use super::{Op, Operation};
@@ -101,16 +102,6 @@ impl Outcome {
 pub enum Replay {
     Created,
     Replayed,
-}
-
-/// A credit or an adjustment as the engine answered it: its row, its
-/// (last) ledger entry, the grant it made (none for a removal), and
-/// whether it is a replay.
-pub struct Movement<T> {
-    pub row: T,
-    pub entry: LedgerEntryRow,
-    pub grant: Option<CreditGrantRow>,
-    pub replay: Replay,
 }
 
 /// The engine's answer to one operation.
@@ -230,42 +221,31 @@ impl Answer {
         if let Some(error) = self.error(operation) {
             return Err(error);
         }
-        let job: JobJson = decode(self.object_field(None)?)?;
-        Ok((job.into_view(), self.replay()))
+        Ok((decode(self.object_field(None)?)?, self.replay()))
     }
 
-    /// A credit: the credit, its ledger entry and its grant, or the error.
-    pub fn into_credit(self, operation: &Operation) -> Result<Movement<CreditRow>, ApiError> {
-        self.into_movement(operation, "credit")
+    /// A credit as the API shows it (`engine_credit_json`), or the error.
+    pub fn into_credit(self, operation: &Operation) -> Result<(CreditView, Replay), ApiError> {
+        self.into_external(operation, "credit")
     }
 
-    /// An adjustment: the adjustment, its last ledger entry and its grant
-    /// (a positive one's), or the error.
+    /// An adjustment as the API shows it (`engine_adjustment_json`), or the
+    /// error.
     pub fn into_adjustment(
         self,
         operation: &Operation,
-    ) -> Result<Movement<AdjustmentRow>, ApiError> {
-        self.into_movement(operation, "adjustment")
+    ) -> Result<(AdjustmentView, Replay), ApiError> {
+        self.into_external(operation, "adjustment")
     }
 
-    fn into_movement<T: DeserializeOwned>(
+    fn into_external<T: DeserializeOwned>(
         self,
         operation: &Operation,
         field: &str,
-    ) -> Result<Movement<T>, ApiError> {
+    ) -> Result<(T, Replay), ApiError> {
         if let Some(error) = self.error(operation) {
             return Err(error);
         }
-        let grant = self.object_field(Some("grant"))?;
-        Ok(Movement {
-            row: decode(self.object_field(Some(field))?)?,
-            entry: decode(self.object_field(Some("entry"))?)?,
-            grant: if grant.is_null() {
-                None
-            } else {
-                Some(decode(grant)?)
-            },
-            replay: self.replay(),
-        })
+        Ok((decode(self.object_field(Some(field))?)?, self.replay()))
     }
 }

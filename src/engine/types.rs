@@ -152,11 +152,10 @@ impl From<Priority> for i64 {
 /// the engine's decision (`engine_external`), after the replay check: a
 /// retry of a credit that landed is its replay even once its expiry has
 /// passed.
+/// Read by the one instant parser (`crate::time::parse_instant`: RFC 3339
+/// or a bare date as its midnight UTC).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(
-    try_from = "chrono::DateTime<chrono::Utc>",
-    into = "chrono::DateTime<chrono::Utc>"
-)]
+#[serde(try_from = "String", into = "String")]
 pub struct GrantExpiry(chrono::DateTime<chrono::Utc>);
 
 /// How far ahead a grant's expiry may lie.
@@ -194,6 +193,19 @@ impl TryFrom<chrono::DateTime<chrono::Utc>> for GrantExpiry {
     }
 }
 
+impl TryFrom<String> for GrantExpiry {
+    type Error = String;
+    fn try_from(text: String) -> Result<Self, String> {
+        GrantExpiry::try_from(crate::time::instant_of("expires_at", &text)?)
+    }
+}
+
+impl From<GrantExpiry> for String {
+    fn from(expiry: GrantExpiry) -> String {
+        crate::time::rfc3339(expiry.0)
+    }
+}
+
 impl From<GrantExpiry> for chrono::DateTime<chrono::Utc> {
     fn from(expiry: GrantExpiry) -> Self {
         expiry.0
@@ -208,7 +220,7 @@ impl utoipa::PartialSchema for GrantExpiry {
                 utoipa::openapi::KnownFormat::DateTime,
             )))
             .description(Some(
-                "When the grant lapses (RFC 3339): in the future and within 10 years.",
+                "When the grant lapses: RFC 3339, or a date (YYYY-MM-DD) as its midnight UTC; in the future and within 10 years.",
             ))
             .into()
     }

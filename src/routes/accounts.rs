@@ -518,15 +518,7 @@ async fn list_ledger(
     let since = query
         .since
         .as_deref()
-        .map(|text| {
-            chrono::DateTime::parse_from_rfc3339(text)
-                .map(|instant| instant.with_timezone(&chrono::Utc))
-                .map_err(|error| {
-                    ApiError::InvalidRequest(format!(
-                        "since must be an RFC 3339 timestamp: {error}"
-                    ))
-                })
-        })
+        .map(|text| crate::time::instant_of("since", text).map_err(ApiError::InvalidRequest))
         .transpose()?;
     let for_kiosk = caller.scope == Scope::Kiosk;
     let read = move |conn: &mut diesel::PgConnection| {

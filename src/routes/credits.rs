@@ -90,15 +90,8 @@ async fn create_credit(
         .coalescer
         .submit(admin_operation(&caller, account, op))
         .await;
-    let credit = answer?.into_credit(&operation)?;
-    let grant = credit.grant.ok_or_else(|| {
-        ApiError::Internal("the engine returned a credit without its grant".into())
-    })?;
-    Ok(respond(
-        account,
-        &CreditView::new(credit.row, credit.entry, grant),
-        credit.replay,
-    ))
+    let (credit, replay) = answer?.into_credit(&operation)?;
+    Ok(respond(account, &credit, replay))
 }
 
 /// An operation of an admin already authorised here (its key verified by
@@ -203,10 +196,6 @@ async fn create_adjustment(
         .coalescer
         .submit(admin_operation(&caller, account, op))
         .await;
-    let adjustment = answer?.into_adjustment(&operation)?;
-    Ok(respond(
-        account,
-        &AdjustmentView::new(adjustment.row, adjustment.entry, adjustment.grant),
-        adjustment.replay,
-    ))
+    let (adjustment, replay) = answer?.into_adjustment(&operation)?;
+    Ok(respond(account, &adjustment, replay))
 }

@@ -159,11 +159,11 @@ async fn get_reservation(
     let (account, reservation) = path.into_inner();
     let (account, reservation) = (AccountId(account), ReservationId(reservation));
     caller.authorize_read(account)?;
-    let row = run_blocking(&state.pool, move |conn| {
+    let view = run_blocking(&state.pool, move |conn| {
         reservations::get_reservation(conn, account, reservation)
     })
     .await?;
-    Ok(HttpResponse::Ok().json(ReservationView::from(row)))
+    Ok(HttpResponse::Ok().json(view))
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]

@@ -518,7 +518,9 @@ pub fn record(
     .bind::<Array<Double>, _>(
         attempts
             .iter()
-            .map(|(_, sent, _)| sent.latency.as_secs_f64() * 1_000.0)
+            .map(|(_, sent, _)| {
+                crate::time::round_milliseconds(sent.latency.as_secs_f64() * 1_000.0)
+            })
             .collect::<Vec<_>>(),
     )
     .bind::<Array<Text>, _>(verdicts.iter().map(|verdict| verdict.0).collect::<Vec<_>>())

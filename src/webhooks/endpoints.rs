@@ -49,15 +49,20 @@ pub struct EndpointView {
     pub disabled_reason: Option<String>,
     /// The first failure since the last success; null when healthy.
     #[diesel(sql_type = Nullable<Timestamptz>)]
+    #[serde(with = "crate::time::micros_option")]
     pub failing_since: Option<DateTime<Utc>>,
     #[diesel(sql_type = Nullable<Timestamptz>)]
+    #[serde(with = "crate::time::micros_option")]
     pub last_success_at: Option<DateTime<Utc>>,
     /// Until when the previous secret still signs (after a rotation).
     #[diesel(sql_type = Nullable<Timestamptz>)]
+    #[serde(with = "crate::time::micros_option")]
     pub previous_secret_expires_at: Option<DateTime<Utc>>,
     #[diesel(sql_type = Timestamptz)]
+    #[serde(with = "crate::time::micros")]
     pub created_at: DateTime<Utc>,
     #[diesel(sql_type = Timestamptz)]
+    #[serde(with = "crate::time::micros")]
     pub updated_at: DateTime<Utc>,
 }
 
@@ -356,6 +361,7 @@ pub struct AttemptView {
     #[diesel(sql_type = Integer)]
     pub attempt: i32,
     #[diesel(sql_type = Timestamptz)]
+    #[serde(with = "crate::time::micros")]
     pub attempted_at: DateTime<Utc>,
     /// The receiver's HTTP status; null when there was no answer.
     #[diesel(sql_type = Nullable<Integer>)]
@@ -363,7 +369,9 @@ pub struct AttemptView {
     /// What went wrong without an answer (timeout, connection refused, …).
     #[diesel(sql_type = Nullable<Text>)]
     pub error: Option<String>,
+    /// How long the receiver took, in milliseconds to the microsecond.
     #[diesel(sql_type = diesel::sql_types::Double)]
+    #[serde(serialize_with = "crate::time::milliseconds")]
     pub latency_ms: f64,
     /// `delivered`, `retrying`, `exhausted` (no attempt left) or
     /// `endpoint_gone` (410: the endpoint was disabled).
@@ -454,6 +462,7 @@ pub struct DeliveryView {
     #[diesel(sql_type = Integer)]
     pub attempts: i32,
     #[diesel(sql_type = Timestamptz)]
+    #[serde(with = "crate::time::micros")]
     pub next_attempt_at: DateTime<Utc>,
 }
 

@@ -7,7 +7,17 @@
 import { freshId, get, query, request } from "./api.js";
 import { balanceChart, pointsOf } from "./chart.js";
 import {
-  busyButton, clear, countdown, field, h, messageArea, onSubmit, table, time, tokens,
+  busyButton,
+  clear,
+  countdown,
+  field,
+  fill,
+  h,
+  messageArea,
+  onSubmit,
+  table,
+  time,
+  tokens,
 } from "./dom.js";
 import { lowMarker, statusBadge } from "./accounts.js";
 
@@ -62,7 +72,7 @@ export async function renderAccount(container, context, accountId) {
   let period = null;
 
   const showAccount = () => {
-    clear(sections.header).append(
+    fill(sections.header,
       h("h1", { id: "account-name" }, account.name, " ", statusBadge(account.status), " ", lowMarker(account)),
       h("p", { class: "muted" }, `Account ${account.account_id} · created ${time(account.created_at)}`),
     );
@@ -72,7 +82,7 @@ export async function renderAccount(container, context, accountId) {
     const holds = inflow === accounted;
     const figure = (name, value) =>
       h("div", { class: "figure" }, h("span", { class: "figure-label" }, name), h("span", { class: "figure-value", id: `balance-${name}` }, tokens(value)));
-    clear(sections.balances).append(
+    fill(sections.balances,
       h("h2", { id: "balances-title" }, "Balances"),
       h(
         "div",
@@ -144,7 +154,7 @@ export async function renderAccount(container, context, accountId) {
       `${entries.length} ledger entries in the ${PERIODS.find(([id]) => id === state.period)[1]}; ` +
       `at the end: available ${last.available}, reserved ${last.reserved}, used ${last.used}` +
       (period.truncated ? " (the first 5,000 entries of the period only)" : "");
-    clear(sections.chart).append(
+    fill(sections.chart,
       h("h2", { id: "chart-title" }, "Balances over time"),
       h("div", { class: "toolbar" }, picker.element),
       balanceChart(points, period.from, period.to, summary),
@@ -156,7 +166,7 @@ export async function renderAccount(container, context, accountId) {
     const pages = Math.max(1, Math.ceil(newestFirst.length / LEDGER_ROWS_PER_PAGE));
     state.ledgerPage = Math.min(state.ledgerPage, pages - 1);
     const shown = newestFirst.slice(state.ledgerPage * LEDGER_ROWS_PER_PAGE, (state.ledgerPage + 1) * LEDGER_ROWS_PER_PAGE);
-    clear(sections.ledger).append(
+    fill(sections.ledger,
       h("h2", { id: "ledger-title" }, "Ledger"),
       h("p", { class: "muted" }, "Entries of the chart's period, newest first."),
       table(
@@ -223,7 +233,9 @@ export async function renderAccount(container, context, accountId) {
       return h(
         "tr",
         { "data-grant-id": grant.grant_id },
-        h("td", { "data-field": "grant" }, h("code", { title: grant.grant_id }, grant.grant_id.slice(0, 8))),
+        // The whole id: its first characters are a time prefix (UUIDv7),
+        // the same for grants made within a minute. One click selects it.
+        h("td", { "data-field": "grant" }, h("code", { class: "id" }, grant.grant_id)),
         h("td", { class: "number", "data-field": "priority" }, grant.priority),
         h("td", { class: "number", "data-field": "amount" }, tokens(grant.amount)),
         h("td", { class: "number", "data-field": "remaining" }, tokens(grant.remaining)),
@@ -233,7 +245,7 @@ export async function renderAccount(container, context, accountId) {
         h("td", { "data-field": "created" }, time(grant.created_at)),
       );
     });
-    clear(sections.grants).append(
+    fill(sections.grants,
       h("h2", { id: "grants-title" }, "Grants"),
       h(
         "p",
@@ -264,7 +276,7 @@ export async function renderAccount(container, context, accountId) {
         h("td", {}, reservation.job_id || "—"),
       );
     });
-    clear(sections.inFlight).append(
+    fill(sections.inFlight,
       h("h2", { id: "in-flight-title" }, "Reservations in flight"),
       held.length
         ? table("Held reservations", ["Reservation", "Tokens", "Created", "Expires", "Job"], rows, { id: "held-table" })
@@ -280,7 +292,7 @@ export async function renderAccount(container, context, accountId) {
 
   let jobs = [];
   const showJobs = () => {
-    clear(sections.jobs).append(
+    fill(sections.jobs,
       h("h2", { id: "jobs-title" }, "Recent jobs"),
       jobs.length
         ? table(
@@ -357,7 +369,7 @@ export async function renderAccount(container, context, accountId) {
             class: "danger",
             "aria-label": `Revoke key ${key.label}`,
             onclick: () => {
-              clear(actions).append(
+              fill(actions,
                 h("span", {}, "Revoke? The kiosk stops working at once. "),
                 busyButton("Yes, revoke", { class: "danger", "aria-label": `Confirm revoking key ${key.label}` }, async () => {
                   try {
@@ -385,7 +397,7 @@ export async function renderAccount(container, context, accountId) {
         actions,
       );
     });
-    clear(sections.keys).append(
+    fill(sections.keys,
       h("h2", { id: "keys-title" }, "Kiosk keys"),
       form,
       message.element,
@@ -396,7 +408,7 @@ export async function renderAccount(container, context, accountId) {
     function showSecret(created) {
       const value = h("code", { id: "new-key-secret" }, created.key);
       const copied = h("span", { role: "status" });
-      clear(secret).append(
+      fill(secret,
         h(
           "div",
           { class: "secret" },
@@ -496,7 +508,7 @@ export async function renderAccount(container, context, accountId) {
     const message = messageArea();
     const render = () => {
       const next = account.status === "active" ? "suspended" : "active";
-      clear(card).append(
+      fill(card,
         h("h2", {}, "Status"),
         h("p", {}, "Now ", statusBadge(account.status), next === "suspended" ? ": kiosks can reserve." : ": kiosks cannot reserve."),
         busyButton(next === "suspended" ? "Suspend account" : "Reactivate account", { id: "toggle-status", class: next === "suspended" ? "danger" : null }, async () => {

@@ -2,7 +2,7 @@
 // the page by a balance, and (admin) create an account.
 
 import { freshId, get, query, request } from "./api.js";
-import { clear, field, h, messageArea, onSubmit, table, tokens } from "./dom.js";
+import { clear, field, fill, h, messageArea, onSubmit, table, tokens } from "./dom.js";
 
 const PAGE_SIZE = 25;
 
@@ -71,7 +71,7 @@ export async function renderAccounts(container, context) {
       const [column, direction] = order.split("-");
       shown.sort((a, b) => (direction === "asc" ? a[column] - b[column] : b[column] - a[column]));
     }
-    clear(results).append(
+    fill(results,
       table(
         "Accounts",
         ["Name", "Status", "Available", "Reserved", "Used", "Low balance"],
@@ -108,7 +108,7 @@ export async function renderAccounts(container, context) {
       cursors = cursors.slice(0, pageIndex + 1);
       if (page.next_after) cursors.push(page.next_after);
       show();
-      clear(pager).append(
+      fill(pager,
         h("button", { type: "button", disabled: pageIndex === 0, onclick: () => { pageIndex -= 1; load(); } }, "Previous page"),
         h("span", {}, ` Page ${pageIndex + 1} `),
         h("button", { type: "button", disabled: !page.next_after, onclick: () => { pageIndex += 1; load(); } }, "Next page"),

@@ -40,6 +40,15 @@ export function clear(element) {
   return element;
 }
 
+/** Replaces an element's children with `children`, skipping null,
+ * undefined and false as h() does (the DOM's own append would write
+ * "null"). */
+export function fill(element, ...children) {
+  element.replaceChildren();
+  append(element, children);
+  return element;
+}
+
 const numberFormat = new Intl.NumberFormat("en-US");
 export function tokens(value) {
   return value === undefined || value === null ? "—" : numberFormat.format(value);

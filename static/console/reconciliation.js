@@ -2,23 +2,24 @@
 // failed checks highlighted and linked to the account, and the CSV.
 
 import { get, query, request } from "./api.js";
-import { busyButton, clear, field, h, messageArea, onSubmit, table, tokens } from "./dom.js";
+import { busyButton, clear, field, fill, h, messageArea, onSubmit, table, tokens } from "./dom.js";
 
-/** `<input type=datetime-local>` value (UTC) ↔ Date. */
+/** `<input type=datetime-local step=1>` value (UTC, to the second) ↔ Date. */
 function toLocalInput(date) {
-  return date.toISOString().slice(0, 16);
+  return date.toISOString().slice(0, 19);
 }
 function fromLocalInput(value) {
-  return new Date(`${value}:00Z`);
+  return new Date(value.length === 16 ? `${value}:00Z` : `${value}Z`);
 }
 
 export async function renderReconciliation(container, context) {
   container.append(h("h1", {}, "Reconciliation"));
-  const now = new Date();
-  const to = new Date(Math.ceil(now.getTime() / 60000) * 60000 + 60000);
+  // "To" is now (to the second: the books up to this instant), "From" 30
+  // days before, as the API's defaults.
+  const to = new Date(Math.floor(Date.now() / 1000) * 1000);
   const from = new Date(to.getTime() - 30 * 86400 * 1000);
-  const fromField = field("From (UTC, inclusive)", { type: "datetime-local", name: "from", required: true, value: toLocalInput(from) });
-  const toField = field("To (UTC, exclusive)", { type: "datetime-local", name: "to", required: true, value: toLocalInput(to) });
+  const fromField = field("From (UTC, inclusive)", { type: "datetime-local", step: 1, name: "from", required: true, value: toLocalInput(from) });
+  const toField = field("To (UTC, exclusive)", { type: "datetime-local", step: 1, name: "to", required: true, value: toLocalInput(to) });
   const message = messageArea();
   const result = h("div", { id: "reconciliation-result" });
   const period = () => ({
@@ -75,7 +76,7 @@ export async function renderReconciliation(container, context) {
     }
     const totals = report.totals;
     const totalNames = ["accounts", "opening", "credited", "adjusted", "committed", "grant_expired", "closing", "reserved", "released", "expired", "jobs_succeeded", "job_commit_entries"];
-    clear(result).append(
+    fill(result,
       h(
         "section",
         { class: "card" },

@@ -3,7 +3,7 @@
 // repairs. One request (GET /v1/system/summary), refreshed every 10 s.
 
 import { get } from "./api.js";
-import { busyButton, clear, countdown, h, messageArea, table, time, tokens } from "./dom.js";
+import { busyButton, clear, countdown, fill, h, messageArea, table, time, tokens } from "./dom.js";
 
 export async function renderSystem(container, context) {
   container.append(h("h1", {}, "System"));
@@ -38,7 +38,7 @@ export async function renderSystem(container, context) {
       : "never";
     const ratio = replica.provider_error_ratio;
     const counts = (object) => Object.entries(object).map(([name, count]) => h("tr", {}, h("td", {}, name), h("td", { class: "number" }, tokens(count))));
-    clear(body).append(
+    fill(body,
       h(
         "section",
         { class: "card" },

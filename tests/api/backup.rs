@@ -90,7 +90,7 @@ fn one_changed_entry_changes_the_ledger_digest() {
     let first = digest(&database.url, until);
     assert_eq!(first["entries"], 2, "{first}");
     assert_eq!(first["until"], "2026-11-30T11:30:00.000000Z");
-    assert_eq!(first["format"], "sha256-chain-v1");
+    assert_eq!(first["format"], "sha256-chain-v2");
     let digest_text = first["digest"].as_str().expect("digest");
     assert_eq!(digest_text.len(), 64);
     assert!(digest_text.chars().all(|c| c.is_ascii_hexdigit()));
@@ -143,6 +143,138 @@ fn one_changed_entry_changes_the_ledger_digest() {
     assert_ne!(rewritten["digest"], first["digest"]);
 }
 
+/// The chain recomputed by the auditor's script from `row_to_json` of
+/// every entry (format 2) or the thirteen-column array (format 1), as
+/// docs/backup.md shows.
+fn recomputed(database: &TestDatabase, until: &str, format: u8) -> Value {
+    #[derive(QueryableByName)]
+    struct Line {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        line: String,
+    }
+    let query = match format {
+        2 => "SELECT row_to_json(e)::text AS line FROM ledger_entries e \
+              WHERE created_at <= $1::timestamptz ORDER BY id",
+        _ => "SELECT json_build_array(id, account_id, kind, amount, available_after, \
+                  reserved_after, used_after, reservation_id, job_id, external_ref, reason, actor, \
+                  to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'))::text \
+                  AS line \
+              FROM ledger_entries WHERE created_at <= $1::timestamptz ORDER BY id",
+    };
+    let lines: Vec<Line> = diesel::sql_query(query)
+        .bind::<diesel::sql_types::Text, _>(until)
+        .load(&mut database.connect())
+        .expect("entries");
+    let mut input = String::new();
+    for line in lines {
+        input.push_str(&line.line);
+        input.push('\n');
+    }
+    let mut child = Command::new("python3")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/backup/ledger_digest.py"
+        ))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), input.as_bytes())
+        .expect("written");
+    let output = child.wait_with_output().expect("output");
+    assert!(output.status.success());
+    serde_json::from_slice(&output.stdout).expect("json")
+}
+
+#[test]
+fn every_column_is_in_the_digest_and_an_independent_script_agrees() {
+    let database = TestDatabase::create();
+    seed_ledger(&database);
+    let until = "2026-11-30T12:00:00Z";
+    let digest_in = |format: &str| {
+        let output = run(
+            &database.url,
+            &["ledger-digest", "--until", until, "--format", format],
+        );
+        assert!(output.status.success(), "{}", text(&output.stderr));
+        serde_json::from_slice::<Value>(&output.stdout).expect("json")
+    };
+    let agreed = |previous: Option<&Value>| {
+        let kept = digest(&database.url, until);
+        assert_eq!(kept["format"], "sha256-chain-v2");
+        assert_eq!(kept["entries"], 3);
+        let script = recomputed(&database, until, 2);
+        assert_eq!(
+            (&script["digest"], &script["format"]),
+            (&kept["digest"], &kept["format"]),
+            "the script recomputes format 2"
+        );
+        if let Some(previous) = previous {
+            assert_ne!(kept["digest"], previous["digest"]);
+        }
+        kept
+    };
+    let mut kept = agreed(None);
+    let v1 = digest_in("1");
+    assert_eq!(v1["format"], "sha256-chain-v1");
+    assert_ne!(v1["digest"], kept["digest"]);
+    assert_eq!(
+        recomputed(&database, until, 1)["digest"],
+        v1["digest"],
+        "format 1 is still computable"
+    );
+
+    // Each column of the table in turn, changed in the first entry with
+    // every trigger bypassed (as a superuser could): the digest changes,
+    // and the script still agrees.
+    #[derive(QueryableByName)]
+    struct Column {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        column_name: String,
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        data_type: String,
+    }
+    let columns: Vec<Column> = diesel::sql_query(
+        "SELECT column_name::text, data_type::text FROM information_schema.columns \
+         WHERE table_schema = current_schema() AND table_name = 'ledger_entries' \
+         ORDER BY ordinal_position",
+    )
+    .load(&mut database.connect())
+    .expect("columns");
+    assert!(columns.len() >= 14, "every column: {}", columns.len());
+    let mut changed = Vec::new();
+    for Column {
+        column_name,
+        data_type,
+    } in columns
+    {
+        let new_value = match (column_name.as_str(), data_type.as_str()) {
+            // The kinds are a CHECK (which no setting bypasses).
+            ("kind", _) => "CASE kind WHEN 'credit' THEN 'adjustment' ELSE 'credit' END".to_owned(),
+            (_, data_type) => match data_type {
+                "bigint" | "integer" | "smallint" => format!("{column_name} + 1000"),
+                "uuid" => "gen_random_uuid()".to_owned(),
+                "text" => format!("COALESCE({column_name}, '') || 'x'"),
+                "timestamp with time zone" => format!("{column_name} - interval '1 microsecond'"),
+                other => panic!("{column_name}: a column of type {other} the test cannot change"),
+            },
+        };
+        database
+            .connect()
+            .batch_execute(&format!(
+                "SET session_replication_role = replica; \
+                 UPDATE ledger_entries SET {column_name} = {new_value} \
+                 WHERE id = (SELECT min(id) FROM ledger_entries); \
+                 SET session_replication_role = origin"
+            ))
+            .expect("tamper");
+        let now = agreed(Some(&kept));
+        changed.push(column_name);
+        kept = now;
+    }
+    assert!(changed.contains(&"grant_id".to_owned()), "{changed:?}");
+}
+
 #[test]
 fn the_ledger_digest_refuses_bad_instants_and_starts_from_the_empty_chain() {
     let database = TestDatabase::create();
@@ -151,6 +283,11 @@ fn the_ledger_digest_refuses_bad_instants_and_starts_from_the_empty_chain() {
     assert_eq!(empty["digest"], "0".repeat(64));
     assert_eq!(empty["last_entry_id"], Value::Null);
     assert_eq!(empty["until"], "2026-11-29T23:00:00.000000Z");
+    // A bare date is its midnight UTC, as for reconcile, balances and as_of.
+    assert_eq!(
+        digest(&database.url, "2026-11-30")["until"],
+        "2026-11-30T00:00:00.000000Z"
+    );
 
     for (until, expected) in [
         ("yesterday", "--until must be an RFC 3339 timestamp"),

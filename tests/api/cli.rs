@@ -263,3 +263,240 @@ fn each_command_has_its_own_help_and_no_test_tools() {
         "the image ships the tools"
     );
 }
+
+/// Every help screen of both binaries: each option that reads a variable
+/// says `[env: NAME]`, never a bare `[env: NAME=]`; prune's retention flags
+/// say what they keep; the fake provider offers no `--database-url` it
+/// would not use.
+#[test]
+fn help_describes_every_option_without_empty_env_markers() {
+    let help = |binary: &str, args: &[&str]| {
+        let output = Command::new(binary)
+            .args(args)
+            .env_remove("DATABASE_URL")
+            .env_remove("LOG_FORMAT")
+            .output()
+            .expect("runs");
+        assert!(output.status.success(), "{args:?}");
+        text(&output.stdout)
+    };
+    let tools = env!("CARGO_BIN_EXE_token-billing-tools");
+    let mut screens = Vec::new();
+    for args in [
+        &["--help"][..],
+        &["serve", "--help"],
+        &["migrate", "--help"],
+        &["account", "create", "--help"],
+        &["account", "list", "--help"],
+        &["api-key", "create", "--help"],
+        &["api-key", "list", "--help"],
+        &["api-key", "revoke", "--help"],
+        &["credit", "--help"],
+        &["reconcile", "--help"],
+        &["balances", "--help"],
+        &["close-days", "--help"],
+        &["prune", "--help"],
+        &["ledger-digest", "--help"],
+    ] {
+        screens.push((args.join(" "), help(BINARY, args)));
+    }
+    for args in [
+        &["--help"][..],
+        &["fake-provider", "--help"],
+        &["chaos", "--help"],
+        &["bench", "load", "--help"],
+    ] {
+        screens.push((format!("tools {}", args.join(" ")), help(tools, args)));
+    }
+    for (name, screen) in &screens {
+        assert!(
+            !screen.contains("=]"),
+            "{name}: a bare env marker:\n{screen}"
+        );
+    }
+    let prune = &screens
+        .iter()
+        .find(|(name, _)| name == "prune --help")
+        .expect("prune")
+        .1;
+    for described in [
+        "How long idempotency keys are kept",
+        "How long events",
+        "How long finished webhook deliveries",
+        "How long audit events are kept",
+        "Where pruned rows are archived",
+    ] {
+        assert!(prune.contains(described), "prune --help: {prune}");
+    }
+    let fake = &screens
+        .iter()
+        .find(|(name, _)| name == "tools fake-provider --help")
+        .expect("fake-provider")
+        .1;
+    assert!(!fake.contains("--database-url"), "{fake}");
+}
+
+#[test]
+fn keys_are_listed_and_revoked_and_credits_are_idempotent_from_the_command_line() {
+    let database = TestDatabase::create();
+    let url = database.url.clone();
+    let account = json_stdout(&run(&url, &["account", "create", "--name", "Booth"]));
+    let account = account["account_id"].as_str().expect("id").to_owned();
+
+    // credit: idempotent by --external-ref.
+    let args = [
+        "credit",
+        "--account",
+        &account,
+        "--amount",
+        "500",
+        "--external-ref",
+        "invoice-42",
+        "--expires-at",
+        "2036-01-01",
+    ];
+    let first = json_stdout(&run(&url, &args));
+    assert_eq!(first["amount"], 500);
+    assert_eq!(first["available"], 500);
+    assert_eq!(first["expires_at"], "2036-01-01T00:00:00.000000Z");
+    let again = run(&url, &args);
+    assert_eq!(
+        json_stdout(&again),
+        first,
+        "the same credit, not a second one"
+    );
+    assert!(
+        text(&again.stderr).contains("nothing changed"),
+        "{}",
+        text(&again.stderr)
+    );
+    let other = args.map(|arg| if arg == "500" { "400" } else { arg });
+    let reused = run(&url, &other);
+    assert!(
+        !reused.status.success(),
+        "a reused --external-ref was accepted"
+    );
+    assert!(reused.stdout.is_empty());
+    let listed = json_stdout(&run(&url, &["account", "list"]));
+    assert_eq!(listed["accounts"][0]["available"], 500, "{listed}");
+
+    // api-key list / revoke.
+    let created = json_stdout(&run(
+        &url,
+        &[
+            "api-key",
+            "create",
+            "--scope",
+            "kiosk",
+            "--account",
+            &account,
+            "--label",
+            "booth 1",
+        ],
+    ));
+    let key_id = created["key_id"].as_str().expect("key_id").to_owned();
+    let secret = created["key"].as_str().expect("key").to_owned();
+    let listed = run(&url, &["api-key", "list", "--account", &account]);
+    assert!(
+        !text(&listed.stdout).contains(&secret),
+        "the list shows a secret"
+    );
+    let listed = json_stdout(&listed);
+    assert_eq!(listed["keys"][0]["key_id"], key_id.as_str(), "{listed}");
+    assert_eq!(listed["keys"][0]["revoked_at"], Value::Null);
+    let revoked = json_stdout(&run(&url, &["api-key", "revoke", &key_id]));
+    assert_eq!(revoked["revoked"], true);
+    json_stdout(&run(&url, &["api-key", "revoke", &key_id]));
+    let listed = json_stdout(&run(&url, &["api-key", "list"]));
+    let shown = listed["keys"]
+        .as_array()
+        .expect("keys")
+        .iter()
+        .find(|key| key["key_id"] == key_id.as_str())
+        .expect("the key is listed");
+    assert!(shown["revoked_at"].is_string(), "{shown}");
+    let unknown = run(&url, &["api-key", "revoke", &Uuid::new_v4().to_string()]);
+    assert!(!unknown.status.success());
+    assert!(text(&unknown.stderr).contains("api-key list"));
+}
+
+/// Booleans are `true` or `false`, nothing else; a setting that weakens a
+/// guard is warned of at start.
+#[test]
+fn booleans_are_strict_and_a_weakened_guard_is_warned_of() {
+    for value in ["yes", "1", "on", "TRUE "] {
+        // A database that cannot be reached, and a bound: were the value
+        // accepted, `serve` would stop at the connection (or be killed),
+        // never touch a real database, and the test would fail, not hang.
+        let mut child = Command::new(BINARY)
+            .arg("serve")
+            .env("WEBHOOK_ALLOW_PRIVATE_URLS", value)
+            .env("DATABASE_URL", "postgres://unused@127.0.0.1:1/none")
+            .env_remove("RUST_LOG")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("runs");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while child.try_wait().expect("wait").is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let output = child.wait_with_output().expect("output");
+        let said = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{value}: {said}");
+        assert!(
+            said.contains("WEBHOOK_ALLOW_PRIVATE_URLS"),
+            "{value}: {said}"
+        );
+    }
+
+    let database = TestDatabase::create();
+    let mut child = Command::new(BINARY)
+        .args(["serve", "--bind-addr", "127.0.0.1:0"])
+        .env("DATABASE_URL", &database.url)
+        .env("ADMIN_API_KEY", "cli-test-admin-key-0123456789")
+        .env("WEBHOOK_ALLOW_PRIVATE_URLS", "true")
+        .env("RATE_LIMIT_PER_SECOND", "0")
+        .env("RUST_LOG", "warn,token_billing=info")
+        .env_remove("LOG_FORMAT")
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("serve starts");
+    let stderr = child.stderr.take().expect("stderr");
+    let (lines, received) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut said = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !said.iter().any(|line: &String| line.contains("serving")) {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match received.recv_timeout(left) {
+            Ok(line) => said.push(line),
+            Err(_) => break,
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let said = said.join("\n");
+    for variable in ["WEBHOOK_ALLOW_PRIVATE_URLS=true", "RATE_LIMIT_PER_SECOND=0"] {
+        assert!(
+            said.contains(&format!("a guard is weakened: {variable}")),
+            "no warning of {variable}:\n{said}"
+        );
+    }
+    assert!(!said.contains("AUTH_FAILURE_BURST"), "{said}");
+}

@@ -274,3 +274,57 @@ fn summaries_have_no_literal_backticks() {
     }
     assert!(with_backticks.is_empty(), "{with_backticks:#?}");
 }
+
+/// Right after the command that starts the service, the README says how to
+/// start it on another port and another database, with the variables and
+/// flags the service reads.
+#[test]
+fn the_readme_says_how_to_change_the_port_and_the_database() {
+    let readme = read("README.md");
+    let serve = readme
+        .find("<!-- readme-test: serve -->")
+        .expect("the serve block");
+    let next_section = readme[serve..]
+        .find("\n## ")
+        .map_or(readme.len(), |end| serve + end);
+    let around = &readme[serve..next_section];
+    use clap::CommandFactory;
+    let command = token_billing::cli::Cli::command();
+    let serve_command = command.find_subcommand("serve").expect("serve");
+    let reads = |flag: &str, variable: &str| {
+        command
+            .get_arguments()
+            .chain(serve_command.get_arguments())
+            .any(|argument| {
+                argument.get_long() == Some(flag)
+                    && argument.get_env().and_then(|env| env.to_str()) == Some(variable)
+            })
+    };
+    for (flag, variable) in [("bind-addr", "BIND_ADDR"), ("database-url", "DATABASE_URL")] {
+        assert!(reads(flag, variable), "--{flag} / {variable}");
+        assert!(
+            around.contains(&format!("--{flag}")) && around.contains(variable),
+            "the README's serve section does not say --{flag} / {variable}"
+        );
+    }
+}
+
+/// The docs speak of any machine, never of the one they were written on.
+#[test]
+fn no_doc_names_a_path_of_one_machine() {
+    let mut pages = vec![
+        "README.md".to_owned(),
+        "clients/python/README.md".to_owned(),
+        "SECURITY.md".to_owned(),
+    ];
+    pages.extend(docs_pages().into_iter().map(|page| format!("docs/{page}")));
+    for page in pages {
+        let text = read(&page);
+        for local in ["/root/", "/home/", "/Users/", "/work/", ".pyenv/versions/"] {
+            assert!(
+                !text.contains(local),
+                "{page} names {local}, a path of one machine"
+            );
+        }
+    }
+}

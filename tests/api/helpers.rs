@@ -934,7 +934,7 @@ pub fn create_job(conn: &mut PgConnection, account: AccountId) -> JobRow {
         ttl_seconds: 300,
     };
     let object = engine(conn, account, op).expect("job").expect("job");
-    let id: Uuid = serde_json::from_value(object["id"].clone()).expect("job id");
+    let id: Uuid = serde_json::from_value(object["job_id"].clone()).expect("job id");
     token_billing::db::schema::generation_jobs::table
         .find(id)
         .select(JobRow::as_select())

@@ -14,6 +14,7 @@ const LAYERS: &[&[&str]] = &[
         "rate_limit",
         "request_path",
         "job_watch",
+        "time",
     ],
     &["error", "telemetry", "provider"],
     &["db"],

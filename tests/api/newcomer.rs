@@ -157,6 +157,59 @@ fn migrate_says_what_it_did_also_when_nothing() {
     );
 }
 
+/// libpq's other form of a connection string, `host=… dbname=…`, names
+/// its database as well as a URL does: `migrate` creates it and the
+/// management commands use it.
+#[test]
+fn a_key_value_database_url_names_its_database() {
+    let database = TestDatabase::create();
+    let name = format!("{}_kv", database.name);
+    let server = server_url();
+    let rest = server
+        .strip_prefix("postgres://")
+        .or_else(|| server.strip_prefix("postgresql://"))
+        .expect("TEST_DATABASE_SERVER is a postgres:// URL");
+    let (user_info, address) = rest.rsplit_once('@').expect("user@host");
+    let (host, port) = address.rsplit_once(':').unwrap_or((address, "5432"));
+    let mut conninfo = format!("host={host} port={port} dbname={name}");
+    match user_info.split_once(':') {
+        Some((user, password)) => conninfo.push_str(&format!(" user={user} password='{password}'")),
+        None => conninfo.push_str(&format!(" user={user_info}")),
+    }
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_token-billing"))
+            .args(args)
+            .env("DATABASE_URL", &conninfo)
+            .env_remove("RUST_LOG")
+            .env_remove("LOG_FORMAT")
+            .output()
+            .expect("runs")
+    };
+    let migrated = run(&["migrate"]);
+    let digest = run(&["ledger-digest", "--until", "2026-01-01"]);
+    let mut admin = {
+        use diesel::Connection;
+        diesel::PgConnection::establish(&format!("{server}/postgres")).expect("connect")
+    };
+    diesel::connection::SimpleConnection::batch_execute(
+        &mut admin,
+        &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+    )
+    .expect("drop");
+    for output in [&migrated, &digest] {
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let report: Value = serde_json::from_slice(&migrated.stdout).expect("stdout is JSON");
+    assert_eq!(report["database"], name.as_str());
+    assert_eq!(report["created"], true);
+    let digest: Value = serde_json::from_slice(&digest.stdout).expect("stdout is JSON");
+    assert_eq!(digest["entries"], 0);
+}
+
 #[test]
 fn a_bad_setting_from_the_environment_names_its_variable() {
     let output = Command::new(env!("CARGO_BIN_EXE_token-billing"))

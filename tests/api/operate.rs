@@ -137,7 +137,11 @@ async fn every_metric_of_the_design_the_alerts_and_the_dashboard_is_exported() {
     // The backup metrics come from pgBackRest through the textfile
     // collector script (docs/backup.md), not from the service.
     let collected = metric_names(&read("prometheus/backup-metrics.sh"));
-    for file in ["prometheus/alerts.yml", "grafana/dashboard.json"] {
+    for file in [
+        "prometheus/alerts.yml",
+        "prometheus/backup-alerts.yml",
+        "grafana/dashboard.json",
+    ] {
         let used = metric_names(&read(file));
         assert!(!used.is_empty(), "{file} uses metrics");
         for name in used {
@@ -205,6 +209,41 @@ fn the_compose_file_agrees_with_the_code_and_the_repository() {
         );
     }
     let service = &services["token-billing"];
+
+    // The service and its database come back after a crash or a reboot,
+    // and the service starts once the database answers pg_isready.
+    for name in ["postgres", "token-billing"] {
+        assert_eq!(
+            services[name]["restart"].as_str(),
+            Some("unless-stopped"),
+            "service {name} has a restart policy"
+        );
+    }
+    assert_eq!(
+        service["depends_on"]["postgres"]["condition"].as_str(),
+        Some("service_healthy"),
+        "the service waits for the database"
+    );
+    assert!(
+        strings(&services["postgres"]["healthcheck"]["test"])
+            .iter()
+            .any(|part| part.contains("pg_isready")),
+        "the database's healthcheck is pg_isready"
+    );
+
+    // The backup alerts need the backup-metrics exporter, which the stack
+    // does not run: they are in their own file, off in compose, and the
+    // compose file says how to turn them on.
+    let backup_alerts = read("prometheus/backup-alerts.yml");
+    let alerts = read("prometheus/alerts.yml");
+    for alert in ["TokenBillingBackupTooOld", "TokenBillingWalArchiveStale"] {
+        assert!(
+            backup_alerts.contains(&format!("alert: {alert}")),
+            "{alert}"
+        );
+        assert!(!alerts.contains(alert), "{alert} is loaded by compose");
+    }
+    assert!(read("docker-compose.yml").contains("prometheus/backup-alerts.yml"));
 
     // Environment names are the service's configuration variables.
     let command = Cli::command();

@@ -171,8 +171,25 @@ async fn a_realistic_history_balances_to_hand_computed_totals() {
     let csv = csv.text().await.expect("text");
     let mut lines = csv.lines();
     let header: Vec<&str> = lines.next().expect("header").split(',').collect();
-    let rows: Vec<Vec<&str>> = lines.map(|row| row.split(',').collect()).collect();
-    assert_eq!(rows.len(), 2);
+    let mut rows: Vec<Vec<&str>> = lines.map(|row| row.split(',').collect()).collect();
+    assert_eq!(rows.len(), 3, "two accounts and the totals: {csv}");
+    // The last row sums every column: the JSON's totals where it has them.
+    let totals_row = rows.pop().expect("totals row");
+    assert_eq!(totals_row[..3], ["totals", "2 accounts", "ok"], "{csv}");
+    for (column, (name, value)) in header.iter().zip(&totals_row).enumerate().skip(3) {
+        let summed: i64 = rows
+            .iter()
+            .map(|row| row[column].parse::<i64>().unwrap_or(0))
+            .sum();
+        if *name == "failed_checks" {
+            assert_eq!(*value, "0");
+            continue;
+        }
+        assert_eq!(value.parse::<i64>().expect("a number"), summed, "{name}");
+        if let Some(total) = report["totals"].get(*name) {
+            assert_eq!(total.as_i64(), Some(summed), "totals.{name}");
+        }
+    }
     for row in rows {
         assert_eq!(row.len(), header.len());
         let json_line = line(&report, row[0].parse().expect("uuid"));

@@ -374,10 +374,8 @@ if [[ "$ledger_digest_restored" != "$ledger_digest_at_t" ]]; then
 fi
 # The same chain recomputed without the service's code, as an auditor
 # would (docs/backup.md, "The ledger digest").
-recomputed="$(psql_at -d token_billing -c "SELECT json_build_array(id, account_id, kind, amount,
-        available_after, reserved_after, used_after, reservation_id, job_id, external_ref, reason,
-        actor, to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'))
-    FROM ledger_entries WHERE created_at <= '$t_instant' ORDER BY id" | python3 tests/backup/ledger_digest.py)"
+recomputed="$(psql_at -d token_billing -c "SELECT row_to_json(e) FROM ledger_entries e
+    WHERE created_at <= '$t_instant' ORDER BY id" | python3 tests/backup/ledger_digest.py)"
 if [[ "$(jq -r .digest <<<"$recomputed")" != "$(jq -r .digest <<<"$ledger_digest_at_t")" ]]; then
     echo "drill: the independent recomputation differs: $recomputed / $ledger_digest_at_t" >&2
     exit 1

@@ -137,5 +137,13 @@ ln -s "$root/clients" "$scratch/reader/clients"
   export ADMIN_KEY="$admin_key" CURL_HOME="$scratch"
   printf -- '--fail\n--show-error\n--silent\n' > "$scratch/.curlrc"
   bash "$scratch/readme-session.sh"
-)
+) 2>&1 | tee "$scratch/readme-session.out"
+# The README's logging set-up logs each request once (the client's line),
+# not a second time through httpx's own INFO line.
+if grep -n "HTTP Request:" "$scratch/readme-session.out"; then
+  echo "client: the README's logging example logs each request twice (httpx's lines above)" >&2
+  exit 1
+fi
+grep -q " -> 2[0-9][0-9] in " "$scratch/readme-session.out" \
+  || { echo "client: the README's logging example logged no request" >&2; exit 1; }
 echo "client: README blocks ran as written; ${SECONDS}s in all"

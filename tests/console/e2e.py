@@ -308,6 +308,15 @@ def scenario(driver):
     check(grant_rows[0].find_element(By.CSS_SELECTOR, "[data-field=expires]").text == "never",
           f"the 50's expiry {grant_rows[0].text!r}")
     promo_row = f"#grants-table tr[data-grant-id='{promo['grant_id']}']"
+    # The whole grant id, as the API names it (its first 8 characters are a
+    # time prefix, the same for grants made within a minute).
+    check(text_of(driver, f"{promo_row} [data-field=grant]") == promo["grant_id"],
+          f"promo grant id shown as {text_of(driver, f'{promo_row} [data-field=grant]')!r}")
+    # No stray text anywhere on the rendered page (a null handed to the
+    # DOM's own append once printed "null" under the grants table).
+    page_text = driver.execute_script("return document.body.innerText")
+    stray = re.findall(r".{0,30}\b(?:null|undefined|NaN|\[object Object\])\b.{0,30}", page_text)
+    check(not stray, f"stray text on the account page: {stray}")
     check(text_of(driver, f"{promo_row} [data-field=status]") == "active", f"promo grant {text_of(driver, promo_row)!r}")
     check(text_of(driver, f"{promo_row} [data-field=priority]") == "10", f"promo grant {text_of(driver, promo_row)!r}")
     check(text_of(driver, f"{promo_row} [data-field=remaining]") == "5", f"promo grant {text_of(driver, promo_row)!r}")
@@ -400,6 +409,11 @@ def scenario(driver):
     # Reconciliation: the report and its CSV.
     driver.find_element(By.CSS_SELECTOR, "#nav a[data-page=reconciliation]").click()
     wait_text(driver, "#reconciliation-status", "ok")
+    # "To" is now (to the second), not a minute or two ahead.
+    to_value = driver.find_element(By.CSS_SELECTOR, "input[name=to]").get_attribute("value")
+    to_instant = datetime.fromisoformat(to_value).replace(tzinfo=timezone.utc)
+    drift = (to_instant - datetime.now(timezone.utc)).total_seconds()
+    check(-120 <= drift <= 2, f"the To field defaults to {to_value}, {drift:.0f} s from now")
     wait_text(driver, "#reconciliation-table", account_id)
     wait_text(driver, f"#reconciliation-table tr[data-account-id='{account_id}'] .account-name", account_name)
     wait_text(driver, "[data-total=credited]", "55")

@@ -7,7 +7,12 @@
 # marked `<!-- readme-test: skip -->` is not run (installing packages, the
 # test command itself — CI runs it anyway); the block marked
 # `<!-- readme-test: serve -->` is started in the background, exactly as
-# written, and waited for on /readyz.
+# written, and waited for on /readyz. A ```crontab block marked
+# `<!-- readme-test: cron -->` (docs/backup.md) is run after the session as
+# cron would run it: its `NAME=value` lines are its environment (PATH with
+# the build directory first), each schedule line's command runs once, in
+# order, with /bin/sh, `\%` read as `%`, HOME a scratch directory and
+# DATABASE_URL the session's (the line a crontab adds for it).
 #
 # The README's text leaves where the service listens and which database it
 # uses to the environment, so this script, without touching the text, sets:
@@ -55,6 +60,8 @@ for path in sys.argv[2:]:
                 j += 1
             body = "\n".join(lines[i + 1 : j]) + "\n"
             kind = None
+            if fence_info == "crontab" and marker == "cron":
+                kind = "cron"
             if fence_info == "sh":
                 if marker == "skip":
                     kind = None
@@ -143,4 +150,51 @@ if grep -nw null "$output"; then
   echo "readme: a block printed null (see the lines above)" >&2
   exit 1
 fi
+
+cron_blocks=0
+for block in "$blocks"/*-cron-*.sh; do
+  [ -f "$block" ] || continue
+  cron_blocks=$((cron_blocks + 1))
+  cron_home="$scratch/cron-home-$cron_blocks"
+  mkdir -p "$cron_home"
+  # One script per crontab: its variables, then each command as cron's
+  # /bin/sh would get it (a schedule of five fields, `\%` → `%`).
+  python3 - "$block" "$CARGO_TARGET_DIR/$profile" > "$scratch/cron-$cron_blocks.sh" <<'PY'
+import re, shlex, sys
+block, build = sys.argv[1], sys.argv[2]
+commands = 0
+for line in open(block, encoding="utf-8").read().split("\n"):
+    line = line.strip()
+    if not line or line.startswith("#"):
+        continue
+    variable = re.match(r"^([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*)$", line)
+    if variable:
+        name, value = variable.groups()
+        if name == "PATH":
+            value = f"{build}:{value}"
+        print(f"export {name}={shlex.quote(value)}")
+        continue
+    fields = line.split(None, 5)
+    if len(fields) < 6 or not all(re.match(r"^[0-9*/,-]+$", f) for f in fields[:5]):
+        sys.exit(f"not a crontab line (five schedule fields and a command): {line}")
+    command = fields[5].replace("\\%", "%")
+    print(f"echo {shlex.quote('readme: cron: ' + command)}")
+    print(f"/bin/sh -c {shlex.quote(command)} || {{ echo \"readme: the cron line failed: exit $?\" >&2; exit 1; }}")
+    commands += 1
+if commands == 0:
+    sys.exit("a cron block without a schedule line")
+PY
+  env -i HOME="$cron_home" DATABASE_URL="$DATABASE_URL" LOGNAME=root SHELL=/bin/sh \
+    bash -euo pipefail "$scratch/cron-$cron_blocks.sh"
+  records="$cron_home/token-billing-records"
+  [ -s "$records/ledger-digests.jsonl" ] \
+    && jq -e '.format == "sha256-chain-v2"' "$records/ledger-digests.jsonl" > /dev/null \
+    || { echo "readme: the cron block kept no ledger digest" >&2; exit 1; }
+  csv="$(ls "$records"/reconciliation-*.csv)"
+  head -n 1 "$csv" | grep -q '^account_id,name,status,' && tail -n 1 "$csv" | grep -q '^totals,' \
+    || { echo "readme: the cron block's reconciliation CSV is not one: $csv" >&2; exit 1; }
+  echo "readme: cron block $cron_blocks ran as cron would: $(ls "$records" | tr '\n' ' ')"
+done
+[ "$cron_blocks" -ge 1 ] || { echo "readme: no cron block (docs/backup.md has one)" >&2; exit 1; }
+
 echo "readme: $(ls "$blocks"/*-run-*.sh | wc -l) blocks ran as written, no error, no null"

@@ -235,7 +235,8 @@ BEGIN
                    engine_event_balances(m.account_id, (m.entry).available_after,
                        (m.entry).reserved_after, (m.entry).used_after, m.credited_after,
                        m.adjusted_after, m.threshold)
-                       || jsonb_build_object('entry', to_jsonb(m.entry)) AS account_json
+                       || jsonb_build_object('entry', engine_entry_json(to_jsonb(m.entry)))
+                       AS account_json
             FROM marked m
             WHERE (m.kind IN ('credit', 'adjustment') AND m.closes)
                OR m.closes_expiry
@@ -253,10 +254,16 @@ BEGIN
                    m.account_json
                        || CASE m.kind
                           WHEN 'credit' THEN jsonb_build_object('credit',
-                              (SELECT to_jsonb(c) FROM credits c
+                              (SELECT engine_credit_json(to_jsonb(c), to_jsonb(m.entry),
+                                          (SELECT to_jsonb(g) FROM credit_grants g
+                                           WHERE g.id = c.id))
+                               FROM credits c
                                WHERE c.external_ref = (m.entry).external_ref))
                           ELSE jsonb_build_object('adjustment',
-                              (SELECT to_jsonb(a) FROM adjustments a
+                              (SELECT engine_adjustment_json(to_jsonb(a), to_jsonb(m.entry),
+                                          (SELECT to_jsonb(g) FROM credit_grants g
+                                           WHERE g.id = a.id))
+                               FROM adjustments a
                                WHERE a.external_ref = (m.entry).external_ref))
                           END AS data,
                    m.created_at
@@ -273,7 +280,7 @@ BEGIN
             UNION ALL
             SELECT m.id, 3, 'reservation.expired', m.account_id,
                    m.account_json || jsonb_build_object('reservation',
-                       (SELECT to_jsonb(r) FROM reservations r
+                       (SELECT engine_reservation_json(to_jsonb(r)) FROM reservations r
                         WHERE r.id = (m.entry).reservation_id)),
                    m.created_at
             FROM notable m WHERE m.closes_expiry

@@ -14,18 +14,19 @@ LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 -- A grant (its row as JSON: to_jsonb of a credit_grants row) as the API
--- and the events show it.
+-- and the events show it (the other resources' are in 05_views.sql).
 CREATE FUNCTION engine_grant_json(p_grant jsonb) RETURNS jsonb
 LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object('grant_id', p_grant->'id', 'account_id', p_grant->'account_id',
         'amount', p_grant->'amount', 'remaining', p_grant->'remaining',
-        'reserved', p_grant->'reserved', 'expires_at', p_grant->'expires_at',
+        'reserved', p_grant->'reserved', 'expires_at', engine_time_of(p_grant->'expires_at'),
         'priority', p_grant->'priority',
         'status', engine_grant_status((p_grant->>'expires_at')::timestamptz,
                                       (p_grant->>'remaining')::bigint,
                                       (p_grant->>'reserved')::bigint, now()),
-        'external_ref', p_grant->'external_ref', 'created_at', p_grant->'created_at',
-        'expired_at', p_grant->'expired_at')
+        'external_ref', p_grant->'external_ref',
+        'created_at', engine_time_of(p_grant->'created_at'),
+        'expired_at', engine_time_of(p_grant->'expired_at'))
 $$;
 
 -- When a grant's lapse is due at `p_at`, written once: its expiry has
@@ -160,7 +161,7 @@ BEGIN
         INSERT INTO events (type, account_id, data, created_at)
         SELECT 'grant.expiring', m.account_id,
                engine_event_account(a) || jsonb_build_object('grant_id', m.id,
-                   'amount', m.remaining + m.reserved, 'expires_at', m.expires_at,
+                   'amount', m.remaining + m.reserved, 'expires_at', engine_time(m.expires_at),
                    'grant', engine_grant_json(to_jsonb(m))),
                clock_timestamp()
         FROM marked m JOIN accounts a ON a.id = m.account_id

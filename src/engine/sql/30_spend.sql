@@ -1,14 +1,23 @@
 -- Who may spend: reservations, and generation jobs with their reservation.
 
--- A job's representation for the API: the row (without its hash) and its
--- reservation's state, expiry and draws.
+-- A job as the API and the job events show it (the one representation,
+-- like those of 05_views.sql): what GET …/jobs/{request_id} answers and
+-- job.succeeded / job.failed carry, with its reservation's state, expiry
+-- and draws. The worker's lease (owner, token, expiry), the request's hash
+-- and the provider's bookkeeping are the service's own, never shown.
 CREATE FUNCTION engine_job_view(p_job generation_jobs, p_state text, p_expires_at timestamptz,
     p_draws jsonb)
 RETURNS jsonb
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT to_jsonb(p_job) - 'request_hash'
-        || jsonb_build_object('reservation_state', p_state, 'reservation_expires_at', p_expires_at,
-                              'reservation_draws', p_draws)
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object('job_id', p_job.id, 'request_id', p_job.request_id,
+        'account_id', p_job.account_id, 'kind', p_job.kind, 'status', p_job.status,
+        'cost', p_job.cost, 'attempts', p_job.attempts,
+        'reservation', jsonb_build_object('reservation_id', p_job.reservation_id,
+            'state', p_state, 'expires_at', engine_time(p_expires_at),
+            'draws', COALESCE(p_draws, '[]')),
+        'result', p_job.result, 'error', p_job.error,
+        'created_at', engine_time(p_job.created_at), 'updated_at', engine_time(p_job.updated_at),
+        'finished_at', engine_time(p_job.finished_at))
 $$;
 
 -- The same, reading the job's reservation.

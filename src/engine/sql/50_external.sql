@@ -1,3 +1,14 @@
+-- A credit or an adjustment as the API answers it ({"credit": …} or
+-- {"adjustment": …}, engine_credit_json / engine_adjustment_json): the
+-- object of engine_external's outcome, a replay's included.
+CREATE FUNCTION engine_external_json(p_kind text, p_row jsonb, p_entry jsonb, p_grant jsonb)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object(p_kind, CASE p_kind
+        WHEN 'credit' THEN engine_credit_json(p_row, p_entry, p_grant)
+        ELSE engine_adjustment_json(p_row, p_entry, p_grant) END)
+$$;
+
 -- Tokens from outside: credits (top-ups) and signed adjustments, one rule
 -- for both. Each is idempotent on its external_ref, which is unique across
 -- all accounts (credits and adjustments each). For `p_kind` credit or
@@ -31,9 +42,10 @@
 --                                  reservation does, after the grants
 --                                  lapsed by now left) and writes one
 --                                  entry per grant drawn.
--- The object is {credit|adjustment, entry, grant}: the last entry (whose
--- balances are the account's after the whole movement; a replay answers
--- with the same one) and the grant made (NULL for a negative adjustment).
+-- The object is {credit|adjustment} as the API shows it
+-- (engine_external_json), with the balances of its last entry (the
+-- account's after the whole movement; a replay answers with the same one)
+-- and the grant made (none for a negative adjustment).
 -- `p_priority` is set exactly for a credit and a positive adjustment;
 -- `p_expires_at` may be set only for one.
 CREATE FUNCTION engine_external(
@@ -88,8 +100,8 @@ BEGIN
                 WHERE external_ref = p_external_ref AND kind = p_kind
                 ORDER BY id DESC LIMIT 1;
                 outcome := 'replayed';
-                object := jsonb_build_object(p_kind, earlier.row, 'entry', to_jsonb(entry),
-                    'grant', CASE WHEN made_grant.id IS NOT NULL THEN to_jsonb(made_grant) END);
+                object := engine_external_json(p_kind, earlier.row, to_jsonb(entry),
+                    CASE WHEN made_grant.id IS NOT NULL THEN to_jsonb(made_grant) END);
             ELSE
                 outcome := 'idempotency_key_reused';
             END IF;
@@ -156,7 +168,7 @@ BEGIN
                    'reserved', entry.reserved_after, 'used', entry.used_after),
         p_request_id);
     outcome := 'created';
-    object := jsonb_build_object(p_kind, made, 'entry', to_jsonb(entry),
-        'grant', CASE WHEN made_grant.id IS NOT NULL THEN to_jsonb(made_grant) END);
+    object := engine_external_json(p_kind, made, to_jsonb(entry),
+        CASE WHEN made_grant.id IS NOT NULL THEN to_jsonb(made_grant) END);
 END;
 $$;

@@ -1,0 +1,80 @@
+-- The one representation of each resource that both the API and the events
+-- show: a ledger entry, a reservation, a credit, an adjustment (a grant's is
+-- engine_grant_json in 25_grants.sql, a job's engine_job_view in
+-- 30_spend.sql). The API reads its resources through these functions, and
+-- the events carry what they return, so an `entry` in an event is the
+-- entry the ledger API lists, field for field.
+--
+-- Each takes the row as JSON (to_jsonb of the row), like engine_grant_json:
+-- a table's row type in a signature would tie the table to every installed
+-- engine schema.
+
+-- Every time the API and the events show: RFC 3339 in UTC, `Z`, always six
+-- fractional digits (PostgreSQL keeps microseconds). The Rust side writes
+-- the same (`token_billing::time::micros`).
+CREATE FUNCTION engine_time(p_at timestamptz) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT to_char(p_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+$$;
+
+-- The same, of a time held as text in a row's JSON.
+CREATE FUNCTION engine_time_of(p_at jsonb) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT engine_time((p_at #>> '{}')::timestamptz)
+$$;
+
+-- A ledger entry (the ledger API's entries, the events' `entry`).
+CREATE FUNCTION engine_entry_json(p_entry jsonb) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object('entry_id', p_entry->'id', 'account_id', p_entry->'account_id',
+        'kind', p_entry->'kind', 'amount', p_entry->'amount',
+        'available_after', p_entry->'available_after',
+        'reserved_after', p_entry->'reserved_after', 'used_after', p_entry->'used_after',
+        'reservation_id', p_entry->'reservation_id', 'job_id', p_entry->'job_id',
+        'external_ref', p_entry->'external_ref', 'reason', p_entry->'reason',
+        'actor', p_entry->'actor', 'created_at', engine_time_of(p_entry->'created_at'),
+        'grant_id', p_entry->'grant_id')
+$$;
+
+-- A reservation (the reservations API, `reservation.expired`).
+CREATE FUNCTION engine_reservation_json(p_reservation jsonb) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object('reservation_id', p_reservation->'id',
+        'account_id', p_reservation->'account_id', 'request_id', p_reservation->'request_id',
+        'amount', p_reservation->'amount', 'state', p_reservation->'state',
+        'committed_amount', p_reservation->'committed_amount',
+        'expires_at', engine_time_of(p_reservation->'expires_at'),
+        'job_id', p_reservation->'job_id',
+        'created_at', engine_time_of(p_reservation->'created_at'),
+        'resolved_at', engine_time_of(p_reservation->'resolved_at'),
+        'draws', COALESCE(p_reservation->'draws', '[]'))
+$$;
+
+-- A credit with the balances of its ledger entry and its grant (the credits
+-- API's answer, `credit.created`'s `credit`).
+CREATE FUNCTION engine_credit_json(p_credit jsonb, p_entry jsonb, p_grant jsonb) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object('credit_id', p_credit->'id', 'account_id', p_credit->'account_id',
+        'amount', p_credit->'amount', 'external_ref', p_credit->'external_ref',
+        'note', p_credit->'note', 'created_at', engine_time_of(p_credit->'created_at'),
+        'available', p_entry->'available_after', 'reserved', p_entry->'reserved_after',
+        'used', p_entry->'used_after', 'ledger_entry_id', p_entry->'id',
+        'grant_id', p_grant->'id', 'expires_at', engine_time_of(p_grant->'expires_at'),
+        'priority', p_grant->'priority')
+$$;
+
+-- An adjustment with the balances of its (last) ledger entry and the grant
+-- a positive one made (null for a removal): the adjustments API's answer,
+-- `adjustment.created`'s `adjustment`.
+CREATE FUNCTION engine_adjustment_json(p_adjustment jsonb, p_entry jsonb, p_grant jsonb)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object('adjustment_id', p_adjustment->'id',
+        'account_id', p_adjustment->'account_id', 'amount', p_adjustment->'amount',
+        'reason', p_adjustment->'reason', 'external_ref', p_adjustment->'external_ref',
+        'created_at', engine_time_of(p_adjustment->'created_at'),
+        'available', p_entry->'available_after', 'reserved', p_entry->'reserved_after',
+        'used', p_entry->'used_after', 'ledger_entry_id', p_entry->'id',
+        'grant_id', p_grant->'id', 'expires_at', engine_time_of(p_grant->'expires_at'),
+        'priority', p_grant->'priority')
+$$;
