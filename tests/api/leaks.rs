@@ -85,8 +85,10 @@ async fn the_finance_csv_defuses_formulas_wherever_a_spreadsheet_splits_cells() 
         .expect("sent");
     assert_eq!(response.status(), StatusCode::OK);
     let csv = response.text().await.expect("text");
+    // One line per account, then the totals row.
     let lines: Vec<&str> = csv.lines().skip(1).collect();
-    assert_eq!(lines.len(), names.len(), "{csv}");
+    assert_eq!(lines.len(), names.len() + 1, "{csv}");
+    assert!(lines[names.len()].starts_with("totals,"), "{csv}");
     // Opened where the list separator is `;` (German, French, Dutch
     // defaults) and where it is `,`.
     for separator in [';', ','] {
