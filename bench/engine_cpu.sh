@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# The engine alone, two versions side by side: PostgreSQL backend CPU time
+# per reserve → commit cycle, for lone operations and for batches.
+#
+# Usage:
+#   bench/engine_cpu.sh [--base COMMIT] [--cycles N] [--batches "1 8"] [--rounds R]
+# Defaults: base 0b47600 (the lean path of one statement per operation),
+# 1,000 cycles, batches of 1 and of 8, 3 rounds. Needs a release build
+# (cargo build --release: it migrates the scratch database) and the
+# PostgreSQL server packages.
+#
+# Why CPU time: on this shared 2-core machine wall time swings 2x between
+# runs, while the CPU time a backend spends on the same statements moves by
+# a few per cent (it counts its own work, not its waiting for the CPU).
+# Both versions' engine SQL (src/engine/sql of this checkout, and of the
+# base commit, `git show`) are installed side by side in schemas of one
+# scratch database on a private cluster (port ENGINE_CPU_PORT, default
+# 5481; initdb in a temporary directory, removed at the end; the main
+# cluster is not touched), seeded like the references (bench/seed.sql,
+# 1,000 accounts each with one grant and a kiosk key), given a history of
+# 24,000 reservations and then analysed. Each round runs,
+# in alternating order, a DO block per version in one session: N cycles on
+# random accounts, each a call of engine_apply with B reserves on one
+# account, COMMIT, a call with their B commit_all, COMMIT
+# (synchronous_commit off: the commit's flush is the same for both and not
+# the engine's). Printed: per version and batch size the median over the
+# rounds of the backend's CPU ms per cycle (utime + stime from
+# /proc/<pid>/stat) and per operation, and the ratio this / base.
+#
+# The base must be a commit whose engine installs on this checkout's
+# migrated schema (no migration since that changes what its engine reads
+# or writes): 0b47600's does.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+base=0b47600 cycles=1000 batches="1 8" rounds=3
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --base) base="$2"; shift ;;
+    --cycles) cycles="$2"; shift ;;
+    --batches) batches="$2"; shift ;;
+    --rounds) rounds="$2"; shift ;;
+    *) sed -n '5,10p' "$0" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+binary="${CARGO_TARGET_DIR:-target}/release/token-billing"
+[ -x "$binary" ] || { echo "build first: cargo build --release ($binary missing)" >&2; exit 1; }
+base="$(git rev-parse --short "$base^{commit}")"
+. bench/private_cluster.sh
+port="${ENGINE_CPU_PORT:-5481}"
+dir="$(mktemp -d /tmp/tb-engine-cpu.XXXXXX)"
+cleanup() {
+  private_cluster_stop "$dir"
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+private_cluster_start "$dir" "$port"
+
+database=tb_engine_cpu
+url="postgres://postgres@127.0.0.1:$port/$database"
+RUST_LOG=warn "$binary" --database-url "$url" migrate > /dev/null
+psql -X -q -h 127.0.0.1 -p "$port" -U postgres -d "$database" -v ON_ERROR_STOP=1 \
+  -v accounts=1000 -f bench/seed.sql
+
+# Installs the engine files of a tree into a schema of its own.
+install_engine() { # schema, the file names, then a command that prints a file given its name
+  local schema="$1" names="$2"; shift 2
+  {
+    echo "CREATE SCHEMA $schema; SET search_path TO $schema, public;"
+    for name in $names; do
+      "$@" "$name"
+      echo
+    done
+  } | psql -X -q -h 127.0.0.1 -p "$port" -U postgres -d "$database" -v ON_ERROR_STOP=1 -1 \
+      > /dev/null
+}
+this_file() { cat "src/engine/sql/$1"; }
+base_file() { git show "$base:src/engine/sql/$1"; }
+install_engine engine_this "$(ls src/engine/sql | sort)" this_file
+install_engine engine_base "$(git ls-tree --name-only "$base" src/engine/sql/ | xargs -n1 basename | sort)" base_file
+
+python3 - "$port" "$database" "$cycles" "$rounds" "$base" $batches <<'PY'
+import os, statistics, subprocess, sys
+
+port, database, cycles, rounds, base = sys.argv[1:6]
+batches = [int(b) for b in sys.argv[6:]]
+cycles, rounds = int(cycles), int(rounds)
+
+def call(op, ids):
+    """engine_apply with B operations on account `a` (reserves: new ids)."""
+    fill = lambda value, kind: f"array_fill({value}::{kind}, ARRAY[b])"
+    request = "ARRAY(SELECT gen_random_uuid() FROM generate_series(1, b))"
+    if op == "reserve":
+        request_ids, amount, ttl, new_ids, reservations = (
+            request, fill(1, "bigint"), fill(300, "integer"), request, fill("NULL", "uuid"))
+    else:
+        request_ids, amount, ttl, new_ids, reservations = (
+            fill("NULL", "uuid"), fill("NULL", "bigint"), fill("NULL", "integer"),
+            fill("NULL", "uuid"), ids)
+    return ("engine_apply(" + ", ".join([
+        fill(f"'{op}'", "text"), "acc", fill("'bench'", "text"), "acc",
+        fill("sha256('pgbench-secret'::bytea)", "bytea"), fill("false", "boolean"),
+        request_ids, amount, fill("NULL", "integer"), ttl, new_ids, fill("NULL", "uuid"),
+        reservations, fill("NULL", "bytea"), fill("NULL", "text"), fill("NULL", "jsonb"),
+        fill("NULL", "text"), fill("NULL", "text"), fill("NULL", "text"), fill("NULL", "text"),
+        fill("NULL", "bigint"), fill("NULL", "text"), fill("NULL", "jsonb"),
+        fill("NULL", "jsonb"), fill("NULL", "integer"), fill("NULL", "timestamptz")]) + ")")
+
+def block(n, b):
+    return f"""DO $$
+DECLARE ids uuid[]; acc uuid[]; b integer := {b}; answered integer;
+BEGIN
+  FOR i IN 1 .. {n} LOOP
+    acc := array_fill(bench_uuid(1 + floor(random() * 1000)::integer), ARRAY[b]);
+    SELECT array_agg((object->>'id')::uuid ORDER BY op_position) INTO ids
+    FROM {call('reserve', None)};
+    IF cardinality(ids) IS DISTINCT FROM b THEN RAISE 'reserves answered: %', ids; END IF;
+    COMMIT;
+    SELECT count(*) INTO answered FROM {call('commit_all', 'ids')} WHERE outcome = 'committed';
+    IF answered <> b THEN RAISE 'commits answered: %', answered; END IF;
+    COMMIT;
+  END LOOP;
+END $$;"""
+
+def session(schema):
+    environment = dict(os.environ, PGOPTIONS=f"-c search_path={schema},public -c synchronous_commit=off")
+    return subprocess.Popen(
+        ["psql", "-X", "-qAt", "-h", "127.0.0.1", "-p", port, "-U", "postgres", "-d", database,
+         "-v", "ON_ERROR_STOP=1"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=environment)
+
+def run(process, sql):
+    process.stdin.write(sql + "\n\\echo __done__\n")
+    process.stdin.flush()
+    out = []
+    while True:
+        line = process.stdout.readline()
+        if line == "":
+            sys.exit(f"psql ended: {out}")
+        if line.strip() == "__done__":
+            return out
+        out.append(line.strip())
+
+def cpu_ms(pid):
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+
+# A history first (24,000 reservations and their entries), then ANALYZE:
+# statistics taken on empty tables would plan scans of whole tables (the
+# private cluster runs without autovacuum), which is no service's state.
+history = session("engine_this")
+run(history, block(3000, 8))
+run(history, "ANALYZE;")
+history.stdin.close()
+history.wait()
+
+results = {}
+for b in batches:
+    sessions = {}
+    for schema in ("engine_base", "engine_this"):
+        process = session(schema)
+        pid = run(process, "SELECT pg_backend_pid();")[0]
+        run(process, block(50, b))  # warm-up: plans cached, pages read
+        sessions[schema] = (process, pid)
+    for r in range(rounds):
+        order = ("engine_base", "engine_this") if r % 2 == 0 else ("engine_this", "engine_base")
+        for schema in order:
+            process, pid = sessions[schema]
+            before = cpu_ms(pid)
+            run(process, block(cycles, b))
+            results.setdefault((schema, b), []).append((cpu_ms(pid) - before) / cycles)
+    for process, _ in sessions.values():
+        process.stdin.close()
+        process.wait()
+
+print(f"Backend CPU per reserve → commit cycle, medians of {rounds} rounds of {cycles} cycles "
+      f"(this checkout's engine vs {base}'s, alternating):")
+print("| operations per call | this ms/cycle | base ms/cycle | this ms/op | base ms/op | this / base |")
+print("|---|---|---|---|---|---|")
+for b in batches:
+    this = statistics.median(results[("engine_this", b)])
+    that = statistics.median(results[("engine_base", b)])
+    print(f"| {b} | {this:.2f} | {that:.2f} | {this / b:.3f} | {that / b:.3f} | **{this / that:.2f}** |")
+PY
