@@ -112,6 +112,10 @@ async fn console_page() -> HttpResponse {
             (String = "text/javascript"),
             (String = "text/css"),
         )),
+        (status = 400, description = "A name with a percent-escape of anything but a letter, \
+                                        digit, `-`, `.`, `_` or `~` (every path is read in its \
+                                        canonical form first)", body = Problem,
+         content_type = "application/problem+json"),
         (status = 404, description = "Not a console file", body = Problem,
          content_type = "application/problem+json"),
     ),

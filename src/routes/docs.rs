@@ -109,6 +109,10 @@ const ASSETS: [(&str, &str, &[u8]); 3] = [
             (String = "text/css"),
             (String = "text/plain"),
         )),
+        (status = 400, description = "A name with a percent-escape of anything but a letter, \
+                                        digit, `-`, `.`, `_` or `~` (every path is read in its \
+                                        canonical form first)", body = Problem,
+         content_type = "application/problem+json"),
         (status = 404, description = "Not a vendored file", body = Problem,
          content_type = "application/problem+json"),
     ),
