@@ -106,9 +106,7 @@ pub fn list_grants(
     let views = shown
         .into_iter()
         .map(|shown| {
-            serde_json::from_value::<GrantView>(shown.grant).map_err(|error| {
-                ApiError::Internal(format!("a grant as the engine shows it: {error}"))
-            })
+            crate::engine::decode::<GrantView>(shown.grant, "a grant as the engine shows it")
         })
         .collect::<Result<Vec<_>, _>>()?;
     let (grants, next_after) = page_of(views, limit, |view: &GrantView| view.grant_id);

@@ -44,11 +44,7 @@ fn shown_jobs(
     .load(conn)?;
     shown
         .into_iter()
-        .map(|shown| {
-            serde_json::from_value::<JobView>(shown.job).map_err(|error| {
-                ApiError::Internal(format!("a job as the engine shows it: {error}"))
-            })
-        })
+        .map(|shown| crate::engine::decode::<JobView>(shown.job, "a job as the engine shows it"))
         .collect()
 }
 

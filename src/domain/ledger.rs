@@ -178,9 +178,10 @@ pub fn list_entries(
     let views = shown
         .into_iter()
         .map(|shown| {
-            serde_json::from_value::<LedgerEntryView>(shown.entry).map_err(|error| {
-                ApiError::Internal(format!("a ledger entry as the engine shows it: {error}"))
-            })
+            crate::engine::decode::<LedgerEntryView>(
+                shown.entry,
+                "a ledger entry as the engine shows it",
+            )
         })
         .collect::<Result<Vec<_>, _>>()?;
     let (entries, next_after) = page_of(views, limit, |view: &LedgerEntryView| view.entry_id);

@@ -94,9 +94,10 @@ fn shown_reservations(
     shown
         .into_iter()
         .map(|shown| {
-            serde_json::from_value::<ReservationView>(shown.reservation).map_err(|error| {
-                ApiError::Internal(format!("a reservation as the engine shows it: {error}"))
-            })
+            crate::engine::decode::<ReservationView>(
+                shown.reservation,
+                "a reservation as the engine shows it",
+            )
         })
         .collect()
 }

@@ -40,7 +40,7 @@ use types::{
     SignedTokens, Tokens, TtlSeconds,
 };
 
-pub use outcome::{Answer, Outcome, Replay};
+pub use outcome::{decode, Answer, Outcome, Replay};
 
 /// What one operation asks of an account.
 #[derive(Clone, Debug)]

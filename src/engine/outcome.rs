@@ -114,9 +114,11 @@ pub struct Answer {
     pub object: Option<Value>,
 }
 
-fn decode<T: DeserializeOwned>(value: Value) -> Result<T, ApiError> {
-    serde_json::from_value(value)
-        .map_err(|error| ApiError::Internal(format!("engine object: {error}")))
+/// An object the engine wrote (an answer, or a resource as its SQL view
+/// functions show it), read into its Rust type; `what` names it in the
+/// internal error when the two disagree.
+pub fn decode<T: DeserializeOwned>(value: Value, what: &str) -> Result<T, ApiError> {
+    serde_json::from_value(value).map_err(|error| ApiError::Internal(format!("{what}: {error}")))
 }
 
 impl Answer {
@@ -213,7 +215,10 @@ impl Answer {
         if let Some(error) = self.error(operation) {
             return Err(error);
         }
-        Ok((decode(self.object_field(None)?)?, self.replay()))
+        Ok((
+            decode(self.object_field(None)?, "engine object")?,
+            self.replay(),
+        ))
     }
 
     /// A job creation: the job, or the error.
@@ -221,7 +226,10 @@ impl Answer {
         if let Some(error) = self.error(operation) {
             return Err(error);
         }
-        Ok((decode(self.object_field(None)?)?, self.replay()))
+        Ok((
+            decode(self.object_field(None)?, "engine object")?,
+            self.replay(),
+        ))
     }
 
     /// A credit as the API shows it (`engine_credit_json`), or the error.
@@ -246,6 +254,9 @@ impl Answer {
         if let Some(error) = self.error(operation) {
             return Err(error);
         }
-        Ok((decode(self.object_field(Some(field))?)?, self.replay()))
+        Ok((
+            decode(self.object_field(Some(field))?, "engine object")?,
+            self.replay(),
+        ))
     }
 }

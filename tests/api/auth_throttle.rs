@@ -4,18 +4,8 @@
 //! believed only from a trusted proxy.
 
 use reqwest::StatusCode;
-use uuid::Uuid;
 
-use crate::helpers::{problem, TestApp};
-
-fn made_up_key() -> String {
-    format!(
-        "tbk_{}_{}{}",
-        Uuid::new_v4().simple(),
-        Uuid::new_v4().simple(),
-        Uuid::new_v4().simple()
-    )
-}
+use crate::helpers::{made_up_key, problem, TestApp};
 
 async fn status_with(
     app: &TestApp,

@@ -962,3 +962,13 @@ pub fn property_config(cases: u32) -> proptest::test_runner::Config {
         ..proptest::test_runner::Config::default()
     }
 }
+
+/// A well-formed kiosk key that no key row has: id and secret made up.
+pub fn made_up_key() -> String {
+    format!(
+        "tbk_{}_{}{}",
+        Uuid::new_v4().simple(),
+        Uuid::new_v4().simple(),
+        Uuid::new_v4().simple()
+    )
+}

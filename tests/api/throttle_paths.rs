@@ -10,16 +10,7 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use crate::helpers::{problem, TestApp, ADMIN_KEY};
-
-fn made_up_key() -> String {
-    format!(
-        "tbk_{}_{}{}",
-        Uuid::new_v4().simple(),
-        Uuid::new_v4().simple(),
-        Uuid::new_v4().simple()
-    )
-}
+use crate::helpers::{made_up_key, problem, TestApp, ADMIN_KEY};
 
 /// A GET with `key`, and each of `forwarded` as one header line of its
 /// name (`x-forwarded-for` or `forwarded`).
