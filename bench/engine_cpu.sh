@@ -17,7 +17,9 @@
 # scratch database on a private cluster (port ENGINE_CPU_PORT, default
 # 5481; initdb in a temporary directory, removed at the end; the main
 # cluster is not touched), seeded like the references (bench/seed.sql,
-# 1,000 accounts each with one grant and a kiosk key), given a history of
+# 2,000 accounts each with one grant and a kiosk key: the engines use the
+# first 1,000, the hand-written reference below the others, whose balances
+# it moves without the grants), given a history of
 # 24,000 reservations and then analysed. Each round runs,
 # in alternating order, a DO block per version in one session: N cycles on
 # random accounts, each a call of engine_apply with B reserves on one
@@ -26,6 +28,13 @@
 # the engine's). Printed: per version and batch size the median over the
 # rounds of the backend's CPU ms per cycle (utime + stime from
 # /proc/<pid>/stat) and per operation, and the ratio this / base.
+#
+# Beside them, in the same rounds, the fixed hand-written reference: the
+# two statements of bench/reference_cycle.pgbench.sql (read from that file,
+# never copied: `:n` becomes the account, `:r_id` the reservation), run the
+# same way (a DO block, the reserve then the commit, each committed). Its
+# line says what a cycle costs PostgreSQL when nothing but the statement a
+# kiosk needs is run; the ratio engine / reference is the engine's price.
 #
 # The base must be a commit whose engine installs on this checkout's
 # migrated schema (no migration since that changes what its engine reads
@@ -62,7 +71,7 @@ database=tb_engine_cpu
 url="postgres://postgres@127.0.0.1:$port/$database"
 RUST_LOG=warn "$binary" --database-url "$url" migrate > /dev/null
 psql -X -q -h 127.0.0.1 -p "$port" -U postgres -d "$database" -v ON_ERROR_STOP=1 \
-  -v accounts=1000 -f bench/seed.sql
+  -v accounts=2000 -f bench/seed.sql
 
 # Installs the engine files of a tree into a schema of its own.
 install_engine() { # schema, the file names, then a command that prints a file given its name
@@ -81,11 +90,21 @@ base_file() { git show "$base:src/engine/sql/$1"; }
 install_engine engine_this "$(ls src/engine/sql | sort)" this_file
 install_engine engine_base "$(git ls-tree --name-only "$base" src/engine/sql/ | xargs -n1 basename | sort)" base_file
 
-python3 - "$port" "$database" "$cycles" "$rounds" "$base" $batches <<'PY'
+# The reference's two statements as PL/pgSQL: account `acc`, reservation `r`.
+grep -v '^--\|^\\' bench/reference_cycle.pgbench.sql \
+  | sed -e 's/bench_uuid(:n)/acc/g' -e 's/:r_id/r/g' \
+        -e 's/ SELECT id FROM held \\gset r_$/ SELECT id INTO r FROM held;/' \
+        -e 's/ SELECT count(\*) AS committed FROM settled \\gset c_$/ SELECT count(*) INTO c FROM settled;/' \
+  > "$dir/reference.sql"
+[ "$(grep -c ' INTO [rc] FROM ' "$dir/reference.sql")" = 2 ] \
+  || { echo "bench/reference_cycle.pgbench.sql: not the two statements expected" >&2; exit 1; }
+
+python3 - "$port" "$database" "$cycles" "$rounds" "$base" "$dir/reference.sql" $batches <<'PY'
 import os, statistics, subprocess, sys
 
-port, database, cycles, rounds, base = sys.argv[1:6]
-batches = [int(b) for b in sys.argv[6:]]
+port, database, cycles, rounds, base, reference_file = sys.argv[1:7]
+batches = [int(b) for b in sys.argv[7:]]
+reserve_sql, commit_sql = [line for line in open(reference_file).read().splitlines() if line.strip()]
 cycles, rounds = int(cycles), int(rounds)
 
 def call(op, ids):
@@ -120,6 +139,22 @@ BEGIN
     COMMIT;
     SELECT count(*) INTO answered FROM {call('commit_all', 'ids')} WHERE outcome = 'committed';
     IF answered <> b THEN RAISE 'commits answered: %', answered; END IF;
+    COMMIT;
+  END LOOP;
+END $$;"""
+
+def reference_block(n):
+    return f"""DO $$
+DECLARE r uuid; acc uuid; c integer;
+BEGIN
+  FOR i IN 1 .. {n} LOOP
+    acc := bench_uuid(1001 + floor(random() * 1000)::integer);
+    r := NULL;
+    {reserve_sql}
+    IF r IS NULL THEN RAISE 'reference reserve refused'; END IF;
+    COMMIT;
+    {commit_sql}
+    IF c <> 1 THEN RAISE 'reference commit answered %', c; END IF;
     COMMIT;
   END LOOP;
 END $$;"""
@@ -159,17 +194,21 @@ history.wait()
 results = {}
 for b in batches:
     sessions = {}
-    for schema in ("engine_base", "engine_this"):
-        process = session(schema)
+    # The reference beside the lone operations (one cycle = its two
+    # statements, whatever the batch size).
+    names = ("engine_base", "engine_this", "reference") if b == 1 else ("engine_base", "engine_this")
+    work = lambda name, n: reference_block(n) if name == "reference" else block(n, b)
+    for schema in names:
+        process = session("public" if schema == "reference" else schema)
         pid = run(process, "SELECT pg_backend_pid();")[0]
-        run(process, block(50, b))  # warm-up: plans cached, pages read
+        run(process, work(schema, 50))  # warm-up: plans cached, pages read
         sessions[schema] = (process, pid)
     for r in range(rounds):
-        order = ("engine_base", "engine_this") if r % 2 == 0 else ("engine_this", "engine_base")
+        order = names if r % 2 == 0 else tuple(reversed(names))
         for schema in order:
             process, pid = sessions[schema]
             before = cpu_ms(pid)
-            run(process, block(cycles, b))
+            run(process, work(schema, cycles))
             results.setdefault((schema, b), []).append((cpu_ms(pid) - before) / cycles)
     for process, _ in sessions.values():
         process.stdin.close()
@@ -183,4 +222,11 @@ for b in batches:
     this = statistics.median(results[("engine_this", b)])
     that = statistics.median(results[("engine_base", b)])
     print(f"| {b} | {this:.2f} | {that:.2f} | {this / b:.3f} | {that / b:.3f} | **{this / that:.2f}** |")
+if ("reference", 1) in results:
+    reference = statistics.median(results[("reference", 1)])
+    this = statistics.median(results[("engine_this", 1)])
+    that = statistics.median(results[("engine_base", 1)])
+    print(f"\nThe fixed hand-written reference (bench/reference_cycle.pgbench.sql), same rounds: "
+          f"{reference:.2f} ms/cycle; a lone cycle of this engine costs **{this / reference:.2f}x** it, "
+          f"{base}'s {that / reference:.2f}x.")
 PY

@@ -1,9 +1,9 @@
 -- The lean path: what kiosks send most — reserves and jobs, commits (of
 -- all or part of what is held) and releases, alone or a few together —
 -- applied as a set, in ONE statement for the whole batch (engine_apply in
--- `70_apply.sql` takes the accounts' row locks first, in id order, and
--- then calls engine_lean_batch with the batch's leading operations of
--- these kinds).
+-- `70_apply.sql` calls engine_lean_batch with the batch's leading
+-- operations of these kinds; it takes the row locks of all the batch's
+-- accounts first, in id order).
 --
 -- It decides only the plain case, where the answer is the success and no
 -- event is due: the key verifies and may spend here, the account is active
@@ -49,13 +49,15 @@
 
 -- The batch's leading lean operations (arrays as engine_apply's, element i
 -- of each belongs to operation i; `p_job`, `p_hash`, `p_kind`, `p_params`
--- only for create_job). The caller holds the row locks of every account
--- named. Returns one row per operation applied, from the first, in order:
+-- only for create_job). `p_lock` names every account of the whole batch:
+-- their rows are locked here first, in id order (in this function, so that
+-- the lock's statement keeps its one generic plan: planned anew for every
+-- batch, as a custom plan, it cost a planning per batch). Returns one row per operation applied, from the first, in order:
 -- its position, outcome (created, committed, released) and the object the
 -- API shows (the reservation, or the job as engine_job_view shows it). No
 -- row for an operation means it and every one after it were not applied:
 -- nothing of them was written.
-CREATE FUNCTION engine_lean_batch(p_op text[], p_account uuid[], p_actor text[],
+CREATE FUNCTION engine_lean_batch(p_lock uuid[], p_op text[], p_account uuid[], p_actor text[],
     p_key_id uuid[], p_key_hash bytea[], p_authorized boolean[], p_request uuid[],
     p_amount bigint[], p_requested_ttl integer[], p_ttl integer[], p_new_id uuid[],
     p_job uuid[], p_reservation uuid[], p_hash bytea[], p_kind text[], p_params jsonb[])
@@ -71,7 +73,8 @@ DECLARE
     applied record;
     stale uuid[] := '{}';
 BEGIN
-    -- This statement's snapshot is taken after the caller's locks: it sees
+    PERFORM 1 FROM accounts WHERE id = ANY (p_lock) ORDER BY id FOR NO KEY UPDATE;
+    -- This statement's snapshot is taken after those locks: it sees
     -- every reservation and grant committed before them. Reservations
     -- change only under their account's lock, so what it reads of them
     -- stays true until the end of the transaction.

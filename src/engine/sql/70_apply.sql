@@ -274,9 +274,9 @@ $$;
 -- first operation that is not plain on (a refusal, a replay, a lapse, an
 -- event, another kind of operation) in engine_apply_full, in the same
 -- transaction: each operation gets the answer it would have had alone at
--- its place, whichever path decided it. Before the lean path, the batch's
--- accounts are locked in id order, as engine_apply_full does, so two
--- batches never wait on each other crosswise. The setting
+-- its place, whichever path decided it. The lean path first locks all the
+-- batch's accounts in id order, as engine_apply_full does, so two batches
+-- never wait on each other crosswise. The setting
 -- token_billing.lean = off sends every batch to engine_apply_full (the
 -- tests compare the two paths with it).
 CREATE FUNCTION engine_apply(
@@ -326,9 +326,8 @@ BEGIN
             lean := i;
         END LOOP;
         IF lean > 0 THEN
-            PERFORM 1 FROM accounts WHERE id = ANY (p_account) ORDER BY id FOR NO KEY UPDATE;
             FOR applied IN
-                SELECT * FROM engine_lean_batch(p_op[:lean], p_account[:lean], p_actor[:lean],
+                SELECT * FROM engine_lean_batch(p_account, p_op[:lean], p_account[:lean], p_actor[:lean],
                     p_key_id[:lean], p_key_hash[:lean], p_authorized[:lean], p_request[:lean],
                     p_amount[:lean], p_requested_ttl[:lean], p_ttl[:lean], p_new_id[:lean],
                     p_job[:lean], p_reservation[:lean], p_hash[:lean], p_kind[:lean],
