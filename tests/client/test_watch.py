@@ -36,6 +36,16 @@ def watcher(kiosk: Kiosk, **options: Any) -> "queue.Queue[Event]":
 threading_watchers: List[Tuple[threading.Thread, List[bool]]] = []
 
 
+def visible(admin: Admin, account_id: str) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        page = admin.http.get("/v1/events", params={"account_id": account_id}).json()
+        if page["events"]:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no event of {account_id} in the feed after 10 s")
+
+
 def next_event(events: "queue.Queue[Event]", seconds: float) -> Event:
     return events.get(timeout=seconds)
 
@@ -46,6 +56,9 @@ def test_a_top_up_reaches_a_watching_booth_at_once(
     account = admin.account(credit=3)
     other = admin.account(credit=1)
     kiosk = new_kiosk(account)
+    # The feed shows an event once no earlier transaction can still commit:
+    # wait until the first credit is in it, so that "from now on" is after it.
+    visible(admin, account.account_id)
     events = watcher(kiosk, types=["credit.created"])
     # The watch starts at the end of the feed: the first credit is history.
     admin.credit(other.account_id, 7)

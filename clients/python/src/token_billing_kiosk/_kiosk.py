@@ -173,7 +173,9 @@ class Kiosk:
         the typed refusal) is raised and the iterator ends: call ``watch``
         again with ``after`` = the last event's ``id`` to go on without a
         gap. "From now on" is decided when ``watch`` is called (it reads the
-        end of the feed then), not at the first ``next()``. Run it in a
+        end of the feed then), not at the first ``next()``; the feed shows an
+        event only once no earlier transaction can still commit, so events
+        committed just before the call may still come. Run it in a
         thread of its own (the :class:`Kiosk` may be shared between
         threads); ``close()`` of the kiosk ends it quietly.
         """
