@@ -447,7 +447,9 @@ fn state_enums() -> Vec<(&'static str, &'static str, Vec<&'static str>)> {
 }
 
 /// Where the states are used: (schema, property, state component).
-const STATE_PROPERTIES: [(&str, &str, &str); 7] = [
+const STATE_PROPERTIES: [(&str, &str, &str); 9] = [
+    ("Problem", "state", "ReservationState"),
+    ("ReplayedApiKey", "scope", "Scope"),
     ("JobView", "status", "JobStatus"),
     ("JobReservation", "state", "ReservationState"),
     ("ReservationView", "state", "ReservationState"),
@@ -455,6 +457,47 @@ const STATE_PROPERTIES: [(&str, &str, &str); 7] = [
     ("UpdateAccount", "status", "AccountStatus"),
     ("GrantView", "status", "GrantStatus"),
     ("EventView", "type", "EventType"),
+];
+
+/// Closed sets of strings written by the service itself, each in one
+/// place of the code or a `CHECK` (the comment names it): (schema,
+/// property, values).
+const CLOSED_STRINGS: [(&str, &str, &[&str]); 7] = [
+    // domain::reconciliation (a report and each account line).
+    ("Report", "status", &["ok", "mismatch"]),
+    ("AccountLine", "status", &["ok", "mismatch"]),
+    // webhook_deliveries.status CHECK; webhooks::delivery's outcomes.
+    (
+        "DeliveryView",
+        "status",
+        &["pending", "delivered", "failed"],
+    ),
+    (
+        "AttemptView",
+        "outcome",
+        &["delivered", "retrying", "exhausted", "endpoint_gone"],
+    ),
+    // ledger_entries.kind CHECK.
+    (
+        "LedgerEntryView",
+        "kind",
+        &[
+            "credit",
+            "adjustment",
+            "reserve",
+            "commit",
+            "release",
+            "expire",
+            "grant_expire",
+        ],
+    ),
+    // routes::health, routes::system.
+    ("ProbeStatus", "status", &["ok", "ready"]),
+    (
+        "SystemSummary",
+        "invariant_status",
+        &["unknown", "ok", "violated"],
+    ),
 ];
 
 /// Query parameters that take a state: (path, parameter, state component).
@@ -547,6 +590,24 @@ fn for_generators(document: &mut serde_json::Value) {
                 reference["description"] = description;
             }
             *slot = reference;
+        }
+    }
+    for (schema, property, values) in CLOSED_STRINGS {
+        if let Some(slot) = schemas
+            .get_mut(schema)
+            .and_then(|schema| schema.get_mut("properties"))
+            .and_then(|properties| properties.get_mut(property))
+            .and_then(Value::as_object_mut)
+        {
+            let nullable = slot
+                .get("type")
+                .and_then(Value::as_array)
+                .is_some_and(|kinds| kinds.iter().any(|kind| kind == "null"));
+            let mut listed: Vec<Value> = values.iter().map(|value| json!(value)).collect();
+            if nullable {
+                listed.push(Value::Null);
+            }
+            slot.insert("enum".to_owned(), Value::Array(listed));
         }
     }
     for (property, component) in [("result", "JobResult"), ("error", "JobError")] {

@@ -425,6 +425,23 @@ async fn states_are_enums_of_the_services_values() {
             .unwrap_or_else(|| panic!("{path} has {name}"));
         assert_eq!(enum_of(&doc, &parameter["schema"]), values, "{path} {name}");
     }
+    // No other string status, state, outcome or scope is left open.
+    let mut open = Vec::new();
+    for (name, schema) in schemas.as_object().expect("schemas") {
+        for (property, node) in schema["properties"].as_object().into_iter().flatten() {
+            let named = ["status", "state", "outcome", "scope"].contains(&property.as_str())
+                || property.ends_with("_status");
+            let node = resolved(&doc, node);
+            let string = node["type"] == "string"
+                || node["type"]
+                    .as_array()
+                    .is_some_and(|kinds| kinds.iter().any(|kind| kind == "string"));
+            if named && string && node.get("enum").is_none() {
+                open.push(format!("{name}.{property}"));
+            }
+        }
+    }
+    assert!(open.is_empty(), "strings without their values: {open:?}");
     let types = texts(EventType::ALL);
     assert!(types.contains("grant.expired") && types.contains("grant.expiring"));
     // The server takes every type the document lists.
