@@ -3,9 +3,10 @@
 #
 #   1. npm ci + tsc in clients/typescript (devDependencies from the npm
 #      registry, locked), then `npm pack`: the tarball a user would install;
-#   2. a scratch project installs the tarball (`npm install <tarball>`, no
-#      other package but typescript and @types/node for compiling) and
-#      compiles a consumer against its types with tsc --strict;
+#   2. a scratch project installs it by the repository path, as its README
+#      says (`npm install <repo>/clients/typescript`; no other package but
+#      typescript and @types/node for compiling) and compiles a consumer
+#      against its types with tsc --strict;
 #   3. node --test clients/typescript/test/*.test.mjs: the journal, the retry rules
 #      against a scripted server, the client against the service (starts it:
 #      tests/lib/service.sh), and the kill points (KILL_RUNS, KILL_SEED);
@@ -41,7 +42,9 @@ types_version="$(node -p 'require("./clients/typescript/package-lock.json").pack
 (
   cd "$consumer"
   printf '{"name":"consumer","private":true,"type":"module"}\n' > package.json
-  npm install --no-audit --no-fund --loglevel=error "$service_scratch/$tarball" \
+  # As the README says: by the repository path (the tarball's contents were
+  # checked above).
+  npm install --no-audit --no-fund --loglevel=error "$root/clients/typescript" \
     "typescript@$typescript_version" "@types/node@$types_version"
   deps="$(node -p 'Object.keys(require("./node_modules/token-billing-kiosk/package.json").dependencies ?? {}).join(",")')"
   if [ -n "$deps" ]; then
