@@ -336,6 +336,13 @@ pub struct Config {
     #[arg(long, env = "WEBHOOK_PROXY", hide_env_values = true, value_parser = parse_secret)]
     pub webhook_proxy: Option<SecretString>,
 
+    /// Origins whose web pages may call the API from a browser (CORS), as
+    /// comma-separated exact origins (`https://kiosk.example.com`); empty
+    /// (the default): CORS is off and no response carries
+    /// `Access-Control-Allow-Origin`. No wildcard.
+    #[arg(long, env = "CORS_ALLOWED_ORIGINS", default_value = "")]
+    pub cors_allowed_origins: String,
+
     /// Log format; a global option too (`cli::GlobalArgs`).
     #[arg(skip = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -374,6 +381,26 @@ impl Config {
                 cidr.parse::<ipnet::IpNet>()
                     .or_else(|_| cidr.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
                     .map_err(|_| format!("TRUSTED_PROXIES: {cidr:?} is not a CIDR or an address"))
+            })
+            .collect()
+    }
+
+    /// `CORS_ALLOWED_ORIGINS` parsed: each an exact origin as a browser
+    /// sends it in `Origin` (`scheme://host[:port]`, lower case, no path,
+    /// no default port); empty: CORS is off.
+    pub fn cors_origins(&self) -> Result<Vec<String>, String> {
+        self.cors_allowed_origins
+            .split(',')
+            .map(str::trim)
+            .filter(|origin| !origin.is_empty())
+            .map(|origin| {
+                check_origin(origin).map_err(|why| {
+                    format!(
+                        "CORS_ALLOWED_ORIGINS: {origin:?} is not an origin such as \
+                         https://kiosk.example.com ({why})"
+                    )
+                })?;
+                Ok(origin.to_owned())
             })
             .collect()
     }
@@ -420,6 +447,7 @@ impl Config {
     /// Checks every cross-field rule; the error names the variable to fix.
     pub fn validate(&self) -> Result<(), String> {
         self.trusted_proxy_networks()?;
+        self.cors_origins()?;
         check_multi_host(&self.database_url)?;
         if !(1..=1000).contains(&self.coalesce_max_batch) {
             return Err("COALESCE_MAX_BATCH must be between 1 and 1000".into());
@@ -546,6 +574,43 @@ impl Config {
     pub fn prices(&self) -> Result<PriceList, String> {
         parse_price_list(&self.price_list)
     }
+}
+
+/// An origin exactly as a browser writes it in the `Origin` header: the
+/// CORS check compares bytes, so `https://Kiosk.example.com/` or
+/// `https://kiosk.example.com:443` would never match and are refused here
+/// rather than silently ignored.
+fn check_origin(origin: &str) -> Result<(), &'static str> {
+    if origin.contains('*') {
+        return Err("no wildcard: list each origin");
+    }
+    let (scheme, authority) = origin.split_once("://").ok_or("it has no scheme://")?;
+    if scheme != "http" && scheme != "https" {
+        return Err("the scheme must be http or https");
+    }
+    if authority.is_empty() {
+        return Err("it has no host");
+    }
+    if authority.contains(['/', '?', '#']) {
+        return Err("an origin has no path, not even a trailing /");
+    }
+    if authority.contains('@') {
+        return Err("an origin has no user name or password");
+    }
+    if authority.chars().any(|c| c.is_ascii_uppercase()) {
+        return Err("browsers send the host in lower case");
+    }
+    if !authority
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "-.:[]".contains(c))
+    {
+        return Err("the host has characters an origin cannot have");
+    }
+    let default_port = if scheme == "https" { ":443" } else { ":80" };
+    if authority.ends_with(default_port) {
+        return Err("browsers omit the scheme's default port");
+    }
+    Ok(())
 }
 
 pub fn parse_price_list(text: &str) -> Result<PriceList, String> {
@@ -763,6 +828,38 @@ mod tests {
         Wrapper::try_parse_from(argv)
             .expect("arguments parse")
             .config
+    }
+
+    #[test]
+    fn cors_origins_are_exact() {
+        assert_eq!(config(&[]).cors_origins(), Ok(vec![]));
+        let two = config(&[
+            "--cors-allowed-origins",
+            "https://kiosk.example.com, http://127.0.0.1:5173",
+        ]);
+        assert_eq!(
+            two.cors_origins(),
+            Ok(vec![
+                "https://kiosk.example.com".to_owned(),
+                "http://127.0.0.1:5173".to_owned()
+            ])
+        );
+        for bad in [
+            "*",
+            "https://*.example.com",
+            "kiosk.example.com",
+            "ftp://kiosk.example.com",
+            "https://kiosk.example.com/",
+            "https://Kiosk.example.com",
+            "https://kiosk.example.com:443",
+            "https://user@kiosk.example.com",
+            "https://",
+        ] {
+            let error = config(&["--cors-allowed-origins", bad])
+                .validate()
+                .expect_err(bad);
+            assert!(error.starts_with("CORS_ALLOWED_ORIGINS"), "{bad}: {error}");
+        }
     }
 
     #[test]

@@ -185,7 +185,9 @@ impl ResponseError for ApiError {
             ApiError::Unauthorized => {
                 response.insert_header((header::WWW_AUTHENTICATE, "Bearer"));
             }
-            ApiError::Unavailable(_) => {
+            // Held reservations of the other booths are settled within
+            // seconds (a job's) or minutes (a TTL): try again shortly.
+            ApiError::Unavailable(_) | ApiError::TooManyActiveReservations { .. } => {
                 response.insert_header((header::RETRY_AFTER, "1"));
             }
             ApiError::MethodNotAllowed { allowed } => {

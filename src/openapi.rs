@@ -396,6 +396,7 @@ static DOCUMENT: LazyLock<Result<String, String>> = LazyLock::new(|| {
     let mut document =
         serde_json::to_value(ApiDoc::openapi()).map_err(|error| error.to_string())?;
     camel_case_links(&mut document);
+    for_generators(&mut document);
     // An adjustment is never 0; utoipa's schema builder has no `not`.
     if let Some(signed) = document
         .pointer_mut("/components/schemas/SignedTokens")
@@ -405,6 +406,313 @@ static DOCUMENT: LazyLock<Result<String, String>> = LazyLock::new(|| {
     }
     serde_json::to_string(&document).map_err(|error| error.to_string())
 });
+
+/// The states clients branch on, each a string with its values listed:
+/// (component name, description, values).
+fn state_enums() -> Vec<(&'static str, &'static str, Vec<&'static str>)> {
+    use crate::db::states::{AccountStatus, EventType, JobStatus, ReservationState};
+    use crate::domain::grants::GrantStatus;
+    fn texts<T: Copy + Into<&'static str>>(all: &[T]) -> Vec<&'static str> {
+        all.iter().map(|value| (*value).into()).collect()
+    }
+    vec![
+        (
+            "JobStatus",
+            "A job's status: `queued` → `running` → `succeeded` or `failed` (the last two are \
+             final).",
+            texts(JobStatus::ALL),
+        ),
+        (
+            "ReservationState",
+            "Where a reservation's tokens are: `held` until exactly one of commit \
+             (`committed`), release (`released`) or expiry (`expired`).",
+            texts(ReservationState::ALL),
+        ),
+        (
+            "AccountStatus",
+            "Whether an account may spend.",
+            texts(AccountStatus::ALL),
+        ),
+        (
+            "GrantStatus",
+            "`active` while a grant holds tokens, `depleted` once spent, `expired` once lapsed.",
+            texts(GrantStatus::ALL),
+        ),
+        (
+            "EventType",
+            "What an event reports (docs/webhooks.md).",
+            texts(EventType::ALL),
+        ),
+    ]
+}
+
+/// Where the states are used: (schema, property, state component).
+const STATE_PROPERTIES: [(&str, &str, &str); 9] = [
+    ("Problem", "state", "ReservationState"),
+    ("ReplayedApiKey", "scope", "Scope"),
+    ("JobView", "status", "JobStatus"),
+    ("JobReservation", "state", "ReservationState"),
+    ("ReservationView", "state", "ReservationState"),
+    ("AccountView", "status", "AccountStatus"),
+    ("UpdateAccount", "status", "AccountStatus"),
+    ("GrantView", "status", "GrantStatus"),
+    ("EventView", "type", "EventType"),
+];
+
+/// Closed sets of strings written by the service itself, each in one
+/// place of the code or a `CHECK` (the comment names it): (schema,
+/// property, values).
+const CLOSED_STRINGS: [(&str, &str, &[&str]); 7] = [
+    // domain::reconciliation (a report and each account line).
+    ("Report", "status", &["ok", "mismatch"]),
+    ("AccountLine", "status", &["ok", "mismatch"]),
+    // webhook_deliveries.status CHECK; webhooks::delivery's outcomes.
+    (
+        "DeliveryView",
+        "status",
+        &["pending", "delivered", "failed"],
+    ),
+    (
+        "AttemptView",
+        "outcome",
+        &["delivered", "retrying", "exhausted", "endpoint_gone"],
+    ),
+    // ledger_entries.kind CHECK.
+    (
+        "LedgerEntryView",
+        "kind",
+        &[
+            "credit",
+            "adjustment",
+            "reserve",
+            "commit",
+            "release",
+            "expire",
+            "grant_expire",
+        ],
+    ),
+    // routes::health, routes::system.
+    ("ProbeStatus", "status", &["ok", "ready"]),
+    (
+        "SystemSummary",
+        "invariant_status",
+        &["unknown", "ok", "violated"],
+    ),
+];
+
+/// Query parameters that take a state: (path, parameter, state component).
+const STATE_PARAMETERS: [(&str, &str, &str); 5] = [
+    ("/v1/accounts/{account_id}/grants", "status", "GrantStatus"),
+    ("/v1/accounts/{account_id}/jobs", "status", "JobStatus"),
+    (
+        "/v1/accounts/{account_id}/reservations",
+        "state",
+        "ReservationState",
+    ),
+    ("/v1/accounts", "status", "AccountStatus"),
+    ("/v1/events", "type", "EventType"),
+];
+
+/// Makes the document one that code generators (openapi-typescript,
+/// @hey-api/openapi-ts, openapi-generator) read as the service behaves:
+/// every state is an `enum` component (a misspelled status does not
+/// compile); an object whose members are the client's or the provider's
+/// (`params`, a job's `output`, an event's `data`, an audit event's
+/// `before`) says `additionalProperties: true`, since generators read a
+/// bare `{"type": "object"}` as an object with nothing in it; a job's
+/// `result` and `error` have their own schemas; a replayable creation's
+/// 200 declares `Idempotent-Replayed`, and every 429 and 503 `Retry-After`.
+fn for_generators(document: &mut serde_json::Value) {
+    use serde_json::{json, Value};
+    let Some(schemas) = document
+        .pointer_mut("/components/schemas")
+        .and_then(Value::as_object_mut)
+    else {
+        return;
+    };
+    for (name, description, values) in state_enums() {
+        schemas.insert(
+            name.to_owned(),
+            json!({"type": "string", "description": description, "enum": values}),
+        );
+    }
+    schemas.insert(
+        "JobResult".to_owned(),
+        json!({
+            "type": "object",
+            "description": "What a succeeded job produced.",
+            "required": ["output"],
+            "properties": {
+                "output": {
+                    "description": "The provider's output as it answered it (typically the \
+                        image URL or a list of them); any JSON value."
+                },
+                "provider_job_id": {
+                    "type": "string",
+                    "description": "The provider's id of the generation."
+                }
+            },
+            "additionalProperties": true
+        }),
+    );
+    schemas.insert(
+        "JobError".to_owned(),
+        json!({
+            "type": "object",
+            "description": "Why a failed job failed; its tokens were released, never charged.",
+            "required": ["code", "message"],
+            "properties": {
+                "code": {
+                    "type": "string",
+                    "description": "`provider_timeout`, `provider_rejected`, `provider_failed`, \
+                        `provider_unavailable`, `attempts_exhausted`, `reservation_expired`; \
+                        new codes may appear: treat an unknown one as a failure.",
+                    "examples": ["provider_rejected"]
+                },
+                "message": {
+                    "type": "string",
+                    "description": "What a kiosk may show; never the provider's internals."
+                }
+            },
+            "additionalProperties": true
+        }),
+    );
+    for (schema, property, state) in STATE_PROPERTIES {
+        if let Some(slot) = schemas
+            .get_mut(schema)
+            .and_then(|schema| schema.get_mut("properties"))
+            .and_then(|properties| properties.get_mut(property))
+        {
+            let description = slot.get("description").cloned();
+            let mut reference = json!({"$ref": format!("#/components/schemas/{state}")});
+            if let Some(description) = description {
+                // OpenAPI 3.1: a $ref may have a description beside it.
+                reference["description"] = description;
+            }
+            *slot = reference;
+        }
+    }
+    for (schema, property, values) in CLOSED_STRINGS {
+        if let Some(slot) = schemas
+            .get_mut(schema)
+            .and_then(|schema| schema.get_mut("properties"))
+            .and_then(|properties| properties.get_mut(property))
+            .and_then(Value::as_object_mut)
+        {
+            let nullable = slot
+                .get("type")
+                .and_then(Value::as_array)
+                .is_some_and(|kinds| kinds.iter().any(|kind| kind == "null"));
+            let mut listed: Vec<Value> = values.iter().map(|value| json!(value)).collect();
+            if nullable {
+                listed.push(Value::Null);
+            }
+            slot.insert("enum".to_owned(), Value::Array(listed));
+        }
+    }
+    for (property, component) in [("result", "JobResult"), ("error", "JobError")] {
+        if let Some(slot) = schemas
+            .get_mut("JobView")
+            .and_then(|schema| schema.get_mut("properties"))
+            .and_then(|properties| properties.get_mut(property))
+        {
+            let description = slot.get("description").cloned();
+            let mut nullable = json!({"oneOf": [
+                {"$ref": format!("#/components/schemas/{component}")},
+                {"type": "null"}
+            ]});
+            if let Some(description) = description {
+                nullable["description"] = description;
+            }
+            *slot = nullable;
+        }
+    }
+    open_objects(document);
+    let Some(paths) = document.get_mut("paths").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for (path, parameter, state) in STATE_PARAMETERS {
+        let parameters = paths
+            .get_mut(path)
+            .and_then(|item| item.get_mut("get"))
+            .and_then(|operation| operation.get_mut("parameters"))
+            .and_then(Value::as_array_mut);
+        for slot in parameters.into_iter().flatten() {
+            if slot["name"] == parameter {
+                slot["schema"] = json!({"$ref": format!("#/components/schemas/{state}")});
+            }
+        }
+    }
+    let integer_header = |description: &str| json!({"description": description, "schema": {"type": "integer", "minimum": 0}});
+    for item in paths.values_mut().filter_map(Value::as_object_mut) {
+        for (method, operation) in item.iter_mut() {
+            let Some(responses) = operation
+                .get_mut("responses")
+                .and_then(Value::as_object_mut)
+            else {
+                continue;
+            };
+            let replayable =
+                method == "post" && responses.contains_key("201") && responses.contains_key("200");
+            for (status, response) in responses.iter_mut() {
+                let Some(response) = response.as_object_mut() else {
+                    continue;
+                };
+                let headers = response
+                    .entry("headers")
+                    .or_insert_with(|| json!({}))
+                    .as_object_mut();
+                let Some(headers) = headers else { continue };
+                if replayable && status == "200" {
+                    headers.insert(
+                        "Idempotent-Replayed".to_owned(),
+                        json!({
+                            "description": "`true`: this answers an earlier identical request; \
+                                nothing new was created.",
+                            "schema": {"type": "string", "enum": ["true"]}
+                        }),
+                    );
+                }
+                if status == "429" || status == "503" {
+                    headers.insert(
+                        "Retry-After".to_owned(),
+                        integer_header("Seconds to wait before retrying the same request."),
+                    );
+                }
+                if headers.is_empty() {
+                    response.remove("headers");
+                }
+            }
+        }
+    }
+}
+
+/// `additionalProperties: true` on every object schema that names no
+/// property: its members are the caller's or the provider's.
+fn open_objects(value: &mut serde_json::Value) {
+    use serde_json::Value;
+    match value {
+        Value::Object(map) => {
+            let is_object = match map.get("type") {
+                Some(Value::String(kind)) => kind == "object",
+                Some(Value::Array(kinds)) => kinds.iter().any(|kind| kind == "object"),
+                _ => false,
+            };
+            if is_object
+                && !map.contains_key("properties")
+                && !map.contains_key("additionalProperties")
+                && !map.contains_key("$ref")
+            {
+                map.insert("additionalProperties".to_owned(), Value::Bool(true));
+            }
+            for child in map.values_mut() {
+                open_objects(child);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(open_objects),
+        _ => {}
+    }
+}
 
 /// utoipa 5 writes a Link Object's fields in snake case (`operation_id`);
 /// OpenAPI names them `operationId`, `operationRef`, `requestBody`.
@@ -481,8 +789,10 @@ pub fn allowed_methods(path: &str) -> Option<Vec<&'static str>> {
     })
 }
 
-/// The document as this replica serves it: a job's `kind` is one of the
-/// kinds of its `PRICE_LIST`, which only the running service knows.
+/// The document as this replica serves it: a job's `kind` stays a string
+/// (a client generated against one deployment must accept another's
+/// kinds), and its description lists the kinds of this replica's
+/// `PRICE_LIST` with their costs, as `examples` do.
 pub fn document_with_prices(prices: &crate::config::PriceList) -> Result<String, ApiError> {
     let mut document: serde_json::Value = serde_json::from_str(document_json()?)
         .map_err(|error| ApiError::Internal(format!("reading the OpenAPI document: {error}")))?;
@@ -490,7 +800,30 @@ pub fn document_with_prices(prices: &crate::config::PriceList) -> Result<String,
         .pointer_mut("/components/schemas/CreateJob/properties/kind")
         .and_then(serde_json::Value::as_object_mut)
     {
-        kind.insert("enum".to_owned(), prices.keys().cloned().collect());
+        let listed: Vec<String> = prices
+            .iter()
+            .map(|(kind, cost)| {
+                format!(
+                    "`{kind}` ({cost} token{})",
+                    if *cost == 1 { "" } else { "s" }
+                )
+            })
+            .collect();
+        let described = kind
+            .get("description")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        kind.insert(
+            "description".to_owned(),
+            format!(
+                "{described}\n\nThis replica's kinds: {}. Another deployment may price other \
+                 kinds: an unknown kind is 400 `invalid_request`.",
+                listed.join(", ")
+            )
+            .into(),
+        );
+        kind.insert("examples".to_owned(), prices.keys().cloned().collect());
     }
     serde_json::to_string(&document)
         .map_err(|error| ApiError::Internal(format!("serializing the OpenAPI document: {error}")))

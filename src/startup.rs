@@ -72,6 +72,65 @@ fn problem_json_for_framework_errors<B>(
     ))
 }
 
+/// Outside CORS: a preflight it refuses (an origin not in
+/// `CORS_ALLOWED_ORIGINS`, a method or header the API does not use) is a
+/// plain-text 400 from actix-cors; it becomes problem+json like every other
+/// refusal. Everything else reached it as problem+json already.
+fn problem_json_for_cors_refusals<B>(
+    response: ServiceResponse<B>,
+) -> actix_web::Result<ErrorHandlerResponse<B>> {
+    let is_problem = response
+        .response()
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|value| value.as_bytes().starts_with(b"application/problem+json"));
+    if is_problem || response.status() != StatusCode::BAD_REQUEST {
+        return problem_json_for_framework_errors(response);
+    }
+    let error = ApiError::InvalidRequest(
+        "CORS preflight refused: the page's origin is not one of CORS_ALLOWED_ORIGINS, or it \
+         asked for a method or header the API does not take"
+            .into(),
+    );
+    let (request, _) = response.into_parts();
+    let response = ServiceResponse::new(request, error.error_response());
+    Ok(ErrorHandlerResponse::Response(
+        response.map_into_right_body(),
+    ))
+}
+
+/// CORS (`CORS_ALLOWED_ORIGINS`): exact origins only, never `*`, no
+/// credentials (keys travel in `Authorization`, never in cookies). A
+/// preflight (`OPTIONS` with `Access-Control-Request-Method`) is answered
+/// for every path with the methods and request headers the API takes; the
+/// response headers a client reads are exposed. Off (no origins): the
+/// middleware is not installed at all.
+fn cors(origins: &[String]) -> actix_cors::Cors {
+    let mut cors = actix_cors::Cors::default()
+        .allowed_methods(["GET", "HEAD", "POST", "PATCH", "DELETE"])
+        .allowed_headers([
+            header::AUTHORIZATION,
+            header::CONTENT_TYPE,
+            header::ACCEPT,
+            header::IF_NONE_MATCH,
+            header::HeaderName::from_static("idempotency-key"),
+            header::HeaderName::from_static(telemetry::REQUEST_ID_HEADER),
+        ])
+        .expose_headers([
+            header::LOCATION,
+            header::ETAG,
+            header::RETRY_AFTER,
+            header::CONTENT_DISPOSITION,
+            header::HeaderName::from_static("idempotent-replayed"),
+            header::HeaderName::from_static(telemetry::REQUEST_ID_HEADER),
+        ])
+        .max_age(600);
+    for origin in origins {
+        cors = cors.allowed_origin(origin);
+    }
+    cors
+}
+
 /// Authentication failures per client address (`AuthFailureGuard`): a
 /// blocked client is answered 429 before any handler runs (so before any
 /// database lookup), unless it presents a key whose secret this replica
@@ -212,12 +271,21 @@ pub fn build_server(state: Arc<AppState>, workers: usize) -> anyhow::Result<(Ser
         .map_err(|error| anyhow::anyhow!("binding {}: {error}", state.config.bind_addr))?;
     let address = listener.local_addr()?;
     let grace = state.config.shutdown_grace_seconds;
+    let cors_origins = state
+        .config
+        .cors_origins()
+        .map_err(|error| anyhow::anyhow!(error))?;
     let data = web::Data::from(state);
     let server = HttpServer::new(move || {
         App::new()
             .wrap_fn(head_as_get)
             .wrap_fn(guard_authentication_failures)
             .wrap(ErrorHandlers::new().default_handler(problem_json_for_framework_errors))
+            .wrap(actix_web::middleware::Condition::new(
+                !cors_origins.is_empty(),
+                cors(&cors_origins),
+            ))
+            .wrap(ErrorHandlers::new().default_handler(problem_json_for_cors_refusals))
             .wrap_fn(|mut request, service| {
                 // The canonical path first (every check below reads it),
                 // then request id, log line and metrics; metrics are

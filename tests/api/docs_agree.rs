@@ -315,6 +315,7 @@ fn no_doc_names_a_path_of_one_machine() {
     let mut pages = vec![
         "README.md".to_owned(),
         "clients/python/README.md".to_owned(),
+        "clients/typescript/README.md".to_owned(),
         "SECURITY.md".to_owned(),
     ];
     pages.extend(docs_pages().into_iter().map(|page| format!("docs/{page}")));

@@ -13,6 +13,7 @@ mod cli;
 mod coalescing;
 mod concurrency;
 mod console;
+mod cors;
 mod crash;
 mod credits;
 mod deployment;

@@ -347,3 +347,213 @@ async fn a_known_path_with_another_method_is_405_with_allow() {
     .await;
     assert_eq!(status.as_u16(), 404);
 }
+
+/// A schema by `$ref`, or the node itself.
+fn resolved<'a>(doc: &'a Value, node: &'a Value) -> &'a Value {
+    match node["$ref"].as_str() {
+        Some(reference) => {
+            let name = reference.rsplit('/').next().expect("a name");
+            &doc["components"]["schemas"][name]
+        }
+        None => node,
+    }
+}
+
+fn enum_of(doc: &Value, node: &Value) -> BTreeSet<String> {
+    resolved(doc, node)["enum"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{node} is an enum"))
+        .iter()
+        .map(|value| value.as_str().expect("a string").to_owned())
+        .collect()
+}
+
+fn texts<T: Copy + Into<&'static str>>(all: &[T]) -> BTreeSet<String> {
+    all.iter().map(|value| (*value).into().to_owned()).collect()
+}
+
+/// Every status, state and event type is an enum of the service's own
+/// values, in the bodies and in the query filters: a generated client
+/// refuses a misspelling at compile time.
+#[tokio::test]
+async fn states_are_enums_of_the_services_values() {
+    use token_billing::db::states::{
+        AccountStatus, EventType, GrantStatus, JobStatus, ReservationState,
+    };
+    let app = TestApp::spawn().await;
+    let doc = document(&app).await;
+    let schemas = &doc["components"]["schemas"];
+    for (schema, property, values) in [
+        ("JobView", "status", texts(JobStatus::ALL)),
+        ("JobReservation", "state", texts(ReservationState::ALL)),
+        ("ReservationView", "state", texts(ReservationState::ALL)),
+        ("AccountView", "status", texts(AccountStatus::ALL)),
+        ("UpdateAccount", "status", texts(AccountStatus::ALL)),
+        ("GrantView", "status", texts(GrantStatus::ALL)),
+        ("EventView", "type", texts(EventType::ALL)),
+    ] {
+        assert_eq!(
+            enum_of(&doc, &schemas[schema]["properties"][property]),
+            values,
+            "{schema}.{property}"
+        );
+    }
+    for (path, name, values) in [
+        (
+            "/v1/accounts/{account_id}/jobs",
+            "status",
+            texts(JobStatus::ALL),
+        ),
+        (
+            "/v1/accounts/{account_id}/reservations",
+            "state",
+            texts(ReservationState::ALL),
+        ),
+        ("/v1/accounts", "status", texts(AccountStatus::ALL)),
+        (
+            "/v1/accounts/{account_id}/grants",
+            "status",
+            texts(GrantStatus::ALL),
+        ),
+        ("/v1/events", "type", texts(EventType::ALL)),
+    ] {
+        let parameter = doc["paths"][path]["get"]["parameters"]
+            .as_array()
+            .expect("parameters")
+            .iter()
+            .find(|parameter| parameter["name"] == name)
+            .unwrap_or_else(|| panic!("{path} has {name}"));
+        assert_eq!(enum_of(&doc, &parameter["schema"]), values, "{path} {name}");
+    }
+    // No other string status, state, outcome or scope is left open.
+    let mut open = Vec::new();
+    for (name, schema) in schemas.as_object().expect("schemas") {
+        for (property, node) in schema["properties"].as_object().into_iter().flatten() {
+            let named = ["status", "state", "outcome", "scope"].contains(&property.as_str())
+                || property.ends_with("_status");
+            let node = resolved(&doc, node);
+            let string = node["type"] == "string"
+                || node["type"]
+                    .as_array()
+                    .is_some_and(|kinds| kinds.iter().any(|kind| kind == "string"));
+            if named && string && node.get("enum").is_none() {
+                open.push(format!("{name}.{property}"));
+            }
+        }
+    }
+    assert!(open.is_empty(), "strings without their values: {open:?}");
+    let types = texts(EventType::ALL);
+    assert!(types.contains("grant.expired") && types.contains("grant.expiring"));
+    // The server takes every type the document lists.
+    for event_type in &types {
+        let response = app
+            .get(&format!("/v1/events?type={event_type}"), ADMIN_KEY)
+            .await;
+        assert_eq!(response.status(), StatusCode::OK, "{event_type}");
+    }
+}
+
+/// Generators read a bare `{"type": "object"}` as an object with no
+/// members: every object without properties says it is open, a job's
+/// `result` and `error` have schemas, `kind` is a string with this
+/// replica's kinds described (not an enum another deployment would break).
+#[tokio::test]
+async fn open_objects_job_outcomes_and_kinds_are_described() {
+    let app = TestApp::spawn_with_flags(&["--price-list", "standard=1,hd=3"]).await;
+    let doc = document(&app).await;
+    fn closed_objects(node: &Value, at: &str, found: &mut Vec<String>) {
+        match node {
+            Value::Object(map) => {
+                let object = match map.get("type") {
+                    Some(Value::String(kind)) => kind == "object",
+                    Some(Value::Array(kinds)) => kinds.iter().any(|kind| kind == "object"),
+                    _ => false,
+                };
+                if object
+                    && !map.contains_key("properties")
+                    && !map.contains_key("additionalProperties")
+                {
+                    found.push(at.to_owned());
+                }
+                for (key, child) in map {
+                    closed_objects(child, &format!("{at}/{key}"), found);
+                }
+            }
+            Value::Array(items) => {
+                for (index, child) in items.iter().enumerate() {
+                    closed_objects(child, &format!("{at}/{index}"), found);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut found = Vec::new();
+    closed_objects(&doc, "", &mut found);
+    assert!(found.is_empty(), "objects with no members: {found:#?}");
+    let schemas = &doc["components"]["schemas"];
+    assert_eq!(
+        schemas["CreateJob"]["properties"]["params"]["additionalProperties"],
+        true
+    );
+    assert_eq!(
+        schemas["EventView"]["properties"]["data"]["additionalProperties"],
+        true
+    );
+    let result = &schemas["JobView"]["properties"]["result"]["oneOf"];
+    assert_eq!(result[0]["$ref"], "#/components/schemas/JobResult");
+    assert_eq!(result[1]["type"], "null");
+    assert!(schemas["JobResult"]["properties"]["output"].is_object());
+    let error = &schemas["JobView"]["properties"]["error"]["oneOf"];
+    assert_eq!(error[0]["$ref"], "#/components/schemas/JobError");
+    let required: Vec<&str> = schemas["JobError"]["required"]
+        .as_array()
+        .expect("required")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(required, ["code", "message"]);
+    let kind = &schemas["CreateJob"]["properties"]["kind"];
+    assert_eq!(kind["type"], "string");
+    assert!(kind.get("enum").is_none(), "{kind}");
+    let description = kind["description"].as_str().expect("described");
+    assert!(
+        description.contains("`hd` (3 tokens)") && description.contains("`standard` (1 token)"),
+        "{description}"
+    );
+}
+
+/// The headers a client reads are declared where they are sent.
+#[tokio::test]
+async fn replay_and_retry_headers_are_declared() {
+    let app = TestApp::spawn().await;
+    let doc = document(&app).await;
+    let mut replayable = 0;
+    for (method, path, operation) in operations(&doc) {
+        let responses = operation["responses"].as_object().expect("responses");
+        if method == "post" && responses.contains_key("201") && responses.contains_key("200") {
+            let header = &responses["200"]["headers"]["Idempotent-Replayed"];
+            assert_eq!(header["schema"]["enum"][0], "true", "{method} {path}");
+            replayable += 1;
+        }
+        for status in ["429", "503"] {
+            if let Some(response) = responses.get(status) {
+                assert_eq!(
+                    response["headers"]["Retry-After"]["schema"]["type"], "integer",
+                    "{method} {path} {status}"
+                );
+            }
+        }
+    }
+    assert!(replayable >= 6, "{replayable} replayable creations");
+    for path in [
+        "/v1/accounts/{account_id}/jobs",
+        "/v1/accounts/{account_id}/reservations",
+        "/v1/accounts/{account_id}/credits",
+    ] {
+        assert!(
+            doc["paths"][path]["post"]["responses"]["200"]["headers"]["Idempotent-Replayed"]
+                .is_object(),
+            "{path}"
+        );
+    }
+}

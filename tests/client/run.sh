@@ -10,7 +10,9 @@
 #      processes SIGKILLed at seeded points (KILL_RUNS, KILL_SEED);
 #   3. clients/python/README.md as written: its ```sh and ```python blocks in
 #      order, in one bash (a reader's terminal), in a scratch directory
-#      where ./clients points to this repository's clients/.
+#      where ./clients points to this repository's clients/;
+#   4. its kiosk loop in a fleet (tests/client/fleet.sh): 6 booths at once
+#      on an account that allows 1 held reservation, none may crash.
 #
 # Then drops the database and stops what it started. Needs python3 with
 # venv, PostgreSQL on 127.0.0.1:5432 (user postgres), curl, jq, and the
@@ -146,4 +148,8 @@ if grep -n "HTTP Request:" "$scratch/readme-session.out"; then
 fi
 grep -q " -> 2[0-9][0-9] in " "$scratch/readme-session.out" \
   || { echo "client: the README's logging example logged no request" >&2; exit 1; }
-echo "client: README blocks ran as written; ${SECONDS}s in all"
+echo "client: README blocks ran as written (${SECONDS}s so far)"
+
+echo "client: the README's kiosk loop in a fleet of 6 booths, 1 reservation at a time"
+TB_ADMIN_KEY="$admin_key" tests/client/fleet.sh clients/python/README.md python "$scratch/venv/bin/python"
+echo "client: ok; ${SECONDS}s in all"

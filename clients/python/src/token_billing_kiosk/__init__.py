@@ -22,12 +22,13 @@ from ._errors import (
 from ._http import RetryPolicy
 from ._journal import JournalEntry
 from ._kiosk import Heartbeat, Kiosk, Outcome, __version__
-from ._models import Balance, Job, JobReservation, Reservation
+from ._models import Balance, Event, Job, JobReservation, Reservation
 
 __all__ = [
     "AccountSuspended",
     "ApiError",
     "Balance",
+    "Event",
     "Heartbeat",
     "IdempotencyKeyReused",
     "InsufficientTokens",

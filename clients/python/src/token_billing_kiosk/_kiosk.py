@@ -10,7 +10,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Dict, List, Mapping, Optional, Type, Union
+from typing import Any, Collection, Dict, Iterator, List, Mapping, Optional, Type, Union
 
 import httpx
 
@@ -22,7 +22,7 @@ from ._errors import (
 )
 from ._http import Http, RetryPolicy
 from ._journal import Journal, JournalEntry
-from ._models import Balance, Job, Reservation
+from ._models import Balance, Event, Job, Reservation
 
 log = logging.getLogger("token_billing_kiosk")
 
@@ -30,6 +30,9 @@ __version__ = "0.1.0"
 
 #: The service waits at most this long in one long poll (``wait_seconds``).
 LONG_POLL_MAX_SECONDS = 30
+
+#: The longest page of the event feed.
+EVENT_PAGE_MAX = 1000
 
 ReservationRef = Union[str, Reservation]
 
@@ -83,6 +86,7 @@ class Kiosk:
         self.base_url = base_url.rstrip("/")
         self.account_id = str(uuid.UUID(str(account_id)))
         self.timeout = timeout
+        self._closed = False
         self._journal = Journal(journal)
         self._http = Http(
             self.base_url,
@@ -103,6 +107,7 @@ class Kiosk:
         )
 
     def close(self) -> None:
+        self._closed = True
         self._http.close()
         self._journal.close()
 
@@ -143,6 +148,106 @@ class Kiosk:
     def history(self, limit: int = 100) -> List[JournalEntry]:
         """The journal's entries of this account, newest first."""
         return self._journal.entries(self.account_id, limit)
+
+    # -- the event feed ----------------------------------------------------
+
+    def watch(
+        self,
+        types: Optional[Collection[str]] = None,
+        *,
+        after: Optional[str] = None,
+        from_start: bool = False,
+        wait_seconds: int = LONG_POLL_MAX_SECONDS,
+        timeout: Optional[float] = None,
+    ) -> Iterator[Event]:
+        """The account's events as they commit, oldest first, for ever: a
+        long poll (``wait_seconds``) that holds no connection on the service
+        while nothing happens, so a top-up (``credit.created``) reaches the
+        booth within a second instead of at the next guest's press.
+
+        ``types`` keeps only those event types (all when ``None``). The feed
+        starts after the event ``after``; without it, at the end of the feed
+        (only what commits from now on), or at its start with
+        ``from_start``. Each poll is retried like every read within
+        ``timeout`` (the kiosk's default); past it :class:`Unreachable` (or
+        the typed refusal) is raised and the iterator ends: call ``watch``
+        again with ``after`` = the last event's ``id`` to go on without a
+        gap. "From now on" is decided when ``watch`` is called (it reads the
+        end of the feed then), not at the first ``next()``; the feed shows an
+        event only once no earlier transaction can still commit, so events
+        committed just before the call may still come. Run it in a
+        thread of its own (the :class:`Kiosk` may be shared between
+        threads); ``close()`` of the kiosk ends it quietly.
+        """
+        wanted = None if types is None else frozenset(types)
+        cursor = after
+        if cursor is None and not from_start:
+            cursor = self._end_of_feed(timeout)
+        wait = max(0, min(LONG_POLL_MAX_SECONDS, int(wait_seconds)))
+        return self._watch(wanted, cursor, wait, timeout)
+
+    def _watch(
+        self,
+        wanted: "Optional[frozenset[str]]",
+        cursor: Optional[str],
+        wait: int,
+        timeout: Optional[float],
+    ) -> Iterator[Event]:
+        # One type is filtered by the service; several, here.
+        only = next(iter(wanted)) if wanted is not None and len(wanted) == 1 else None
+        while not self._closed:
+            try:
+                page = self._events(cursor, only, wait, timeout)
+            except Exception:
+                if self._closed:  # closed while the poll was in flight
+                    return
+                raise
+            for raw in page.get("events") or []:
+                event = Event.from_json(raw)
+                cursor = event.id
+                if wanted is None or event.type in wanted:
+                    yield event
+            next_after = page.get("next_after")
+            if next_after is not None:
+                cursor = str(next_after)
+
+    def _events(
+        self, after: Optional[str], only: Optional[str], wait: int, timeout: Optional[float]
+    ) -> Dict[str, Any]:
+        params: Dict[str, Any] = {"account_id": self.account_id, "wait_seconds": wait}
+        if after is not None:
+            params["after"] = after
+        if only is not None:
+            params["type"] = only
+        _, data = self._http.call(
+            "GET",
+            "/v1/events",
+            params=params,
+            deadline=self._deadline(timeout),
+            read_timeout_seconds=wait + self._http.request_timeout_seconds,
+        )
+        return data
+
+    def _end_of_feed(self, timeout: Optional[float]) -> Optional[str]:
+        """The id of the account's latest event (``None``: no event yet)."""
+        cursor: Optional[str] = None
+        while True:
+            _, page = self._http.call(
+                "GET",
+                "/v1/events",
+                params={
+                    "account_id": self.account_id,
+                    "limit": EVENT_PAGE_MAX,
+                    **({} if cursor is None else {"after": cursor}),
+                },
+                deadline=self._deadline(timeout),
+            )
+            events = page.get("events") or []
+            next_after = page.get("next_after")
+            if next_after is not None:
+                cursor = str(next_after)
+            if len(events) < EVENT_PAGE_MAX:
+                return cursor
 
     # -- jobs --------------------------------------------------------------
 

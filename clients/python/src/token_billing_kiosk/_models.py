@@ -199,3 +199,27 @@ class Reservation:
             created_at=_time(data, "created_at"),
             resolved_at=_optional_time(data, "resolved_at"),
         )
+
+
+@dataclass(frozen=True)
+class Event:
+    """One event of the account's feed (``GET /v1/events``): ``type`` such
+    as ``credit.created`` (a top-up), ``account.balance_low``,
+    ``job.succeeded``; ``data`` holds ``account_id``, the account's
+    ``balances`` after the movement and the object it is about."""
+
+    OPENAPI_SCHEMA: ClassVar[str] = "EventView"
+
+    id: str
+    type: str
+    created_at: datetime
+    data: Dict[str, Any]
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Event":
+        return cls(
+            id=str(data["id"]),
+            type=str(data["type"]),
+            created_at=_time(data, "created_at"),
+            data=_object(data.get("data")) or {},
+        )

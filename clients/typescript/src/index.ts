@@ -1,0 +1,29 @@
+/**
+ * token-billing-kiosk: a crash-safe kiosk client for the token-billing
+ * service, for Node, Electron and browsers. No runtime dependency beyond
+ * `fetch`. Journals: `token-billing-kiosk/node` (a file, fsynced) and
+ * `token-billing-kiosk/browser` (IndexedDB).
+ */
+
+export * from "./errors.js";
+export { Http, RETRIED_STATUSES, type Fetch, type Logger, type RetryPolicy } from "./http.js";
+export {
+  Journal,
+  MemoryJournalStore,
+  canonical,
+  type EntryState,
+  type JournalEntry,
+  type JournalStore,
+  type Operation,
+} from "./journal.js";
+export {
+  EVENT_PAGE_MAX,
+  Kiosk,
+  LONG_POLL_MAX_SECONDS,
+  type CallTimeout,
+  type GenerateOptions,
+  type KioskOptions,
+  type Outcome,
+  type WatchOptions,
+} from "./kiosk.js";
+export * from "./models.js";

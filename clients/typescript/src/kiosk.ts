@@ -1,0 +1,316 @@
+/**
+ * The kiosk: journaled, retried calls to the token-billing service, with
+ * the Python client's contract (docs/clients.md): `generate`, `submit`,
+ * `wait`, `job`, `balance`, `pending`, `history`, `resume`, `watch`.
+ */
+
+import { ApiError, JobNotFinished, KioskError } from "./errors.js";
+import { Http, type Fetch, type Logger, type RetryPolicy } from "./http.js";
+import { Journal, type JournalEntry, type JournalStore } from "./journal.js";
+import { isTerminal, type Balance, type Event, type Job } from "./models.js";
+
+/** The service waits at most this long in one long poll (`wait_seconds`). */
+export const LONG_POLL_MAX_SECONDS = 30;
+/** The longest page of the event feed. */
+export const EVENT_PAGE_MAX = 1000;
+
+export interface KioskOptions {
+  baseUrl: string;
+  apiKey: string;
+  accountId: string;
+  /** Where the journal lives: `FileJournalStore` (Node, Electron),
+   * `IndexedDbJournalStore` (a browser), `MemoryJournalStore` (tests). */
+  journal: JournalStore;
+  /** The deadline of each call, retries and waits included (ms). Default 120000. */
+  timeoutMs?: number;
+  /** One HTTP request's timeout (ms), plus the wait of a long poll. Default 15000. */
+  requestTimeoutMs?: number;
+  retry?: RetryPolicy;
+  /** Your own fetch (a proxy, TLS settings, tests). Default: the global one. */
+  fetch?: Fetch;
+  /** Lines for each answer (info) and each retry (warn); never the key. Default: none. */
+  logger?: Logger;
+  /** Finished journal entries are forgotten after this many days. Default 30. */
+  keepFinishedDays?: number;
+}
+
+/** What {@link Kiosk.resume} made of one open journal entry. */
+export interface Outcome {
+  entry: JournalEntry;
+  requestId: string;
+  operation: string;
+  /** The job (normally finished; unless `error` is a JobNotFinished). */
+  job: Job | null;
+  /** Refused (`error.pending` false) or still without an answer (true). */
+  error: KioskError | null;
+}
+
+export interface CallTimeout {
+  timeoutMs?: number;
+}
+
+export interface GenerateOptions extends CallTimeout {
+  /** The guest action's id: made once per press, reused by every retry. */
+  requestId?: string;
+}
+
+export interface WatchOptions extends CallTimeout {
+  /** Only these event types (all when omitted). */
+  types?: readonly string[];
+  /** Start after this event id. Default: the end of the feed (from now on). */
+  after?: string;
+  /** Start at the beginning of the feed instead of its end. */
+  fromStart?: boolean;
+  /** Long poll length, 0…30 s. Default 30. */
+  waitSeconds?: number;
+  /** Stops the watch (the iterator ends after the current poll). */
+  signal?: AbortSignal;
+}
+
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
+
+function uuid(text: string): string {
+  const lower = text.toLowerCase();
+  if (!UUID.test(lower)) throw new TypeError(`not a UUID: ${text}`);
+  return lower;
+}
+
+const silent: Logger = { info() {}, warn() {} };
+
+export class Kiosk {
+  readonly baseUrl: string;
+  readonly accountId: string;
+  readonly timeoutMs: number;
+  private readonly journal: Journal;
+  private readonly http: Http;
+
+  private constructor(options: KioskOptions) {
+    this.baseUrl = options.baseUrl.replace(/\/+$/, "");
+    this.accountId = uuid(options.accountId);
+    this.timeoutMs = options.timeoutMs ?? 120_000;
+    this.journal = new Journal(options.journal);
+    this.http = new Http(this.baseUrl, options.apiKey, {
+      requestTimeoutMs: options.requestTimeoutMs ?? 15_000,
+      retry: options.retry ?? {},
+      fetch: options.fetch ?? ((input, init) => fetch(input, init)),
+      logger: options.logger ?? silent,
+    });
+  }
+
+  /** A kiosk on its journal (finished entries older than `keepFinishedDays` are forgotten). */
+  static async open(options: KioskOptions): Promise<Kiosk> {
+    const kiosk = new Kiosk(options);
+    await kiosk.journal.prune((options.keepFinishedDays ?? 30) * 86_400_000);
+    return kiosk;
+  }
+
+  /** Closes the journal (and releases its lock). */
+  close(): Promise<void> {
+    return this.journal.close();
+  }
+
+  private deadline(timeoutMs?: number): number {
+    return Date.now() + (timeoutMs ?? this.timeoutMs);
+  }
+
+  private jobPath(requestId: string): string {
+    return `/v1/accounts/${this.accountId}/jobs/${uuid(requestId)}`;
+  }
+
+  // -- reads ----------------------------------------------------------------
+
+  /** The account's balances (`available`, `reserved`, `used`, …). */
+  async balance(options: CallTimeout = {}): Promise<Balance> {
+    const [, data] = await this.http.call("GET", `/v1/accounts/${this.accountId}`, {
+      deadline: this.deadline(options.timeoutMs),
+    });
+    return data as unknown as Balance;
+  }
+
+  /** A job as it is now. */
+  async job(requestId: string, options: CallTimeout = {}): Promise<Job> {
+    const [, data] = await this.http.call("GET", this.jobPath(requestId), {
+      deadline: this.deadline(options.timeoutMs),
+      requestId,
+    });
+    return data as unknown as Job;
+  }
+
+  /** This account's open journal entries (pending, accepted), oldest first. */
+  pending(): Promise<JournalEntry[]> {
+    return this.journal.open(this.accountId);
+  }
+
+  /** This account's journal entries, newest first. */
+  history(limit = 100): Promise<JournalEntry[]> {
+    return this.journal.entries(this.accountId, limit);
+  }
+
+  // -- jobs -----------------------------------------------------------------
+
+  /**
+   * Creates a generation job and waits for it to finish. The `requestId`
+   * (a new UUID unless given) is journaled durably before the first send
+   * and reused by every retry: the job is created and charged once,
+   * whatever happens to the network or to this process. Resolves to the
+   * final job (`succeeded`, or `failed`: its tokens went back). Rejects
+   * with a typed {@link ApiError} when refused, or {@link JobNotFinished} /
+   * {@link Unreachable} (`pending` true) when the deadline passes first.
+   */
+  async generate(kind: string, params: Record<string, unknown>, options: GenerateOptions = {}): Promise<Job> {
+    const deadline = this.deadline(options.timeoutMs);
+    return this.waitFor(await this.submitBy(kind, params, options.requestId, deadline), deadline);
+  }
+
+  /** Creates a job (journaled like `generate`) without waiting for it. */
+  submit(kind: string, params: Record<string, unknown>, options: GenerateOptions = {}): Promise<Job> {
+    return this.submitBy(kind, params, options.requestId, this.deadline(options.timeoutMs));
+  }
+
+  /** Long-polls a job until it is final. */
+  async wait(requestId: string, options: CallTimeout = {}): Promise<Job> {
+    const deadline = this.deadline(options.timeoutMs);
+    return this.waitFor(await this.job(requestId, options), deadline);
+  }
+
+  private async submitBy(
+    kind: string,
+    params: Record<string, unknown>,
+    requestId: string | undefined,
+    deadline: number,
+  ): Promise<Job> {
+    const id = requestId === undefined ? crypto.randomUUID() : uuid(requestId);
+    const body = { request_id: id, kind, params };
+    const entry = await this.journal.begin(id, "job", this.accountId, body);
+    if ((entry.state === "accepted" || entry.state === "done") && entry.answer !== null) {
+      return entry.answer as Job;
+    }
+    return this.createJob(entry, deadline, false);
+  }
+
+  private async createJob(entry: JournalEntry, deadline: number, resumed: boolean): Promise<Job> {
+    let data: Record<string, unknown>;
+    try {
+      [, data] = await this.http.call("POST", `/v1/accounts/${this.accountId}/jobs`, {
+        deadline,
+        body: entry.body,
+        requestId: entry.request_id,
+        pendingOnGiveUp: true,
+        mayHaveLanded: resumed,
+      });
+    } catch (error) {
+      // A refusal changed nothing: recorded. A give-up that may still have
+      // landed (pending) is not: recovery asks again.
+      if (error instanceof ApiError && !error.pending) {
+        await this.journal.record(entry.request_id, "refused", error.problem);
+      }
+      throw error;
+    }
+    const job = data as unknown as Job;
+    await this.journal.record(entry.request_id, isTerminal(job) ? "done" : "accepted", job);
+    return job;
+  }
+
+  private async waitFor(start: Job, deadline: number): Promise<Job> {
+    let job = start;
+    while (!isTerminal(job)) {
+      const remaining = deadline - Date.now();
+      if (remaining <= 0) {
+        throw new JobNotFinished(`job ${job.request_id} is still ${job.status}; resume() finishes it`, job);
+      }
+      const wait = Math.max(1, Math.min(LONG_POLL_MAX_SECONDS, Math.ceil(remaining / 1000)));
+      const [, data] = await this.http.call("GET", this.jobPath(job.request_id), {
+        deadline,
+        query: { wait_seconds: wait },
+        readExtraMs: wait * 1000,
+        requestId: job.request_id,
+        pendingOnGiveUp: true,
+      });
+      job = data as unknown as Job;
+    }
+    await this.journal.record(job.request_id, "done", job);
+    return job;
+  }
+
+  // -- recovery -------------------------------------------------------------
+
+  /**
+   * Finishes what a crash, a reboot or a dead network left open, with the
+   * same `request_id`s: pending requests are sent again (the service
+   * replays what it had), accepted jobs are waited for. Call it on every
+   * start, before the first guest. Never throws for one entry: each
+   * outcome has its job or its error.
+   */
+  async resume(options: CallTimeout = {}): Promise<Outcome[]> {
+    const outcomes: Outcome[] = [];
+    for (const entry of await this.journal.open(this.accountId)) {
+      const deadline = this.deadline(options.timeoutMs);
+      const outcome: Outcome = { entry, requestId: entry.request_id, operation: entry.operation, job: null, error: null };
+      try {
+        const job =
+          entry.state === "accepted" && entry.answer !== null
+            ? (entry.answer as Job)
+            : await this.createJob(entry, deadline, true);
+        outcome.job = await this.waitFor(job, deadline);
+      } catch (error) {
+        if (!(error instanceof KioskError)) throw error;
+        outcome.error = error;
+        if (error instanceof JobNotFinished) outcome.job = error.job;
+      }
+      outcomes.push(outcome);
+    }
+    return outcomes;
+  }
+
+  // -- the event feed -------------------------------------------------------
+
+  /**
+   * The account's events as they commit, oldest first, for ever: a long
+   * poll that holds no connection on the service while nothing happens, so
+   * a top-up (`credit.created`) reaches a sold-out booth within a second.
+   * "From now on" is decided when `watch` is called (it reads the end of
+   * the feed before resolving); the feed shows an event only once no earlier
+   * transaction can still commit, so events committed just before the call
+   * may still come. A poll failing past the timeout throws from
+   * the iterator (`Unreachable`, or a refusal): call `watch({after})` with
+   * the last event's id to go on without a gap.
+   */
+  async watch(options: WatchOptions = {}): Promise<AsyncIterableIterator<Event>> {
+    const wanted = options.types === undefined ? null : new Set(options.types);
+    let cursor: string | null = options.after ?? null;
+    if (cursor === null && options.fromStart !== true) cursor = await this.endOfFeed(options.timeoutMs);
+    const wait = Math.max(0, Math.min(LONG_POLL_MAX_SECONDS, Math.floor(options.waitSeconds ?? LONG_POLL_MAX_SECONDS)));
+    const only = wanted !== null && wanted.size === 1 ? [...wanted][0] : undefined;
+    const self = this;
+    async function* events(): AsyncGenerator<Event> {
+      while (options.signal?.aborted !== true) {
+        const query: Record<string, string | number> = { account_id: self.accountId, wait_seconds: wait };
+        if (cursor !== null) query.after = cursor;
+        if (only !== undefined) query.type = only;
+        const [, page] = await self.http.call("GET", "/v1/events", {
+          deadline: self.deadline(options.timeoutMs),
+          query,
+          readExtraMs: wait * 1000,
+        });
+        for (const event of (page.events as Event[] | undefined) ?? []) {
+          cursor = event.id;
+          if (wanted === null || wanted.has(event.type)) yield event;
+        }
+        if (typeof page.next_after === "string") cursor = page.next_after;
+      }
+    }
+    return events();
+  }
+
+  private async endOfFeed(timeoutMs?: number): Promise<string | null> {
+    let cursor: string | null = null;
+    for (;;) {
+      const query: Record<string, string | number> = { account_id: this.accountId, limit: EVENT_PAGE_MAX };
+      if (cursor !== null) query.after = cursor;
+      const [, page] = await this.http.call("GET", "/v1/events", { deadline: this.deadline(timeoutMs), query });
+      const events = (page.events as unknown[] | undefined) ?? [];
+      if (typeof page.next_after === "string") cursor = page.next_after;
+      if (events.length < EVENT_PAGE_MAX) return cursor;
+    }
+  }
+}

@@ -1,0 +1,17 @@
+// Each line marked MISSPELLED must fail `tsc --strict` against the
+// generated client: the statuses are enums now. run.sh checks that each
+// fails, and that the file compiles once the misspelling is corrected.
+import type { components, paths } from "./generated/schema.js";
+
+type Job = components["schemas"]["JobView"];
+type ListQuery = NonNullable<
+  paths["/v1/accounts/{account_id}/jobs"]["get"]["parameters"]["query"]
+>;
+
+export function finished(job: Job): boolean {
+  return job.status === "sucseeded"; // MISSPELLED
+}
+
+export const wanted: components["schemas"]["JobStatus"] = "sucseeded"; // MISSPELLED
+
+export const query: ListQuery = { status: "sucseeded" }; // MISSPELLED

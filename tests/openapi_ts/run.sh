@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The OpenAPI document as a TypeScript integrator uses it: starts the
+# service (tests/lib/service.sh), generates a client from its /openapi.json
+# with openapi-typescript (from the npm registry, versions locked in
+# package-lock.json; no flag), compiles it with a small kiosk (kiosk.ts,
+# openapi-fetch as the transport) under `tsc --strict`, runs that kiosk
+# against the service (one guest action, charged once, its retry a replay),
+# and checks that each line of misspelled.ts marked MISSPELLED fails to
+# compile, and that the file compiles once the misspelling is corrected.
+#
+# Usage: tests/openapi_ts/run.sh        Needs: node and npm, plus what
+# tests/lib/service.sh needs.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+root="$PWD"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
+source tests/lib/service.sh
+trap stop_service EXIT
+
+start_service openapi_ts PRICE_LIST="standard=1,hd=2" SIMULATED_LATENCY_MS=50
+funded_kiosk 5
+
+cd tests/openapi_ts
+npm ci --no-audit --no-fund --loglevel=error
+rm -rf generated build
+mkdir -p generated
+curl -fsS "$TB_URL/openapi.json" -o generated/openapi.json
+npx --no-install openapi-typescript generated/openapi.json -o generated/schema.d.ts
+echo "openapi_ts: generated $(wc -l < generated/schema.d.ts) lines of types"
+
+npx --no-install tsc --strict -p tsconfig.json
+echo "openapi_ts: the generated client and kiosk.ts compile under tsc --strict"
+node build/kiosk.js
+
+# Every MISSPELLED line fails, with an error on that very line.
+expected="$(grep -n '// MISSPELLED$' misspelled.ts | cut -d: -f1 | sort -n | tr '\n' ' ')"
+if npx --no-install tsc -p tsconfig.misspelled.json > "$service_scratch/misspelled.txt" 2>&1; then
+  echo "openapi_ts: misspelled.ts compiled; a misspelled status must not" >&2
+  exit 1
+fi
+cat "$service_scratch/misspelled.txt"
+failed="$(grep -o '^misspelled.ts([0-9]*' "$service_scratch/misspelled.txt" | cut -d'(' -f2 | sort -un | tr '\n' ' ')"
+if [ "$failed" != "$expected" ]; then
+  echo "openapi_ts: errors on lines '$failed', expected exactly on '$expected'" >&2
+  exit 1
+fi
+# The control: spelled right, the same file compiles.
+sed 's/sucseeded/succeeded/' misspelled.ts > corrected.ts
+sed 's/misspelled.ts/corrected.ts/' tsconfig.misspelled.json > tsconfig.corrected.json
+status=0
+npx --no-install tsc -p tsconfig.corrected.json || status=$?
+rm -f corrected.ts tsconfig.corrected.json
+if [ "$status" != 0 ]; then
+  echo "openapi_ts: misspelled.ts, spelled right, does not compile" >&2
+  exit 1
+fi
+echo "openapi_ts: ok (each misspelled status refused on its line: $expected)"
