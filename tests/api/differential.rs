@@ -101,7 +101,8 @@ enum Step {
     /// `note`: one of two notes or none; `priority`: one of PRIORITIES or
     /// none (the default); `expiry`: one of EXPIRY_HOURS or none (never);
     /// `reuse`: the reference of an earlier credit (a replay, or a reuse
-    /// with another body).
+    /// with another body) or, from `REUSE_OTHER_KIND` on, of an earlier
+    /// adjustment (always a reuse: one namespace).
     Credit(
         usize,
         i64,
@@ -290,11 +291,18 @@ fn request_uuid(n: u64) -> Uuid {
 
 async fn reply(response: reqwest::Response) -> (Reply, Value) {
     let status = response.status().as_u16();
+    // An extension capped at its grants' expiry says so in a header: the
+    // model's reply names it as a code.
+    let capped = response.headers().get("extension-capped").is_some();
     let body: Value = response.json().await.unwrap_or(Value::Null);
     let code = body["code"]
         .as_str()
         .map(|code| -> &'static str { Box::leak(code.to_owned().into_boxed_str()) });
-    let code = if status < 300 { None } else { code };
+    let code = match (status < 300, capped) {
+        (true, true) => Some("extension_capped"),
+        (true, false) => None,
+        (false, _) => code,
+    };
     (Reply { status, code }, body)
 }
 
@@ -404,6 +412,19 @@ struct ClaimRow {
     last_attempt: bool,
 }
 
+/// The reference a credit's or adjustment's `reuse` names: `n` of its own
+/// kind's earlier references (a replay, or a reuse with another body), or
+/// from `REUSE_OTHER_KIND` on, one of the other kind's (credits and
+/// adjustments share one namespace: always refused).
+fn reused(own: &[String], other: &[String], n: usize) -> Option<String> {
+    match n.checked_sub(REUSE_OTHER_KIND) {
+        Some(k) => other.get(k).cloned(),
+        None => own.get(n).cloned(),
+    }
+}
+
+const REUSE_OTHER_KIND: usize = 16;
+
 const NOTES: [&str; 2] = ["event package", "promotion"];
 const REASONS: [&str; 2] = ["correction", "goodwill"];
 
@@ -412,7 +433,7 @@ async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut Pg
     let (expected, actual) = match step.clone() {
         Step::Credit(account, amount, note, priority, expiry, reuse) => {
             let reference = reuse
-                .and_then(|n| real.credit_refs.get(n).cloned())
+                .and_then(|n| reused(&real.credit_refs, &real.adjustment_refs, n))
                 .unwrap_or_else(|| Uuid::new_v4().to_string());
             real.credit_refs.push(reference.clone());
             let note = note.map(|n| NOTES[usize::from(n)]);
@@ -439,7 +460,7 @@ async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut Pg
         }
         Step::Adjust(account, amount, reason, priority, expiry, reuse) => {
             let reference = reuse
-                .and_then(|n| real.adjustment_refs.get(n).cloned())
+                .and_then(|n| reused(&real.adjustment_refs, &real.credit_refs, n))
                 .unwrap_or_else(|| Uuid::new_v4().to_string());
             real.adjustment_refs.push(reference.clone());
             let reason = REASONS[usize::from(reason)];

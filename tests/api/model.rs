@@ -26,6 +26,11 @@
 //! positive adjustment writes none. A settlement's return to a grant whose
 //! expiry has passed (lapse written or not) leaves `reserved` as a
 //! `grant_expire` entry (naming the reservation) instead of going back.
+//! An extension (by the API, or a job's heartbeat) never carries drawn
+//! tokens past their grant's expiry: one of a reservation that drew from
+//! a grant whose expiry has passed is capped — the reservation keeps the
+//! expiry it had, and the API's answer says `Extension-Capped` (here the
+//! reply's code `extension_capped`).
 //! The reaper's pass writes every lapse first, then one `grant.expiring`
 //! notice per grant that lapses within the notice window, has not lapsed,
 //! holds tokens and was not noticed before.
@@ -451,6 +456,10 @@ impl Model {
     ) -> Reply {
         let priority = priority.unwrap_or(DEFAULT_PRIORITY);
         let this = (account, amount, note.map(str::to_owned), Some(priority));
+        // One namespace: a reference an adjustment holds is never a credit's.
+        if self.adjustments.contains_key(reference) {
+            return refused(422, "idempotency_key_reused");
+        }
         if let Some(first) = self.credits.get(reference) {
             return if self.same_external(first, &this, expiry) {
                 ok(200)
@@ -489,6 +498,10 @@ impl Model {
         }
         let priority = (amount > 0).then(|| priority.unwrap_or(DEFAULT_PRIORITY));
         let this = (account, amount, Some(reason.to_owned()), priority);
+        // One namespace: a reference a credit holds is never an adjustment's.
+        if self.credits.contains_key(reference) {
+            return refused(422, "idempotency_key_reused");
+        }
         if let Some(first) = self.adjustments.get(reference) {
             return if self.same_external(first, &this, expiry) {
                 ok(200)
@@ -764,6 +777,23 @@ impl Model {
         }
         if self.expire_if_due(index) || r.state != State::Held {
             return refused(409, "reservation_not_held");
+        }
+        // Grant expiry dominates extension: the extension reaches no
+        // further than the earliest expiry of the grants the reservation
+        // drew from. A drawn grant whose expiry has passed caps it: the
+        // reservation keeps the expiry it had (it is not past it: that
+        // expired it above), and the answer says it was capped. (The
+        // history's other expiries lie a day or more ahead, beyond any
+        // extension it asks for.)
+        let capped = r
+            .draws
+            .iter()
+            .any(|&(grant, _)| self.grants[grant].expiry == Expiry::Passed);
+        if capped {
+            return Reply {
+                status: 200,
+                code: Some("extension_capped"),
+            };
         }
         self.reservations[index].past_expiry = false;
         ok(200)
