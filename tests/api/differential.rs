@@ -70,6 +70,11 @@ const MAX_ATTEMPTS: i32 = 2;
 /// The expiries credits and positive adjustments may name: this many hours
 /// after the history's start (ascending: the model ranks them so).
 const EXPIRY_HOURS: [i64; 3] = [24, 48, 720];
+/// An extension's TTL: a day, longer than any reservation's TTL, so it
+/// always asks for more than the reservation holds; it reaches past the
+/// first of `EXPIRY_HOURS` (24 h after the history's start), which caps
+/// it, and not the second (grant expiry dominates extension).
+const EXTEND_SECONDS: i32 = 86_400;
 /// The reaper's `GRANT_EXPIRING_NOTICE_HOURS`: the first two expiries lie
 /// within it.
 const NOTICE_HOURS: i32 = 72;
@@ -563,9 +568,15 @@ async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut Pg
         }
         Step::Extend(account, n) if !model.reservations.is_empty() => {
             let index = n % model.reservations.len();
-            let body = json!({"ttl_seconds": 300});
+            // A day: past every reservation's own expiry (TTLs < a day), so
+            // the extension always asks for more than the reservation has;
+            // past the first expiry (24 h), short of the second (48 h).
+            let body = json!({"ttl_seconds": EXTEND_SECONDS});
             let actual = resolve_request(real, account, index, "extend", &body, ADMIN_KEY).await;
-            (model.extend(Caller::Admin, account, index), actual)
+            (
+                model.extend(Caller::Admin, account, index, Expiry::At(1)),
+                actual,
+            )
         }
         Step::AgeJob(n) if !model.jobs.is_empty() => {
             let reservation = model.jobs[n % model.jobs.len()].reservation;

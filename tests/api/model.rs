@@ -764,7 +764,10 @@ impl Model {
         ok(200)
     }
 
-    pub fn extend(&mut self, caller: Caller, account: usize, index: usize) -> Reply {
+    /// An extension by the API. `reach`: the first expiry the asked
+    /// instant does not reach — a drawn grant whose expiry comes before it
+    /// (its expiry passed, or a sooner one) caps the extension.
+    pub fn extend(&mut self, caller: Caller, account: usize, index: usize, reach: Expiry) -> Reply {
         if let Err(reply) = Model::may_spend(caller, account) {
             return reply;
         }
@@ -780,15 +783,15 @@ impl Model {
         }
         // Grant expiry dominates extension: the extension reaches no
         // further than the earliest expiry of the grants the reservation
-        // drew from. A drawn grant whose expiry has passed caps it: the
-        // reservation keeps the expiry it had (it is not past it: that
-        // expired it above), and the answer says it was capped. (The
-        // history's other expiries lie a day or more ahead, beyond any
-        // extension it asks for.)
+        // drew from. A drawn grant whose expiry comes before the asked
+        // instant caps it: the reservation gets that expiry, or keeps the
+        // one it had when that is later (it is not past it: that expired
+        // it above) — less than it asked, and the answer says it was
+        // capped.
         let capped = r
             .draws
             .iter()
-            .any(|&(grant, _)| self.grants[grant].expiry == Expiry::Passed);
+            .any(|&(grant, _)| self.grants[grant].expiry < reach);
         if capped {
             return Reply {
                 status: 200,

@@ -154,12 +154,12 @@ BEGIN
             SELECT d.*, d.verdict IN ('commit', 'commit_all', 'release', 'extend', 'expire',
                                       'expired_on_access') AS changes,
                    -- Grant expiry dominates extension: an extension never
-                   -- carries drawn tokens past their grant's expiry. One
-                   -- that asks for more is capped: the reservation keeps
-                   -- what it held (its expiry is never shortened by the
-                   -- cap) and reaches no further than the earliest expiry
-                   -- of its draws (engine_extension_expiry).
-                   d.verdict = 'extend' AND d.cap IS NOT NULL AND d.asked > d.cap AS capped
+                   -- carries drawn tokens past their grant's expiry
+                   -- (engine_extension_expiry, the one rule); one that
+                   -- gets less than it asked is capped.
+                   d.verdict = 'extend'
+                   AND engine_extension_expiry(d.asked, d.cap, (d.found).expires_at) < d.asked
+                       AS capped
             FROM decided d
         ), applied AS (
             UPDATE reservations r
