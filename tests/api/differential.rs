@@ -139,6 +139,10 @@ enum Step {
     /// account's own kiosk key.
     Again(Option<Option<i64>>),
     Extend(usize, usize),
+    /// Extend the n-th held reservation of the API through its own
+    /// account: extensions of reservations whose grants expire (or have
+    /// lapsed) before the asked instant, which are capped.
+    ExtendHeld(usize),
     /// Push the n-th reservation past its expiry.
     Age(usize),
     /// Push the n-th job's reservation past its expiry.
@@ -225,6 +229,7 @@ fn step() -> impl Strategy<Value = Step> {
         2 => (0..40usize, 1..4i64).prop_map(|(n, m)| Step::CommitHeld(n, m)),
         2 => prop::option::weighted(0.8, prop::option::of(1..4i64)).prop_map(Step::Again),
         1 => (account.clone(), 0..40usize).prop_map(|(a, n)| Step::Extend(a, n)),
+        2 => (0..40usize).prop_map(Step::ExtendHeld),
         2 => (0..40usize).prop_map(Step::Age),
         2 => (0..20usize).prop_map(Step::AgeJob),
         1 => (account.clone(), any::<bool>()).prop_map(|(a, s)| Step::Suspend(a, s)),
@@ -577,6 +582,20 @@ async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut Pg
                 model.extend(Caller::Admin, account, index, Expiry::At(1)),
                 actual,
             )
+        }
+        Step::ExtendHeld(n) => {
+            let held: Vec<usize> = (0..model.reservations.len())
+                .filter(|&i| {
+                    let r = &model.reservations[i];
+                    r.state == crate::model::State::Held && r.job.is_none()
+                })
+                .collect();
+            let Some(&index) = held.get(n % held.len().max(1)) else {
+                return;
+            };
+            let account = model.reservations[index].account;
+            let step = Step::Extend(account, index);
+            return Box::pin(run_step(real, model, &step, conn)).await;
         }
         Step::AgeJob(n) if !model.jobs.is_empty() => {
             let reservation = model.jobs[n % model.jobs.len()].reservation;
