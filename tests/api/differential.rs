@@ -424,11 +424,11 @@ struct ClaimRow {
 
 /// The reference a credit's or adjustment's `reuse` names: `n` of its own
 /// kind's earlier references (a replay, or a reuse with another body), or
-/// from `REUSE_OTHER_KIND` on, one of the other kind's (credits and
-/// adjustments share one namespace: always refused).
+/// from `REUSE_OTHER_KIND` on, one of the other kind's, whichever there are
+/// (credits and adjustments share one namespace: always refused).
 fn reused(own: &[String], other: &[String], n: usize) -> Option<String> {
     match n.checked_sub(REUSE_OTHER_KIND) {
-        Some(k) => other.get(k).cloned(),
+        Some(k) => (!other.is_empty()).then(|| other[k % other.len()].clone()),
         None => own.get(n).cloned(),
     }
 }
