@@ -199,7 +199,7 @@ async fn one_external_ref_is_booked_once_across_credits_and_adjustments() {
     assert!(
         body["detail"]
             .as_str()
-            .is_some_and(|detail| detail.contains(credit["credit_id"].as_str().unwrap())),
+            .is_some_and(|detail| detail.contains(credit["credit_id"].as_str().expect("id"))),
         "{body}"
     );
     assert_eq!(app.snapshot(account), before, "nothing moved");
