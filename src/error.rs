@@ -37,6 +37,11 @@ pub enum ApiError {
     PayloadTooLarge { limit_bytes: usize },
     #[error("idempotency key reused with a different request: {0}")]
     IdempotencyKeyReused(String),
+    /// A credit's or adjustment's `external_ref` that already names another
+    /// booking (the other kind, another account or another body): the
+    /// same code, and `existing` names that booking.
+    #[error("{message}")]
+    ExternalRefReused { message: String, existing: Value },
     #[error("too many requests for this API key; retry in {retry_after_seconds} s")]
     RateLimited { retry_after_seconds: u64 },
     #[error(
@@ -46,6 +51,15 @@ pub enum ApiError {
     AddressThrottled { retry_after_seconds: u64 },
     #[error("too many active reservations (limit {limit})")]
     TooManyActiveReservations { limit: i32 },
+    #[error(
+        "the instant {at} is not closed yet: a transaction that began before it is still \
+         running and may still write ledger entries at or before it; retry in \
+         {retry_after_seconds} s"
+    )]
+    InstantNotClosed {
+        at: String,
+        retry_after_seconds: u64,
+    },
     #[error("database unavailable: {0}")]
     Unavailable(String),
     #[error("internal error: {0}")]
@@ -65,8 +79,11 @@ impl ApiError {
             ApiError::ReservationOwnedByJob => "reservation_owned_by_job",
             ApiError::AccountSuspended => "account_suspended",
             ApiError::PayloadTooLarge { .. } => "payload_too_large",
-            ApiError::IdempotencyKeyReused(_) => "idempotency_key_reused",
+            ApiError::IdempotencyKeyReused(_) | ApiError::ExternalRefReused { .. } => {
+                "idempotency_key_reused"
+            }
             ApiError::TooManyActiveReservations { .. } => "too_many_active_reservations",
+            ApiError::InstantNotClosed { .. } => "instant_not_closed",
             ApiError::RateLimited { .. } | ApiError::AddressThrottled { .. } => "rate_limited",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::Internal(_) => "internal_error",
@@ -85,8 +102,11 @@ impl ApiError {
             ApiError::ReservationOwnedByJob => "Reservation owned by a job",
             ApiError::AccountSuspended => "Account suspended",
             ApiError::PayloadTooLarge { .. } => "Payload too large",
-            ApiError::IdempotencyKeyReused(_) => "Idempotency key reused",
+            ApiError::IdempotencyKeyReused(_) | ApiError::ExternalRefReused { .. } => {
+                "Idempotency key reused"
+            }
             ApiError::TooManyActiveReservations { .. } => "Too many active reservations",
+            ApiError::InstantNotClosed { .. } => "Instant not closed",
             ApiError::RateLimited { .. } | ApiError::AddressThrottled { .. } => "Rate limited",
             ApiError::Unavailable(_) => "Service unavailable",
             ApiError::Internal(_) => "Internal server error",
@@ -133,6 +153,9 @@ impl ApiError {
             ApiError::TooManyActiveReservations { limit } => {
                 extra.insert("max_active_reservations".into(), json!(limit));
             }
+            ApiError::ExternalRefReused { existing, .. } => {
+                extra.insert("existing".into(), existing.clone());
+            }
             _ => {}
         }
         extra
@@ -150,9 +173,12 @@ impl ResponseError for ApiError {
             ApiError::InsufficientTokens { .. } => StatusCode::PAYMENT_REQUIRED,
             ApiError::ReservationNotHeld { .. }
             | ApiError::ReservationOwnedByJob
-            | ApiError::AccountSuspended => StatusCode::CONFLICT,
+            | ApiError::AccountSuspended
+            | ApiError::InstantNotClosed { .. } => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::IdempotencyKeyReused(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::IdempotencyKeyReused(_) | ApiError::ExternalRefReused { .. } => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
             ApiError::TooManyActiveReservations { .. }
             | ApiError::RateLimited { .. }
             | ApiError::AddressThrottled { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -198,6 +224,10 @@ impl ResponseError for ApiError {
             }
             | ApiError::AddressThrottled {
                 retry_after_seconds,
+            }
+            | ApiError::InstantNotClosed {
+                retry_after_seconds,
+                ..
             } => {
                 response.insert_header((header::RETRY_AFTER, retry_after_seconds.to_string()));
             }
@@ -309,6 +339,7 @@ pub enum ProblemCode {
     PayloadTooLarge,
     IdempotencyKeyReused,
     TooManyActiveReservations,
+    InstantNotClosed,
     RateLimited,
     Unavailable,
     InternalError,
@@ -348,11 +379,30 @@ pub struct Problem {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub max_active_reservations: Option<i32>,
+    /// With `idempotency_key_reused` of a credit or adjustment: the booking
+    /// that already holds the `external_ref` (credits and adjustments share
+    /// one namespace).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub existing: Option<ExistingBooking>,
     /// The request's id, as in the `X-Request-Id` header: quote it when
     /// reporting a problem.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub request_id: Option<String>,
+}
+
+/// The booking that holds an `external_ref`: a credit or an adjustment.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct ExistingBooking {
+    /// `credit` or `adjustment`.
+    #[schema(example = "credit")]
+    pub kind: String,
+    /// The credit's or adjustment's id (`credit_id` / `adjustment_id`).
+    pub id: uuid::Uuid,
+    pub account_id: uuid::Uuid,
+    /// Its (last) ledger entry.
+    pub entry_id: Option<i64>,
 }
 
 // Connection marks. An error that means "this connection is dead or points
@@ -429,7 +479,15 @@ mod tests {
             ApiError::AccountSuspended,
             ApiError::PayloadTooLarge { limit_bytes: 10 },
             ApiError::IdempotencyKeyReused("x".into()),
+            ApiError::ExternalRefReused {
+                message: "x".into(),
+                existing: json!({"kind": "credit"}),
+            },
             ApiError::TooManyActiveReservations { limit: 3 },
+            ApiError::InstantNotClosed {
+                at: "x".into(),
+                retry_after_seconds: 1,
+            },
             ApiError::RateLimited {
                 retry_after_seconds: 1,
             },
@@ -458,7 +516,9 @@ mod tests {
             | ApiError::AccountSuspended
             | ApiError::PayloadTooLarge { .. }
             | ApiError::IdempotencyKeyReused(_)
+            | ApiError::ExternalRefReused { .. }
             | ApiError::TooManyActiveReservations { .. }
+            | ApiError::InstantNotClosed { .. }
             | ApiError::RateLimited { .. }
             | ApiError::AddressThrottled { .. }
             | ApiError::Unavailable(_)

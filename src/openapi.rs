@@ -18,7 +18,7 @@ use crate::domain::{
     accounts, api_keys, audit, checks, credits, events, history, idempotency, jobs, ledger,
 };
 use crate::domain::{grants, reconciliation, reservations, system, types};
-use crate::error::{ApiError, Problem, ProblemCode};
+use crate::error::{ApiError, ExistingBooking, Problem, ProblemCode};
 use crate::routes;
 use crate::webhooks::endpoints;
 
@@ -81,6 +81,7 @@ use crate::webhooks::endpoints;
     ),
     components(schemas(
         Problem,
+        ExistingBooking,
         ProblemCode,
         accounts::AccountView,
         accounts::Warning,

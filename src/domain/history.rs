@@ -385,6 +385,95 @@ pub fn parse_as_of(text: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, ApiE
 
 use crate::time::rfc3339;
 
+/// How long a read of the books at an instant waits for the instant to
+/// close before it answers 409 `instant_not_closed`, and how often it looks.
+pub const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+const CLOSE_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// The horizon for instants: whether the books before `before` (the
+/// entries with `created_at < before`) can no longer change. Every ledger
+/// entry carries the time of its transaction (`engine_now`, taken after the
+/// transaction's first statement began), so a transaction that began at or
+/// after `before` can only write entries at or after it; the books before
+/// `before` are closed once `before` has passed and no writing transaction
+/// of this database that began before it is still running — any of them
+/// could still commit an entry stamped before `before`. A writer is a
+/// transaction with a transaction id: every engine path takes its
+/// accounts' row locks (which assign one) before it takes its time, so a
+/// writer that has none yet stamps its entries after this look. Readers
+/// (reports, other `as_of` reads) never hold an instant open. One rule for
+/// every reader of an instant (`as_of`, the reconciliation, the daily
+/// closings). (Sessions of other roles are visible here only to a role
+/// with `pg_read_all_stats`; the service's writers all use its own role.)
+pub fn instant_closed(conn: &mut PgConnection, before: DateTime<Utc>) -> Result<bool, ApiError> {
+    #[derive(QueryableByName)]
+    struct Closed {
+        #[diesel(sql_type = Bool)]
+        closed: bool,
+    }
+    let row: Closed = diesel::sql_query(
+        "SELECT $1 <= pg_catalog.clock_timestamp() AND NOT EXISTS ( \
+             SELECT 1 FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid() \
+               AND backend_type = 'client backend' AND backend_xid IS NOT NULL \
+               AND xact_start < $1) AS closed",
+    )
+    .bind::<Timestamptz, _>(before)
+    .get_result(conn)?;
+    Ok(row.closed)
+}
+
+/// Waits up to [`CLOSE_WAIT`] for the books before `before` to close
+/// ([`instant_closed`]); 409 `instant_not_closed` (retry in a second) when
+/// they do not. Call it outside a transaction, before the read's snapshot
+/// is taken: what the read then sees before `before` never changes.
+pub fn wait_until_closed(conn: &mut PgConnection, before: DateTime<Utc>) -> Result<(), ApiError> {
+    let deadline = std::time::Instant::now() + CLOSE_WAIT;
+    loop {
+        if instant_closed(conn, before)? {
+            return Ok(());
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(ApiError::InstantNotClosed {
+                at: rfc3339(before),
+                retry_after_seconds: 1,
+            });
+        }
+        std::thread::sleep(CLOSE_POLL);
+    }
+}
+
+/// The primary's write position once the books before `before` have
+/// closed there ([`wait_until_closed`]): a read replica that has replayed
+/// this far holds everything written before `before` ([`replayed_to`]).
+pub fn closed_at_lsn(conn: &mut PgConnection, before: DateTime<Utc>) -> Result<String, ApiError> {
+    #[derive(QueryableByName)]
+    struct Lsn {
+        #[diesel(sql_type = Text)]
+        lsn: String,
+    }
+    wait_until_closed(conn, before)?;
+    let row: Lsn =
+        diesel::sql_query("SELECT pg_current_wal_lsn()::text AS lsn").get_result(conn)?;
+    Ok(row.lsn)
+}
+
+/// Whether this server has replayed the primary's WAL up to `lsn` (the
+/// primary itself always has).
+pub fn replayed_to(conn: &mut PgConnection, lsn: &str) -> Result<bool, ApiError> {
+    #[derive(QueryableByName)]
+    struct Replayed {
+        #[diesel(sql_type = Bool)]
+        replayed: bool,
+    }
+    let row: Replayed = diesel::sql_query(
+        "SELECT COALESCE(pg_last_wal_replay_lsn() >= $1::pg_lsn, true) AS replayed",
+    )
+    .bind::<Text, _>(lsn)
+    .get_result(conn)?;
+    Ok(row.replayed)
+}
+
 /// The balances of the chosen accounts as of `as_of` (inclusive).
 pub fn balances_as_of(
     conn: &mut PgConnection,
@@ -393,6 +482,8 @@ pub fn balances_as_of(
 ) -> Result<Vec<BalancesAsOf>, ApiError> {
     // Entries at `as_of` itself count: "before" is one microsecond later.
     let before = as_of + Duration::microseconds(1);
+    // Only a closed instant is answered: the answer never changes.
+    wait_until_closed(conn, before)?;
     let (states, _) = conn
         .build_transaction()
         .repeatable_read()
@@ -473,12 +564,6 @@ struct NextDay {
     day: Option<NaiveDate>,
 }
 
-#[derive(QueryableByName)]
-struct Count {
-    #[diesel(sql_type = BigInt)]
-    n: i64,
-}
-
 fn midnight(day: NaiveDate) -> DateTime<Utc> {
     day.and_time(NaiveTime::MIN).and_utc()
 }
@@ -534,13 +619,8 @@ fn close_next_day(
     if end + Duration::seconds(CLOSE_GRACE_SECONDS) > now {
         return Ok(None);
     }
-    let open: Count = diesel::sql_query(
-        "SELECT count(*) AS n FROM pg_stat_activity \
-         WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start < $1",
-    )
-    .bind::<Timestamptz, _>(end)
-    .get_result(conn)?;
-    if open.n > 0 {
+    // Written only after the day's last writer finished (the horizon).
+    if !instant_closed(conn, end)? {
         return Ok(None);
     }
     let rows = diesel::sql_query(CLOSE_SQL)

@@ -171,12 +171,17 @@ pub fn next_link(format: Format, previous: &str, entry: &LedgerEntryRow) -> Stri
 /// The digest of every entry with `created_at <= until`, read in one
 /// repeatable-read snapshot, `LEDGER_DIGEST_BATCH` entries at a time.
 /// An instant after the database's clock is refused: its digest would
-/// still be changing.
+/// still be changing; so is one that is not closed yet (a writer that
+/// began before it still runs: `history::wait_until_closed`).
 pub fn ledger_digest(
     conn: &mut PgConnection,
     until: DateTime<Utc>,
     format: Format,
 ) -> Result<LedgerDigest, ApiError> {
+    let now = Utc::now();
+    if until <= now {
+        crate::domain::history::wait_until_closed(conn, until + chrono::Duration::microseconds(1))?;
+    }
     conn.build_transaction()
         .read_only()
         .repeatable_read()

@@ -238,6 +238,10 @@ pub fn reconcile(
     to: DateTime<Utc>,
     account: Option<Uuid>,
 ) -> Result<Report, ApiError> {
+    // Only a closed period is answered (the horizon): asked again later,
+    // the report is the same. (A period still running is read up to now:
+    // the writers running now must end first.)
+    crate::domain::history::wait_until_closed(conn, to.min(Utc::now()))?;
     // One snapshot for the period query and the state checks.
     conn.build_transaction()
         .repeatable_read()

@@ -19,6 +19,9 @@ pub enum Outcome {
     Released,
     Expired,
     Extended,
+    /// An extension capped at the earliest expiry of the grants the
+    /// reservation drew from (grant expiry dominates extension).
+    ExtendedCapped,
     IdempotencyKeyReused,
     NotFound,
     Unauthorized,
@@ -40,13 +43,14 @@ pub enum Outcome {
     ExpiryPassed,
 }
 
-const OUTCOMES: [(Outcome, &str); 21] = [
+const OUTCOMES: [(Outcome, &str); 22] = [
     (Outcome::Created, "created"),
     (Outcome::Replayed, "replayed"),
     (Outcome::Committed, "committed"),
     (Outcome::Released, "released"),
     (Outcome::Expired, "expired"),
     (Outcome::Extended, "extended"),
+    (Outcome::ExtendedCapped, "extended_capped"),
     (Outcome::IdempotencyKeyReused, "idempotency_key_reused"),
     (Outcome::NotFound, "not_found"),
     (Outcome::Unauthorized, "unauthorized"),
@@ -93,6 +97,7 @@ impl Outcome {
                 | Outcome::Released
                 | Outcome::Expired
                 | Outcome::Extended
+                | Outcome::ExtendedCapped
         )
     }
 }
@@ -141,6 +146,35 @@ impl Answer {
         };
         Some(match self.outcome {
             outcome if outcome.succeeded() => return None,
+            // A credit's or adjustment's reference names one booking of
+            // either kind: the refusal names it.
+            Outcome::IdempotencyKeyReused if self.detail.get("existing").is_some() => {
+                let existing = self.detail["existing"].clone();
+                let reference = match &operation.op {
+                    Op::Credit { external_ref, .. } | Op::Adjust { external_ref, .. } => {
+                        external_ref.as_str().to_owned()
+                    }
+                    _ => String::new(),
+                };
+                let field = |name: &str| {
+                    existing
+                        .get(name)
+                        .map(|value| value.as_str().map_or(value.to_string(), str::to_owned))
+                        .unwrap_or_default()
+                };
+                ApiError::ExternalRefReused {
+                    message: format!(
+                        "external_ref {reference:?} is already booked as {} {} on account {} \
+                         (ledger entry {}); credits and adjustments share one namespace of \
+                         references, and a retry must repeat the first request exactly",
+                        field("kind"),
+                        field("id"),
+                        field("account_id"),
+                        field("entry_id"),
+                    ),
+                    existing,
+                }
+            }
             Outcome::IdempotencyKeyReused => reused(match &operation.op {
                 Op::CreateJob { .. } => "job",
                 Op::Credit { .. } => "credit",

@@ -179,6 +179,12 @@ struct AccountListQuery {
          body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "A kiosk key",
          body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`instant_not_closed` (with `as_of`): the instant is \
+                                      not closed yet (a transaction that began before it is \
+                                      still running); the service waited a second for it; \
+                                      retry after `Retry-After`",
+         body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = String, description = "Seconds to wait"))),
     ),
     security(("bearer" = [])),
 )]
@@ -270,6 +276,12 @@ enum AccountListAnswer {
          body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such account, or not this kiosk's",
          body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`instant_not_closed` (with `as_of`): the instant is \
+                                      not closed yet (a transaction that began before it is \
+                                      still running); the service waited a second for it; \
+                                      retry after `Retry-After`",
+         body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = String, description = "Seconds to wait"))),
     ),
     security(("bearer" = [])),
 )]

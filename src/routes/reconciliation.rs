@@ -8,7 +8,9 @@ use uuid::Uuid;
 use super::State;
 use crate::config::{RECONCILIATION_RANGE_DEFAULT, RECONCILIATION_RANGE_MAX};
 use crate::db::read_replica::run_read_blocking;
+use crate::db::run_blocking;
 use crate::domain::api_keys::Caller;
+use crate::domain::history;
 use crate::domain::reconciliation::{parse_period, reconcile, to_csv, InstantParam, Report};
 use crate::error::{ApiError, Problem};
 
@@ -60,6 +62,11 @@ struct PeriodQuery {
          period too long", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "A kiosk key cannot read the books",
          body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`instant_not_closed`: `to` is not closed yet (a \
+         transaction that began before it is still running and may still write into the \
+         period); the service waited a second for it; retry after `Retry-After`",
+         body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = String, description = "Seconds to wait"))),
     ),
     security(("bearer" = [])),
 )]
@@ -83,11 +90,30 @@ async fn get_reconciliation(
         RECONCILIATION_RANGE_DEFAULT,
         RECONCILIATION_RANGE_MAX,
     )?;
-    // Finance's report tolerates a replica's few seconds of lag.
-    let report = run_read_blocking(&state.pool, state.read_replica.as_deref(), move |conn| {
-        reconcile(conn, from, to, account_id)
+    // The horizon is the primary's (its writers run there): the period must
+    // be closed there (else 409 instant_not_closed), and a read replica
+    // answers only once it has replayed that far; a replica that lags
+    // behind it leaves the report to the primary.
+    let horizon = run_blocking(&state.pool, move |conn| {
+        history::closed_at_lsn(conn, to.min(chrono::Utc::now()))
     })
     .await?;
+    let report = run_read_blocking(&state.pool, state.read_replica.as_deref(), move |conn| {
+        if !history::replayed_to(conn, &horizon)? {
+            return Ok(None);
+        }
+        reconcile(conn, from, to, account_id).map(Some)
+    })
+    .await?;
+    let report = match report {
+        Some(report) => report,
+        None => {
+            run_blocking(&state.pool, move |conn| {
+                reconcile(conn, from, to, account_id)
+            })
+            .await?
+        }
+    };
     let wants_csv = request
         .headers()
         .get(header::ACCEPT)

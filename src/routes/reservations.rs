@@ -14,7 +14,7 @@ use crate::domain::paging::page_limit;
 use crate::domain::reservations::{self, ReservationPage, ReservationView};
 use crate::domain::states::{parse_param, ReservationState};
 use crate::domain::types::{AccountId, RequestId, ReservationId, Tokens, TtlSeconds};
-use crate::engine::{Authority, CommitAmount, Op, Operation, Replay};
+use crate::engine::{Authority, CommitAmount, Op, Operation, Outcome, Replay};
 use crate::error::{ApiError, Problem};
 
 pub fn configure(config: &mut web::ServiceConfig) {
@@ -331,7 +331,11 @@ struct ExtendBody {
 
 /// Heartbeat: extends a reservation.
 ///
-/// It now expires `ttl_seconds` from now.
+/// It now expires `ttl_seconds` from now — but never past the earliest
+/// `expires_at` of the grants its tokens came from (grant expiry dominates
+/// extension): an extension that asks for more is capped there (or keeps
+/// the expiry it had, when that is later), and the answer carries
+/// `Extension-Capped: grant-expiry`.
 #[utoipa::path(
     tag = "reservations",
     params(
@@ -340,7 +344,10 @@ struct ExtendBody {
     ),
     request_body = ExtendBody,
     responses(
-        (status = 200, description = "Extended", body = ReservationView),
+        (status = 200, description = "Extended; capped at its grants' expiry when \
+         `Extension-Capped` is present (`expires_at` shows what it got)", body = ReservationView,
+         headers(("Extension-Capped" = String, description = "`grant-expiry` when the \
+         extension was capped at the earliest expiry of the grants the reservation drew from"))),
         (status = 400, description = "Invalid JSON, path or TTL",
          body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "A finance key cannot spend",
@@ -372,6 +379,18 @@ async fn extend_reservation(
         reservation: ReservationId(reservation),
         ttl_seconds,
     };
-    let (row, _) = spend(&state, credentials, AccountId(account), op).await?;
-    Ok(HttpResponse::Ok().json(ReservationView::from(row)))
+    let operation = Operation {
+        account: AccountId(account),
+        authority: Authority::from(credentials),
+        op,
+    };
+    let (operation, answer) = state.coalescer.submit(operation).await;
+    let answer = answer?;
+    let capped = answer.outcome == Outcome::ExtendedCapped;
+    let (row, _) = answer.into_reservation(&operation)?;
+    let mut response = HttpResponse::Ok();
+    if capped {
+        response.insert_header(("Extension-Capped", "grant-expiry"));
+    }
+    Ok(response.json(ReservationView::from(row)))
 }

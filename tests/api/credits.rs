@@ -148,3 +148,165 @@ async fn adjustments_are_signed_idempotent_and_never_overdraw() {
         (3, 4, 0)
     );
 }
+
+/// Credits and adjustments share one namespace of external references
+/// (issue 35): a reference booked as one kind is refused as the other, in
+/// either order, with 422 naming the booking that holds it, and nothing
+/// moves. (Before, a credit and an adjustment of the same invoice both
+/// landed: 200 tokens for one invoice.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_external_ref_is_booked_once_across_credits_and_adjustments() {
+    let app = TestApp::spawn().await;
+    let account = app.funded_account(0).await;
+    let credits = format!("/v1/accounts/{account}/credits");
+    let adjustments = format!("/v1/accounts/{account}/adjustments");
+
+    // Credit first, then the same reference as an adjustment.
+    let credit = app
+        .post(
+            &credits,
+            ADMIN_KEY,
+            &json!({"amount": 100, "external_ref": "INV-2026-118bc22"}),
+        )
+        .await;
+    assert_eq!(credit.status(), StatusCode::CREATED);
+    let credit: Value = credit.json().await.expect("json");
+    let before = app.snapshot(account);
+    let (status, body) = problem(
+        app.post(
+            &adjustments,
+            ADMIN_KEY,
+            &json!({"amount": 100, "external_ref": "INV-2026-118bc22", "reason": "retry"}),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Some("idempotency_key_reused")
+        ),
+        "{body}"
+    );
+    assert_eq!(body["existing"]["kind"], "credit", "{body}");
+    assert_eq!(body["existing"]["id"], credit["credit_id"], "{body}");
+    assert_eq!(body["existing"]["account_id"], json!(account), "{body}");
+    assert_eq!(
+        body["existing"]["entry_id"], credit["ledger_entry_id"],
+        "{body}"
+    );
+    assert!(
+        body["detail"]
+            .as_str()
+            .is_some_and(|detail| detail.contains(credit["credit_id"].as_str().expect("id"))),
+        "{body}"
+    );
+    assert_eq!(app.snapshot(account), before, "nothing moved");
+
+    // Adjustment first, then the same reference as a credit — also on
+    // another account.
+    let adjustment = app
+        .post(
+            &adjustments,
+            ADMIN_KEY,
+            &json!({"amount": 7, "external_ref": "TICKET-9", "reason": "goodwill"}),
+        )
+        .await;
+    assert_eq!(adjustment.status(), StatusCode::CREATED);
+    let adjustment: Value = adjustment.json().await.expect("json");
+    let other = app.funded_account(0).await;
+    for target in [account, other] {
+        let before = app.snapshot(target);
+        let (status, body) = problem(
+            app.post(
+                &format!("/v1/accounts/{target}/credits"),
+                ADMIN_KEY,
+                &json!({"amount": 7, "external_ref": "TICKET-9"}),
+            )
+            .await,
+        )
+        .await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+        assert_eq!(body["existing"]["kind"], "adjustment", "{body}");
+        assert_eq!(
+            body["existing"]["id"], adjustment["adjustment_id"],
+            "{body}"
+        );
+        assert_eq!(app.snapshot(target), before, "nothing moved");
+    }
+
+    // The same kind and body is still a replay.
+    let replay = app
+        .post(
+            &adjustments,
+            ADMIN_KEY,
+            &json!({"amount": 7, "external_ref": "TICKET-9", "reason": "goodwill"}),
+        )
+        .await;
+    assert_eq!(replay.status(), StatusCode::OK);
+    let balances = app.assert_invariants(account);
+    assert_eq!(balances.available, 107);
+}
+
+/// The collision, concurrently: a credit and an adjustment of the same
+/// reference sent at once (on one account, and on two accounts, which
+/// hold different row locks): exactly one is booked, the other is refused
+/// 422 naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_credit_and_adjustment_of_one_reference_book_once() {
+    let app = Arc::new(TestApp::spawn().await);
+    let first = app.funded_account(0).await;
+    let second = app.funded_account(0).await;
+    for round in 0..8 {
+        let reference = format!("race-{round}");
+        let adjusted = if round % 2 == 0 { first } else { second };
+        let tasks: Vec<_> = [
+            (
+                first,
+                "credits",
+                json!({"amount": 10, "external_ref": reference}),
+            ),
+            (
+                adjusted,
+                "adjustments",
+                json!({"amount": 10, "external_ref": reference, "reason": "retry"}),
+            ),
+        ]
+        .into_iter()
+        .map(|(account, kind, body)| {
+            let app = Arc::clone(&app);
+            tokio::spawn(async move {
+                let response = app
+                    .post(&format!("/v1/accounts/{account}/{kind}"), ADMIN_KEY, &body)
+                    .await;
+                let status = response.status();
+                let body: Value = response.json().await.expect("json");
+                (status, body)
+            })
+        })
+        .collect();
+        let mut answers = Vec::new();
+        for task in tasks {
+            answers.push(task.await.expect("task"));
+        }
+        let booked: Vec<&Value> = answers
+            .iter()
+            .filter(|(status, _)| *status == StatusCode::CREATED)
+            .map(|(_, body)| body)
+            .collect();
+        let refused: Vec<&Value> = answers
+            .iter()
+            .filter(|(status, _)| *status == StatusCode::UNPROCESSABLE_ENTITY)
+            .map(|(_, body)| body)
+            .collect();
+        assert_eq!((booked.len(), refused.len()), (1, 1), "{answers:?}");
+        let id = booked[0]
+            .get("credit_id")
+            .or_else(|| booked[0].get("adjustment_id"))
+            .expect("an id");
+        assert_eq!(refused[0]["existing"]["id"], *id, "{answers:?}");
+    }
+    let total = app.assert_invariants(first).available + app.assert_invariants(second).available;
+    assert_eq!(total, 80, "eight references, ten tokens each, booked once");
+}

@@ -70,6 +70,11 @@ const MAX_ATTEMPTS: i32 = 2;
 /// The expiries credits and positive adjustments may name: this many hours
 /// after the history's start (ascending: the model ranks them so).
 const EXPIRY_HOURS: [i64; 3] = [24, 48, 720];
+/// An extension's TTL: a day, longer than any reservation's TTL, so it
+/// always asks for more than the reservation holds; it reaches past the
+/// first of `EXPIRY_HOURS` (24 h after the history's start), which caps
+/// it, and not the second (grant expiry dominates extension).
+const EXTEND_SECONDS: i32 = 86_400;
 /// The reaper's `GRANT_EXPIRING_NOTICE_HOURS`: the first two expiries lie
 /// within it.
 const NOTICE_HOURS: i32 = 72;
@@ -101,7 +106,8 @@ enum Step {
     /// `note`: one of two notes or none; `priority`: one of PRIORITIES or
     /// none (the default); `expiry`: one of EXPIRY_HOURS or none (never);
     /// `reuse`: the reference of an earlier credit (a replay, or a reuse
-    /// with another body).
+    /// with another body) or, from `REUSE_OTHER_KIND` on, of an earlier
+    /// adjustment (always a reuse: one namespace).
     Credit(
         usize,
         i64,
@@ -133,6 +139,10 @@ enum Step {
     /// account's own kiosk key.
     Again(Option<Option<i64>>),
     Extend(usize, usize),
+    /// Extend the n-th held reservation of the API through its own
+    /// account: extensions of reservations whose grants expire (or have
+    /// lapsed) before the asked instant, which are capped.
+    ExtendHeld(usize),
     /// Push the n-th reservation past its expiry.
     Age(usize),
     /// Push the n-th job's reservation past its expiry.
@@ -219,6 +229,7 @@ fn step() -> impl Strategy<Value = Step> {
         2 => (0..40usize, 1..4i64).prop_map(|(n, m)| Step::CommitHeld(n, m)),
         2 => prop::option::weighted(0.8, prop::option::of(1..4i64)).prop_map(Step::Again),
         1 => (account.clone(), 0..40usize).prop_map(|(a, n)| Step::Extend(a, n)),
+        2 => (0..40usize).prop_map(Step::ExtendHeld),
         2 => (0..40usize).prop_map(Step::Age),
         2 => (0..20usize).prop_map(Step::AgeJob),
         1 => (account.clone(), any::<bool>()).prop_map(|(a, s)| Step::Suspend(a, s)),
@@ -290,11 +301,18 @@ fn request_uuid(n: u64) -> Uuid {
 
 async fn reply(response: reqwest::Response) -> (Reply, Value) {
     let status = response.status().as_u16();
+    // An extension capped at its grants' expiry says so in a header: the
+    // model's reply names it as a code.
+    let capped = response.headers().get("extension-capped").is_some();
     let body: Value = response.json().await.unwrap_or(Value::Null);
     let code = body["code"]
         .as_str()
         .map(|code| -> &'static str { Box::leak(code.to_owned().into_boxed_str()) });
-    let code = if status < 300 { None } else { code };
+    let code = match (status < 300, capped) {
+        (true, true) => Some("extension_capped"),
+        (true, false) => None,
+        (false, _) => code,
+    };
     (Reply { status, code }, body)
 }
 
@@ -404,6 +422,19 @@ struct ClaimRow {
     last_attempt: bool,
 }
 
+/// The reference a credit's or adjustment's `reuse` names: `n` of its own
+/// kind's earlier references (a replay, or a reuse with another body), or
+/// from `REUSE_OTHER_KIND` on, one of the other kind's, whichever there are
+/// (credits and adjustments share one namespace: always refused).
+fn reused(own: &[String], other: &[String], n: usize) -> Option<String> {
+    match n.checked_sub(REUSE_OTHER_KIND) {
+        Some(k) => (!other.is_empty()).then(|| other[k % other.len()].clone()),
+        None => own.get(n).cloned(),
+    }
+}
+
+const REUSE_OTHER_KIND: usize = 16;
+
 const NOTES: [&str; 2] = ["event package", "promotion"];
 const REASONS: [&str; 2] = ["correction", "goodwill"];
 
@@ -412,7 +443,7 @@ async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut Pg
     let (expected, actual) = match step.clone() {
         Step::Credit(account, amount, note, priority, expiry, reuse) => {
             let reference = reuse
-                .and_then(|n| real.credit_refs.get(n).cloned())
+                .and_then(|n| reused(&real.credit_refs, &real.adjustment_refs, n))
                 .unwrap_or_else(|| Uuid::new_v4().to_string());
             real.credit_refs.push(reference.clone());
             let note = note.map(|n| NOTES[usize::from(n)]);
@@ -439,7 +470,7 @@ async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut Pg
         }
         Step::Adjust(account, amount, reason, priority, expiry, reuse) => {
             let reference = reuse
-                .and_then(|n| real.adjustment_refs.get(n).cloned())
+                .and_then(|n| reused(&real.adjustment_refs, &real.credit_refs, n))
                 .unwrap_or_else(|| Uuid::new_v4().to_string());
             real.adjustment_refs.push(reference.clone());
             let reason = REASONS[usize::from(reason)];
@@ -542,9 +573,29 @@ async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut Pg
         }
         Step::Extend(account, n) if !model.reservations.is_empty() => {
             let index = n % model.reservations.len();
-            let body = json!({"ttl_seconds": 300});
+            // A day: past every reservation's own expiry (TTLs < a day), so
+            // the extension always asks for more than the reservation has;
+            // past the first expiry (24 h), short of the second (48 h).
+            let body = json!({"ttl_seconds": EXTEND_SECONDS});
             let actual = resolve_request(real, account, index, "extend", &body, ADMIN_KEY).await;
-            (model.extend(Caller::Admin, account, index), actual)
+            (
+                model.extend(Caller::Admin, account, index, Expiry::At(1)),
+                actual,
+            )
+        }
+        Step::ExtendHeld(n) => {
+            let held: Vec<usize> = (0..model.reservations.len())
+                .filter(|&i| {
+                    let r = &model.reservations[i];
+                    r.state == crate::model::State::Held && r.job.is_none()
+                })
+                .collect();
+            let Some(&index) = held.get(n % held.len().max(1)) else {
+                return;
+            };
+            let account = model.reservations[index].account;
+            let step = Step::Extend(account, index);
+            return Box::pin(run_step(real, model, &step, conn)).await;
         }
         Step::AgeJob(n) if !model.jobs.is_empty() => {
             let reservation = model.jobs[n % model.jobs.len()].reservation;

@@ -623,3 +623,229 @@ async fn forty_kiosks_spend_while_grants_lapse_and_nothing_is_drawn_from_a_lapse
     assert_books_clean(&app);
     app.assert_invariants(account);
 }
+
+/// The reservation's expiry as the API shows it.
+async fn reservation_expiry(app: &TestApp, account: Uuid, reservation: &str) -> DateTime<Utc> {
+    let response = app
+        .get(
+            &format!("/v1/accounts/{account}/reservations/{reservation}"),
+            ADMIN_KEY,
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let shown: Value = response.json().await.expect("json");
+    instant(&shown["expires_at"])
+}
+
+fn instant(value: &Value) -> DateTime<Utc> {
+    value
+        .as_str()
+        .expect("an instant")
+        .parse()
+        .expect("RFC 3339")
+}
+
+/// Waits (polling the clock) until `at` has passed.
+async fn until_passed(at: DateTime<Utc>) {
+    while Utc::now() <= at {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Grant expiry dominates extension (issue 35), the issue's sequence in
+/// real time: 10 tokens expiring in a moment at priority 0, all reserved
+/// for 2 s; after the grant lapsed, three extensions by 2 s each are
+/// capped (200, `Extension-Capped: grant-expiry`, the expiry unchanged),
+/// so the reservation expires when it would have, the commit 3 s later is
+/// refused, and the 10 tokens expired with their grant. (Before, each
+/// extension moved the expiry on and the commit spent the lapsed grant's
+/// tokens.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_never_keeps_a_lapsed_grants_tokens_alive() {
+    let app = TestApp::spawn_with(|config| config.reaper_schedule = "0 0 0 1 1 *".into()).await;
+    let account = app.funded_account(0).await;
+    let expires_at = Utc::now() + chrono::Duration::milliseconds(1500);
+    credit(
+        &app,
+        account,
+        json!({"amount": 10, "external_ref": "promo-tonight", "priority": 0,
+               "expires_at": rfc3339(expires_at)}),
+    )
+    .await;
+    let base = format!("/v1/accounts/{account}/reservations");
+    let (status, reserved) = post(
+        &app,
+        &base,
+        ADMIN_KEY,
+        &json!({"request_id": Uuid::new_v4(), "amount": 10, "ttl_seconds": 2}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{reserved}");
+    let id = reserved["reservation_id"].as_str().expect("id").to_owned();
+    let held_until = instant(&reserved["expires_at"]);
+    assert!(held_until > expires_at, "the hold outlives the grant");
+
+    until_passed(expires_at).await;
+    for _ in 0..3 {
+        let response = app
+            .post(
+                &format!("{base}/{id}/extend"),
+                ADMIN_KEY,
+                &json!({"ttl_seconds": 2}),
+            )
+            .await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(
+            response
+                .headers()
+                .get("extension-capped")
+                .map(|v| v.to_str().expect("ascii")),
+            Some("grant-expiry")
+        );
+        let extended: Value = response.json().await.expect("json");
+        assert_eq!(instant(&extended["expires_at"]), held_until, "{extended}");
+        assert_eq!(reservation_expiry(&app, account, &id).await, held_until);
+    }
+
+    until_passed(held_until).await;
+    let (status, refused) = problem(
+        app.post(
+            &format!("{base}/{id}/commit"),
+            ADMIN_KEY,
+            &json!({"amount": 10}),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(
+        (status, refused["code"].as_str()),
+        (StatusCode::CONFLICT, Some("reservation_not_held")),
+        "{refused}"
+    );
+    let shown = app.account(account).await;
+    assert_eq!(
+        (
+            shown["used"].as_i64(),
+            shown["grant_expired"].as_i64(),
+            shown["available"].as_i64(),
+            shown["reserved"].as_i64()
+        ),
+        (Some(0), Some(10), Some(0), Some(0)),
+        "{shown}"
+    );
+    assert_books_clean(&app);
+}
+
+/// The same through a job's heartbeat: the heartbeat of a job whose
+/// reservation drew from a grant that has lapsed keeps the job's lease
+/// (`Done`) but does not move the reservation's expiry; the generation in
+/// progress still finishes within it and is charged (docs/grants.md).
+/// A grant that has not lapsed lets the heartbeat extend as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_heartbeat_never_carries_a_lapsed_grants_tokens_past_it() {
+    use token_billing::domain::job_leases::{claim_jobs, finish_success, heartbeat, Fenced};
+
+    let app = TestApp::spawn_with(|config| {
+        config.worker_concurrency = 0;
+        config.reaper_schedule = "0 0 0 1 1 *".into();
+    })
+    .await;
+    let account = app.funded_account(0).await;
+    let grant = granted(
+        &app,
+        account,
+        json!({"amount": 20, "external_ref": "fair-credit",
+               "expires_at": rfc3339(Utc::now() + chrono::Duration::days(1))}),
+    )
+    .await;
+    let mut jobs = Vec::new();
+    for _ in 0..2 {
+        let request_id = Uuid::new_v4();
+        let response = app
+            .create_job(account, ADMIN_KEY, request_id, &json!({}))
+            .await;
+        assert_eq!(response.status(), StatusCode::CREATED);
+        let job: Value = response.json().await.expect("json");
+        jobs.push((
+            uuid(&job["job_id"]),
+            job["reservation"]["reservation_id"]
+                .as_str()
+                .expect("reservation")
+                .to_owned(),
+        ));
+    }
+    let mut conn = app.conn();
+    let claimed = claim_jobs(&mut conn, "test", 30, 3, 10).expect("claim");
+    assert_eq!(claimed.len(), 2);
+    // Both reservations are due for a heartbeat's extension: they expire
+    // in a minute.
+    diesel::sql_query(
+        "UPDATE reservations SET expires_at = clock_timestamp() + interval '60 seconds' \
+         WHERE account_id = $1 AND state = 'held'",
+    )
+    .bind::<SqlUuid, _>(account)
+    .execute(&mut conn)
+    .expect("due");
+    let before = reservation_expiry(&app, account, &jobs[0].1).await;
+
+    // The grant has not lapsed: the heartbeat extends the first job's
+    // reservation (300 s).
+    let first = claimed
+        .iter()
+        .find(|c| c.job.id == jobs[0].0)
+        .expect("claimed");
+    let answer =
+        heartbeat(&mut conn, first.job.id, first.job.lease_token, 30, 300).expect("heartbeat");
+    assert_eq!(answer, Fenced::Done);
+    assert!(
+        reservation_expiry(&app, account, &jobs[0].1).await
+            > before + chrono::Duration::seconds(200)
+    );
+
+    // Now it lapses: the second job's heartbeat keeps its lease, but its
+    // reservation keeps the expiry it had.
+    age(&app, grant);
+    let second = claimed
+        .iter()
+        .find(|c| c.job.id == jobs[1].0)
+        .expect("claimed");
+    let held_until = reservation_expiry(&app, account, &jobs[1].1).await;
+    for _ in 0..3 {
+        let answer = heartbeat(&mut conn, second.job.id, second.job.lease_token, 30, 300)
+            .expect("heartbeat");
+        assert_eq!(answer, Fenced::Done);
+        assert_eq!(
+            reservation_expiry(&app, account, &jobs[1].1).await,
+            held_until
+        );
+    }
+    // The generation in progress finishes within its hold and is charged.
+    let finish = finish_success(
+        &mut conn,
+        &second.job,
+        second.job.lease_token,
+        &json!({"ok": 1}),
+    )
+    .expect("finish");
+    assert_eq!(finish.fenced, Fenced::Done);
+    let shown = app.account(account).await;
+    assert_eq!(
+        shown["used"].as_i64(),
+        Some(jobs_cost(&app, account, jobs[1].0)),
+        "{shown}"
+    );
+    assert_books_clean(&app);
+}
+
+fn jobs_cost(app: &TestApp, _account: Uuid, job: Uuid) -> i64 {
+    #[derive(QueryableByName)]
+    struct Cost {
+        #[diesel(sql_type = BigInt)]
+        cost: i64,
+    }
+    diesel::sql_query("SELECT cost FROM generation_jobs WHERE id = $1")
+        .bind::<SqlUuid, _>(job)
+        .get_result::<Cost>(&mut app.conn())
+        .expect("cost")
+        .cost
+}

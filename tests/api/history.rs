@@ -882,3 +882,165 @@ async fn the_scheduled_pass_and_prune_honour_the_configured_pause() {
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("longest pause"), "{stderr}");
 }
+
+/// The horizon for instants (issue 35): a writer held open across T — a
+/// transaction that wrote a credit stamped before T and has not committed
+/// — keeps T open: `as_of=T` and a reconciliation ending just after T wait
+/// and then refuse (409 `instant_not_closed`, `Retry-After`) instead of
+/// answering without the credit and changing once it commits. After the
+/// commit both answer, with the credit, and asked again they answer the
+/// same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instant_is_answered_only_once_no_writer_can_write_into_it() {
+    use std::sync::mpsc;
+    use token_billing::domain::types::Tokens;
+    use token_billing::engine::{apply, Authority, Operation};
+
+    let app = TestApp::spawn().await;
+    let account = app.funded_account(10).await;
+    let (stamped, stamp) = mpsc::channel::<DateTime<Utc>>();
+    let (release, released) = mpsc::channel::<()>();
+    let database = std::sync::Arc::clone(&app.database);
+    let writer = std::thread::spawn(move || {
+        let mut conn = database.connect();
+        conn.transaction::<_, diesel::result::Error, _>(|conn| {
+            let operation = Operation {
+                account: AccountId(account),
+                authority: Authority::Verified {
+                    actor: "test".into(),
+                },
+                op: Op::Credit {
+                    amount: Tokens::parse(5).expect("tokens"),
+                    external_ref: reference(),
+                    note: None,
+                    priority: Default::default(),
+                    expires_at: None,
+                },
+            };
+            let answers = apply(conn, &[operation]).expect("credit");
+            let entry = answers[0].object.as_ref().expect("credit")["credit"]["ledger_entry_id"]
+                .as_i64()
+                .expect("entry");
+            #[derive(QueryableByName)]
+            struct At {
+                #[diesel(sql_type = Timestamptz)]
+                created_at: DateTime<Utc>,
+            }
+            let at: At = diesel::sql_query("SELECT created_at FROM ledger_entries WHERE id = $1")
+                .bind::<BigInt, _>(entry)
+                .get_result(conn)?;
+            stamped.send(at.created_at).expect("stamp sent");
+            released.recv().expect("released");
+            Ok(())
+        })
+        .expect("the writer commits");
+    });
+    let at = stamp.recv().expect("stamped");
+    let as_of = at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    let to = (at + chrono::Duration::microseconds(1))
+        .to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    let from =
+        (at - chrono::Duration::hours(1)).to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    let balance_path = format!("/v1/accounts/{account}?as_of={as_of}");
+    let report_path = format!("/v1/reconciliation?from={from}&to={to}&account_id={account}");
+
+    // The writer is open: both wait and refuse.
+    for path in [&balance_path, &report_path] {
+        let started = Instant::now();
+        let response = app.get(path, ADMIN_KEY).await;
+        assert!(
+            response.headers().get("retry-after").is_some(),
+            "{path}: Retry-After"
+        );
+        let (status, body) = problem(response).await;
+        assert_eq!(
+            (status, body["code"].as_str()),
+            (StatusCode::CONFLICT, Some("instant_not_closed")),
+            "{path}: {body}"
+        );
+        assert!(
+            started.elapsed() >= Duration::from_millis(900),
+            "it waited first"
+        );
+    }
+
+    release.send(()).expect("release");
+    writer.join().expect("writer");
+
+    // Closed: the answers hold the credit, and never change.
+    let mut first = None;
+    for _ in 0..2 {
+        let balances: Value = app
+            .get(&balance_path, ADMIN_KEY)
+            .await
+            .json()
+            .await
+            .expect("json");
+        assert_eq!(balances["available"], 15, "{balances}");
+        let report = app.get(&report_path, ADMIN_KEY).await;
+        assert_eq!(report.status(), StatusCode::OK);
+        let report: Value = report.json().await.expect("json");
+        assert_eq!(report["totals"]["credited"], 15, "{report}");
+        let answers = (balances, report);
+        match &first {
+            None => first = Some(answers),
+            Some(first) => assert_eq!(*first, answers, "asked again, the same"),
+        }
+    }
+}
+
+/// One time stamp per transaction (issue 35): two credits of one batch on
+/// one account carry the same `created_at`, so no instant shows one
+/// without the other: just before it neither counts, at it both do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_two_credits_on_one_account_is_never_split_by_an_instant() {
+    use token_billing::domain::types::Tokens;
+    use token_billing::engine::{apply, Authority, Operation};
+
+    let app = TestApp::spawn().await;
+    let account = app.funded_account(0).await;
+    let mut conn = app.conn();
+    let credit = |amount: i64| Operation {
+        account: AccountId(account),
+        authority: Authority::Verified {
+            actor: "test".into(),
+        },
+        op: Op::Credit {
+            amount: Tokens::parse(amount).expect("tokens"),
+            external_ref: reference(),
+            note: None,
+            priority: Default::default(),
+            expires_at: None,
+        },
+    };
+    // The two credits in one batch (one transaction).
+    let answers = apply(&mut conn, &[credit(9), credit(18)]).expect("batch");
+    assert_eq!(answers.len(), 2);
+    #[derive(QueryableByName)]
+    struct At {
+        #[diesel(sql_type = Timestamptz)]
+        created_at: DateTime<Utc>,
+    }
+    let stamps: Vec<At> = diesel::sql_query(
+        "SELECT created_at FROM ledger_entries WHERE account_id = $1 AND kind = 'credit' ORDER BY id",
+    )
+    .bind::<diesel::sql_types::Uuid, _>(account)
+    .load(&mut conn)
+    .expect("entries");
+    assert_eq!(stamps.len(), 2);
+    assert_eq!(
+        stamps[0].created_at, stamps[1].created_at,
+        "one stamp per transaction"
+    );
+    let at = stamps[0].created_at;
+    for (instant, available) in [(at - chrono::Duration::microseconds(1), 0), (at, 27)] {
+        let as_of = instant.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+        let shown: Value = app
+            .get(&format!("/v1/accounts/{account}?as_of={as_of}"), ADMIN_KEY)
+            .await
+            .json()
+            .await
+            .expect("json");
+        assert_eq!(shown["available"], available, "{as_of}: {shown}");
+    }
+}

@@ -26,6 +26,11 @@
 //! positive adjustment writes none. A settlement's return to a grant whose
 //! expiry has passed (lapse written or not) leaves `reserved` as a
 //! `grant_expire` entry (naming the reservation) instead of going back.
+//! An extension (by the API, or a job's heartbeat) never carries drawn
+//! tokens past their grant's expiry: one of a reservation that drew from
+//! a grant whose expiry has passed is capped — the reservation keeps the
+//! expiry it had, and the API's answer says `Extension-Capped` (here the
+//! reply's code `extension_capped`).
 //! The reaper's pass writes every lapse first, then one `grant.expiring`
 //! notice per grant that lapses within the notice window, has not lapsed,
 //! holds tokens and was not noticed before.
@@ -451,6 +456,10 @@ impl Model {
     ) -> Reply {
         let priority = priority.unwrap_or(DEFAULT_PRIORITY);
         let this = (account, amount, note.map(str::to_owned), Some(priority));
+        // One namespace: a reference an adjustment holds is never a credit's.
+        if self.adjustments.contains_key(reference) {
+            return refused(422, "idempotency_key_reused");
+        }
         if let Some(first) = self.credits.get(reference) {
             return if self.same_external(first, &this, expiry) {
                 ok(200)
@@ -489,6 +498,10 @@ impl Model {
         }
         let priority = (amount > 0).then(|| priority.unwrap_or(DEFAULT_PRIORITY));
         let this = (account, amount, Some(reason.to_owned()), priority);
+        // One namespace: a reference a credit holds is never an adjustment's.
+        if self.credits.contains_key(reference) {
+            return refused(422, "idempotency_key_reused");
+        }
         if let Some(first) = self.adjustments.get(reference) {
             return if self.same_external(first, &this, expiry) {
                 ok(200)
@@ -751,7 +764,10 @@ impl Model {
         ok(200)
     }
 
-    pub fn extend(&mut self, caller: Caller, account: usize, index: usize) -> Reply {
+    /// An extension by the API. `reach`: the first expiry the asked
+    /// instant does not reach — a drawn grant whose expiry comes before it
+    /// (its expiry passed, or a sooner one) caps the extension.
+    pub fn extend(&mut self, caller: Caller, account: usize, index: usize, reach: Expiry) -> Reply {
         if let Err(reply) = Model::may_spend(caller, account) {
             return reply;
         }
@@ -764,6 +780,23 @@ impl Model {
         }
         if self.expire_if_due(index) || r.state != State::Held {
             return refused(409, "reservation_not_held");
+        }
+        // Grant expiry dominates extension: the extension reaches no
+        // further than the earliest expiry of the grants the reservation
+        // drew from. A drawn grant whose expiry comes before the asked
+        // instant caps it: the reservation gets that expiry, or keeps the
+        // one it had when that is later (it is not past it: that expired
+        // it above) — less than it asked, and the answer says it was
+        // capped.
+        let capped = r
+            .draws
+            .iter()
+            .any(|&(grant, _)| self.grants[grant].expiry < reach);
+        if capped {
+            return Reply {
+                status: 200,
+                code: Some("extension_capped"),
+            };
         }
         self.reservations[index].past_expiry = false;
         ok(200)

@@ -69,7 +69,7 @@ const ROUTES: [(&str, &str); 42] = [
 ];
 
 /// The codes of `ApiError::code()`.
-const PROBLEM_CODES: [&str; 15] = [
+const PROBLEM_CODES: [&str; 16] = [
     "invalid_request",
     "unauthorized",
     "forbidden",
@@ -82,6 +82,7 @@ const PROBLEM_CODES: [&str; 15] = [
     "payload_too_large",
     "idempotency_key_reused",
     "too_many_active_reservations",
+    "instant_not_closed",
     "rate_limited",
     "unavailable",
     "internal_error",

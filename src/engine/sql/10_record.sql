@@ -1,6 +1,20 @@
 -- The arithmetic of every movement, and the one place ledger entries and
 -- the events of a movement are written.
 
+-- The time of this transaction's movements: one stamp per transaction,
+-- not per statement (issue 35). The first call in a transaction takes
+-- clock_timestamp() and keeps it (a transaction-local setting); every
+-- later call in the same transaction answers the same instant, so every
+-- entry, event and settlement a transaction writes carries one time, and
+-- no instant falls between two entries of one transaction. Writers call it
+-- after taking their accounts' row locks, so an account's entries still
+-- carry times in the order they were written.
+CREATE FUNCTION engine_now() RETURNS timestamptz
+LANGUAGE sql VOLATILE AS $$
+    SELECT COALESCE(NULLIF(current_setting('token_billing.at', true), '')::timestamptz,
+                    set_config('token_billing.at', clock_timestamp()::text, true)::timestamptz)
+$$;
+
 -- What a movement of `kind` and `amount` does to each balance. A
 -- grant_expire takes tokens out of the account for good (grant_expired):
 -- from `available` when a grant lapses holding them, from `reserved` when

@@ -127,7 +127,7 @@ BEGIN
         RETURN;
     END IF;
     PERFORM 1 FROM accounts WHERE id = ANY (due_accounts) ORDER BY id FOR NO KEY UPDATE;
-    at := clock_timestamp();
+    at := engine_now();
     SELECT l.grants, l.tokens INTO grants, tokens FROM engine_lapse_grants(due_accounts, at) l;
     UPDATE credit_grants g SET expired_at = at
     WHERE g.account_id = ANY (due_accounts) AND g.expired_at IS NULL AND g.expires_at <= at;

@@ -72,7 +72,7 @@ BEGIN
     WHILE cardinality(pending) > 0 LOOP
         later := '{}';
         moves := '{}';
-        at := clock_timestamp();
+        at := engine_now();
         -- Grants lapsed by now leave first (engine_lapse_grants), so the
         -- decision sees the balance without them and never draws them. The
         -- look-up alone (the accounts' grants that hold tokens, by

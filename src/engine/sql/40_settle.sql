@@ -21,8 +21,11 @@
 --                                  reservation past its expiry expires it
 --                                  (reason expired_on_access): expiry
 --                                  dominates;
---   committed / released / expired / extended
---                                  what was asked. A commit spends its
+--   committed / released / expired / extended / extended_capped
+--                                  what was asked (extended_capped: an
+--                                  extension capped at the earliest expiry
+--                                  of the grants it drew from, see
+--                                  engine_extension_expiry). A commit spends its
 --                                  amount (commit_all: all held) and gives
 --                                  the rest back to available in the same
 --                                  transaction: `commit` entries, then
@@ -32,7 +35,10 @@
 --                                  lapsed expires at once instead
 --                                  (`grant_expire`). An extension
 --                                  sets expires_at to now + ttl (a job's
---                                  never earlier than it was).
+--                                  never earlier than it was), but never
+--                                  past the earliest expiry of the grants
+--                                  its tokens came from (grant expiry
+--                                  dominates extension).
 -- `resolved` is true when the item moved the reservation out of `held`;
 -- `at` is the time of the ledger entries of this call.
 -- How a settlement moves the grants a reservation drew from (`p_draws`,
@@ -69,6 +75,20 @@ LANGUAGE sql IMMUTABLE AS $$
     ORDER BY p.step, p.k
 $$;
 
+-- Grant expiry dominates extension, written once: the expiry an extension
+-- gives a reservation that asks for `p_asked` when the earliest expiry of
+-- the grants it drew from is `p_cap` (NULL: none of them expires) and it
+-- expires at `p_current` now. Within the cap it gets what it asks; beyond
+-- it, it gets the cap — or keeps `p_current` when that is later (the hold
+-- it had when its grant lapsed: the generation in progress may still be
+-- charged within it, docs/grants.md), and never more than it asked.
+CREATE FUNCTION engine_extension_expiry(p_asked timestamptz, p_cap timestamptz,
+    p_current timestamptz) RETURNS timestamptz
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN p_cap IS NULL OR p_asked <= p_cap THEN p_asked
+                ELSE LEAST(p_asked, GREATEST(p_cap, p_current)) END
+$$;
+
 CREATE FUNCTION engine_settle(p_items engine_settle_item[])
 RETURNS TABLE (pos integer, outcome text, detail jsonb, reservation reservations, resolved boolean,
                at timestamptz)
@@ -76,7 +96,7 @@ LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     moves engine_movement[] := '{}';
-    settled_at timestamptz := clock_timestamp();
+    settled_at timestamptz := engine_now();
     committed bigint;
     d record;
     m record;
@@ -109,13 +129,37 @@ BEGIN
                        WHEN i.action <> 'expire' AND (l.found).expires_at <= now()
                            THEN 'expired_on_access'
                        ELSE i.action
-                   END AS verdict
+                   END AS verdict,
+                   -- An extension: the expiry it asks for (a job's never
+                   -- earlier than it was), and the cap: the earliest
+                   -- expiry of the grants it drew from (NULL: none
+                   -- expires). Only for an extension (by the grants'
+                   -- primary key, one probe per draw).
+                   CASE WHEN i.action = 'extend' THEN
+                       CASE WHEN i.job IS NULL THEN now() + make_interval(secs => i.ttl)
+                            ELSE GREATEST((l.found).expires_at, now() + make_interval(secs => i.ttl))
+                       END
+                   END AS asked,
+                   CASE WHEN i.action = 'extend' THEN
+                       (SELECT min(g.expires_at)
+                        FROM jsonb_array_elements((l.found).draws) x
+                        CROSS JOIN LATERAL (SELECT g.expires_at FROM credit_grants g
+                                            WHERE g.id = (x->>'grant_id')::uuid LIMIT 1) g
+                        WHERE (x->>'amount')::bigint > 0)
+                   END AS cap
             FROM unnest(p_items) i
             LEFT JOIN LATERAL (SELECT r AS found FROM reservations r
                                WHERE r.id = i.reservation LIMIT 1) l ON true
         ), judged AS (
             SELECT d.*, d.verdict IN ('commit', 'commit_all', 'release', 'extend', 'expire',
-                                      'expired_on_access') AS changes
+                                      'expired_on_access') AS changes,
+                   -- Grant expiry dominates extension: an extension never
+                   -- carries drawn tokens past their grant's expiry
+                   -- (engine_extension_expiry, the one rule); one that
+                   -- gets less than it asked is capped.
+                   d.verdict = 'extend'
+                   AND engine_extension_expiry(d.asked, d.cap, (d.found).expires_at) < d.asked
+                       AS capped
             FROM decided d
         ), applied AS (
             UPDATE reservations r
@@ -127,19 +171,18 @@ BEGIN
                 resolved_at = CASE WHEN d.verdict = 'extend' THEN NULL ELSE now() END,
                 expires_at = CASE
                     WHEN d.verdict <> 'extend' THEN r.expires_at
-                    WHEN d.job IS NULL THEN now() + make_interval(secs => d.ttl)
-                    ELSE GREATEST(r.expires_at, now() + make_interval(secs => d.ttl)) END
+                    ELSE engine_extension_expiry(d.asked, d.cap, r.expires_at) END
             FROM judged d
             WHERE r.id = d.reservation AND d.changes
             RETURNING d.pos, d.action, d.account, d.reservation, d.amount, d.reason, d.actor,
-                      d.verdict, d.held, d.found, r AS changed
+                      d.verdict, d.held, d.found, d.capped, r AS changed
         )
         -- The items that changed their reservation (as it is now), and
         -- the others: no join of the two (see the locks above).
         SELECT a.* FROM applied a
         UNION ALL
         SELECT d.pos, d.action, d.account, d.reservation, d.amount, d.reason, d.actor, d.verdict,
-               d.held, d.found, NULL::reservations
+               d.held, d.found, d.capped, NULL::reservations
         FROM judged d
         WHERE NOT d.changes
         ORDER BY pos
@@ -159,7 +202,7 @@ BEGIN
             WHEN 'amount_exceeds_held' THEN
                 outcome := d.verdict; detail := jsonb_build_object('held', d.held, 'amount', d.amount);
             WHEN 'extend' THEN
-                outcome := 'extended';
+                outcome := CASE WHEN d.capped THEN 'extended_capped' ELSE 'extended' END;
             ELSE
                 -- A resolution: commit, commit_all, release, expire, or an
                 -- expiry on access.

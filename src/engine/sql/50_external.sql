@@ -10,15 +10,20 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- Tokens from outside: credits (top-ups) and signed adjustments, one rule
--- for both. Each is idempotent on its external_ref, which is unique across
--- all accounts (credits and adjustments each). For `p_kind` credit or
--- adjustment, in this order:
+-- for both. Each is idempotent on its external_ref, which names one
+-- booking across all accounts and across credits and adjustments: one
+-- namespace (a credit and an adjustment never share a reference). For
+-- `p_kind` credit or adjustment, in this order:
 --   not_found {what: account}      no such account;
---   replayed / idempotency_key_reused
+--   replayed / idempotency_key_reused {existing: {kind, id, account_id,
+--                                  entry_id}}
 --                                  the external_ref was used before: the same
---                                  account, amount and note (credit) or
+--                                  kind, account, amount and note (credit) or
 --                                  reason (adjustment) is a replay, anything
---                                  else (another account's included) a reuse;
+--                                  else (the other kind, another account's
+--                                  included) a reuse, which names the
+--                                  booking that holds the reference (its
+--                                  kind, id, account and last ledger entry);
 --                                  (a credit's or a positive adjustment's
 --                                  priority and expiry are part of its
 --                                  body);
@@ -72,7 +77,7 @@ BEGIN
         outcome := 'not_found'; detail := '{"what": "account"}';
         RETURN;
     END IF;
-    at := clock_timestamp();
+    at := engine_now();
     IF p_amount < 0 THEN
         -- A removal is a spending decision: grants lapsed by now leave
         -- first (engine_lapse_grants), and it sees the balance without them.
@@ -80,17 +85,31 @@ BEGIN
             SELECT * INTO account FROM accounts WHERE id = p_account;
         END IF;
     END IF;
+    -- One namespace: the reference's own lock (transaction-scoped, on a
+    -- hash of it), so two requests naming the same external_ref — a credit
+    -- and an adjustment, on any accounts — are decided one after the
+    -- other, and the second sees the first's booking. Taken after the
+    -- account's row lock, as every caller does; two requests holding
+    -- different references never wait on each other (a hash collision
+    -- only makes them wait).
+    PERFORM pg_advisory_xact_lock(hashtextextended('token_billing.external_ref:' || p_external_ref, 0));
     FOR attempt IN 1 .. 2 LOOP
-        IF p_kind = 'credit' THEN
-            SELECT c.id, c.account_id, c.amount, c.note AS said, to_jsonb(c) AS row INTO earlier
-            FROM credits c WHERE c.external_ref = p_external_ref;
-        ELSE
-            SELECT a.id, a.account_id, a.amount, a.reason AS said, to_jsonb(a) AS row INTO earlier
-            FROM adjustments a WHERE a.external_ref = p_external_ref;
-        END IF;
+        -- The booking of this reference, of either kind (its own kind
+        -- first: a reference booked as both before the namespace was one,
+        -- which the migration external_ref_namespace reports, replays as
+        -- its own kind).
+        SELECT x.kind, x.id, x.account_id, x.amount, x.said, x.row INTO earlier
+        FROM (SELECT 'credit' AS kind, c.id, c.account_id, c.amount, c.note AS said,
+                     to_jsonb(c) AS row
+              FROM credits c WHERE c.external_ref = p_external_ref
+              UNION ALL
+              SELECT 'adjustment', a.id, a.account_id, a.amount, a.reason, to_jsonb(a)
+              FROM adjustments a WHERE a.external_ref = p_external_ref) x
+        ORDER BY x.kind = p_kind DESC
+        LIMIT 1;
         IF FOUND THEN
             SELECT * INTO made_grant FROM credit_grants g WHERE g.id = earlier.id;
-            IF earlier.account_id = p_account AND earlier.amount = p_amount
+            IF earlier.kind = p_kind AND earlier.account_id = p_account AND earlier.amount = p_amount
                AND earlier.said IS NOT DISTINCT FROM
                    (CASE p_kind WHEN 'credit' THEN p_note ELSE p_reason END)
                AND made_grant.priority IS NOT DISTINCT FROM p_priority
@@ -103,7 +122,14 @@ BEGIN
                 object := engine_external_json(p_kind, earlier.row, to_jsonb(entry),
                     CASE WHEN made_grant.id IS NOT NULL THEN to_jsonb(made_grant) END);
             ELSE
+                -- Another kind, account or body: refused, naming the
+                -- booking that holds the reference (its last entry).
                 outcome := 'idempotency_key_reused';
+                detail := jsonb_build_object('existing', jsonb_build_object(
+                    'kind', earlier.kind, 'id', earlier.id, 'account_id', earlier.account_id,
+                    'entry_id', (SELECT e.id FROM ledger_entries e
+                                 WHERE e.external_ref = p_external_ref AND e.kind = earlier.kind
+                                 ORDER BY e.id DESC LIMIT 1)));
             END IF;
             RETURN;
         END IF;

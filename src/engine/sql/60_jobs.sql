@@ -9,7 +9,7 @@ LANGUAGE sql AS $$
     INSERT INTO events (type, account_id, data, created_at)
     SELECT 'job.' || j.status, j.account_id,
            engine_event_account(a) || jsonb_build_object('job', engine_job_json(j)),
-           COALESCE(j.finished_at, clock_timestamp())
+           COALESCE(j.finished_at, engine_now())
     FROM generation_jobs j JOIN accounts a ON a.id = j.account_id
     WHERE j.id = ANY (p_jobs) AND j.status IN ('succeeded', 'failed')
     ORDER BY j.id
@@ -29,7 +29,7 @@ DECLARE
 BEGIN
     WITH changed AS (
         UPDATE generation_jobs j
-        SET status = 'failed', finished_at = COALESCE(p_at, clock_timestamp()), updated_at = now(),
+        SET status = 'failed', finished_at = COALESCE(p_at, engine_now()), updated_at = now(),
             lease_expires_at = NULL, lease_token = j.lease_token + 1,
             error = jsonb_build_object('code', 'reservation_expired',
                 'message', 'the job''s reservation expired before it finished')
@@ -183,8 +183,12 @@ BEGIN
             FOR UPDATE OF j);
     END IF;
     IF cardinality(fenced) > 0 THEN
-        SELECT COALESCE(array_agg((fenced[s.pos]).id) FILTER (WHERE s.outcome = 'extended'), '{}'),
-               array_agg((fenced[s.pos]).id) FILTER (WHERE s.outcome <> 'extended'),
+        -- (An extension capped at its grants' expiry is an extension: the
+        -- job keeps its reservation until then, and its lease moves on.)
+        SELECT COALESCE(array_agg((fenced[s.pos]).id)
+                            FILTER (WHERE s.outcome IN ('extended', 'extended_capped')), '{}'),
+               array_agg((fenced[s.pos]).id)
+                   FILTER (WHERE s.outcome NOT IN ('extended', 'extended_capped')),
                max(s.at)
         INTO extended, lost, lost_at
         FROM engine_settle(ARRAY(

@@ -69,7 +69,7 @@ RETURNS TABLE (op_position integer, outcome text, object jsonb)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
-    at timestamptz := clock_timestamp();
+    at timestamptz := engine_now();
     applied record;
     stale uuid[] := '{}';
 BEGIN

@@ -1,0 +1,1 @@
+DROP VIEW external_ref_collisions;
