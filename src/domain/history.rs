@@ -459,7 +459,11 @@ pub fn closed_at_lsn(conn: &mut PgConnection, before: DateTime<Utc>) -> Result<S
 }
 
 /// Whether this server has replayed the primary's WAL up to `lsn` (the
-/// primary itself always has).
+/// primary itself always has). Asked of `pg_is_in_recovery()` first: a
+/// primary that went through crash recovery keeps answering
+/// `pg_last_wal_replay_lsn()` with where that recovery ended, which is
+/// behind everything it wrote since. (A standby that has replayed nothing
+/// yet has not replayed `lsn`.)
 pub fn replayed_to(conn: &mut PgConnection, lsn: &str) -> Result<bool, ApiError> {
     #[derive(QueryableByName)]
     struct Replayed {
@@ -467,7 +471,8 @@ pub fn replayed_to(conn: &mut PgConnection, lsn: &str) -> Result<bool, ApiError>
         replayed: bool,
     }
     let row: Replayed = diesel::sql_query(
-        "SELECT COALESCE(pg_last_wal_replay_lsn() >= $1::pg_lsn, true) AS replayed",
+        "SELECT NOT pg_is_in_recovery() \
+                OR COALESCE(pg_last_wal_replay_lsn() >= $1::pg_lsn, false) AS replayed",
     )
     .bind::<Text, _>(lsn)
     .get_result(conn)?;
