@@ -60,6 +60,13 @@ pub enum ApiError {
         at: String,
         retry_after_seconds: u64,
     },
+    /// A second threshold top-up rule on an account (one per account; its
+    /// state lives on the account).
+    #[error(
+        "this account has a threshold top-up rule already ({rule_id}); change it with PATCH, or \
+         delete it first"
+    )]
+    ThresholdRuleExists { rule_id: uuid::Uuid },
     #[error("database unavailable: {0}")]
     Unavailable(String),
     #[error("internal error: {0}")]
@@ -84,6 +91,7 @@ impl ApiError {
             }
             ApiError::TooManyActiveReservations { .. } => "too_many_active_reservations",
             ApiError::InstantNotClosed { .. } => "instant_not_closed",
+            ApiError::ThresholdRuleExists { .. } => "threshold_rule_exists",
             ApiError::RateLimited { .. } | ApiError::AddressThrottled { .. } => "rate_limited",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::Internal(_) => "internal_error",
@@ -107,6 +115,7 @@ impl ApiError {
             }
             ApiError::TooManyActiveReservations { .. } => "Too many active reservations",
             ApiError::InstantNotClosed { .. } => "Instant not closed",
+            ApiError::ThresholdRuleExists { .. } => "Threshold rule exists",
             ApiError::RateLimited { .. } | ApiError::AddressThrottled { .. } => "Rate limited",
             ApiError::Unavailable(_) => "Service unavailable",
             ApiError::Internal(_) => "Internal server error",
@@ -156,6 +165,9 @@ impl ApiError {
             ApiError::ExternalRefReused { existing, .. } => {
                 extra.insert("existing".into(), existing.clone());
             }
+            ApiError::ThresholdRuleExists { rule_id } => {
+                extra.insert("rule_id".into(), json!(rule_id));
+            }
             _ => {}
         }
         extra
@@ -174,7 +186,8 @@ impl ResponseError for ApiError {
             ApiError::ReservationNotHeld { .. }
             | ApiError::ReservationOwnedByJob
             | ApiError::AccountSuspended
-            | ApiError::InstantNotClosed { .. } => StatusCode::CONFLICT,
+            | ApiError::InstantNotClosed { .. }
+            | ApiError::ThresholdRuleExists { .. } => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::IdempotencyKeyReused(_) | ApiError::ExternalRefReused { .. } => {
                 StatusCode::UNPROCESSABLE_ENTITY
@@ -340,6 +353,7 @@ pub enum ProblemCode {
     IdempotencyKeyReused,
     TooManyActiveReservations,
     InstantNotClosed,
+    ThresholdRuleExists,
     RateLimited,
     Unavailable,
     InternalError,
@@ -385,6 +399,10 @@ pub struct Problem {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub existing: Option<ExistingBooking>,
+    /// With `threshold_rule_exists`: the account's threshold top-up rule.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub rule_id: Option<uuid::Uuid>,
     /// The request's id, as in the `X-Request-Id` header: quote it when
     /// reporting a problem.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -488,6 +506,9 @@ mod tests {
                 at: "x".into(),
                 retry_after_seconds: 1,
             },
+            ApiError::ThresholdRuleExists {
+                rule_id: uuid::Uuid::nil(),
+            },
             ApiError::RateLimited {
                 retry_after_seconds: 1,
             },
@@ -519,6 +540,7 @@ mod tests {
             | ApiError::ExternalRefReused { .. }
             | ApiError::TooManyActiveReservations { .. }
             | ApiError::InstantNotClosed { .. }
+            | ApiError::ThresholdRuleExists { .. }
             | ApiError::RateLimited { .. }
             | ApiError::AddressThrottled { .. }
             | ApiError::Unavailable(_)

@@ -17,7 +17,7 @@ use utoipa::{Modify, OpenApi};
 use crate::domain::{
     accounts, api_keys, audit, checks, credits, events, history, idempotency, jobs, ledger,
 };
-use crate::domain::{grants, reconciliation, reservations, system, types};
+use crate::domain::{grants, reconciliation, reservations, system, topups, types};
 use crate::error::{ApiError, ExistingBooking, Problem, ProblemCode};
 use crate::routes;
 use crate::webhooks::endpoints;
@@ -55,6 +55,11 @@ use crate::webhooks::endpoints;
         routes::audit::list_audit_events,
         routes::credits::create_credit,
         routes::credits::create_adjustment,
+        routes::topups::create_rule,
+        routes::topups::list_rules,
+        routes::topups::get_rule,
+        routes::topups::update_rule,
+        routes::topups::delete_rule,
         routes::reservations::create_reservation,
         routes::reservations::get_reservation,
         routes::reservations::commit_reservation,
@@ -104,6 +109,14 @@ use crate::webhooks::endpoints;
         reservations::Draw,
         grants::GrantView,
         grants::GrantPage,
+        topups::TopupRuleBody,
+        topups::TopupRuleView,
+        topups::TopupFiringView,
+        topups::TopupRulePage,
+        topups::Trigger,
+        topups::Period,
+        topups::Method,
+        topups::Mode,
         system::DatabaseSummary,
         routes::system::SystemSummary,
         routes::system::ReplicaSummary,
@@ -145,6 +158,7 @@ use crate::webhooks::endpoints;
         (name = "events", description = "The event feed: what happened to the money"),
         (name = "webhooks", description = "Webhook endpoints, signed deliveries, the delivery log"),
         (name = "credits", description = "Top-ups and adjustments (admin)"),
+        (name = "topups", description = "Automatic top-up rules: a threshold or a schedule credits the account, or asks the customer's billing to (docs/topups.md)"),
         (name = "audit", description = "Who changed what (admin, finance)"),
         (name = "reservations", description = "Reserve, commit, release, extend"),
         (name = "jobs", description = "Generation jobs paid from a reservation"),
@@ -463,7 +477,18 @@ const STATE_PROPERTIES: [(&str, &str, &str); 9] = [
 /// Closed sets of strings written by the service itself, each in one
 /// place of the code or a `CHECK` (the comment names it): (schema,
 /// property, values).
-const CLOSED_STRINGS: [(&str, &str, &[&str]); 7] = [
+const CLOSED_STRINGS: [(&str, &str, &[&str]); 9] = [
+    // topup_firings.outcome and .state CHECKs.
+    (
+        "TopupFiringView",
+        "outcome",
+        &["granted", "requested", "cap_reached", "skipped"],
+    ),
+    (
+        "TopupFiringView",
+        "state",
+        &["open", "fulfilled", "expired"],
+    ),
     // domain::reconciliation (a report and each account line).
     ("Report", "status", &["ok", "mismatch"]),
     ("AccountLine", "status", &["ok", "mismatch"]),

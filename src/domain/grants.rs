@@ -55,6 +55,9 @@ pub struct GrantView {
     /// held: nothing can draw it.
     #[serde(with = "crate::time::micros_option")]
     pub expired_at: Option<DateTime<Utc>>,
+    /// The top-up rule whose firing made it (docs/topups.md); null for a
+    /// credit or adjustment made by hand.
+    pub topup_rule_id: Option<Uuid>,
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]

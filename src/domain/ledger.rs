@@ -140,6 +140,8 @@ pub struct LedgerEntryView {
     /// grants writes one entry per grant); null for entries written before
     /// grants existed.
     pub grant_id: Option<Uuid>,
+    /// A top-up's credit: the rule that made it (docs/topups.md); else null.
+    pub topup_rule_id: Option<Uuid>,
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]

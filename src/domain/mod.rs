@@ -19,6 +19,7 @@ pub mod reconciliation;
 pub mod reservations;
 pub mod retention;
 pub mod system;
+pub mod topups;
 
 // The value types and states live below the domain (the engine's contract
 // and the stored states); their old paths keep working.

@@ -40,6 +40,10 @@ pub struct PassReport {
     pub grant_tokens_expired: i64,
     /// `grant.expiring` notices sent.
     pub grants_noticed: u64,
+    /// Schedule top-up rules looked at (each fired for its period unless it
+    /// had), and top-up requests that expired unanswered.
+    pub topup_schedules: u64,
+    pub topup_requests_expired: u64,
     pub batches: u64,
     pub violations: Vec<Discrepancy>,
 }
@@ -61,6 +65,7 @@ pub fn run_pass(
     let mut report = PassReport::default();
     lapse_grants(conn, settings, metrics, &mut report)?;
     notice_expiring_grants(conn, settings, &mut report)?;
+    run_topup_schedules(conn, settings, &mut report)?;
     expire_stale_reservations(conn, settings, metrics, &mut report)?;
     requeue_expired_leases(conn, settings, &mut report)?;
     fail_exhausted_leases(conn, settings, metrics, &mut report)?;
@@ -257,6 +262,24 @@ fn notice_expiring_grants(
             .noticed;
         report.grants_noticed += u64::try_from(noticed).unwrap_or(0);
         Ok(i64::from(noticed))
+    })
+}
+
+/// Step 0c: schedule top-up rules fire for their current period (once: a
+/// unique key of rule and period), and top-up requests past their expiry
+/// expire — the engine's `engine_topup_schedule` and
+/// `engine_topup_expire_requests`, with the service's clock.
+fn run_topup_schedules(
+    conn: &mut PgConnection,
+    settings: &ReaperSettings,
+    report: &mut PassReport,
+) -> Result<(), ApiError> {
+    until_short(settings, report, |limit, report| {
+        let (scheduled, expired) =
+            crate::domain::topups::run_schedules(conn, chrono::Utc::now(), limit)?;
+        report.topup_schedules += u64::try_from(scheduled).unwrap_or(0);
+        report.topup_requests_expired += u64::try_from(expired).unwrap_or(0);
+        Ok(scheduled.max(expired))
     })
 }
 

@@ -36,6 +36,10 @@ pub struct CreditView {
     pub expires_at: Option<DateTime<Utc>>,
     /// The grant's priority (0 is drawn first).
     pub priority: i16,
+    /// The top-up rule it answers or made (docs/topups.md): a credit whose
+    /// `external_ref` is a top-up request's id, or a rule's own grant; else
+    /// null.
+    pub topup_rule_id: Option<Uuid>,
 }
 
 /// An adjustment as the API and `adjustment.created` show it

@@ -31,7 +31,7 @@ struct EventQuery {
     /// Only events of this type.
     #[param(
         rename = "type",
-        pattern = "^(account\\.balance_low|account\\.balance_recovered|account\\.balance_depleted|credit\\.created|adjustment\\.created|reservation\\.expired|grant\\.expired|grant\\.expiring|job\\.succeeded|job\\.failed|invariant\\.violated|endpoint\\.disabled)$"
+        pattern = "^(account\\.balance_low|account\\.balance_recovered|account\\.balance_depleted|credit\\.created|adjustment\\.created|reservation\\.expired|grant\\.expired|grant\\.expiring|topup\\.granted|topup\\.requested|topup\\.request_expired|topup\\.cap_reached|job\\.succeeded|job\\.failed|invariant\\.violated|endpoint\\.disabled)$"
     )]
     #[serde(rename = "type")]
     event_type: Option<String>,

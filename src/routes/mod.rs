@@ -22,6 +22,7 @@ pub(crate) mod reconciliation;
 pub(crate) mod reservations;
 mod state;
 pub(crate) mod system;
+pub(crate) mod topups;
 pub(crate) mod webhooks;
 
 pub use state::AppState;
@@ -49,6 +50,7 @@ pub fn configure(config: &mut web::ServiceConfig) {
     jobs::configure(config);
     accounts::configure(config);
     credits::configure(config);
+    topups::configure(config);
     api_keys::configure(config);
     audit::configure(config);
     events::configure(config);
@@ -216,7 +218,7 @@ pub fn optional_json_body<T: serde::de::DeserializeOwned + Default>(
 /// Reads `T` from a body's object; an error names the field it is about
 /// (`invalid JSON body: amount: invalid type: string "50", expected i64`),
 /// nested ones by their path (`params.simulate.delay_ms`).
-fn from_json_object<T: serde::de::DeserializeOwned>(
+pub(crate) fn from_json_object<T: serde::de::DeserializeOwned>(
     object: serde_json::Map<String, serde_json::Value>,
 ) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(serde_json::Value::Object(object)).map_err(|error| {

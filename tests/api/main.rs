@@ -48,5 +48,6 @@ mod reservations;
 mod secrets;
 mod security;
 mod throttle_paths;
+mod topups;
 mod webhook_durability;
 mod webhooks;

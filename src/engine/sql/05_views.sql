@@ -33,7 +33,12 @@ LANGUAGE sql STABLE AS $$
         'reservation_id', p_entry->'reservation_id', 'job_id', p_entry->'job_id',
         'external_ref', p_entry->'external_ref', 'reason', p_entry->'reason',
         'actor', p_entry->'actor', 'created_at', engine_time_of(p_entry->'created_at'),
-        'grant_id', p_entry->'grant_id')
+        'grant_id', p_entry->'grant_id',
+        -- A top-up's credit names its rule through its grant (the ledger
+        -- row itself never changes: the rule is the grant's).
+        'topup_rule_id', CASE WHEN p_entry->>'kind' = 'credit' THEN
+            (SELECT to_jsonb(g.topup_rule_id) FROM credit_grants g
+             WHERE g.id = (p_entry->>'grant_id')::uuid) END)
 $$;
 
 -- A reservation (the reservations API, `reservation.expired`).
@@ -60,7 +65,7 @@ LANGUAGE sql STABLE AS $$
         'available', p_entry->'available_after', 'reserved', p_entry->'reserved_after',
         'used', p_entry->'used_after', 'ledger_entry_id', p_entry->'id',
         'grant_id', p_grant->'id', 'expires_at', engine_time_of(p_grant->'expires_at'),
-        'priority', p_grant->'priority')
+        'priority', p_grant->'priority', 'topup_rule_id', p_grant->'topup_rule_id')
 $$;
 
 -- An adjustment with the balances of its (last) ledger entry and the grant

@@ -68,6 +68,19 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT p_threshold > 0 AND p_available < p_threshold
 $$;
 
+-- Whether an account's top-up state must change (80_topups.sql): its
+-- threshold rule is armed and `available` went below the line (it fires),
+-- or it is not armed and `available` is back at or above the line (it
+-- re-arms). `p_line` is accounts.topup_threshold (0: no live threshold
+-- rule, never due). The lean path sends no movement that makes this true;
+-- engine_record calls engine_topup_evaluate for every account it makes
+-- true.
+CREATE FUNCTION engine_topup_due(p_available bigint, p_line bigint, p_armed boolean)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT p_line > 0 AND (p_available < p_line) = p_armed
+$$;
+
 -- The common part of an account's events: its id and balances.
 CREATE FUNCTION engine_event_balances(p_account uuid, p_available bigint, p_reserved bigint,
     p_used bigint, p_credited bigint, p_adjusted bigint, p_threshold bigint) RETURNS jsonb
@@ -120,6 +133,8 @@ DECLARE
     written ledger_entries[];
     watched accounts[];
     lapsed bigint;
+    topups uuid[];
+    topped uuid;
 BEGIN
     WITH moves AS (
         SELECT m.*, d.available AS d_available, d.reserved AS d_reserved, d.used AS d_used,
@@ -200,8 +215,11 @@ BEGIN
                OR b.id IN (SELECT e.account_id FROM entries e
                            WHERE e.kind IN ('credit', 'adjustment', 'expire', 'grant_expire')
                               OR e.available_after = 0)),
-           (SELECT sum(e.amount)::bigint FROM entries e WHERE e.kind = 'grant_expire')
-    INTO written, watched, lapsed;
+           (SELECT sum(e.amount)::bigint FROM entries e WHERE e.kind = 'grant_expire'),
+           -- Accounts whose threshold top-up rule must fire or re-arm.
+           (SELECT array_agg(b.id ORDER BY b.id) FROM before b JOIN totals t ON t.account = b.id
+            WHERE engine_topup_due(b.available + t.d_available, b.topup_threshold, b.topup_armed))
+    INTO written, watched, lapsed, topups;
 
     -- Tokens that left by a grant's lapse, added up for the caller's
     -- metrics (engine_take_grant_expired) for the rest of the transaction.
@@ -308,6 +326,15 @@ BEGIN
             FROM notable m WHERE m.available_after = 0 AND m.available_after - m.d_available > 0
         ) ev
         ORDER BY ev.id, ev.step;
+    END IF;
+
+    -- A threshold rule fires (or re-arms) after the movement that crossed
+    -- its line, in its transaction: its top-up's entries and events come
+    -- after this movement's.
+    IF topups IS NOT NULL THEN
+        FOREACH topped IN ARRAY topups LOOP
+            PERFORM engine_topup_evaluate(topped, engine_now());
+        END LOOP;
     END IF;
 
     RETURN QUERY SELECT w.* FROM unnest(written) w;

@@ -26,7 +26,8 @@ LANGUAGE sql STABLE AS $$
                                       (p_grant->>'reserved')::bigint, now()),
         'external_ref', p_grant->'external_ref',
         'created_at', engine_time_of(p_grant->'created_at'),
-        'expired_at', engine_time_of(p_grant->'expired_at'))
+        'expired_at', engine_time_of(p_grant->'expired_at'),
+        'topup_rule_id', p_grant->'topup_rule_id')
 $$;
 
 -- When a grant's lapse is due at `p_at`, written once: its expiry has

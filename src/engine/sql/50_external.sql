@@ -52,10 +52,15 @@ $$;
 -- account's after the whole movement; a replay answers with the same one)
 -- and the grant made (none for a negative adjustment).
 -- `p_priority` is set exactly for a credit and a positive adjustment;
--- `p_expires_at` may be set only for one.
+-- `p_expires_at` may be set only for one. `p_topup_rule` names the rule of
+-- a top-up the engine makes itself (80_topups.sql; NULL for the API's
+-- credits): its grant carries it (and so its entry, engine_entry_json). A credit whose external_ref is
+-- the id of one of the account's top-up requests answers that request
+-- (engine_topup_answer) and names its rule the same way.
 CREATE FUNCTION engine_external(
     p_kind text, p_account uuid, p_id uuid, p_amount bigint, p_external_ref text, p_note text,
     p_reason text, p_actor text, p_request_id text, p_priority integer, p_expires_at timestamptz,
+    p_topup_rule uuid,
     OUT outcome text, OUT detail jsonb, OUT object jsonb
 )
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
@@ -67,6 +72,7 @@ DECLARE
     entry ledger_entries;
     made_grant credit_grants;
     at timestamptz;
+    rule uuid := p_topup_rule;
 BEGIN
     IF (p_priority IS NOT NULL) <> (p_amount > 0) OR (p_expires_at IS NOT NULL AND p_amount <= 0) THEN
         RAISE EXCEPTION 'engine_external: a priority is given exactly with a positive amount, an expiry only with one'
@@ -164,11 +170,17 @@ BEGIN
     IF made IS NULL THEN
         RAISE EXCEPTION 'engine_external: external_ref % neither found nor inserted', p_external_ref;
     END IF;
+    IF p_kind = 'credit' AND rule IS NULL THEN
+        -- Before the entry is recorded: a request answered no longer
+        -- counts toward the account's top-up line, which engine_record
+        -- then judges.
+        rule := engine_topup_answer(p_account, p_external_ref, p_id, at);
+    END IF;
     IF p_amount > 0 THEN
         INSERT INTO credit_grants (id, account_id, source, amount, remaining, priority, external_ref,
-            created_at, expires_at, drawable)
+            created_at, expires_at, drawable, topup_rule_id)
         VALUES (p_id, p_account, p_kind, p_amount, p_amount, p_priority, p_external_ref, at,
-            p_expires_at, true)
+            p_expires_at, true, rule)
         RETURNING * INTO made_grant;
         SELECT * INTO entry FROM engine_record(ARRAY[ROW(p_account, p_kind, p_amount, 0, NULL, NULL,
             p_external_ref, CASE p_kind WHEN 'adjustment' THEN p_reason END, p_actor, at,

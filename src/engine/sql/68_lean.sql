@@ -12,7 +12,7 @@
 -- the batch), no grant of the account is due to lapse, a settlement is of
 -- a held, unexpired reservation of the account (once in the batch) and
 -- returns nothing to a lapsed grant, and no movement crosses the
--- low-balance threshold or empties the account. The operations are
+-- low-balance threshold or a top-up rule's line, or empties the account. The operations are
 -- checked in batch order as if one by one, each after the ones before it
 -- (the balances and reservation counts of the account carried forward);
 -- the batch's plain prefix — everything before its first operation that
@@ -98,7 +98,7 @@ BEGIN
         SELECT o.*, a.id AS a_id, a.status, a.available AS a_available,
                a.reserved AS a_reserved, a.used AS a_used,
                a.active_reservations, a.max_active_reservations, a.low_balance_threshold,
-               a.balance_low,
+               a.balance_low, a.topup_threshold, a.topup_armed,
                r.id AS r_id, r.amount AS r_amount, r.draws AS r_draws, r.state AS r_state,
                r.expires_at AS r_expires_at, r.job_id AS r_job,
                CASE o.op WHEN 'commit' THEN o.amount WHEN 'commit_all' THEN r.amount ELSE 0 END
@@ -156,6 +156,9 @@ BEGIN
                    AND (s.low_balance_threshold = 0
                         OR engine_is_low(s.a_available - s.spent, s.low_balance_threshold)
                            = s.balance_low)
+                   -- (Nor a top-up rule's line: it fires in engine_record.)
+                   AND NOT engine_topup_due(s.a_available - s.spent, s.topup_threshold,
+                                            s.topup_armed)
                    AND NOT s.returned_before AND NOT s.taken
                    AND NOT EXISTS (SELECT 1 FROM credit_grants g
                                    WHERE g.account_id = s.account AND g.drawable
@@ -169,6 +172,8 @@ BEGIN
                    -- A return of tokens may cross the threshold (an event):
                    -- only without a threshold, or when nothing goes back.
                    AND (s.low_balance_threshold = 0 OR s.committed = s.r_amount)
+                   -- (And a top-up rule's line: a return may re-arm it.)
+                   AND (s.topup_threshold = 0 OR s.committed = s.r_amount)
                    -- No draw's grant has lapsed (a return to it would
                    -- expire). (By the primary key: a join with the draws is
                    -- planned as a scan of every grant.)

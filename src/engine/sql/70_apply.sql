@@ -238,7 +238,7 @@ BEGIN
                 SELECT * INTO r FROM engine_external(
                     CASE e.op WHEN 'credit' THEN 'credit' ELSE 'adjustment' END, e.account,
                     e.new_id, e.amount, e.external_ref, e.note, e.reason, e.actor,
-                    e.http_request_id, e.priority, e.expires_at);
+                    e.http_request_id, e.priority, e.expires_at, NULL);
                 outcome := r.outcome; detail := r.detail; object := r.object;
             ELSE
                 -- The job's account is locked above only if it is the one

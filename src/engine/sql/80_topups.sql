@@ -1,0 +1,418 @@
+-- Automatic top-ups (docs/topups.md): an account's rules credit it, or ask
+-- the customer's billing to, when its balance falls below a threshold or
+-- once per period.
+--
+-- A threshold rule's decision is taken here, in the transaction of the
+-- movement that crossed its line, never by a webhook or a scheduler:
+-- engine_record finds the accounts whose state must change
+-- (engine_topup_due in 10_record.sql: the rule is armed and `available`
+-- went below the line, or it is not armed and `available` is back at or
+-- above it) and calls engine_topup_evaluate for each, under the account's
+-- row lock. So twenty kiosks crossing together are decided one after the
+-- other, and only the first finds the rule armed: one top-up. The lean path
+-- (68_lean.sql) applies no movement that makes a rule due.
+--
+-- The line lives on the account row, which every spend reads anyway:
+-- accounts.topup_threshold is the rule's threshold less the tokens of its
+-- open request (so "available plus what is requested" is what is compared
+-- with the threshold), 0 when the account has no live threshold rule; and
+-- accounts.topup_armed.
+--
+-- A schedule rule fires once per period (engine_topup_schedule, from the
+-- reaper, with the service's clock): one firing row per rule and period
+-- (a unique key), whichever replica or restart gets there first; after
+-- downtime only the current period fires, once.
+
+-- The period of a schedule rule that holds `p_at`: [start, end), local
+-- midnights in `p_zone`. weekly: from the ISO day `p_anchor` (1 = Monday);
+-- monthly: from day `p_anchor` (1 … 28) of the month.
+CREATE FUNCTION engine_topup_period(p_period text, p_anchor integer, p_zone text,
+    p_at timestamptz, OUT period_start timestamptz, OUT period_end timestamptz)
+LANGUAGE sql STABLE AS $$
+    WITH l AS (
+        SELECT (p_at AT TIME ZONE p_zone)::date AS d
+    ), s AS (
+        SELECT CASE p_period
+            WHEN 'daily' THEN l.d
+            WHEN 'weekly' THEN l.d - ((extract(isodow FROM l.d)::integer - p_anchor + 7) % 7)
+            ELSE (make_date(extract(year FROM l.d)::integer, extract(month FROM l.d)::integer,
+                            p_anchor)
+                  - CASE WHEN extract(day FROM l.d) >= p_anchor THEN interval '0'
+                         ELSE interval '1 month' END)::date
+        END AS start
+        FROM l
+    )
+    SELECT s.start::timestamp AT TIME ZONE p_zone,
+           (s.start + CASE p_period WHEN 'daily' THEN interval '1 day'
+                                    WHEN 'weekly' THEN interval '7 days'
+                                    ELSE interval '1 month' END) AT TIME ZONE p_zone
+    FROM s
+$$;
+
+-- A duration as the API shows it (ISO 8601): whole days as PnD, else
+-- whole hours PTnH, whole minutes PTnM, or seconds PTnS.
+CREATE FUNCTION engine_duration_text(p_seconds bigint) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN p_seconds IS NULL THEN NULL
+                WHEN p_seconds % 86400 = 0 THEN 'P' || p_seconds / 86400 || 'D'
+                WHEN p_seconds % 3600 = 0 THEN 'PT' || p_seconds / 3600 || 'H'
+                WHEN p_seconds % 60 = 0 THEN 'PT' || p_seconds / 60 || 'M'
+                ELSE 'PT' || p_seconds || 'S' END
+$$;
+
+-- A firing as the API and the events show it (a request is a firing whose
+-- outcome is `requested`: its firing_id is the external_ref the
+-- customer's credit names).
+CREATE FUNCTION engine_topup_firing_json(p_firing jsonb) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object('firing_id', p_firing->'id', 'rule_id', p_firing->'rule_id',
+        'account_id', p_firing->'account_id', 'outcome', p_firing->'outcome',
+        'tokens', p_firing->'tokens',
+        'period_start', engine_time_of(p_firing->'period_start'),
+        'cap_period', p_firing->'cap_period',
+        'state', p_firing->'state', 'expires_at', engine_time_of(p_firing->'expires_at'),
+        'credit_id', p_firing->'credit_id',
+        'created_at', engine_time_of(p_firing->'created_at'),
+        'resolved_at', engine_time_of(p_firing->'resolved_at'))
+$$;
+
+-- A rule as the API and the events show it, with whether a threshold
+-- rule is armed and its last firing.
+CREATE FUNCTION engine_topup_rule_json(p_rule jsonb) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object('rule_id', p_rule->'id', 'account_id', p_rule->'account_id',
+        'trigger', p_rule->'trigger', 'threshold_tokens', p_rule->'threshold_tokens',
+        'period', p_rule->'period', 'anchor_day', p_rule->'anchor_day',
+        'time_zone', p_rule->'time_zone',
+        'method', p_rule->'method', 'tokens', p_rule->'tokens',
+        'target_tokens', p_rule->'target_tokens',
+        'mode', p_rule->'mode',
+        'request_ttl', engine_duration_text((p_rule->>'request_ttl_seconds')::bigint),
+        'priority', p_rule->'priority',
+        'expires_after', engine_duration_text((p_rule->>'expires_after_seconds')::bigint),
+        'expires_at_period_end', p_rule->'expires_at_period_end',
+        'max_tokens_per_day', p_rule->'max_tokens_per_day',
+        'max_tokens_per_month', p_rule->'max_tokens_per_month',
+        'enabled', p_rule->'enabled',
+        'armed', CASE WHEN p_rule->>'trigger' = 'threshold' THEN
+                     (SELECT a.topup_armed FROM accounts a
+                      WHERE a.id = (p_rule->>'account_id')::uuid) END,
+        'created_at', engine_time_of(p_rule->'created_at'),
+        'updated_at', engine_time_of(p_rule->'updated_at'),
+        'last_firing', (SELECT engine_topup_firing_json(to_jsonb(f)) FROM topup_firings f
+                        WHERE f.rule_id = (p_rule->>'id')::uuid
+                        ORDER BY f.created_at DESC, f.id DESC LIMIT 1))
+$$;
+
+-- Brings the account's line up to date (its live threshold rule's
+-- threshold less the tokens of the rule's open request; 0 without a live,
+-- enabled threshold rule, which also disarms) and answers it. The caller
+-- holds the account's row lock.
+CREATE FUNCTION engine_topup_line(p_account uuid) RETURNS bigint
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+#variable_conflict use_column
+DECLARE
+    line bigint;
+BEGIN
+    SELECT GREATEST(r.threshold_tokens
+                    - COALESCE((SELECT sum(f.tokens) FROM topup_firings f
+                                WHERE f.rule_id = r.id AND f.state = 'open'), 0), 0)::bigint
+    INTO line
+    FROM topup_rules r
+    WHERE r.account_id = p_account AND r.trigger = 'threshold' AND r.deleted_at IS NULL
+      AND r.enabled;
+    line := COALESCE(line, 0);
+    UPDATE accounts
+    SET topup_threshold = line,
+        topup_armed = topup_armed AND line > 0
+    WHERE id = p_account AND (topup_threshold <> line OR (topup_armed AND line = 0));
+    RETURN line;
+END;
+$$;
+
+-- The threshold rule's decision after a movement (engine_record) or a
+-- change of the rule (engine_topup_rule_changed): at or above the line it
+-- re-arms; below it, an armed rule disarms and fires. The caller holds the
+-- account's row lock.
+CREATE FUNCTION engine_topup_evaluate(p_account uuid, p_at timestamptz) RETURNS void
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+#variable_conflict use_column
+DECLARE
+    line bigint := engine_topup_line(p_account);
+    account accounts;
+    rule uuid;
+BEGIN
+    IF line = 0 THEN
+        RETURN;
+    END IF;
+    SELECT * INTO account FROM accounts WHERE id = p_account;
+    IF account.available >= line THEN
+        IF NOT account.topup_armed THEN
+            UPDATE accounts SET topup_armed = true WHERE id = p_account;
+        END IF;
+        RETURN;
+    END IF;
+    IF account.topup_armed THEN
+        UPDATE accounts SET topup_armed = false WHERE id = p_account;
+        SELECT r.id INTO rule FROM topup_rules r
+        WHERE r.account_id = p_account AND r.trigger = 'threshold' AND r.deleted_at IS NULL
+          AND r.enabled;
+        PERFORM engine_topup_fire(rule, p_at, NULL, NULL);
+    END IF;
+END;
+$$;
+
+-- One firing of a rule, at `p_at` (the instant that decides its day and
+-- month for the caps; a schedule rule's firing also names its period).
+-- The amount: `tokens` (fixed), or what brings `available` up to
+-- `target_tokens` (target; held reservations are not counted: they are
+-- spent or come back). Then, in this order:
+--   skipped       nothing to add, or a request of the rule is still open
+--                 (no second one);
+--   cap_reached   the amount would pass max_tokens_per_day or
+--                 max_tokens_per_month (granted and requested tokens of the
+--                 rule in that day or month, expired requests not
+--                 counted): nothing is added, and `topup.cap_reached` is
+--                 sent once per cap period (after that, skipped);
+--   granted       (mode grant) a credit through engine_external, its grant
+--                 naming the rule (priority and expiry from the rule),
+--                 external_ref `topup:<firing_id>`; `topup.granted`;
+--   requested     (mode request) an open request for the amount, expiring
+--                 after request_ttl; `topup.requested`; the account's line
+--                 counts it from now on.
+-- A schedule's firing is recorded whatever the outcome (its period is
+-- done). The caller holds the account's row lock.
+CREATE FUNCTION engine_topup_fire(p_rule uuid, p_at timestamptz, p_period_start timestamptz,
+    p_period_end timestamptz) RETURNS text
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+#variable_conflict use_column
+DECLARE
+    rule topup_rules;
+    account accounts;
+    open_tokens bigint;
+    amount bigint;
+    day_start timestamptz;
+    month_start timestamptz;
+    day_used bigint;
+    month_used bigint;
+    per text;
+    cap_key text;
+    cap_max bigint;
+    firing uuid := gen_random_uuid();
+    expires timestamptz;
+    made record;
+    fired text := 'skipped';
+    at timestamptz := engine_now();
+BEGIN
+    SELECT * INTO rule FROM topup_rules WHERE id = p_rule;
+    SELECT * INTO account FROM accounts WHERE id = rule.account_id;
+    SELECT COALESCE(sum(f.tokens), 0)::bigint INTO open_tokens FROM topup_firings f
+    WHERE f.rule_id = rule.id AND f.state = 'open';
+    amount := CASE rule.method WHEN 'fixed' THEN rule.tokens
+                  ELSE GREATEST(rule.target_tokens - account.available, 0) END;
+    expires := CASE WHEN rule.expires_at_period_end THEN p_period_end
+                    WHEN rule.expires_after_seconds IS NOT NULL
+                        THEN at + make_interval(secs => rule.expires_after_seconds) END;
+    IF open_tokens = 0 AND amount > 0 AND (expires IS NULL OR expires > at) THEN
+        day_start := date_trunc('day', p_at AT TIME ZONE rule.time_zone) AT TIME ZONE rule.time_zone;
+        month_start := date_trunc('month', p_at AT TIME ZONE rule.time_zone)
+                       AT TIME ZONE rule.time_zone;
+        SELECT COALESCE(sum(f.tokens) FILTER (WHERE f.created_at >= day_start), 0)::bigint,
+               COALESCE(sum(f.tokens), 0)::bigint
+        INTO day_used, month_used
+        FROM topup_firings f
+        WHERE f.rule_id = rule.id AND f.outcome IN ('granted', 'requested')
+          AND f.state IS DISTINCT FROM 'expired'
+          AND f.created_at >= LEAST(day_start, month_start);
+        IF rule.max_tokens_per_day IS NOT NULL AND day_used + amount > rule.max_tokens_per_day THEN
+            per := 'day';
+            cap_key := 'day:' || to_char(p_at AT TIME ZONE rule.time_zone, 'YYYY-MM-DD');
+            cap_max := rule.max_tokens_per_day;
+        ELSIF rule.max_tokens_per_month IS NOT NULL
+              AND month_used + amount > rule.max_tokens_per_month THEN
+            per := 'month';
+            cap_key := 'month:' || to_char(p_at AT TIME ZONE rule.time_zone, 'YYYY-MM');
+            cap_max := rule.max_tokens_per_month;
+        END IF;
+        IF per IS NOT NULL THEN
+            INSERT INTO topup_firings (id, rule_id, account_id, outcome, period_start, cap_period,
+                tokens, created_at)
+            VALUES (firing, rule.id, rule.account_id, 'cap_reached', p_period_start, cap_key,
+                amount, p_at)
+            ON CONFLICT DO NOTHING;
+            IF FOUND THEN
+                fired := 'cap_reached';
+                PERFORM engine_emit_event('topup.cap_reached', rule.account_id,
+                    engine_event_account(account) || jsonb_build_object(
+                        'rule', engine_topup_rule_json(to_jsonb(rule)),
+                        'cap', jsonb_build_object('per', per, 'period', cap_key,
+                            'max_tokens', cap_max,
+                            'used_tokens', CASE per WHEN 'day' THEN day_used ELSE month_used END,
+                            'tokens', amount)),
+                    at);
+            END IF;
+        ELSIF rule.mode = 'grant' THEN
+            INSERT INTO topup_firings (id, rule_id, account_id, outcome, period_start, tokens,
+                credit_id, created_at)
+            VALUES (firing, rule.id, rule.account_id, 'granted', p_period_start, amount, firing,
+                p_at);
+            SELECT * INTO made FROM engine_external('credit', rule.account_id, firing, amount,
+                'topup:' || firing, 'automatic top-up', NULL, 'topup-rule:' || rule.id, NULL,
+                rule.priority, expires, rule.id);
+            IF made.outcome <> 'created' THEN
+                RAISE EXCEPTION 'engine_topup_fire: the top-up credit of rule % was %',
+                    rule.id, made.outcome;
+            END IF;
+            fired := 'granted';
+            PERFORM engine_emit_event('topup.granted', rule.account_id,
+                (SELECT engine_event_account(a) FROM accounts a WHERE a.id = rule.account_id)
+                || jsonb_build_object(
+                    'rule', engine_topup_rule_json(to_jsonb(rule)),
+                    'firing', (SELECT engine_topup_firing_json(to_jsonb(f)) FROM topup_firings f
+                               WHERE f.id = firing),
+                    'credit', made.object->'credit'),
+                at);
+        ELSE
+            INSERT INTO topup_firings (id, rule_id, account_id, outcome, period_start, tokens,
+                state, expires_at, created_at)
+            VALUES (firing, rule.id, rule.account_id, 'requested', p_period_start, amount, 'open',
+                p_at + make_interval(secs => rule.request_ttl_seconds), p_at);
+            fired := 'requested';
+            PERFORM engine_emit_event('topup.requested', rule.account_id,
+                engine_event_account(account) || jsonb_build_object(
+                    'rule', engine_topup_rule_json(to_jsonb(rule)),
+                    'request', (SELECT engine_topup_firing_json(to_jsonb(f)) FROM topup_firings f
+                                WHERE f.id = firing)),
+                at);
+            PERFORM engine_topup_line(rule.account_id);
+        END IF;
+    END IF;
+    IF fired = 'skipped' AND p_period_start IS NOT NULL THEN
+        INSERT INTO topup_firings (id, rule_id, account_id, outcome, period_start, tokens,
+            created_at)
+        VALUES (firing, rule.id, rule.account_id, 'skipped', p_period_start, 0, p_at);
+    END IF;
+    RETURN fired;
+END;
+$$;
+
+-- A credit's external_ref that names one of the account's top-up
+-- requests answers it (engine_external, before the credit's entry is
+-- recorded): an open request is fulfilled by this credit and stops
+-- counting toward the line; an expired one stays expired. Either way the
+-- credit is the rule's (its id is answered; NULL: no such request).
+CREATE FUNCTION engine_topup_answer(p_account uuid, p_external_ref text, p_credit uuid,
+    p_at timestamptz) RETURNS uuid
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+#variable_conflict use_column
+DECLARE
+    request topup_firings;
+BEGIN
+    IF p_external_ref !~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$' THEN
+        RETURN NULL;
+    END IF;
+    SELECT * INTO request FROM topup_firings f
+    WHERE f.id = p_external_ref::uuid AND f.account_id = p_account AND f.outcome = 'requested';
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF request.state = 'open' THEN
+        UPDATE topup_firings SET state = 'fulfilled', credit_id = p_credit, resolved_at = p_at
+        WHERE id = request.id;
+        PERFORM engine_topup_line(p_account);
+    END IF;
+    RETURN request.rule_id;
+END;
+$$;
+
+-- After a rule was created, changed or deleted (the caller holds the
+-- account's row lock): the line is brought up to date and judged.
+-- `p_rearm` (a new rule, one enabled again, a new threshold) arms the rule
+-- first, so an account already below the new line gets its top-up now.
+CREATE FUNCTION engine_topup_rule_changed(p_account uuid, p_rearm boolean) RETURNS void
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+BEGIN
+    IF p_rearm THEN
+        UPDATE accounts SET topup_armed = true WHERE id = p_account AND NOT topup_armed;
+    END IF;
+    PERFORM engine_topup_evaluate(p_account, engine_now());
+END;
+$$;
+
+-- The schedule rules whose period at `p_now` has not fired yet fire for it
+-- (at most `p_limit` rules; the reaper calls this until fewer come back).
+-- `p_now` is the service's clock. Answers how many rules were looked at.
+CREATE FUNCTION engine_topup_schedule(p_now timestamptz, p_limit integer) RETURNS integer
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    candidate record;
+    rule topup_rules;
+    period record;
+    looked integer := 0;
+BEGIN
+    FOR candidate IN
+        SELECT r.id, r.account_id FROM topup_rules r
+        WHERE r.trigger = 'schedule' AND r.enabled AND r.deleted_at IS NULL
+          AND (r.next_period_at IS NULL OR r.next_period_at <= p_now)
+        ORDER BY r.account_id, r.id
+        LIMIT p_limit
+    LOOP
+        looked := looked + 1;
+        PERFORM 1 FROM accounts WHERE id = candidate.account_id FOR NO KEY UPDATE;
+        -- Read again under the lock: another replica may have fired it.
+        SELECT * INTO rule FROM topup_rules r
+        WHERE r.id = candidate.id AND r.enabled AND r.deleted_at IS NULL;
+        CONTINUE WHEN NOT FOUND;
+        SELECT * INTO period FROM engine_topup_period(rule.period, rule.anchor_day,
+            rule.time_zone, p_now);
+        IF NOT EXISTS (SELECT 1 FROM topup_firings f
+                       WHERE f.rule_id = rule.id AND f.period_start = period.period_start) THEN
+            PERFORM engine_topup_fire(rule.id, p_now, period.period_start, period.period_end);
+        END IF;
+        UPDATE topup_rules SET next_period_at = period.period_end WHERE id = rule.id;
+    END LOOP;
+    RETURN looked;
+END;
+$$;
+
+-- Open requests past their expiry at `p_now` expire (at most `p_limit`):
+-- `topup.request_expired`, and the line no longer counts them. An expiry
+-- is not a crossing: the rule re-arms only if `available` is at or above
+-- the threshold; otherwise the next crossing (after the balance is back)
+-- opens a new request. Answers how many expired.
+CREATE FUNCTION engine_topup_expire_requests(p_now timestamptz, p_limit integer) RETURNS integer
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    candidate record;
+    request topup_firings;
+    line bigint;
+    expired integer := 0;
+BEGIN
+    FOR candidate IN
+        SELECT f.id, f.account_id FROM topup_firings f
+        WHERE f.state = 'open' AND f.expires_at <= p_now
+        ORDER BY f.account_id, f.id
+        LIMIT p_limit
+    LOOP
+        PERFORM 1 FROM accounts WHERE id = candidate.account_id FOR NO KEY UPDATE;
+        UPDATE topup_firings SET state = 'expired', resolved_at = p_now
+        WHERE id = candidate.id AND state = 'open'
+        RETURNING * INTO request;
+        CONTINUE WHEN NOT FOUND;
+        expired := expired + 1;
+        line := engine_topup_line(candidate.account_id);
+        UPDATE accounts SET topup_armed = available >= line
+        WHERE id = candidate.account_id AND line > 0;
+        PERFORM engine_emit_event('topup.request_expired', a.id,
+            engine_event_account(a) || jsonb_build_object(
+                'rule', (SELECT engine_topup_rule_json(to_jsonb(r)) FROM topup_rules r
+                         WHERE r.id = request.rule_id),
+                'request', engine_topup_firing_json(to_jsonb(request))),
+            engine_now())
+        FROM accounts a WHERE a.id = candidate.account_id;
+    END LOOP;
+    RETURN expired;
+END;
+$$;

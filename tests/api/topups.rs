@@ -1,0 +1,671 @@
+//! Automatic top-ups (docs/topups.md): a threshold rule fires exactly once
+//! per crossing with twenty kiosks on three replicas, re-arms, tops up to a
+//! target, stops at its caps; a schedule fires once per period across
+//! replicas, restarts and a clock moved past two periods; a request is
+//! answered by the customer's credit, replays change nothing, and an
+//! unanswered one expires. A property test compares the engine with a
+//! small model of the threshold rule (crossing, re-arm, caps).
+//!
+//! The schedule's clock is injected: the reaper's step
+//! (`topups::run_schedules`) takes the instant it fires for, which is the
+//! service's clock in production.
+
+use std::sync::Arc;
+
+use chrono::{Duration, Utc};
+use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Text, Uuid as SqlUuid};
+use proptest::prelude::*;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use token_billing::domain::topups::run_schedules;
+
+use crate::helpers::{problem, TestApp, ADMIN_KEY};
+
+async fn call(app: &TestApp, method: &str, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+    let request = match method {
+        "POST" => app.client.post(app.url(path)),
+        "PATCH" => app.client.patch(app.url(path)),
+        "DELETE" => app.client.delete(app.url(path)),
+        _ => app.client.get(app.url(path)),
+    }
+    .bearer_auth(ADMIN_KEY);
+    let request = match body {
+        Some(body) => request.json(&body),
+        None => request,
+    };
+    let response = request.send().await.expect("sent");
+    let status = response.status();
+    let text = response.text().await.expect("text");
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+async fn rule(app: &TestApp, account: Uuid, body: Value) -> Value {
+    let (status, made) = call(
+        app,
+        "POST",
+        &format!("/v1/accounts/{account}/topup-rules"),
+        Some(body),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{made}");
+    made
+}
+
+fn count(conn: &mut PgConnection, sql: &str, account: Uuid) -> i64 {
+    #[derive(QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    diesel::sql_query(sql)
+        .bind::<SqlUuid, _>(account)
+        .get_result::<Count>(conn)
+        .expect("count")
+        .n
+}
+
+fn topup_credits(conn: &mut PgConnection, account: Uuid) -> i64 {
+    count(
+        conn,
+        "SELECT count(*) AS n FROM ledger_entries e JOIN credit_grants g ON g.id = e.grant_id \
+         WHERE e.account_id = $1 AND e.kind = 'credit' AND g.topup_rule_id IS NOT NULL",
+        account,
+    )
+}
+
+fn events_of(conn: &mut PgConnection, account: Uuid, kind: &str) -> Vec<Value> {
+    #[derive(QueryableByName)]
+    struct Event {
+        #[diesel(sql_type = diesel::sql_types::Jsonb)]
+        data: Value,
+    }
+    diesel::sql_query(
+        "SELECT data FROM events WHERE account_id = $1 AND type = $2 ORDER BY txid, seq",
+    )
+    .bind::<SqlUuid, _>(account)
+    .bind::<Text, _>(kind)
+    .load::<Event>(conn)
+    .expect("events")
+    .into_iter()
+    .map(|event| event.data)
+    .collect()
+}
+
+fn available(app: &TestApp, account: Uuid) -> i64 {
+    app.assert_invariants(account).available
+}
+
+/// Reserves `amount` through the API; the reservation's id.
+async fn reserve(app: &TestApp, account: Uuid, key: &str, amount: i64) -> Uuid {
+    let response = app.reserve(account, key, Uuid::new_v4(), amount).await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let body: Value = response.json().await.expect("json");
+    body["reservation_id"]
+        .as_str()
+        .expect("id")
+        .parse()
+        .expect("uuid")
+}
+
+/// Twenty kiosks spread over three replicas reserve at once through the
+/// threshold: one top-up, one event; then, after the rule re-armed, once
+/// more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn twenty_kiosks_on_three_replicas_crossing_together_make_one_top_up() {
+    let first = TestApp::spawn().await;
+    let second = first.spawn_replica(|_| {}).await;
+    let third = first.spawn_replica(|_| {}).await;
+    let account = first.funded_account(60).await;
+    let key = first.kiosk_key(account).await;
+    let made = rule(
+        &first,
+        account,
+        json!({"trigger": "threshold", "threshold_tokens": 50, "method": "fixed",
+               "tokens": 100}),
+    )
+    .await;
+    assert_eq!(made["armed"], json!(true), "{made}");
+    let replicas = Arc::new([first, second, third]);
+
+    for (round, amount) in [(1_i64, 1_i64), (2, 5)] {
+        let mut kiosks = Vec::new();
+        for kiosk in 0..20 {
+            let replicas = Arc::clone(&replicas);
+            let key = key.clone();
+            kiosks.push(tokio::spawn(async move {
+                let app = &replicas[kiosk % 3];
+                let response = app.reserve(account, &key, Uuid::new_v4(), amount).await;
+                response.status()
+            }));
+        }
+        for kiosk in kiosks {
+            assert_eq!(kiosk.await.expect("kiosk"), StatusCode::CREATED);
+        }
+        let app = &replicas[0];
+        let mut conn = app.conn();
+        // Round 1: 60 - 20 crosses 50 once (+100 → 140). Round 2: 140 - 100
+        // crosses it again once (+100).
+        assert_eq!(topup_credits(&mut conn, account), round, "round {round}");
+        assert_eq!(
+            events_of(&mut conn, account, "topup.granted").len(),
+            usize::try_from(round).unwrap(),
+            "round {round}"
+        );
+        assert_eq!(available(app, account), 140, "round {round}");
+    }
+    let app = &replicas[0];
+    let (status, shown) = call(
+        app,
+        "GET",
+        &format!("/v1/accounts/{account}/topup-rules"),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let shown = &shown["rules"][0];
+    assert_eq!(shown["armed"], json!(true), "{shown}");
+    assert_eq!(shown["last_firing"]["outcome"], json!("granted"), "{shown}");
+    assert_eq!(shown["last_firing"]["tokens"], json!(100), "{shown}");
+    // The ledger's credit entries and the grants name the rule.
+    let (status, ledger) = call(app, "GET", &format!("/v1/accounts/{account}/ledger"), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let named = ledger["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter(|entry| entry["topup_rule_id"] == made["rule_id"])
+        .count();
+    assert_eq!(named, 2, "{ledger}");
+}
+
+/// `target` brings `available` up to the target, not counting held
+/// reservations; a runaway rule stops at its daily cap with one
+/// `topup.cap_reached`.
+#[tokio::test]
+async fn target_tops_up_available_and_caps_stop_a_runaway_rule() {
+    let app = TestApp::spawn().await;
+    let account = app.funded_account(40).await;
+    let key = app.kiosk_key(account).await;
+    reserve(&app, account, &key, 10).await; // held: 10, available 30
+    rule(
+        &app,
+        account,
+        json!({"trigger": "threshold", "threshold_tokens": 25, "method": "target",
+               "target_tokens": 100}),
+    )
+    .await;
+    reserve(&app, account, &key, 6).await; // 24 < 25: tops up to 100
+    assert_eq!(available(&app, account), 100);
+    let balances = app.assert_invariants(account);
+    assert_eq!(balances.reserved, 16);
+
+    // A rule that fires on every crossing, 10 tokens, at most 30 a day.
+    let runaway = app.funded_account(105).await;
+    let key = app.kiosk_key(runaway).await;
+    rule(
+        &app,
+        runaway,
+        json!({"trigger": "threshold", "threshold_tokens": 100, "method": "fixed",
+               "tokens": 10, "max_tokens_per_day": 30}),
+    )
+    .await;
+    for _ in 0..3 {
+        reserve(&app, runaway, &key, 10).await; // 95 → +10 → 105
+        assert_eq!(available(&app, runaway), 105);
+    }
+    reserve(&app, runaway, &key, 10).await; // 95: over the cap
+    assert_eq!(available(&app, runaway), 95);
+    // Back above (re-arms), below again: still capped, no second notice.
+    app.credit(runaway, 10).await;
+    reserve(&app, runaway, &key, 10).await;
+    assert_eq!(available(&app, runaway), 95);
+    let mut conn = app.conn();
+    assert_eq!(topup_credits(&mut conn, runaway), 3);
+    let capped = events_of(&mut conn, runaway, "topup.cap_reached");
+    assert_eq!(capped.len(), 1, "{capped:?}");
+    assert_eq!(capped[0]["cap"]["per"], json!("day"));
+    assert_eq!(capped[0]["cap"]["max_tokens"], json!(30));
+    assert_eq!(capped[0]["cap"]["used_tokens"], json!(30));
+}
+
+/// A schedule fires once per period: two replicas, a restart, and a clock
+/// moved past two periods (the missed one never fires; the current one
+/// once). `expires_at_period_end` gives the grant the period's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_schedule_fires_once_per_period_across_replicas_restarts_and_downtime() {
+    let first = TestApp::spawn().await;
+    let second = first.spawn_replica(|_| {}).await;
+    let account = first.funded_account(0).await;
+    let made = rule(
+        &first,
+        account,
+        json!({"trigger": "schedule", "period": "daily", "time_zone": "Europe/Berlin",
+               "method": "fixed", "tokens": 7, "expires_at_period_end": true}),
+    )
+    .await;
+    let rule_id: Uuid = made["rule_id"].as_str().unwrap().parse().unwrap();
+    let now = Utc::now();
+    let later = now + Duration::days(2);
+    for at in [now, later] {
+        // Both replicas at once, twice each.
+        let mut passes = Vec::new();
+        for app in [&first, &second, &first, &second] {
+            let database = Arc::clone(&app.database);
+            passes.push(std::thread::spawn(move || {
+                let mut conn = database.connect();
+                run_schedules(&mut conn, at, 100).expect("pass")
+            }));
+        }
+        for pass in passes {
+            pass.join().expect("pass");
+        }
+    }
+    let mut conn = first.conn();
+    assert_eq!(topup_credits(&mut conn, account), 2);
+    // A restart: a new replica on the same database, the same clock.
+    drop(second);
+    let restarted = first.spawn_replica(|_| {}).await;
+    run_schedules(&mut restarted.conn(), later, 100).expect("pass");
+    assert_eq!(topup_credits(&mut conn, account), 2);
+    // The next day fires once more.
+    run_schedules(&mut restarted.conn(), later + Duration::days(1), 100).expect("pass");
+    assert_eq!(topup_credits(&mut conn, account), 3);
+    assert_eq!(available(&first, account), 21);
+
+    #[derive(QueryableByName)]
+    struct Fired {
+        #[diesel(sql_type = diesel::sql_types::Timestamptz)]
+        period_start: chrono::DateTime<Utc>,
+        #[diesel(sql_type = diesel::sql_types::Timestamptz)]
+        expires_at: chrono::DateTime<Utc>,
+    }
+    let fired: Vec<Fired> = diesel::sql_query(
+        "SELECT f.period_start, g.expires_at FROM topup_firings f \
+         JOIN credit_grants g ON g.id = f.credit_id WHERE f.rule_id = $1 ORDER BY f.period_start",
+    )
+    .bind::<SqlUuid, _>(rule_id)
+    .load(&mut conn)
+    .expect("firings");
+    assert_eq!(fired.len(), 3);
+    let berlin_midnight = |at: chrono::DateTime<Utc>| {
+        // Local midnight in Berlin (UTC+1 in December, UTC+2 in summer).
+        #[derive(QueryableByName)]
+        struct Start {
+            #[diesel(sql_type = diesel::sql_types::Timestamptz)]
+            start: chrono::DateTime<Utc>,
+        }
+        diesel::sql_query(
+            "SELECT date_trunc('day', $1 AT TIME ZONE 'Europe/Berlin') AT TIME ZONE 'Europe/Berlin' \
+             AS start",
+        )
+        .bind::<diesel::sql_types::Timestamptz, _>(at)
+        .get_result::<Start>(&mut first.conn())
+        .expect("midnight")
+        .start
+    };
+    for (fired, at) in fired.iter().zip([now, later, later + Duration::days(1)]) {
+        assert_eq!(fired.period_start, berlin_midnight(at));
+        assert_eq!(fired.expires_at, berlin_midnight(at + Duration::days(1)));
+    }
+    // The missed day (now + 1 day) never fired.
+    assert!(fired
+        .iter()
+        .all(|fired| fired.period_start != berlin_midnight(now + Duration::days(1))));
+}
+
+/// The line is inclusive: `available` equal to the threshold neither
+/// fires nor stays disarmed — it fires below it and re-arms at it.
+#[tokio::test]
+async fn the_rule_fires_below_its_threshold_and_re_arms_at_it() {
+    let app = TestApp::spawn().await;
+    let account = app.funded_account(10).await;
+    let key = app.kiosk_key(account).await;
+    let made = rule(
+        &app,
+        account,
+        json!({"trigger": "threshold", "threshold_tokens": 10, "method": "fixed",
+               "tokens": 10, "max_tokens_per_day": 10}),
+    )
+    .await;
+    let rule_path = format!(
+        "/v1/accounts/{account}/topup-rules/{}",
+        made["rule_id"].as_str().unwrap()
+    );
+    let armed = |shown: &Value| shown["armed"].as_bool().expect("armed");
+    assert!(armed(&made), "at the threshold a new rule is armed: {made}");
+    reserve(&app, account, &key, 1).await; // 9: fires, 19
+    assert_eq!(available(&app, account), 19);
+    reserve(&app, account, &key, 9).await; // 10: at the line, nothing
+    assert_eq!(available(&app, account), 10);
+    assert!(armed(&call(&app, "GET", &rule_path, None).await.1));
+    reserve(&app, account, &key, 1).await; // 9: capped, disarmed
+    assert_eq!(available(&app, account), 9);
+    assert!(!armed(&call(&app, "GET", &rule_path, None).await.1));
+    app.credit(account, 1).await; // 10: back at the line, re-armed
+    assert!(armed(&call(&app, "GET", &rule_path, None).await.1));
+}
+
+/// `request` mode: the customer's credit with the request's id answers it
+/// (its grant names the rule), a replayed credit changes nothing, no
+/// second request while one is open, an unanswered request expires, and
+/// the next crossing opens a new one.
+#[tokio::test]
+async fn a_request_is_answered_by_the_customers_credit_or_expires() {
+    let app = TestApp::spawn().await;
+    let account = app.funded_account(12).await;
+    let key = app.kiosk_key(account).await;
+    let made = rule(
+        &app,
+        account,
+        json!({"trigger": "threshold", "threshold_tokens": 10, "method": "fixed",
+               "tokens": 50, "mode": "request", "request_ttl": "PT1M"}),
+    )
+    .await;
+    reserve(&app, account, &key, 5).await; // 7: a request
+    reserve(&app, account, &key, 3).await; // 4: no second one
+    let mut conn = app.conn();
+    let requested = events_of(&mut conn, account, "topup.requested");
+    assert_eq!(requested.len(), 1, "{requested:?}");
+    let request_id = requested[0]["request"]["firing_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(requested[0]["request"]["state"], json!("open"));
+    assert_eq!(available(&app, account), 4);
+
+    // The customer's billing charges a card and credits with the id.
+    let credit = json!({"amount": 50, "external_ref": request_id});
+    let path = format!("/v1/accounts/{account}/credits");
+    let (status, credited) = call(&app, "POST", &path, Some(credit.clone())).await;
+    assert_eq!(status, StatusCode::CREATED, "{credited}");
+    assert_eq!(credited["topup_rule_id"], made["rule_id"], "{credited}");
+    let before = app.snapshot(account);
+    let (status, _) = call(&app, "POST", &path, Some(credit)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(app.snapshot(account), before);
+    let (_, shown) = call(
+        &app,
+        "GET",
+        &format!(
+            "/v1/accounts/{account}/topup-rules/{}",
+            made["rule_id"].as_str().unwrap()
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(shown["last_firing"]["state"], json!("fulfilled"), "{shown}");
+    assert_eq!(shown["armed"], json!(true), "{shown}");
+
+    // 54 → 9: a second request; unanswered, it expires.
+    reserve(&app, account, &key, 45).await;
+    assert_eq!(events_of(&mut conn, account, "topup.requested").len(), 2);
+    run_schedules(&mut conn, Utc::now() + Duration::minutes(2), 100).expect("pass");
+    let expired = events_of(&mut conn, account, "topup.request_expired");
+    assert_eq!(expired.len(), 1, "{expired:?}");
+    // Still below: not a crossing, no new request.
+    reserve(&app, account, &key, 1).await;
+    assert_eq!(events_of(&mut conn, account, "topup.requested").len(), 2);
+    // Back above (re-arms), below again: a new request.
+    app.credit(account, 10).await;
+    reserve(&app, account, &key, 9).await;
+    assert_eq!(events_of(&mut conn, account, "topup.requested").len(), 3);
+    let states = count(
+        &mut conn,
+        "SELECT count(DISTINCT state) AS n FROM topup_firings WHERE account_id = $1",
+        account,
+    );
+    assert_eq!(states, 3, "fulfilled, expired, open");
+}
+
+/// One threshold rule per account; bad rules are refused with a clear
+/// problem and change nothing; PATCH and DELETE are audited and judged at
+/// once; kiosks read but never write.
+#[tokio::test]
+async fn rules_are_validated_one_threshold_per_account_and_audited() {
+    let app = TestApp::spawn().await;
+    let account = app.funded_account(5).await;
+    let kiosk = app.kiosk_key(account).await;
+    let path = format!("/v1/accounts/{account}/topup-rules");
+    for bad in [
+        json!({"trigger": "threshold", "method": "fixed", "tokens": 5}),
+        json!({"trigger": "schedule", "period": "weekly", "method": "fixed", "tokens": 5}),
+        json!({"trigger": "schedule", "period": "daily", "time_zone": "Mars/Olympus",
+               "method": "fixed", "tokens": 5}),
+        json!({"trigger": "threshold", "threshold_tokens": 5, "method": "fixed", "tokens": 5,
+               "expires_after": "P1M"}),
+        json!({"trigger": "threshold", "threshold_tokens": 5, "method": "fixed", "tokens": 5,
+               "colour": "red"}),
+    ] {
+        let before = app.snapshot(account);
+        let (status, body) = call(&app, "POST", &path, Some(bad.clone())).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad} → {body}");
+        assert_eq!(body["code"], json!("invalid_request"));
+        assert_eq!(app.snapshot(account), before);
+    }
+    let response = app
+        .post(
+            &path,
+            &kiosk,
+            &json!({"trigger": "threshold", "threshold_tokens": 5,
+                                     "method": "fixed", "tokens": 5}),
+        )
+        .await;
+    assert_eq!(problem(response).await.0, StatusCode::FORBIDDEN);
+
+    // Created while below its threshold: it fires at once.
+    let made = rule(
+        &app,
+        account,
+        json!({"trigger": "threshold", "threshold_tokens": 10, "method": "fixed",
+               "tokens": 20}),
+    )
+    .await;
+    assert_eq!(available(&app, account), 25);
+    let (status, body) = call(
+        &app,
+        "POST",
+        &path,
+        Some(
+            json!({"trigger": "threshold", "threshold_tokens": 3, "method": "fixed",
+                    "tokens": 5}),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["code"], json!("threshold_rule_exists"));
+    assert_eq!(body["rule_id"], made["rule_id"]);
+
+    // A new threshold above the balance: armed, judged at once.
+    let rule_path = format!("{path}/{}", made["rule_id"].as_str().unwrap());
+    let (status, changed) = call(
+        &app,
+        "PATCH",
+        &rule_path,
+        Some(json!({"threshold_tokens": 30, "max_tokens_per_day": 100})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{changed}");
+    assert_eq!(changed["threshold_tokens"], json!(30));
+    assert_eq!(available(&app, account), 45);
+    let (status, _) = call(&app, "PATCH", &rule_path, Some(json!({"tokens": null}))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, shown) = call(&app, "GET", &rule_path, None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(shown["max_tokens_per_day"], json!(100));
+    let response = app.get(&rule_path, &kiosk).await;
+    assert_eq!(response.status(), StatusCode::OK);
+
+    let (status, _) = call(&app, "DELETE", &rule_path, None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, _) = call(&app, "GET", &rule_path, None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let mut conn = app.conn();
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(*) AS n FROM accounts WHERE id = $1 AND topup_threshold = 0 \
+             AND NOT topup_armed",
+            account
+        ),
+        1
+    );
+    #[derive(QueryableByName)]
+    struct Action {
+        #[diesel(sql_type = Text)]
+        action: String,
+    }
+    let actions: Vec<String> = diesel::sql_query(
+        "SELECT action FROM audit_events WHERE target = 'topup_rule:' || $1 ORDER BY id",
+    )
+    .bind::<Text, _>(made["rule_id"].as_str().unwrap())
+    .load::<Action>(&mut conn)
+    .expect("audit")
+    .into_iter()
+    .map(|action| action.action)
+    .collect();
+    assert_eq!(
+        actions,
+        [
+            "topup_rule.created",
+            "topup_rule.updated",
+            "topup_rule.deleted"
+        ]
+    );
+}
+
+/// The threshold rule as a model: a sequence of spends and returns on one
+/// account, the engine and the model in step after every operation (the
+/// balance, the top-ups made, whether the rule is armed).
+#[derive(Clone, Debug)]
+enum Step {
+    Reserve(i64),
+    ReleaseLast,
+    Credit(i64),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        4 => (1_i64..=12).prop_map(Step::Reserve),
+        2 => Just(Step::ReleaseLast),
+        1 => (1_i64..=15).prop_map(Step::Credit),
+    ]
+}
+
+struct Model {
+    available: i64,
+    armed: bool,
+    granted_today: i64,
+    topups: i64,
+    capped: i64,
+}
+
+impl Model {
+    /// The rule after a movement: threshold 20, fixed 15, at most 45 a day.
+    fn judge(&mut self) {
+        const THRESHOLD: i64 = 20;
+        if self.available >= THRESHOLD {
+            self.armed = true;
+        } else if self.armed {
+            self.armed = false;
+            if self.granted_today + 15 > 45 {
+                self.capped = 1;
+            } else {
+                self.granted_today += 15;
+                self.topups += 1;
+                self.available += 15;
+                self.judge();
+            }
+        }
+    }
+}
+
+#[test]
+fn the_threshold_rule_follows_its_model() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let app = runtime.block_on(TestApp::spawn());
+    let config = crate::helpers::property_config(40);
+    let mut runner = proptest::test_runner::TestRunner::new(config);
+    runner
+        .run(&proptest::collection::vec(step(), 1..25), |steps| {
+            runtime.block_on(async {
+                let account = app.funded_account(30).await;
+                let key = app.kiosk_key(account).await;
+                rule(
+                    &app,
+                    account,
+                    json!({"trigger": "threshold", "threshold_tokens": 20, "method": "fixed",
+                           "tokens": 15, "max_tokens_per_day": 45}),
+                )
+                .await;
+                let mut model = Model {
+                    available: 30,
+                    armed: true,
+                    granted_today: 0,
+                    topups: 0,
+                    capped: 0,
+                };
+                let mut held: Vec<(Uuid, i64)> = Vec::new();
+                for step in &steps {
+                    match *step {
+                        Step::Reserve(amount) => {
+                            let response = app.reserve(account, &key, Uuid::new_v4(), amount).await;
+                            if amount <= model.available {
+                                prop_assert_eq!(response.status(), StatusCode::CREATED);
+                                let body: Value = response.json().await.expect("json");
+                                let id = body["reservation_id"].as_str().unwrap().parse().unwrap();
+                                held.push((id, amount));
+                                model.available -= amount;
+                                model.judge();
+                            } else {
+                                prop_assert_eq!(response.status(), StatusCode::PAYMENT_REQUIRED);
+                            }
+                        }
+                        Step::ReleaseLast => {
+                            if let Some((id, amount)) = held.pop() {
+                                let response = app
+                                    .post(
+                                        &format!(
+                                            "/v1/accounts/{account}/reservations/{id}/release"
+                                        ),
+                                        &key,
+                                        &json!({}),
+                                    )
+                                    .await;
+                                prop_assert_eq!(response.status(), StatusCode::OK);
+                                model.available += amount;
+                                model.judge();
+                            }
+                        }
+                        Step::Credit(amount) => {
+                            app.credit(account, amount).await;
+                            model.available += amount;
+                            model.judge();
+                        }
+                    }
+                    let mut conn = app.conn();
+                    prop_assert_eq!(available(&app, account), model.available, "{:?}", steps);
+                    prop_assert_eq!(topup_credits(&mut conn, account), model.topups);
+                    prop_assert_eq!(
+                        i64::try_from(events_of(&mut conn, account, "topup.cap_reached").len())
+                            .unwrap(),
+                        model.capped
+                    );
+                    let armed = count(
+                        &mut conn,
+                        "SELECT count(*) AS n FROM accounts WHERE id = $1 AND topup_armed",
+                        account,
+                    );
+                    prop_assert_eq!(armed == 1, model.armed, "{:?}", steps);
+                }
+                Ok(())
+            })
+        })
+        .expect("the engine follows the model");
+}
