@@ -128,6 +128,7 @@ use crate::webhooks::endpoints;
         reconciliation::InstantParam,
         reconciliation::AccountLine,
         reconciliation::Totals,
+        reconciliation::RuleCredits,
         checks::Discrepancy,
         events::EventView,
         events::EventPage,

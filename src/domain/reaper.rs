@@ -65,12 +65,13 @@ pub fn run_pass(
     let mut report = PassReport::default();
     lapse_grants(conn, settings, metrics, &mut report)?;
     notice_expiring_grants(conn, settings, &mut report)?;
-    run_topup_schedules(conn, settings, &mut report)?;
     expire_stale_reservations(conn, settings, metrics, &mut report)?;
     requeue_expired_leases(conn, settings, &mut report)?;
     fail_exhausted_leases(conn, settings, metrics, &mut report)?;
     fix_held_reservations_of_finished_jobs(conn, settings, metrics, &mut report)?;
     fail_jobs_without_held_reservation(conn, settings, &mut report)?;
+    // Last: the recovery steps above never wait for a top-up.
+    run_topup_schedules(conn, settings, &mut report)?;
     report.violations = find_violations(conn)?;
     if let Some(metrics) = metrics {
         let repairs = [
@@ -265,7 +266,7 @@ fn notice_expiring_grants(
     })
 }
 
-/// Step 0c: schedule top-up rules fire for their current period (once: a
+/// Step 7: schedule top-up rules fire for their current period (once: a
 /// unique key of rule and period), and top-up requests past their expiry
 /// expire — the engine's `engine_topup_schedule` and
 /// `engine_topup_expire_requests`, with the service's clock.

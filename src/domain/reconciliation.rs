@@ -35,6 +35,9 @@ pub struct AccountReconciliation {
     pub opening_used: i64,
     #[diesel(sql_type = BigInt)]
     pub credited: i64,
+    /// The part of `credited` that top-up rules added (docs/topups.md).
+    #[diesel(sql_type = BigInt)]
+    pub credited_by_rules: i64,
     #[diesel(sql_type = BigInt)]
     pub adjusted: i64,
     #[diesel(sql_type = BigInt)]
@@ -109,6 +112,12 @@ pub struct AccountLine {
     pub opening: i64,
     /// Tokens bought (top-ups) during the period.
     pub credited: i64,
+    /// The part of `credited` that automatic top-up rules added (their own
+    /// grants, and the customer's credits answering their requests); the
+    /// rest was credited by hand.
+    pub credited_by_rules: i64,
+    /// `credited_by_rules` rule by rule.
+    pub credits_by_rule: Vec<RuleCredits>,
     /// Signed sum of manual corrections during the period (negative: tokens
     /// taken away).
     pub adjusted: i64,
@@ -153,6 +162,13 @@ pub struct AccountLine {
     pub job_commit_entries: i64,
 }
 
+/// What one top-up rule credited to an account during the period.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct RuleCredits {
+    pub rule_id: Uuid,
+    pub credited: i64,
+}
+
 /// The sums of the account lines (in tokens; `accounts` counts lines).
 #[derive(Clone, Debug, Default, Serialize, utoipa::ToSchema)]
 pub struct Totals {
@@ -162,6 +178,8 @@ pub struct Totals {
     pub opening: i64,
     /// Sum of the accounts' `credited`.
     pub credited: i64,
+    /// Sum of the accounts' `credited_by_rules`.
+    pub credited_by_rules: i64,
     /// Sum of the accounts' `adjusted`.
     pub adjusted: i64,
     /// Sum of the accounts' `committed`.
@@ -269,18 +287,41 @@ pub fn reconcile(
                 .into_iter()
                 .map(|row| (row.account_id, row.succeeded))
                 .collect();
-            let rows: Vec<AccountReconciliation> = opening
+            let by_rule: Vec<CreditedByRule> = diesel::sql_query(
+                "SELECT e.account_id, g.topup_rule_id AS rule_id, sum(e.amount)::bigint AS credited \
+                 FROM ledger_entries e JOIN credit_grants g ON g.id = e.grant_id \
+                 WHERE e.kind = 'credit' AND g.topup_rule_id IS NOT NULL \
+                   AND e.created_at >= $1 AND e.created_at < $2 \
+                   AND ($3::uuid IS NULL OR e.account_id = $3) \
+                 GROUP BY e.account_id, g.topup_rule_id ORDER BY e.account_id, g.topup_rule_id",
+            )
+            .bind::<Timestamptz, _>(from)
+            .bind::<Timestamptz, _>(to)
+            .bind::<Nullable<SqlUuid>, _>(account)
+            .load(conn)?;
+            let mut rules: std::collections::HashMap<Uuid, Vec<RuleCredits>> =
+                std::collections::HashMap::new();
+            for row in by_rule {
+                rules.entry(row.account_id).or_default().push(RuleCredits {
+                    rule_id: row.rule_id,
+                    credited: row.credited,
+                });
+            }
+            let rows: Vec<(AccountReconciliation, Vec<RuleCredits>)> = opening
                 .iter()
                 .zip(&closing)
                 .map(|(open, close)| {
-                    period_row(
+                    let credits = rules.remove(&open.account_id).unwrap_or_default();
+                    let mut row = period_row(
                         open,
                         close,
                         jobs.get(&open.account_id).copied().unwrap_or(0),
-                    )
+                    );
+                    row.credited_by_rules = credits.iter().map(|rule| rule.credited).sum();
+                    (row, credits)
                 })
                 .collect();
-            discrepancies.extend(rows.iter().flat_map(AccountReconciliation::discrepancies));
+            discrepancies.extend(rows.iter().flat_map(|(row, _)| row.discrepancies()));
             discrepancies.extend(
                 find_violations(conn)?
                     .into_iter()
@@ -292,6 +333,16 @@ pub fn reconcile(
                 diesel::select(diesel::dsl::now.into_sql::<Timestamptz>()).get_result(conn)?;
             Ok(build_report(from, to, now, rows, discrepancies))
         })
+}
+
+#[derive(QueryableByName)]
+struct CreditedByRule {
+    #[diesel(sql_type = SqlUuid)]
+    account_id: Uuid,
+    #[diesel(sql_type = SqlUuid)]
+    rule_id: Uuid,
+    #[diesel(sql_type = BigInt)]
+    credited: i64,
 }
 
 #[derive(QueryableByName)]
@@ -317,6 +368,7 @@ fn period_row(
         opening_reserved: open.reserved,
         opening_used: open.used,
         credited: close.credited - open.credited,
+        credited_by_rules: 0,
         adjusted: close.adjusted - open.adjusted,
         reserved: close.reserved_total - open.reserved_total,
         committed: close.committed - open.committed,
@@ -335,16 +387,17 @@ fn build_report(
     from: DateTime<Utc>,
     to: DateTime<Utc>,
     now: DateTime<Utc>,
-    rows: Vec<AccountReconciliation>,
+    rows: Vec<(AccountReconciliation, Vec<RuleCredits>)>,
     discrepancies: Vec<Discrepancy>,
 ) -> Report {
     let mut totals = Totals::default();
     let accounts: Vec<AccountLine> = rows
         .into_iter()
-        .map(|row| {
+        .map(|(row, credits_by_rule)| {
             totals.accounts += 1;
             totals.opening += row.opening();
             totals.credited += row.credited;
+            totals.credited_by_rules += row.credited_by_rules;
             totals.adjusted += row.adjusted;
             totals.committed += row.committed;
             totals.grant_expired += row.grant_expired;
@@ -361,6 +414,8 @@ fn build_report(
                 status: if mismatch { "mismatch" } else { "ok" },
                 opening: row.opening(),
                 credited: row.credited,
+                credited_by_rules: row.credited_by_rules,
+                credits_by_rule,
                 adjusted: row.adjusted,
                 committed: row.committed,
                 grant_expired: row.grant_expired,
@@ -399,12 +454,12 @@ fn build_report(
 /// defused against formulas wherever a spreadsheet may start a cell).
 pub fn to_csv(report: &Report) -> String {
     let mut csv = String::from(
-        "account_id,name,status,opening,credited,adjusted,committed,grant_expired,closing,reserved,\
+        "account_id,name,status,opening,credited,credited_by_rules,adjusted,committed,grant_expired,closing,reserved,\
          released,expired,\
          opening_available,opening_reserved,opening_used,closing_available,closing_reserved,closing_used,\
          jobs_succeeded,job_commit_entries,failed_checks\n",
     );
-    let mut sums = [0_i64; 17];
+    let mut sums = [0_i64; 18];
     for line in &report.accounts {
         let failed: Vec<&str> = report
             .discrepancies
@@ -439,10 +494,11 @@ pub fn to_csv(report: &Report) -> String {
 }
 
 /// An account line's numbers in the CSV's column order.
-fn csv_numbers(line: &AccountLine) -> [i64; 17] {
+fn csv_numbers(line: &AccountLine) -> [i64; 18] {
     [
         line.opening,
         line.credited,
+        line.credited_by_rules,
         line.adjusted,
         line.committed,
         line.grant_expired,

@@ -285,6 +285,16 @@ impl TryFrom<TopupRuleBody> for RuleSpec {
             (Mode::Grant, Some(_)) => return Err(bad("request_ttl applies to mode request only")),
             (Mode::Grant, None) => None,
         };
+        if mode == Mode::Request
+            && (body.priority.is_some()
+                || body.expires_after.is_some()
+                || body.expires_at_period_end == Some(true))
+        {
+            return Err(bad(
+                "priority, expires_after and expires_at_period_end apply to mode grant only: in \
+                 mode request the customer's credit names its own priority and expiry",
+            ));
+        }
         let priority = match body.priority {
             None => 50,
             Some(priority) => match i16::try_from(priority) {
@@ -320,6 +330,20 @@ impl TryFrom<TopupRuleBody> for RuleSpec {
                 .map(|value| within(name, value, RULE_TOKENS_MAX))
                 .transpose()
         };
+        let max_tokens_per_day = cap("max_tokens_per_day", body.max_tokens_per_day)?;
+        let max_tokens_per_month = cap("max_tokens_per_month", body.max_tokens_per_month)?;
+        if let Some(tokens) = tokens {
+            for (name, max) in [
+                ("max_tokens_per_day", max_tokens_per_day),
+                ("max_tokens_per_month", max_tokens_per_month),
+            ] {
+                if max.is_some_and(|max| max < tokens) {
+                    return Err(bad(format!(
+                        "{name} is below tokens ({tokens}): the rule could never fire"
+                    )));
+                }
+            }
+        }
         Ok(RuleSpec {
             trigger: body.trigger,
             threshold_tokens,
@@ -334,8 +358,8 @@ impl TryFrom<TopupRuleBody> for RuleSpec {
             priority,
             expires_after_seconds,
             expires_at_period_end,
-            max_tokens_per_day: cap("max_tokens_per_day", body.max_tokens_per_day)?,
-            max_tokens_per_month: cap("max_tokens_per_month", body.max_tokens_per_month)?,
+            max_tokens_per_day,
+            max_tokens_per_month,
             enabled: body.enabled.unwrap_or(true),
         })
     }
@@ -397,7 +421,9 @@ pub struct TopupRuleView {
     pub mode: Mode,
     /// ISO 8601 duration.
     pub request_ttl: Option<String>,
-    pub priority: i16,
+    /// The grant's priority (mode grant; null in mode request, whose
+    /// customer's credit names its own).
+    pub priority: Option<i16>,
     /// ISO 8601 duration.
     pub expires_after: Option<String>,
     pub expires_at_period_end: bool,
@@ -643,7 +669,10 @@ fn body_of(view: &TopupRuleView) -> Map<String, Value> {
     ] {
         object.remove(derived);
     }
-    object.retain(|_, value| !value.is_null());
+    // Defaults the POST body leaves out (and mode request refuses).
+    object.retain(|name, value| {
+        !value.is_null() && !(name == "expires_at_period_end" && value == &Value::Bool(false))
+    });
     object
 }
 
@@ -824,12 +853,16 @@ mod tests {
                                "tokens": 5}),
             serde_json::json!({"trigger": "threshold", "threshold_tokens": 5, "method": "fixed",
                                "tokens": 5, "max_tokens_per_day": 0}),
+            serde_json::json!({"trigger": "threshold", "threshold_tokens": 5, "method": "fixed",
+                               "tokens": 5, "max_tokens_per_month": 4}),
+            serde_json::json!({"trigger": "threshold", "threshold_tokens": 5, "method": "fixed",
+                               "tokens": 5, "mode": "request", "priority": 0}),
         ] {
             assert!(body(refused.clone()).is_err(), "{refused} accepted");
         }
         let request = body(serde_json::json!({
             "trigger": "schedule", "period": "monthly", "anchor_day": 1, "method": "target",
-            "target_tokens": 100, "mode": "request", "expires_at_period_end": true
+            "target_tokens": 100, "mode": "request"
         }))
         .expect("valid");
         assert_eq!(

@@ -1,8 +1,9 @@
-// One account: balances and the invariant, its credit grants, the
-// balance chart over a period, reservations in flight, recent jobs, the
-// ledger, and (admin) kiosk keys, credit, adjustment, suspend/reactivate
-// and limits. Six requests: the account, its grants, the period's ledger,
-// held reservations, recent jobs, and (admin) the account's keys.
+// One account: balances and the invariant, its credit grants, its
+// automatic top-up rules, the balance chart over a period, reservations in
+// flight, recent jobs, the ledger, and (admin) kiosk keys, credit,
+// adjustment, suspend/reactivate and limits. Seven requests: the account,
+// its grants, its top-up rules, the period's ledger, held reservations,
+// recent jobs, and (admin) the account's keys.
 
 import { freshId, get, query, request } from "./api.js";
 import { balanceChart, pointsOf } from "./chart.js";
@@ -48,6 +49,7 @@ export async function renderAccount(container, context, accountId) {
     header: h("div"),
     balances: h("section", { class: "card", "aria-labelledby": "balances-title" }),
     grants: h("section", { class: "card", "aria-labelledby": "grants-title" }),
+    topups: h("section", { class: "card", "aria-labelledby": "topups-title" }),
     chart: h("section", { class: "card", "aria-labelledby": "chart-title" }),
     inFlight: h("section", { class: "card", "aria-labelledby": "in-flight-title" }),
     jobs: h("section", { class: "card", "aria-labelledby": "jobs-title" }),
@@ -60,6 +62,7 @@ export async function renderAccount(container, context, accountId) {
     sections.header,
     sections.balances,
     sections.grants,
+    sections.topups,
     sections.chart,
     sections.inFlight,
     sections.jobs,
@@ -259,6 +262,47 @@ export async function renderAccount(container, context, accountId) {
     );
   };
 
+  // Automatic top-up rules (docs/topups.md), each with its last firing.
+  let rules = [];
+  const describeTrigger = (rule) => rule.trigger === "threshold"
+    ? `below ${tokens(rule.threshold_tokens)}`
+    : `${rule.period}${rule.anchor_day ? ` from day ${rule.anchor_day}` : ""} (${rule.time_zone})`;
+  const describeAmount = (rule) => (rule.method === "fixed"
+    ? `+${tokens(rule.tokens)}`
+    : `up to ${tokens(rule.target_tokens)}`) + (rule.mode === "request" ? " (requested)" : "");
+  const describeCaps = (rule) => [
+    rule.max_tokens_per_day ? `${tokens(rule.max_tokens_per_day)}/day` : null,
+    rule.max_tokens_per_month ? `${tokens(rule.max_tokens_per_month)}/month` : null,
+  ].filter(Boolean).join(", ") || "none";
+  const describeState = (rule) => !rule.enabled ? "disabled"
+    : rule.trigger === "threshold" ? (rule.armed ? "armed" : "fired, re-arms at the threshold") : "enabled";
+  const describeFiring = (firing) => {
+    if (!firing) return "never";
+    const what = firing.outcome === "cap_reached" ? `cap reached (${firing.cap_period})`
+      : firing.outcome === "requested" ? `requested ${tokens(firing.tokens)}, ${firing.state}`
+      : firing.outcome === "granted" ? `granted ${tokens(firing.tokens)}`
+      : "nothing to add";
+    return h("span", {}, what, " · ", time(firing.created_at));
+  };
+  const showTopups = () => {
+    const rows = rules.map((rule) => h(
+      "tr",
+      { "data-rule-id": rule.rule_id },
+      h("td", { "data-field": "rule" }, h("code", { class: "id" }, rule.rule_id)),
+      h("td", { "data-field": "trigger" }, describeTrigger(rule)),
+      h("td", { "data-field": "adds" }, describeAmount(rule)),
+      h("td", { "data-field": "caps" }, describeCaps(rule)),
+      h("td", { "data-field": "state" }, describeState(rule)),
+      h("td", { "data-field": "last-firing" }, describeFiring(rule.last_firing)),
+    ));
+    fill(sections.topups,
+      h("h2", { id: "topups-title" }, "Automatic top-ups"),
+      rules.length
+        ? table("Top-up rules, oldest first", ["Rule", "Fires", "Adds", "Caps", "State", "Last firing"], rows, { id: "topups-table" })
+        : h("p", { id: "topups-none" }, "No top-up rules: an admin adds them with POST /v1/accounts/{account_id}/topup-rules (docs/topups.md)."),
+    );
+  };
+
   let held = [];
   const countdowns = [];
   const showInFlight = () => {
@@ -324,13 +368,16 @@ export async function renderAccount(container, context, accountId) {
       get(`${base}/reservations${query({ state: "held", limit: 100 })}`),
       get(`${base}/jobs${query({ limit: 10 })}`),
       loadGrants(),
+      get(`${base}/topup-rules`),
     ];
-    const [fresh, , reservations, jobPage] = await Promise.all(requests);
+    const [fresh, , reservations, jobPage, , rulePage] = await Promise.all(requests);
     account = fresh;
+    rules = rulePage.rules;
     held = reservations.reservations;
     jobs = jobPage.jobs;
     showAccount();
     showGrants();
+    showTopups();
     showChart();
     showInFlight();
     showJobs();

@@ -330,6 +330,7 @@ async fn the_upgrade_turns_balances_into_grants_and_the_books_still_reconcile() 
     let mut conn = app.conn();
     // Back to before grants (their expiry first), and up again.
     let down = [
+        include_str!("../../migrations/2026-12-03-000010_topup_rules/down.sql"),
         include_str!("../../migrations/2026-12-02-000040_grant_updates_hot/down.sql"),
         include_str!("../../migrations/2026-12-02-000030_grant_expiry/down.sql"),
         include_str!("../../migrations/2026-12-02-000020_credit_grants/down.sql"),
@@ -338,6 +339,7 @@ async fn the_upgrade_turns_balances_into_grants_and_the_books_still_reconcile() 
         include_str!("../../migrations/2026-12-02-000020_credit_grants/up.sql"),
         include_str!("../../migrations/2026-12-02-000030_grant_expiry/up.sql"),
         include_str!("../../migrations/2026-12-02-000040_grant_updates_hot/up.sql"),
+        include_str!("../../migrations/2026-12-03-000010_topup_rules/up.sql"),
     ];
     for down in down {
         conn.batch_execute(&format!("BEGIN; {down} COMMIT;"))

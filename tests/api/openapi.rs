@@ -8,7 +8,7 @@ use crate::helpers::{problem, TestApp, ADMIN_KEY};
 
 /// Every route the application registers, as actix spells the path. The
 /// document must list exactly these, and the app must answer each.
-const ROUTES: [(&str, &str); 42] = [
+const ROUTES: [(&str, &str); 47] = [
     ("get", "/healthz"),
     ("get", "/readyz"),
     ("get", "/metrics"),
@@ -28,6 +28,11 @@ const ROUTES: [(&str, &str); 42] = [
     ("get", "/v1/audit-events"),
     ("post", "/v1/accounts/{account_id}/credits"),
     ("post", "/v1/accounts/{account_id}/adjustments"),
+    ("post", "/v1/accounts/{account_id}/topup-rules"),
+    ("get", "/v1/accounts/{account_id}/topup-rules"),
+    ("get", "/v1/accounts/{account_id}/topup-rules/{rule_id}"),
+    ("patch", "/v1/accounts/{account_id}/topup-rules/{rule_id}"),
+    ("delete", "/v1/accounts/{account_id}/topup-rules/{rule_id}"),
     ("post", "/v1/accounts/{account_id}/reservations"),
     (
         "get",
@@ -69,7 +74,7 @@ const ROUTES: [(&str, &str); 42] = [
 ];
 
 /// The codes of `ApiError::code()`.
-const PROBLEM_CODES: [&str; 16] = [
+const PROBLEM_CODES: [&str; 17] = [
     "invalid_request",
     "unauthorized",
     "forbidden",
@@ -83,6 +88,7 @@ const PROBLEM_CODES: [&str; 16] = [
     "idempotency_key_reused",
     "too_many_active_reservations",
     "instant_not_closed",
+    "threshold_rule_exists",
     "rate_limited",
     "unavailable",
     "internal_error",
@@ -220,7 +226,7 @@ async fn v1_operations_need_a_bearer_key_and_document_401() {
             "{method} {path} does not require the bearer scheme"
         );
     }
-    assert_eq!(checked, 34, "every /v1 operation was checked");
+    assert_eq!(checked, 39, "every /v1 operation was checked");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -348,6 +348,52 @@ async fn the_rule_fires_below_its_threshold_and_re_arms_at_it() {
     assert!(armed(&call(&app, "GET", &rule_path, None).await.1));
 }
 
+/// A request that asks for too little: a crossing while it is open is not
+/// lost — the rule stays armed, and the first movement after the answer,
+/// still below the threshold, asks again.
+#[tokio::test]
+async fn a_crossing_while_a_request_is_open_asks_again_after_the_answer() {
+    let app = TestApp::spawn().await;
+    let account = app.funded_account(95).await;
+    let key = app.kiosk_key(account).await;
+    let made = rule(
+        &app,
+        account,
+        json!({"trigger": "threshold", "threshold_tokens": 100, "method": "fixed",
+               "tokens": 30, "mode": "request"}),
+    )
+    .await;
+    assert_eq!(made["priority"], Value::Null, "{made}");
+    let mut conn = app.conn();
+    let requested = events_of(&mut conn, account, "topup.requested");
+    assert_eq!(requested.len(), 1, "below at creation: {requested:?}");
+    reserve(&app, account, &key, 30).await; // 65 + 30 requested < 100
+    assert_eq!(events_of(&mut conn, account, "topup.requested").len(), 1);
+    let rule_path = format!(
+        "/v1/accounts/{account}/topup-rules/{}",
+        made["rule_id"].as_str().unwrap()
+    );
+    assert_eq!(
+        call(&app, "GET", &rule_path, None).await.1["armed"],
+        json!(true)
+    );
+    let (status, _) = call(
+        &app,
+        "POST",
+        &format!("/v1/accounts/{account}/credits"),
+        Some(json!({"amount": 30, "external_ref": requested[0]["request"]["firing_id"]})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    // 95 < 100 after the answer: a second request at once.
+    let requested = events_of(&mut conn, account, "topup.requested");
+    assert_eq!(requested.len(), 2, "{requested:?}");
+    assert_eq!(requested[1]["request"]["tokens"], json!(30));
+    // PATCH keeps a request rule valid (no priority is laid over it).
+    let (status, changed) = call(&app, "PATCH", &rule_path, Some(json!({"tokens": 40}))).await;
+    assert_eq!(status, StatusCode::OK, "{changed}");
+}
+
 /// `request` mode: the customer's credit with the request's id answers it
 /// (its grant names the rule), a replayed credit changes nothing, no
 /// second request while one is open, an unanswered request expires, and
@@ -668,4 +714,107 @@ fn the_threshold_rule_follows_its_model() {
             })
         })
         .expect("the engine follows the model");
+}
+
+/// The top-up events show the rule, its firing, the request and the
+/// credit as the API does (the same engine functions): `rule` as
+/// `GET …/topup-rules/{rule_id}` shows it (`armed` as it was when the
+/// event was written), `firing` and `request` as its `last_firing`, and
+/// `credit` as the `credit.created` of the same top-up.
+#[tokio::test]
+async fn top_up_events_show_their_resources_as_the_api_does() {
+    let app = TestApp::spawn().await;
+    let account = app.funded_account(20).await;
+    let key = app.kiosk_key(account).await;
+    let granting = rule(
+        &app,
+        account,
+        json!({"trigger": "threshold", "threshold_tokens": 10, "method": "fixed",
+               "tokens": 25, "priority": 10, "expires_after": "P30D"}),
+    )
+    .await;
+    reserve(&app, account, &key, 15).await;
+    let other = app.funded_account(20).await;
+    let other_key = app.kiosk_key(other).await;
+    let asking = rule(
+        &app,
+        other,
+        json!({"trigger": "threshold", "threshold_tokens": 10, "method": "target",
+               "target_tokens": 40, "mode": "request", "request_ttl": "PT5M"}),
+    )
+    .await;
+    reserve(&app, other, &other_key, 15).await;
+    let feed = |account: Uuid| {
+        let app = &app;
+        async move {
+            let (status, page) = call(
+                app,
+                "GET",
+                &format!("/v1/events?account_id={account}&limit=1000"),
+                None,
+            )
+            .await;
+            assert_eq!(status, StatusCode::OK);
+            page["events"].as_array().expect("events").clone()
+        }
+    };
+    let shown = |rule: &Value| {
+        let app = &app;
+        let path = format!(
+            "/v1/accounts/{}/topup-rules/{}",
+            rule["account_id"].as_str().unwrap(),
+            rule["rule_id"].as_str().unwrap()
+        );
+        async move { call(app, "GET", &path, None).await.1 }
+    };
+    let without_armed = |rule: &Value| {
+        let mut rule = rule.clone();
+        rule.as_object_mut().expect("object").remove("armed");
+        rule
+    };
+
+    let events = feed(account).await;
+    let granted = events
+        .iter()
+        .find(|event| event["type"] == "topup.granted")
+        .expect("topup.granted");
+    let now = shown(&granting).await;
+    assert_eq!(granted["data"]["rule"], now, "topup.granted's rule");
+    assert_eq!(granted["data"]["firing"], now["last_firing"]);
+    assert_eq!(granted["data"]["firing"]["outcome"], json!("granted"));
+    let credited = events
+        .iter()
+        .find(|event| {
+            event["type"] == "credit.created"
+                && event["data"]["credit"]["topup_rule_id"] == granting["rule_id"]
+        })
+        .expect("the top-up's credit.created");
+    assert_eq!(granted["data"]["credit"], credited["data"]["credit"]);
+    assert_eq!(granted["data"]["credit"]["priority"], json!(10));
+    assert_eq!(granted["data"]["balances"]["available"], json!(30));
+
+    let requested = feed(other).await;
+    let requested = requested
+        .iter()
+        .find(|event| event["type"] == "topup.requested")
+        .expect("topup.requested");
+    let now = shown(&asking).await;
+    assert_eq!(
+        without_armed(&requested["data"]["rule"]),
+        without_armed(&now)
+    );
+    assert_eq!(requested["data"]["request"], now["last_firing"]);
+    // target 40 from 5 available: 35 asked for.
+    assert_eq!(requested["data"]["request"]["tokens"], json!(35));
+
+    run_schedules(&mut app.conn(), Utc::now() + Duration::minutes(6), 100).expect("pass");
+    let expired = feed(other).await;
+    let expired = expired
+        .iter()
+        .find(|event| event["type"] == "topup.request_expired")
+        .expect("topup.request_expired");
+    let now = shown(&asking).await;
+    assert_eq!(expired["data"]["rule"], now);
+    assert_eq!(expired["data"]["request"], now["last_firing"]);
+    assert_eq!(expired["data"]["request"]["state"], json!("expired"));
 }

@@ -297,10 +297,20 @@ def scenario(driver):
                          "expires_at": expires.strftime("%Y-%m-%dT%H:%M:%SZ")})
     check(status == 201 and promo["priority"] == 10 and promo["grant_id"]
           and datetime.fromisoformat(promo["expires_at"]) == expires, f"expiring credit {status} {promo}")
+    # An automatic top-up rule that never fires in this scenario (the
+    # balance stays above 1): the account page lists it, armed.
+    status, topup = api("POST", f"/v1/accounts/{account_id}/topup-rules", ADMIN_KEY,
+                        {"trigger": "threshold", "threshold_tokens": 1, "method": "fixed", "tokens": 10})
+    check(status == 201 and topup["armed"] is True, f"top-up rule {status} {topup}")
     driver.find_element(By.ID, "refresh-account").click()
     wait_text(driver, "#balance-available", "55")
     wait_text(driver, "#balance-chart figcaption", "2 ledger entries")
     wait(driver).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#grants-table tbody tr")) == 2)
+    rule_row = f"#topups-table tr[data-rule-id='{topup['rule_id']}']"
+    wait_text(driver, f"{rule_row} [data-field=state]", "armed")
+    check(text_of(driver, f"{rule_row} [data-field=trigger]") == "below 1", f"rule {text_of(driver, rule_row)!r}")
+    check(text_of(driver, f"{rule_row} [data-field=adds]") == "+10", f"rule {text_of(driver, rule_row)!r}")
+    check(text_of(driver, f"{rule_row} [data-field=last-firing]") == "never", f"rule {text_of(driver, rule_row)!r}")
     grant_rows = driver.find_elements(By.CSS_SELECTOR, "#grants-table tbody tr")
     # Creation order: the 50 first, never expiring; then the promotion.
     check(grant_rows[1].get_attribute("data-grant-id") == promo["grant_id"],

@@ -88,7 +88,7 @@ LANGUAGE sql STABLE AS $$
         'target_tokens', p_rule->'target_tokens',
         'mode', p_rule->'mode',
         'request_ttl', engine_duration_text((p_rule->>'request_ttl_seconds')::bigint),
-        'priority', p_rule->'priority',
+        'priority', CASE WHEN p_rule->>'mode' = 'grant' THEN p_rule->'priority' END,
         'expires_after', engine_duration_text((p_rule->>'expires_after_seconds')::bigint),
         'expires_at_period_end', p_rule->'expires_at_period_end',
         'max_tokens_per_day', p_rule->'max_tokens_per_day',
@@ -157,7 +157,20 @@ BEGIN
         SELECT r.id INTO rule FROM topup_rules r
         WHERE r.account_id = p_account AND r.trigger = 'threshold' AND r.deleted_at IS NULL
           AND r.enabled;
-        PERFORM engine_topup_fire(rule, p_at, NULL, NULL);
+        -- A crossing while the rule's request is still open (it asked for
+        -- too little) is not spent on nothing: the rule stays armed, so
+        -- the movement after the answer — still below — asks again.
+        IF engine_topup_fire(rule, p_at, NULL, NULL) = 'skipped'
+           AND EXISTS (SELECT 1 FROM topup_firings f WHERE f.rule_id = rule AND f.state = 'open') THEN
+            UPDATE accounts SET topup_armed = true WHERE id = p_account;
+        ELSE
+            -- A request just opened counts toward the line from now on: at
+            -- or above the new line, the rule re-arms at once (never left
+            -- due for a later movement to skip past).
+            line := engine_topup_line(p_account);
+            UPDATE accounts SET topup_armed = true
+            WHERE id = p_account AND line > 0 AND available >= line AND NOT topup_armed;
+        END IF;
     END IF;
 END;
 $$;
@@ -341,6 +354,8 @@ $$;
 
 -- The schedule rules whose period at `p_now` has not fired yet fire for it
 -- (at most `p_limit` rules; the reaper calls this until fewer come back).
+-- Each rule fires in a subtransaction of its own: one that fails is logged
+-- (a WARNING) and tried again an hour later, and never stops the others.
 -- `p_now` is the service's clock. Answers how many rules were looked at.
 CREATE FUNCTION engine_topup_schedule(p_now timestamptz, p_limit integer) RETURNS integer
 LANGUAGE plpgsql AS $$
@@ -364,13 +379,21 @@ BEGIN
         SELECT * INTO rule FROM topup_rules r
         WHERE r.id = candidate.id AND r.enabled AND r.deleted_at IS NULL;
         CONTINUE WHEN NOT FOUND;
-        SELECT * INTO period FROM engine_topup_period(rule.period, rule.anchor_day,
-            rule.time_zone, p_now);
-        IF NOT EXISTS (SELECT 1 FROM topup_firings f
-                       WHERE f.rule_id = rule.id AND f.period_start = period.period_start) THEN
-            PERFORM engine_topup_fire(rule.id, p_now, period.period_start, period.period_end);
-        END IF;
-        UPDATE topup_rules SET next_period_at = period.period_end WHERE id = rule.id;
+        BEGIN
+            SELECT * INTO period FROM engine_topup_period(rule.period, rule.anchor_day,
+                rule.time_zone, p_now);
+            IF NOT EXISTS (SELECT 1 FROM topup_firings f
+                           WHERE f.rule_id = rule.id AND f.period_start = period.period_start) THEN
+                PERFORM engine_topup_fire(rule.id, p_now, period.period_start, period.period_end);
+            END IF;
+            UPDATE topup_rules SET next_period_at = period.period_end WHERE id = rule.id;
+        EXCEPTION WHEN OTHERS THEN
+            -- One rule that cannot fire (a time zone the server's tzdata
+            -- no longer knows) never stops the others, nor the reaper's
+            -- later steps: it is logged and looked at again in an hour.
+            RAISE WARNING 'top-up rule % could not fire for its period: %', rule.id, SQLERRM;
+            UPDATE topup_rules SET next_period_at = p_now + interval '1 hour' WHERE id = rule.id;
+        END;
     END LOOP;
     RETURN looked;
 END;
