@@ -262,6 +262,7 @@ impl Coalescer {
         let answers = match engine::apply_counted(conn, &operations) {
             Ok(applied) => {
                 self.metrics.tokens("grant_expired", applied.grant_expired);
+                self.metrics.tokens("credited", applied.topup_credited);
                 applied.answers.into_iter().map(Ok).collect()
             }
             Err(error) if operations.len() == 1 => vec![Err(error)],
@@ -272,7 +273,16 @@ impl Coalescer {
                 tracing::warn!(?error, "a coalesced batch failed; one operation at a time");
                 operations
                     .iter()
-                    .map(|operation| engine::apply_one(conn, operation.clone()))
+                    .map(|operation| {
+                        let applied = engine::apply_counted(conn, std::slice::from_ref(operation))?;
+                        self.metrics.tokens("grant_expired", applied.grant_expired);
+                        self.metrics.tokens("credited", applied.topup_credited);
+                        applied
+                            .answers
+                            .into_iter()
+                            .next()
+                            .ok_or_else(|| ApiError::Internal("the engine answered nothing".into()))
+                    })
                     .collect::<Vec<_>>()
             }
         };

@@ -71,7 +71,7 @@ pub fn run_pass(
     fix_held_reservations_of_finished_jobs(conn, settings, metrics, &mut report)?;
     fail_jobs_without_held_reservation(conn, settings, &mut report)?;
     // Last: the recovery steps above never wait for a top-up.
-    run_topup_schedules(conn, settings, &mut report)?;
+    run_topup_schedules(conn, settings, metrics, &mut report)?;
     report.violations = find_violations(conn)?;
     if let Some(metrics) = metrics {
         let repairs = [
@@ -195,15 +195,21 @@ fn counting_lapses<T>(
     struct Taken {
         #[diesel(sql_type = BigInt)]
         tokens: i64,
+        #[diesel(sql_type = BigInt)]
+        credited: i64,
     }
-    let (result, lapsed) = conn.transaction(|conn| {
+    let (result, taken) = conn.transaction(|conn| {
         let result = step(conn)?;
-        let taken: Taken =
-            diesel::sql_query("SELECT engine_take_grant_expired() AS tokens").get_result(conn)?;
-        Ok::<_, ApiError>((result, taken.tokens))
+        // (A lapse may cross a top-up rule's threshold: its grant.)
+        let taken: Taken = diesel::sql_query(
+            "SELECT engine_take_grant_expired() AS tokens, engine_take_topup_credited() AS credited",
+        )
+        .get_result(conn)?;
+        Ok::<_, ApiError>((result, taken))
     })?;
     if let Some(metrics) = metrics {
-        metrics.tokens("grant_expired", lapsed);
+        metrics.tokens("grant_expired", taken.tokens);
+        metrics.tokens("credited", taken.credited);
     }
     Ok(result)
 }
@@ -273,11 +279,15 @@ fn notice_expiring_grants(
 fn run_topup_schedules(
     conn: &mut PgConnection,
     settings: &ReaperSettings,
+    metrics: Option<&Metrics>,
     report: &mut PassReport,
 ) -> Result<(), ApiError> {
     until_short(settings, report, |limit, report| {
-        let (scheduled, expired) =
+        let (scheduled, expired, credited) =
             crate::domain::topups::run_schedules(conn, chrono::Utc::now(), limit)?;
+        if let Some(metrics) = metrics {
+            metrics.tokens("credited", credited);
+        }
         report.topup_schedules += u64::try_from(scheduled).unwrap_or(0);
         report.topup_requests_expired += u64::try_from(expired).unwrap_or(0);
         Ok(scheduled.max(expired))

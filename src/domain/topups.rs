@@ -546,12 +546,14 @@ fn threshold_rule(
     .map(|found| found.id))
 }
 
-fn judge(conn: &mut PgConnection, account: AccountId, rearm: bool) -> Result<(), ApiError> {
+/// Judges the account's threshold rule after a change; the tokens a
+/// top-up it made at once credited.
+fn judge(conn: &mut PgConnection, account: AccountId, rearm: bool) -> Result<i64, ApiError> {
     diesel::sql_query("SELECT engine_topup_rule_changed($1, $2)")
         .bind::<SqlUuid, _>(account.0)
         .bind::<Bool, _>(rearm)
         .execute(conn)?;
-    Ok(())
+    take_credited(conn)
 }
 
 fn write_rule(
@@ -595,13 +597,14 @@ fn audited(view: &TopupRuleView) -> Value {
 }
 
 /// Creates a rule. A threshold rule starts armed and is judged at once: an
-/// account already below its threshold gets its top-up now.
+/// account already below its threshold gets its top-up now. Answers the
+/// rule and the tokens such a top-up credited (for the metrics).
 pub fn create_rule(
     conn: &mut PgConnection,
     by: &Audit,
     account: AccountId,
     spec: RuleSpec,
-) -> Result<TopupRuleView, ApiError> {
+) -> Result<(TopupRuleView, i64), ApiError> {
     conn.transaction(|conn| {
         lock_account(conn, account)?;
         check_time_zone(conn, &spec.time_zone)?;
@@ -639,7 +642,7 @@ pub fn create_rule(
             account,
             &spec,
         )?;
-        judge(conn, account, spec.trigger == Trigger::Threshold && spec.enabled)?;
+        let credited = judge(conn, account, spec.trigger == Trigger::Threshold && spec.enabled)?;
         let view = get_rule(conn, account, id)?;
         audit::record(
             conn,
@@ -649,7 +652,7 @@ pub fn create_rule(
             None,
             Some(audited(&view)),
         )?;
-        Ok(view)
+        Ok((view, credited))
     })
 }
 
@@ -680,7 +683,8 @@ fn body_of(view: &TopupRuleView) -> Map<String, Value> {
 /// optional one), and the result must be a valid rule. Changing a
 /// threshold rule's threshold or enabling it again arms it (and judges it
 /// at once); changing a schedule's period, anchor or time zone makes it
-/// look at its current period again.
+/// look at its current period again. Answers the rule and the tokens a
+/// top-up made at once credited.
 pub fn update_rule(
     conn: &mut PgConnection,
     by: &Audit,
@@ -688,7 +692,7 @@ pub fn update_rule(
     rule: Uuid,
     patch: Map<String, Value>,
     parse: impl FnOnce(Map<String, Value>) -> Result<TopupRuleBody, ApiError>,
-) -> Result<TopupRuleView, ApiError> {
+) -> Result<(TopupRuleView, i64), ApiError> {
     conn.transaction(|conn| {
         lock_account(conn, account)?;
         let before = get_rule(conn, account, rule)?;
@@ -727,7 +731,7 @@ pub fn update_rule(
             && (before.trigger != Trigger::Threshold
                 || !before.enabled
                 || before.threshold_tokens != spec.threshold_tokens);
-        judge(conn, account, rearm)?;
+        let credited = judge(conn, account, rearm)?;
         let after = get_rule(conn, account, rule)?;
         audit::record(
             conn,
@@ -737,7 +741,7 @@ pub fn update_rule(
             Some(audited(&before)),
             Some(audited(&after)),
         )?;
-        Ok(after)
+        Ok((after, credited))
     })
 }
 
@@ -772,24 +776,41 @@ pub fn delete_rule(
     })
 }
 
+/// The tokens the rules' own grants credited in this transaction so far
+/// (`engine_take_topup_credited`), for the credited metric once it commits.
+fn take_credited(conn: &mut PgConnection) -> Result<i64, ApiError> {
+    #[derive(QueryableByName)]
+    struct Taken {
+        #[diesel(sql_type = BigInt)]
+        credited: i64,
+    }
+    Ok(
+        diesel::sql_query("SELECT engine_take_topup_credited() AS credited")
+            .get_result::<Taken>(conn)?
+            .credited,
+    )
+}
+
 /// The reaper's step: schedule rules whose period at `now` (the service's
 /// clock) has not fired fire for it; open requests past their expiry
-/// expire. Answers (rules looked at, requests expired) of one batch.
+/// expire. Answers (rules looked at, requests expired, tokens the rules'
+/// grants credited) of one batch.
 pub fn run_schedules(
     conn: &mut PgConnection,
     now: DateTime<Utc>,
     limit: i32,
-) -> Result<(i64, i64), ApiError> {
+) -> Result<(i64, i64, i64), ApiError> {
     #[derive(QueryableByName)]
     struct Done {
         #[diesel(sql_type = Integer)]
         done: i32,
     }
-    let scheduled = conn.transaction(|conn| {
-        diesel::sql_query("SELECT engine_topup_schedule($1, $2) AS done")
+    let (scheduled, credited) = conn.transaction(|conn| {
+        let done = diesel::sql_query("SELECT engine_topup_schedule($1, $2) AS done")
             .bind::<diesel::sql_types::Timestamptz, _>(now)
             .bind::<Integer, _>(limit)
-            .get_result::<Done>(conn)
+            .get_result::<Done>(conn)?;
+        Ok::<_, ApiError>((done, take_credited(conn)?))
     })?;
     let expired = conn.transaction(|conn| {
         diesel::sql_query("SELECT engine_topup_expire_requests($1, $2) AS done")
@@ -797,7 +818,7 @@ pub fn run_schedules(
             .bind::<Integer, _>(limit)
             .get_result::<Done>(conn)
     })?;
-    Ok((i64::from(scheduled.done), i64::from(expired.done)))
+    Ok((i64::from(scheduled.done), i64::from(expired.done), credited))
 }
 
 #[cfg(test)]

@@ -428,6 +428,9 @@ pub fn apply(conn: &mut PgConnection, operations: &[Operation]) -> Result<Vec<An
 pub struct Applied {
     pub answers: Vec<Answer>,
     pub grant_expired: i64,
+    /// Tokens top-up rules credited in the batch's transaction
+    /// (`token_billing_tokens_total{movement="credited"}`).
+    pub topup_credited: i64,
 }
 
 /// [`apply`], with the tokens the batch's grant lapses took.
@@ -467,10 +470,13 @@ pub fn apply_counted(
     // Position 0 (first, by the ORDER BY): the grant lapses' tokens.
     let (lapses, rows): (Vec<Row>, Vec<Row>) =
         rows.into_iter().partition(|row| row.op_position == 0);
-    let grant_expired = lapses
-        .iter()
-        .filter_map(|row| row.detail.as_ref()?.get("tokens")?.as_i64())
-        .sum();
+    let tally = |name: &str| -> i64 {
+        lapses
+            .iter()
+            .filter_map(|row| row.detail.as_ref()?.get(name)?.as_i64())
+            .sum()
+    };
+    let (grant_expired, topup_credited) = (tally("tokens"), tally("topup_credited"));
     if rows.len() != operations.len()
         || rows
             .iter()
@@ -496,6 +502,7 @@ pub fn apply_counted(
     Ok(Applied {
         answers,
         grant_expired,
+        topup_credited,
     })
 }
 

@@ -59,10 +59,11 @@ async fn create_rule(
     caller.authorize_admin_on(account)?;
     let spec = RuleSpec::try_from(body.into_inner())?;
     let by = Audit::of(&caller);
-    let view = run_blocking(&state.pool, move |conn| {
+    let (view, credited) = run_blocking(&state.pool, move |conn| {
         topups::create_rule(conn, &by, account, spec)
     })
     .await?;
+    state.metrics.tokens("credited", credited);
     Ok(created(
         format!("/v1/accounts/{account}/topup-rules/{}", view.rule_id),
         &view,
@@ -163,12 +164,13 @@ async fn update_rule(
     caller.authorize_admin_on(account)?;
     let patch = body.into_inner();
     let by = Audit::of(&caller);
-    let view = run_blocking(&state.pool, move |conn| {
+    let (view, credited) = run_blocking(&state.pool, move |conn| {
         topups::update_rule(conn, &by, account, rule, patch, |merged| {
             from_json_object::<TopupRuleBody>(merged)
         })
     })
     .await?;
+    state.metrics.tokens("credited", credited);
     Ok(HttpResponse::Ok().json(view))
 }
 

@@ -156,6 +156,18 @@ async fn twenty_kiosks_on_three_replicas_crossing_together_make_one_top_up() {
         );
         assert_eq!(available(app, account), 140, "round {round}");
     }
+    // The credited metric counts the engine's top-ups where they were made
+    // (60 by hand on the first replica, 2 × 100 by the rule on any).
+    let mut credited = 0.0;
+    for app in replicas.iter() {
+        let text = app.metrics_text().await;
+        credited += text
+            .lines()
+            .find(|line| line.starts_with("token_billing_tokens_total{movement=\"credited\"}"))
+            .and_then(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(0.0);
+    }
+    assert!((credited - 260.0).abs() < 0.5, "credited metric {credited}");
     let app = &replicas[0];
     let (status, shown) = call(
         app,
@@ -314,6 +326,37 @@ async fn a_schedule_fires_once_per_period_across_replicas_restarts_and_downtime(
     assert!(fired
         .iter()
         .all(|fired| fired.period_start != berlin_midnight(now + Duration::days(1))));
+
+    // Today's allowance lapses at the period's end through the reaper's
+    // grant expiry. Its end is hours away: as in tests/api/grant_expiry.rs,
+    // the grant's expires_at is moved to now (the engine decides by it
+    // against the clock, so this is the same as waiting).
+    diesel::sql_query(
+        "UPDATE credit_grants SET expires_at = clock_timestamp() \
+         WHERE id = (SELECT credit_id FROM topup_firings WHERE rule_id = $1 \
+                     ORDER BY period_start LIMIT 1)",
+    )
+    .bind::<SqlUuid, _>(rule_id)
+    .execute(&mut conn)
+    .expect("aged");
+    let settings = token_billing::domain::reaper::ReaperSettings {
+        batch: 500,
+        job_max_attempts: 3,
+        grant_expiring_notice_hours: 0,
+    };
+    let report = token_billing::domain::reaper::run_pass(&mut conn, &settings, None).expect("pass");
+    assert_eq!(report.grants_expired, 1);
+    assert_eq!(report.grant_tokens_expired, 7);
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(*) AS n FROM ledger_entries e JOIN credit_grants g ON g.id = e.grant_id \
+             WHERE e.account_id = $1 AND e.kind = 'grant_expire' AND g.topup_rule_id IS NOT NULL",
+            account
+        ),
+        1
+    );
+    assert_eq!(available(&first, account), 14);
 }
 
 /// The line is inclusive: `available` equal to the threshold neither

@@ -91,7 +91,8 @@ $$;
 -- one row per operation: its position (1-based), outcome, detail and
 -- object (JSON); and, when the batch expired tokens of lapsed grants (a
 -- spend or removal lapsing them on access, a return to a lapsed grant), a
--- row at position 0, outcome grant_expired, detail {tokens}, for the
+-- row at position 0, outcome grant_expired, detail {tokens, topup_credited}
+-- (the second: what top-up rules credited in the batch), for the
 -- caller's metrics.
 CREATE FUNCTION engine_apply_full(
     p_op text[], p_account uuid[], p_actor text[], p_key_id uuid[], p_key_hash bytea[],
@@ -260,10 +261,12 @@ BEGIN
 
     -- (engine_grant_expired_so_far's test, inline: most batches expire
     -- nothing, and a function call per batch is not free.)
-    IF COALESCE(current_setting('token_billing.grant_expired', true), '') NOT IN ('', '0') THEN
+    IF COALESCE(current_setting('token_billing.grant_expired', true), '') NOT IN ('', '0')
+       OR COALESCE(current_setting('token_billing.topup_credited', true), '') NOT IN ('', '0') THEN
         lapsed := engine_take_grant_expired();
         op_position := 0; outcome := 'grant_expired'; object := NULL;
-        detail := jsonb_build_object('tokens', lapsed);
+        detail := jsonb_build_object('tokens', lapsed,
+                                     'topup_credited', engine_take_topup_credited());
         RETURN NEXT;
     END IF;
 END;

@@ -277,6 +277,10 @@ BEGIN
                     rule.id, made.outcome;
             END IF;
             fired := 'granted';
+            -- Added up for the caller's metrics (engine_take_topup_credited).
+            PERFORM set_config('token_billing.topup_credited',
+                (COALESCE(NULLIF(current_setting('token_billing.topup_credited', true), ''),
+                          '0')::bigint + amount)::text, true);
             PERFORM engine_emit_event('topup.granted', rule.account_id,
                 (SELECT engine_event_account(a) FROM accounts a WHERE a.id = rule.account_id)
                 || jsonb_build_object(
@@ -306,6 +310,23 @@ BEGIN
         VALUES (firing, rule.id, rule.account_id, 'skipped', p_period_start, 0, p_at);
     END IF;
     RETURN fired;
+END;
+$$;
+
+-- The tokens the rules' own grants credited so far in this transaction,
+-- and back to 0: the callers count them in
+-- token_billing_tokens_total{movement="credited"} once they commit
+-- (engine_apply_full's position-0 row, the reaper, a rule's change).
+CREATE FUNCTION engine_take_topup_credited() RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    taken bigint := COALESCE(NULLIF(current_setting('token_billing.topup_credited', true), ''),
+                             '0')::bigint;
+BEGIN
+    IF taken <> 0 THEN
+        PERFORM set_config('token_billing.topup_credited', '0', true);
+    END IF;
+    RETURN taken;
 END;
 $$;
 
