@@ -151,7 +151,7 @@ async fn twenty_kiosks_on_three_replicas_crossing_together_make_one_top_up() {
         assert_eq!(topup_credits(&mut conn, account), round, "round {round}");
         assert_eq!(
             events_of(&mut conn, account, "topup.granted").len(),
-            usize::try_from(round).unwrap(),
+            usize::try_from(round).expect("as the API answers"),
             "round {round}"
         );
         assert_eq!(available(app, account), 140, "round {round}");
@@ -258,7 +258,11 @@ async fn a_schedule_fires_once_per_period_across_replicas_restarts_and_downtime(
                "method": "fixed", "tokens": 7, "expires_at_period_end": true}),
     )
     .await;
-    let rule_id: Uuid = made["rule_id"].as_str().unwrap().parse().unwrap();
+    let rule_id: Uuid = made["rule_id"]
+        .as_str()
+        .expect("as the API answers")
+        .parse()
+        .expect("as the API answers");
     let now = Utc::now();
     let later = now + Duration::days(2);
     for at in [now, later] {
@@ -375,7 +379,7 @@ async fn the_rule_fires_below_its_threshold_and_re_arms_at_it() {
     .await;
     let rule_path = format!(
         "/v1/accounts/{account}/topup-rules/{}",
-        made["rule_id"].as_str().unwrap()
+        made["rule_id"].as_str().expect("as the API answers")
     );
     let armed = |shown: &Value| shown["armed"].as_bool().expect("armed");
     assert!(armed(&made), "at the threshold a new rule is armed: {made}");
@@ -414,7 +418,7 @@ async fn a_crossing_while_a_request_is_open_asks_again_after_the_answer() {
     assert_eq!(events_of(&mut conn, account, "topup.requested").len(), 1);
     let rule_path = format!(
         "/v1/accounts/{account}/topup-rules/{}",
-        made["rule_id"].as_str().unwrap()
+        made["rule_id"].as_str().expect("as the API answers")
     );
     assert_eq!(
         call(&app, "GET", &rule_path, None).await.1["armed"],
@@ -460,7 +464,7 @@ async fn a_request_is_answered_by_the_customers_credit_or_expires() {
     assert_eq!(requested.len(), 1, "{requested:?}");
     let request_id = requested[0]["request"]["firing_id"]
         .as_str()
-        .unwrap()
+        .expect("as the API answers")
         .to_owned();
     assert_eq!(requested[0]["request"]["state"], json!("open"));
     assert_eq!(available(&app, account), 4);
@@ -480,7 +484,7 @@ async fn a_request_is_answered_by_the_customers_credit_or_expires() {
         "GET",
         &format!(
             "/v1/accounts/{account}/topup-rules/{}",
-            made["rule_id"].as_str().unwrap()
+            made["rule_id"].as_str().expect("as the API answers")
         ),
         None,
     )
@@ -568,7 +572,10 @@ async fn rules_are_validated_one_threshold_per_account_and_audited() {
     assert_eq!(body["rule_id"], made["rule_id"]);
 
     // A new threshold above the balance: armed, judged at once.
-    let rule_path = format!("{path}/{}", made["rule_id"].as_str().unwrap());
+    let rule_path = format!(
+        "{path}/{}",
+        made["rule_id"].as_str().expect("as the API answers")
+    );
     let (status, changed) = call(
         &app,
         "PATCH",
@@ -609,7 +616,7 @@ async fn rules_are_validated_one_threshold_per_account_and_audited() {
     let actions: Vec<String> = diesel::sql_query(
         "SELECT action FROM audit_events WHERE target = 'topup_rule:' || $1 ORDER BY id",
     )
-    .bind::<Text, _>(made["rule_id"].as_str().unwrap())
+    .bind::<Text, _>(made["rule_id"].as_str().expect("as the API answers"))
     .load::<Action>(&mut conn)
     .expect("audit")
     .into_iter()
@@ -708,7 +715,11 @@ fn the_threshold_rule_follows_its_model() {
                             if amount <= model.available {
                                 prop_assert_eq!(response.status(), StatusCode::CREATED);
                                 let body: Value = response.json().await.expect("json");
-                                let id = body["reservation_id"].as_str().unwrap().parse().unwrap();
+                                let id = body["reservation_id"]
+                                    .as_str()
+                                    .expect("as the API answers")
+                                    .parse()
+                                    .expect("as the API answers");
                                 held.push((id, amount));
                                 model.available -= amount;
                                 model.judge();
@@ -743,7 +754,7 @@ fn the_threshold_rule_follows_its_model() {
                     prop_assert_eq!(topup_credits(&mut conn, account), model.topups);
                     prop_assert_eq!(
                         i64::try_from(events_of(&mut conn, account, "topup.cap_reached").len())
-                            .unwrap(),
+                            .expect("as the API answers"),
                         model.capped
                     );
                     let armed = count(
@@ -805,8 +816,8 @@ async fn top_up_events_show_their_resources_as_the_api_does() {
         let app = &app;
         let path = format!(
             "/v1/accounts/{}/topup-rules/{}",
-            rule["account_id"].as_str().unwrap(),
-            rule["rule_id"].as_str().unwrap()
+            rule["account_id"].as_str().expect("as the API answers"),
+            rule["rule_id"].as_str().expect("as the API answers")
         );
         async move { call(app, "GET", &path, None).await.1 }
     };
