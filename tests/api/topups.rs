@@ -798,18 +798,27 @@ async fn top_up_events_show_their_resources_as_the_api_does() {
     )
     .await;
     reserve(&app, other, &other_key, 15).await;
-    let feed = |account: Uuid| {
+    // The account's feed once it shows an event of `kind` (the feed shows
+    // a transaction's events once every earlier writer has finished).
+    let feed = |account: Uuid, kind: &'static str| {
         let app = &app;
         async move {
-            let (status, page) = call(
-                app,
-                "GET",
-                &format!("/v1/events?account_id={account}&limit=1000"),
-                None,
-            )
-            .await;
-            assert_eq!(status, StatusCode::OK);
-            page["events"].as_array().expect("events").clone()
+            for _ in 0..250 {
+                let (status, page) = call(
+                    app,
+                    "GET",
+                    &format!("/v1/events?account_id={account}&limit=1000"),
+                    None,
+                )
+                .await;
+                assert_eq!(status, StatusCode::OK);
+                let events = page["events"].as_array().expect("events").clone();
+                if events.iter().any(|event| event["type"] == kind) {
+                    return events;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            panic!("no {kind} in the feed of {account}");
         }
     };
     let shown = |rule: &Value| {
@@ -827,7 +836,7 @@ async fn top_up_events_show_their_resources_as_the_api_does() {
         rule
     };
 
-    let events = feed(account).await;
+    let events = feed(account, "topup.granted").await;
     let granted = events
         .iter()
         .find(|event| event["type"] == "topup.granted")
@@ -847,7 +856,7 @@ async fn top_up_events_show_their_resources_as_the_api_does() {
     assert_eq!(granted["data"]["credit"]["priority"], json!(10));
     assert_eq!(granted["data"]["balances"]["available"], json!(30));
 
-    let requested = feed(other).await;
+    let requested = feed(other, "topup.requested").await;
     let requested = requested
         .iter()
         .find(|event| event["type"] == "topup.requested")
@@ -862,7 +871,7 @@ async fn top_up_events_show_their_resources_as_the_api_does() {
     assert_eq!(requested["data"]["request"]["tokens"], json!(35));
 
     run_schedules(&mut app.conn(), Utc::now() + Duration::minutes(6), 100).expect("pass");
-    let expired = feed(other).await;
+    let expired = feed(other, "topup.request_expired").await;
     let expired = expired
         .iter()
         .find(|event| event["type"] == "topup.request_expired")
