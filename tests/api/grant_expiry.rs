@@ -97,21 +97,7 @@ fn entries(app: &TestApp, account: Uuid) -> Vec<Entry> {
 
 /// The account's events of `kind`, in order, as the table holds them.
 fn events(app: &TestApp, account: Uuid, kind: &str) -> Vec<Value> {
-    #[derive(QueryableByName)]
-    struct Row {
-        #[diesel(sql_type = diesel::sql_types::Jsonb)]
-        data: Value,
-    }
-    diesel::sql_query(
-        "SELECT data FROM events WHERE account_id = $1 AND type = $2 ORDER BY txid, seq",
-    )
-    .bind::<SqlUuid, _>(account)
-    .bind::<Text, _>(kind)
-    .load::<Row>(&mut app.conn())
-    .expect("events")
-    .into_iter()
-    .map(|row| row.data)
-    .collect()
+    crate::helpers::events_of(&mut app.conn(), account, kind)
 }
 
 async fn grants(app: &TestApp, account: Uuid, query: &str) -> Vec<Value> {

@@ -972,3 +972,22 @@ pub fn made_up_key() -> String {
         Uuid::new_v4().simple()
     )
 }
+
+/// The account's events of `kind`, in order, as the table holds them.
+pub fn events_of(conn: &mut PgConnection, account: Uuid, kind: &str) -> Vec<Value> {
+    #[derive(QueryableByName)]
+    struct Event {
+        #[diesel(sql_type = diesel::sql_types::Jsonb)]
+        data: Value,
+    }
+    diesel::sql_query(
+        "SELECT data FROM events WHERE account_id = $1 AND type = $2 ORDER BY txid, seq",
+    )
+    .bind::<diesel::sql_types::Uuid, _>(account)
+    .bind::<diesel::sql_types::Text, _>(kind)
+    .load::<Event>(conn)
+    .expect("events")
+    .into_iter()
+    .map(|event| event.data)
+    .collect()
+}

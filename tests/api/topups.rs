@@ -22,7 +22,7 @@ use uuid::Uuid;
 
 use token_billing::domain::topups::run_schedules;
 
-use crate::helpers::{problem, TestApp, ADMIN_KEY};
+use crate::helpers::{events_of, problem, TestApp, ADMIN_KEY};
 
 async fn call(app: &TestApp, method: &str, path: &str, body: Option<Value>) -> (StatusCode, Value) {
     let request = match method {
@@ -74,24 +74,6 @@ fn topup_credits(conn: &mut PgConnection, account: Uuid) -> i64 {
          WHERE e.account_id = $1 AND e.kind = 'credit' AND g.topup_rule_id IS NOT NULL",
         account,
     )
-}
-
-fn events_of(conn: &mut PgConnection, account: Uuid, kind: &str) -> Vec<Value> {
-    #[derive(QueryableByName)]
-    struct Event {
-        #[diesel(sql_type = diesel::sql_types::Jsonb)]
-        data: Value,
-    }
-    diesel::sql_query(
-        "SELECT data FROM events WHERE account_id = $1 AND type = $2 ORDER BY txid, seq",
-    )
-    .bind::<SqlUuid, _>(account)
-    .bind::<Text, _>(kind)
-    .load::<Event>(conn)
-    .expect("events")
-    .into_iter()
-    .map(|event| event.data)
-    .collect()
 }
 
 fn available(app: &TestApp, account: Uuid) -> i64 {

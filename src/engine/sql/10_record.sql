@@ -68,6 +68,35 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT p_threshold > 0 AND p_available < p_threshold
 $$;
 
+-- A transaction's tallies for its callers' metrics (transaction-local
+-- settings `token_billing.<name>`): what was added up so far, adding to
+-- it, and taking it (read and back to 0; the callers count it once the
+-- transaction commits). The tallies: grant_expired (tokens that left by a
+-- grant's lapse) and topup_credited (tokens top-up rules credited).
+CREATE FUNCTION engine_tally(p_name text) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT COALESCE(NULLIF(current_setting('token_billing.' || p_name, true), ''), '0')::bigint
+$$;
+
+CREATE FUNCTION engine_tally_add(p_name text, p_amount bigint) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM set_config('token_billing.' || p_name, (engine_tally(p_name) + p_amount)::text, true);
+END;
+$$;
+
+CREATE FUNCTION engine_tally_take(p_name text) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    taken bigint := engine_tally(p_name);
+BEGIN
+    IF taken <> 0 THEN
+        PERFORM set_config('token_billing.' || p_name, '0', true);
+    END IF;
+    RETURN taken;
+END;
+$$;
+
 -- Whether an account's top-up state must change (80_topups.sql): its
 -- threshold rule is armed and `available` went below the line (it fires),
 -- or it is not armed and `available` is back at or above the line (it
@@ -224,8 +253,7 @@ BEGIN
     -- Tokens that left by a grant's lapse, added up for the caller's
     -- metrics (engine_take_grant_expired) for the rest of the transaction.
     IF lapsed IS NOT NULL THEN
-        PERFORM set_config('token_billing.grant_expired',
-            (engine_grant_expired_so_far() + lapsed)::text, true);
+        PERFORM engine_tally_add('grant_expired', lapsed);
     END IF;
 
     IF watched IS NOT NULL THEN

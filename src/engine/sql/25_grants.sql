@@ -175,21 +175,9 @@ END;
 $$;
 
 -- The tokens this transaction's grant_expire entries took so far
--- (engine_record adds them up), and the same, forgotten as it is read: the
+-- (engine_record adds them up), taken (the tally engine_tally_take): the
 -- callers count them in token_billing_tokens_total{movement="grant_expired"}.
-CREATE FUNCTION engine_grant_expired_so_far() RETURNS bigint
-LANGUAGE sql STABLE AS $$
-    SELECT COALESCE(NULLIF(current_setting('token_billing.grant_expired', true), ''), '0')::bigint
-$$;
-
 CREATE FUNCTION engine_take_grant_expired() RETURNS bigint
-LANGUAGE plpgsql AS $$
-DECLARE
-    taken bigint := engine_grant_expired_so_far();
-BEGIN
-    IF taken <> 0 THEN
-        PERFORM set_config('token_billing.grant_expired', '0', true);
-    END IF;
-    RETURN taken;
-END;
+LANGUAGE sql AS $$
+    SELECT engine_tally_take('grant_expired')
 $$;

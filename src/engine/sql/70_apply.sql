@@ -259,7 +259,7 @@ BEGIN
         END LOOP;
     END LOOP;
 
-    -- (engine_grant_expired_so_far's test, inline: most batches expire
+    -- (engine_tally's test, inline: most batches expire
     -- nothing, and a function call per batch is not free.)
     IF COALESCE(current_setting('token_billing.grant_expired', true), '') NOT IN ('', '0')
        OR COALESCE(current_setting('token_billing.topup_credited', true), '') NOT IN ('', '0') THEN

@@ -278,9 +278,7 @@ BEGIN
             END IF;
             fired := 'granted';
             -- Added up for the caller's metrics (engine_take_topup_credited).
-            PERFORM set_config('token_billing.topup_credited',
-                (COALESCE(NULLIF(current_setting('token_billing.topup_credited', true), ''),
-                          '0')::bigint + amount)::text, true);
+            PERFORM engine_tally_add('topup_credited', amount);
             PERFORM engine_emit_event('topup.granted', rule.account_id,
                 (SELECT engine_event_account(a) FROM accounts a WHERE a.id = rule.account_id)
                 || jsonb_build_object(
@@ -318,16 +316,8 @@ $$;
 -- token_billing_tokens_total{movement="credited"} once they commit
 -- (engine_apply_full's position-0 row, the reaper, a rule's change).
 CREATE FUNCTION engine_take_topup_credited() RETURNS bigint
-LANGUAGE plpgsql AS $$
-DECLARE
-    taken bigint := COALESCE(NULLIF(current_setting('token_billing.topup_credited', true), ''),
-                             '0')::bigint;
-BEGIN
-    IF taken <> 0 THEN
-        PERFORM set_config('token_billing.topup_credited', '0', true);
-    END IF;
-    RETURN taken;
-END;
+LANGUAGE sql AS $$
+    SELECT engine_tally_take('topup_credited')
 $$;
 
 -- A credit's external_ref that names one of the account's top-up
