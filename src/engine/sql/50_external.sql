@@ -54,9 +54,10 @@ $$;
 -- `p_priority` is set exactly for a credit and a positive adjustment;
 -- `p_expires_at` may be set only for one. `p_topup_rule` names the rule of
 -- a top-up the engine makes itself (80_topups.sql; NULL for the API's
--- credits): its grant carries it (and so its entry, engine_entry_json). A credit whose external_ref is
--- the id of one of the account's top-up requests answers that request
--- (engine_topup_answer) and names its rule the same way.
+-- credits): its grant carries it (and so its entry, engine_entry_json). A
+-- credit whose external_ref is the id of one of the account's top-up
+-- requests answers that request (engine_topup_answer) and names its rule
+-- the same way.
 CREATE FUNCTION engine_external(
     p_kind text, p_account uuid, p_id uuid, p_amount bigint, p_external_ref text, p_note text,
     p_reason text, p_actor text, p_request_id text, p_priority integer, p_expires_at timestamptz,

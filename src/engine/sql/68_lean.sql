@@ -12,8 +12,9 @@
 -- the batch), no grant of the account is due to lapse, a settlement is of
 -- a held, unexpired reservation of the account (once in the batch) and
 -- returns nothing to a lapsed grant, and no movement crosses the
--- low-balance threshold or a top-up rule's line, or empties the account. The operations are
--- checked in batch order as if one by one, each after the ones before it
+-- low-balance threshold or a top-up rule's line (80_topups.sql), or empties
+-- the account. The operations are checked in batch order as if one by one,
+-- each after the ones before it
 -- (the balances and reservation counts of the account carried forward);
 -- the batch's plain prefix — everything before its first operation that
 -- is not plain — is applied, and engine_apply hands that first operation
