@@ -76,6 +76,8 @@ async fn create_rule(
     params(("account_id" = Uuid, Path, description = "The account")),
     responses(
         (status = 200, description = "The rules", body = TopupRulePage),
+        (status = 400, description = "Invalid path",
+         body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such account, or not this kiosk's",
          body = Problem, content_type = "application/problem+json"),
     ),
@@ -102,6 +104,8 @@ async fn list_rules(
     ),
     responses(
         (status = 200, description = "The rule", body = TopupRuleView),
+        (status = 400, description = "Invalid path",
+         body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such account or rule, or not this kiosk's",
          body = Problem, content_type = "application/problem+json"),
     ),
@@ -186,6 +190,8 @@ async fn update_rule(
     ),
     responses(
         (status = 204, description = "Deleted"),
+        (status = 400, description = "Invalid path",
+         body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Not an admin key",
          body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such account or rule",
