@@ -1044,3 +1044,85 @@ async fn a_batch_of_two_credits_on_one_account_is_never_split_by_an_instant() {
         assert_eq!(shown["available"], available, "{as_of}: {shown}");
     }
 }
+
+/// A writer that waited for an account's row lock stamps its entries after
+/// the transaction it waited for committed: the stamp (engine_now) is
+/// taken after the locks, on the lean path too. Otherwise an instant
+/// closed by a transaction that held the account (a restore target, a
+/// closed period) would gain an entry stamped before it that committed
+/// after it (tests/backup/drill.sh: a restore to T missed two such
+/// entries that the digest at T had).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_that_waited_for_a_lock_stamps_its_entries_after_it() {
+    waited_for_a_lock_then_stamped(TestApp::spawn().await).await;
+}
+
+/// The same on the full machinery (every batch off the lean path).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_that_waited_for_a_lock_stamps_after_it_on_the_full_machinery() {
+    waited_for_a_lock_then_stamped(TestApp::spawn_full_engine_with(|_| {}).await).await;
+}
+
+async fn waited_for_a_lock_then_stamped(app: TestApp) {
+    let app = std::sync::Arc::new(app);
+    let account = app.funded_account(10).await;
+    let key = app.kiosk_key(account).await;
+    let mut holder = app.conn();
+    holder
+        .batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM accounts WHERE id = '{account}' FOR NO KEY UPDATE;"
+        ))
+        .expect("the account held");
+    let reserving = {
+        let app = std::sync::Arc::clone(&app);
+        tokio::spawn(async move { app.reserve(account, &key, Uuid::new_v4(), 1).await.status() })
+    };
+    let mut watcher = app.conn();
+    crate::helpers::eventually(
+        "the reserve waits for the account's lock",
+        Duration::from_secs(10),
+        || {
+            #[derive(QueryableByName)]
+            struct Waiting {
+                #[diesel(sql_type = BigInt)]
+                waiting: i64,
+            }
+            let waiting = diesel::sql_query(
+                "SELECT count(*) AS waiting FROM pg_stat_activity \
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .get_result::<Waiting>(&mut watcher)
+            .expect("pg_stat_activity")
+            .waiting;
+            (waiting > 0).then_some(())
+        },
+    )
+    .await;
+    #[derive(QueryableByName)]
+    struct Now {
+        #[diesel(sql_type = Timestamptz)]
+        now: DateTime<Utc>,
+    }
+    let released = diesel::sql_query("SELECT clock_timestamp() AS now")
+        .get_result::<Now>(&mut holder)
+        .expect("clock")
+        .now;
+    holder.batch_execute("COMMIT").expect("released");
+    assert_eq!(reserving.await.expect("reserve"), StatusCode::CREATED);
+    #[derive(QueryableByName)]
+    struct Stamp {
+        #[diesel(sql_type = Timestamptz)]
+        created_at: DateTime<Utc>,
+    }
+    let stamp = diesel::sql_query(
+        "SELECT created_at FROM ledger_entries WHERE account_id = $1 AND kind = 'reserve'",
+    )
+    .bind::<diesel::sql_types::Uuid, _>(account)
+    .get_result::<Stamp>(&mut app.conn())
+    .expect("the reserve's entry")
+    .created_at;
+    assert!(
+        stamp > released,
+        "the reserve's entry is stamped {stamp}, before the lock it waited for was released at {released}"
+    );
+}

@@ -70,11 +70,17 @@ RETURNS TABLE (op_position integer, outcome text, object jsonb)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
-    at timestamptz := engine_now();
+    at timestamptz;
     applied record;
     stale uuid[] := '{}';
 BEGIN
     PERFORM 1 FROM accounts WHERE id = ANY (p_lock) ORDER BY id FOR NO KEY UPDATE;
+    -- The transaction's stamp is taken after its accounts' locks (as every
+    -- writer takes it, engine_now): a batch that waited for a lock never
+    -- writes an entry stamped before the transactions it waited for
+    -- committed — an instant they closed (a restore target, a closed
+    -- period) stays closed.
+    at := engine_now();
     -- This statement's snapshot is taken after those locks: it sees
     -- every reservation and grant committed before them. Reservations
     -- change only under their account's lock, so what it reads of them
