@@ -259,12 +259,14 @@ impl Coalescer {
         self.metrics
             .coalesced_batch_size
             .observe(operations.len() as f64);
+        // The tallies of a batch that committed, counted once.
+        let counted = |applied: engine::Applied| {
+            self.metrics.tokens("grant_expired", applied.grant_expired);
+            self.metrics.tokens("credited", applied.topup_credited);
+            applied.answers
+        };
         let answers = match engine::apply_counted(conn, &operations) {
-            Ok(applied) => {
-                self.metrics.tokens("grant_expired", applied.grant_expired);
-                self.metrics.tokens("credited", applied.topup_credited);
-                applied.answers.into_iter().map(Ok).collect()
-            }
+            Ok(applied) => counted(applied).into_iter().map(Ok).collect(),
             Err(error) if operations.len() == 1 => vec![Err(error)],
             Err(error @ ApiError::Unavailable(_)) => {
                 operations.iter().map(|_| Err(same_error(&error))).collect()
@@ -274,13 +276,9 @@ impl Coalescer {
                 operations
                     .iter()
                     .map(|operation| {
-                        let applied = engine::apply_counted(conn, std::slice::from_ref(operation))?;
-                        self.metrics.tokens("grant_expired", applied.grant_expired);
-                        self.metrics.tokens("credited", applied.topup_credited);
-                        applied
-                            .answers
-                            .into_iter()
-                            .next()
+                        engine::apply_counted(conn, std::slice::from_ref(operation))
+                            .map(counted)?
+                            .pop()
                             .ok_or_else(|| ApiError::Internal("the engine answered nothing".into()))
                     })
                     .collect::<Vec<_>>()

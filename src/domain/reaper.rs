@@ -202,7 +202,8 @@ fn counting_lapses<T>(
         let result = step(conn)?;
         // (A lapse may cross a top-up rule's threshold: its grant.)
         let taken: Taken = diesel::sql_query(
-            "SELECT engine_take_grant_expired() AS tokens, engine_take_topup_credited() AS credited",
+            "SELECT engine_tally_take('grant_expired') AS tokens, \
+             engine_tally_take('topup_credited') AS credited",
         )
         .get_result(conn)?;
         Ok::<_, ApiError>((result, taken))

@@ -777,7 +777,8 @@ pub fn delete_rule(
 }
 
 /// The tokens the rules' own grants credited in this transaction so far
-/// (`engine_take_topup_credited`), for the credited metric once it commits.
+/// (the engine's tally `topup_credited`), for the credited metric once it
+/// commits.
 fn take_credited(conn: &mut PgConnection) -> Result<i64, ApiError> {
     #[derive(QueryableByName)]
     struct Taken {
@@ -785,7 +786,7 @@ fn take_credited(conn: &mut PgConnection) -> Result<i64, ApiError> {
         credited: i64,
     }
     Ok(
-        diesel::sql_query("SELECT engine_take_topup_credited() AS credited")
+        diesel::sql_query("SELECT engine_tally_take('topup_credited') AS credited")
             .get_result::<Taken>(conn)?
             .credited,
     )

@@ -422,9 +422,10 @@ pub fn apply(conn: &mut PgConnection, operations: &[Operation]) -> Result<Vec<An
     Ok(apply_counted(conn, operations)?.answers)
 }
 
-/// A batch's answers, and the tokens of lapsed grants it expired (a spend
-/// or a removal lapsing them on access, a reservation's rest going back to
-/// a lapsed grant), for `token_billing_tokens_total{movement="grant_expired"}`.
+/// A batch's answers, and its tallies: the tokens of lapsed grants it
+/// expired (a spend or a removal lapsing them on access, a reservation's
+/// rest going back to a lapsed grant), for
+/// `token_billing_tokens_total{movement="grant_expired"}`.
 pub struct Applied {
     pub answers: Vec<Answer>,
     pub grant_expired: i64,
@@ -433,7 +434,7 @@ pub struct Applied {
     pub topup_credited: i64,
 }
 
-/// [`apply`], with the tokens the batch's grant lapses took.
+/// [`apply`], with the batch's tallies.
 pub fn apply_counted(
     conn: &mut PgConnection,
     operations: &[Operation],
@@ -467,7 +468,7 @@ pub fn apply_counted(
         .bind::<Array<Nullable<Integer>>, _>(&columns.priority)
         .bind::<Array<Nullable<Timestamptz>>, _>(&columns.expires_at)
         .load(conn)?;
-    // Position 0 (first, by the ORDER BY): the grant lapses' tokens.
+    // Position 0 (first, by the ORDER BY): the batch's tallies.
     let (lapses, rows): (Vec<Row>, Vec<Row>) =
         rows.into_iter().partition(|row| row.op_position == 0);
     let tally = |name: &str| -> i64 {
@@ -476,7 +477,7 @@ pub fn apply_counted(
             .filter_map(|row| row.detail.as_ref()?.get(name)?.as_i64())
             .sum()
     };
-    let (grant_expired, topup_credited) = (tally("tokens"), tally("topup_credited"));
+    let (grant_expired, topup_credited) = (tally("grant_expired"), tally("topup_credited"));
     if rows.len() != operations.len()
         || rows
             .iter()

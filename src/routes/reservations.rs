@@ -14,7 +14,7 @@ use crate::domain::paging::page_limit;
 use crate::domain::reservations::{self, ReservationPage, ReservationView};
 use crate::domain::states::{parse_param, ReservationState};
 use crate::domain::types::{AccountId, RequestId, ReservationId, Tokens, TtlSeconds};
-use crate::engine::{Authority, CommitAmount, Op, Operation, Outcome, Replay};
+use crate::engine::{Answer, Authority, CommitAmount, Op, Operation, Outcome, Replay};
 use crate::error::{ApiError, Problem};
 
 pub fn configure(config: &mut web::ServiceConfig) {
@@ -45,13 +45,25 @@ async fn spend(
     account: AccountId,
     op: Op,
 ) -> Result<(ReservationRow, Replay), ApiError> {
+    let (operation, answer) = submit(state, credentials, account, op).await?;
+    answer.into_reservation(&operation)
+}
+
+/// One operation of a caller through the coalescer: the operation, and the
+/// engine's answer (before it is turned into a view or an error).
+async fn submit(
+    state: &State,
+    credentials: Credentials,
+    account: AccountId,
+    op: Op,
+) -> Result<(Operation, Answer), ApiError> {
     let operation = Operation {
         account,
         authority: Authority::from(credentials),
         op,
     };
     let (operation, answer) = state.coalescer.submit(operation).await;
-    answer?.into_reservation(&operation)
+    Ok((operation, answer?))
 }
 
 fn respond(row: ReservationRow, replay: Replay) -> HttpResponse {
@@ -379,13 +391,7 @@ async fn extend_reservation(
         reservation: ReservationId(reservation),
         ttl_seconds,
     };
-    let operation = Operation {
-        account: AccountId(account),
-        authority: Authority::from(credentials),
-        op,
-    };
-    let (operation, answer) = state.coalescer.submit(operation).await;
-    let answer = answer?;
+    let (operation, answer) = submit(&state, credentials, AccountId(account), op).await?;
     let capped = answer.outcome == Outcome::ExtendedCapped;
     let (row, _) = answer.into_reservation(&operation)?;
     let mut response = HttpResponse::Ok();

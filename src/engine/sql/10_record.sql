@@ -72,7 +72,8 @@ $$;
 -- settings `token_billing.<name>`): what was added up so far, adding to
 -- it, and taking it (read and back to 0; the callers count it once the
 -- transaction commits). The tallies: grant_expired (tokens that left by a
--- grant's lapse) and topup_credited (tokens top-up rules credited).
+-- grant's lapse: token_billing_tokens_total{movement="grant_expired"}) and
+-- topup_credited (tokens top-up rules credited: movement="credited").
 CREATE FUNCTION engine_tally(p_name text) RETURNS bigint
 LANGUAGE sql STABLE AS $$
     SELECT COALESCE(NULLIF(current_setting('token_billing.' || p_name, true), ''), '0')::bigint
@@ -251,7 +252,7 @@ BEGIN
     INTO written, watched, lapsed, topups;
 
     -- Tokens that left by a grant's lapse, added up for the caller's
-    -- metrics (engine_take_grant_expired) for the rest of the transaction.
+    -- metrics (the tally grant_expired) for the rest of the transaction.
     IF lapsed IS NOT NULL THEN
         PERFORM engine_tally_add('grant_expired', lapsed);
     END IF;

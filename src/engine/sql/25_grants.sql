@@ -173,11 +173,3 @@ BEGIN
     RETURN noticed;
 END;
 $$;
-
--- The tokens this transaction's grant_expire entries took so far
--- (engine_record adds them up), taken (the tally engine_tally_take): the
--- callers count them in token_billing_tokens_total{movement="grant_expired"}.
-CREATE FUNCTION engine_take_grant_expired() RETURNS bigint
-LANGUAGE sql AS $$
-    SELECT engine_tally_take('grant_expired')
-$$;

@@ -89,11 +89,11 @@ $$;
 -- one (engine_external, engine_finish_job: a worker's finish shares the
 -- batch's transaction and WAL flush with the requests around it). Returns
 -- one row per operation: its position (1-based), outcome, detail and
--- object (JSON); and, when the batch expired tokens of lapsed grants (a
--- spend or removal lapsing them on access, a return to a lapsed grant), a
--- row at position 0, outcome grant_expired, detail {tokens, topup_credited}
--- (the second: what top-up rules credited in the batch), for the
--- caller's metrics.
+-- object (JSON); and, when the batch left a tally (engine_tally: tokens
+-- of lapsed grants expired — a spend or removal lapsing them on access, a
+-- return to a lapsed grant — or tokens top-up rules credited), a row at
+-- position 0, outcome tallies, detail {grant_expired, topup_credited},
+-- for the caller's metrics.
 CREATE FUNCTION engine_apply_full(
     p_op text[], p_account uuid[], p_actor text[], p_key_id uuid[], p_key_hash bytea[],
     p_authorized boolean[], p_request uuid[], p_amount bigint[], p_requested_ttl integer[],
@@ -119,7 +119,6 @@ DECLARE
     bad record;
     r record;
     e record;
-    lapsed bigint;
 BEGIN
     IF batch IS NULL OR batch = 0 THEN
         RETURN;
@@ -259,14 +258,13 @@ BEGIN
         END LOOP;
     END LOOP;
 
-    -- (engine_tally's test, inline: most batches expire
-    -- nothing, and a function call per batch is not free.)
+    -- (engine_tally's test, inline: most batches leave no tally, and a
+    -- function call per batch is not free.)
     IF COALESCE(current_setting('token_billing.grant_expired', true), '') NOT IN ('', '0')
        OR COALESCE(current_setting('token_billing.topup_credited', true), '') NOT IN ('', '0') THEN
-        lapsed := engine_take_grant_expired();
-        op_position := 0; outcome := 'grant_expired'; object := NULL;
-        detail := jsonb_build_object('tokens', lapsed,
-                                     'topup_credited', engine_take_topup_credited());
+        op_position := 0; outcome := 'tallies'; object := NULL;
+        detail := jsonb_build_object('grant_expired', engine_tally_take('grant_expired'),
+                                     'topup_credited', engine_tally_take('topup_credited'));
         RETURN NEXT;
     END IF;
 END;

@@ -277,7 +277,9 @@ BEGIN
                     rule.id, made.outcome;
             END IF;
             fired := 'granted';
-            -- Added up for the caller's metrics (engine_take_topup_credited).
+            -- Added up for the callers' metrics (the tally topup_credited:
+            -- engine_apply_full's position-0 row, the reaper, a rule's
+            -- change count it in token_billing_tokens_total{movement="credited"}).
             PERFORM engine_tally_add('topup_credited', amount);
             PERFORM engine_emit_event('topup.granted', rule.account_id,
                 (SELECT engine_event_account(a) FROM accounts a WHERE a.id = rule.account_id)
@@ -309,15 +311,6 @@ BEGIN
     END IF;
     RETURN fired;
 END;
-$$;
-
--- The tokens the rules' own grants credited so far in this transaction,
--- and back to 0: the callers count them in
--- token_billing_tokens_total{movement="credited"} once they commit
--- (engine_apply_full's position-0 row, the reaper, a rule's change).
-CREATE FUNCTION engine_take_topup_credited() RETURNS bigint
-LANGUAGE sql AS $$
-    SELECT engine_tally_take('topup_credited')
 $$;
 
 -- A credit's external_ref that names one of the account's top-up
