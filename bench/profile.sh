@@ -72,7 +72,22 @@ done
 curl -fsS "http://127.0.0.1:$service_port/readyz" > /dev/null || { cat "$dir/service.log" >&2; exit 1; }
 psql_db -d tb_profile -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" > /dev/null
 
-reset="psql -h 127.0.0.1 -p $port -U postgres -qtA -d tb_profile -c 'SELECT pg_stat_statements_reset()' -c 'SELECT pg_stat_reset()' > /dev/null"
+# CPU by process (clock ticks of user + system time from /proc): the
+# service, every process of the private cluster (postmaster and its
+# children: the backends), and the whole machine (/proc/stat: the load
+# generator and anything else is the rest), sampled when the measured
+# window opens and again when it closes (the hook below runs through it).
+postmaster="$(head -n 1 "$dir/data/postmaster.pid")"
+cat > "$dir/cpu_sample.sh" << SAMPLE
+#!/bin/bash
+pg=0
+for pid in $postmaster \$(pgrep -P $postmaster); do
+  pg=\$((pg + \$(awk '{ print \$14 + \$15 }' "/proc/\$pid/stat" 2> /dev/null || echo 0)))
+done
+echo "\$(awk '{ print \$14 + \$15 }' /proc/$service/stat) \$pg \$(awk '/^cpu / { print \$2 + \$3 + \$4 + \$7 + \$8 }' /proc/stat)"
+SAMPLE
+chmod +x "$dir/cpu_sample.sh"
+reset="psql -h 127.0.0.1 -p $port -U postgres -qtA -d tb_profile -c 'SELECT pg_stat_statements_reset()' -c 'SELECT pg_stat_reset()' > /dev/null; $dir/cpu_sample.sh > $dir/cpu.start; sleep $seconds; $dir/cpu_sample.sh > $dir/cpu.end"
 line="$("$tools" bench load --url "http://127.0.0.1:$service_port" --admin-key "$key" \
   --scenario "$scenario" --accounts "$accounts" --concurrency "$kiosks" --seconds "$seconds" \
   --service-pid "$service" --on-measure "$reset")"
@@ -81,6 +96,13 @@ cycles_per_s="$(sed -n 's/.*cycles_per_s=\([0-9.]*\).*/\1/p' <<< "$line")"
 cycles="$(awk -v r="${cycles_per_s:-0}" -v s="$seconds" 'BEGIN { printf "%d", r * s }')"
 [ "$cycles" -gt 0 ] || { echo "no cycles measured" >&2; exit 1; }
 
+echo
+read -r s0 p0 m0 < "$dir/cpu.start"
+read -r s1 p1 m1 < "$dir/cpu.end"
+awk -v s=$((s1 - s0)) -v p=$((p1 - p0)) -v m=$((m1 - m0)) -v c="$cycles" -v hz="$(getconf CLK_TCK)" \
+  'BEGIN { f = 1000 / hz / c;
+           printf "CPU per cycle (ms): service %.3f, PostgreSQL %.3f, the rest (load generator, other) %.3f, machine %.3f\n",
+                  s * f, p * f, (m - s - p) * f, m * f }'
 echo
 echo "statements by total time ($cycles cycles measured; 'top' = called by the service, not from inside a function)"
 psql_db -d tb_profile -F ' | ' -c "

@@ -274,11 +274,19 @@ impl TestDatabase {
     /// Every later session of this database sends every batch to the
     /// engine's full machinery (`token_billing.lean = off`).
     pub fn set_full_engine(&self) {
+        self.set_engine_path("off");
+    }
+
+    /// Every later session of this database takes these paths of the
+    /// engine (`token_billing.lean`): `off`, the full machinery only;
+    /// `batch`, no lone path (a lone operation too goes to the batch
+    /// statement, `src/engine/sql/68_lean.sql`).
+    pub fn set_engine_path(&self, path: &str) {
         let mut admin =
             PgConnection::establish(&format!("{}/postgres", server_url())).expect("connect");
         admin
             .batch_execute(&format!(
-                "ALTER DATABASE {} SET token_billing.lean = 'off'",
+                "ALTER DATABASE {} SET token_billing.lean = '{path}'",
                 self.name
             ))
             .expect("set token_billing.lean");
@@ -396,6 +404,14 @@ impl TestApp {
         let database = TestDatabase::create();
         database.set_full_engine();
         Self::spawn_on(Arc::new(database), adjust).await
+    }
+
+    /// An app on a database whose sessions take these paths of the engine
+    /// (`TestDatabase::set_engine_path`).
+    pub async fn spawn_engine_path(path: &str) -> TestApp {
+        let database = TestDatabase::create();
+        database.set_engine_path(path);
+        Self::spawn_on(Arc::new(database), |_| {}).await
     }
 
     /// Another replica on the same database as `self`.

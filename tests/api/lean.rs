@@ -23,16 +23,16 @@ struct Calls {
 }
 
 /// Applies `operations` in a transaction of its own that counts its calls
-/// of the engine's functions: the answers, and how often the lean path
-/// (one call for a batch's plain prefix) and the full machinery were
-/// called.
-fn apply_counted(conn: &mut PgConnection, operations: &[Operation]) -> (Vec<Answer>, [i64; 2]) {
+/// of the engine's functions: the answers, and how often the batch
+/// statement (one call for a batch's plain prefix), the lone path (a batch
+/// of one) and the full machinery were called, in that order.
+fn apply_counted(conn: &mut PgConnection, operations: &[Operation]) -> (Vec<Answer>, [i64; 3]) {
     // The session's counts not yet reported (pg_stat_xact_user_functions
     // may still hold earlier transactions' calls): compare before and after.
-    fn counts(conn: &mut PgConnection) -> Result<[i64; 2], diesel::result::Error> {
+    fn counts(conn: &mut PgConnection) -> Result<[i64; 3], diesel::result::Error> {
         let calls: Vec<Calls> = diesel::sql_query(
             "SELECT funcname::text AS function, calls FROM pg_stat_xact_user_functions \
-             WHERE funcname IN ('engine_lean_batch', 'engine_apply_full')",
+             WHERE funcname IN ('engine_lean_batch', 'engine_lean_one', 'engine_apply_full')",
         )
         .load(conn)?;
         let count = |name: &str| {
@@ -42,7 +42,11 @@ fn apply_counted(conn: &mut PgConnection, operations: &[Operation]) -> (Vec<Answ
                 .map(|call| call.calls)
                 .sum::<i64>()
         };
-        Ok([count("engine_lean_batch"), count("engine_apply_full")])
+        Ok([
+            count("engine_lean_batch"),
+            count("engine_lean_one"),
+            count("engine_apply_full"),
+        ])
     }
     conn.transaction(|conn| {
         diesel::sql_query("SET LOCAL track_functions = 'pl'").execute(conn)?;
@@ -101,7 +105,7 @@ async fn plain_reserves_and_commits_take_the_lean_path_refusals_and_events_the_f
     // The key is new: its first use writes last_used_at on the lean path.
     let (answers, calls) = apply_counted(&mut conn, &[reserve(account, &key, Uuid::new_v4(), 2)]);
     assert_eq!(outcomes(&answers), [Outcome::Created]);
-    assert_eq!(calls, [1, 0], "a plain reserve: lean only");
+    assert_eq!(calls, [0, 1, 0], "a plain reserve: the lone path only");
     let used: Option<chrono::DateTime<chrono::Utc>> = token_billing::db::schema::api_keys::table
         .select(token_billing::db::schema::api_keys::last_used_at)
         .filter(token_billing::db::schema::api_keys::account_id.eq(Some(account)))
@@ -112,17 +116,17 @@ async fn plain_reserves_and_commits_take_the_lean_path_refusals_and_events_the_f
     let held = reservation_id(&answers[0]);
     let (answers, calls) = apply_counted(&mut conn, &[commit_all(account, &key, held)]);
     assert_eq!(outcomes(&answers), [Outcome::Committed]);
-    assert_eq!(calls, [1, 0], "a plain commit: lean only");
+    assert_eq!(calls, [0, 1, 0], "a plain commit: the lone path only");
 
     // 3 tokens left: reserving all of them empties the account (its
     // balance_depleted event), reserving 4 is refused: both on the full
     // machinery, after the lean path declined them.
     let (answers, calls) = apply_counted(&mut conn, &[reserve(account, &key, Uuid::new_v4(), 4)]);
     assert_eq!(outcomes(&answers), [Outcome::InsufficientTokens]);
-    assert_eq!(calls, [1, 1]);
+    assert_eq!(calls, [0, 1, 1]);
     let (answers, calls) = apply_counted(&mut conn, &[reserve(account, &key, Uuid::new_v4(), 3)]);
     assert_eq!(outcomes(&answers), [Outcome::Created]);
-    assert_eq!(calls, [1, 1]);
+    assert_eq!(calls, [0, 1, 1]);
     #[derive(QueryableByName)]
     struct Count {
         #[diesel(sql_type = BigInt)]
@@ -139,7 +143,7 @@ async fn plain_reserves_and_commits_take_the_lean_path_refusals_and_events_the_f
     let wrong = format!("{}x", &key[..key.len() - 1]);
     let (answers, calls) = apply_counted(&mut conn, &[reserve(account, &wrong, Uuid::new_v4(), 1)]);
     assert_eq!(outcomes(&answers), [Outcome::Unauthorized]);
-    assert_eq!(calls, [1, 1]);
+    assert_eq!(calls, [0, 1, 1]);
 }
 
 /// An account's books as comparable rows: every ledger entry (kind,
@@ -171,7 +175,7 @@ fn books(conn: &mut PgConnection, account: Uuid) -> Books {
 /// account cannot pay, another plain reserve. The lean path takes the
 /// first, the full machinery everything from the replay on; the answers
 /// and the books are those of the full machinery alone.
-async fn mixed_batch(lean: bool) -> (Vec<Outcome>, Books, [i64; 2]) {
+async fn mixed_batch(lean: bool) -> (Vec<Outcome>, Books, [i64; 3]) {
     let app = if lean {
         TestApp::spawn().await
     } else {
@@ -215,12 +219,12 @@ async fn a_batch_leaves_the_lean_path_at_its_first_case_that_is_not_plain() {
     assert_eq!(lean_books, full_books);
     assert_eq!(
         lean_calls,
-        [1, 1],
+        [1, 0, 1],
         "lean for the first, then the full machinery once"
     );
     assert_eq!(
         full_calls,
-        [0, 1],
+        [0, 0, 1],
         "token_billing.lean = off: the full machinery only"
     );
 }
@@ -281,11 +285,25 @@ fn grants_and_draws(conn: &mut PgConnection, account: Uuid) -> Value {
 /// commit's return. The lean path takes the whole first batch in one call
 /// and the second up to the reserve after the return; the answers, books,
 /// grants and draws are those of the full machinery alone.
-async fn two_batches(lean: bool) -> (Vec<Outcome>, Value, [i64; 2], [i64; 2]) {
-    let app = if lean {
-        TestApp::spawn().await
-    } else {
-        TestApp::spawn_full_engine_with(|_| {}).await
+async fn two_batches(lean: bool) -> (Vec<Outcome>, Value, [i64; 3], [i64; 3]) {
+    two_batches_on(if lean { "on" } else { "off" }, false).await
+}
+
+/// [`two_batches`] on the engine's paths `path` (`token_billing.lean`),
+/// each operation a batch of its own when `alone` (the calls then summed).
+async fn two_batches_on(path: &str, alone: bool) -> (Vec<Outcome>, Value, [i64; 3], [i64; 3]) {
+    let app = TestApp::spawn_engine_path(path).await;
+    let apply = |conn: &mut PgConnection, operations: &[Operation]| {
+        if !alone {
+            return apply_counted(conn, operations);
+        }
+        let (mut answers, mut calls) = (Vec::new(), [0, 0, 0]);
+        for operation in operations {
+            let (answer, counted) = apply_counted(conn, std::slice::from_ref(operation));
+            answers.extend(answer);
+            calls = std::array::from_fn(|i| calls[i] + counted[i]);
+        }
+        (answers, calls)
     };
     let a = app.create_account(0).await;
     let b = app.funded_account(10).await;
@@ -313,7 +331,7 @@ async fn two_batches(lean: bool) -> (Vec<Outcome>, Value, [i64; 2], [i64; 2]) {
         reserve(b, &key_b, Uuid::new_v4(), 2),
         reserve(a, &key_a, Uuid::new_v4(), 1),
     ];
-    let (answers, first_calls) = apply_counted(&mut conn, &first);
+    let (answers, first_calls) = apply(&mut conn, &first);
     let mut seen = outcomes(&answers);
     let held: Vec<Uuid> = answers.iter().map(reservation_id).collect();
     let second = [
@@ -324,7 +342,7 @@ async fn two_batches(lean: bool) -> (Vec<Outcome>, Value, [i64; 2], [i64; 2]) {
         reserve(a, &key_a, Uuid::new_v4(), 1),
         commit_all(a, &key_a, held[4]),
     ];
-    let (answers, second_calls) = apply_counted(&mut conn, &second);
+    let (answers, second_calls) = apply(&mut conn, &second);
     seen.extend(outcomes(&answers));
     let state = serde_json::json!([
         books(&mut conn, a).0,
@@ -358,11 +376,39 @@ async fn a_batch_of_plain_operations_on_several_accounts_is_one_lean_call() {
     );
     assert_eq!(lean_outcomes, full_outcomes);
     assert_eq!(lean_state, full_state);
-    assert_eq!(lean_first, [1, 0], "five plain reserves: one lean call");
+    assert_eq!(lean_first, [1, 0, 0], "five plain reserves: one lean call");
     assert_eq!(
         lean_second,
-        [1, 1],
+        [1, 0, 1],
         "the reserve after a return leaves the lean path"
     );
-    assert_eq!((full_first, full_second), ([0, 1], [0, 1]));
+    assert_eq!((full_first, full_second), ([0, 0, 1], [0, 0, 1]));
+}
+
+/// The same operations one at a time: each plain one on the lone path
+/// (`engine_lean_one`, `src/engine/sql/66_lone.sql`), on the batch
+/// statement when the lone path is off (`token_billing.lean = batch`), and
+/// on the full machinery alone. The two grants make a reserve span both
+/// and a partial commit return tokens to both; the answers, books, grants
+/// and draws must be the same on all three.
+#[actix_web::test]
+async fn a_lone_operation_ends_as_on_the_batch_statement_and_the_full_machinery() {
+    let (lone_outcomes, lone_state, lone_first, lone_second) = two_batches_on("on", true).await;
+    let (batch_outcomes, batch_state, batch_first, batch_second) =
+        two_batches_on("batch", true).await;
+    let (full_outcomes, full_state, _, _) = two_batches_on("off", true).await;
+    assert_eq!(lone_outcomes, full_outcomes);
+    assert_eq!(batch_outcomes, full_outcomes);
+    assert_eq!(lone_state, full_state);
+    assert_eq!(batch_state, full_state);
+    assert_eq!(
+        (lone_first, lone_second),
+        ([0, 5, 0], [0, 6, 0]),
+        "one at a time every operation is plain, and takes the lone path"
+    );
+    assert_eq!(
+        (batch_first, batch_second),
+        ([5, 0, 0], [6, 0, 0]),
+        "token_billing.lean = batch: the batch statement"
+    );
 }

@@ -108,8 +108,7 @@ BEGIN
                a.balance_low, a.topup_threshold, a.topup_armed,
                r.id AS r_id, r.amount AS r_amount, r.draws AS r_draws, r.state AS r_state,
                r.expires_at AS r_expires_at, r.job_id AS r_job,
-               CASE o.op WHEN 'commit' THEN o.amount WHEN 'commit_all' THEN r.amount ELSE 0 END
-                   AS committed,
+               engine_settle_committed(o.op, o.amount, r.amount) AS committed,
                (o.authorized OR engine_spend_authority(v.scope, v.account_id, o.account) = 'ok')
                    AS may, v.key_id AS valid_key, v.last_used_at,
                -- Tokens the batch's reserves on this account take, this one
@@ -154,41 +153,20 @@ BEGIN
         WINDOW upto AS (PARTITION BY o.account ORDER BY o.n)
     ), checked AS MATERIALIZED (
         SELECT s.*,
+               -- (The rules of a plain spend and settlement: 66_lone.sql.)
                s.a_id IS NOT NULL AND s.may AND NOT s.repeated AND CASE WHEN s.spends THEN
-                   s.status = 'active'
-                   -- (available = amount would empty the account: its event.)
-                   AND s.a_available - s.spent >= 1
-                   AND (s.max_active_reservations = 0
-                        OR s.active_reservations + s.reserves <= s.max_active_reservations)
-                   AND (s.low_balance_threshold = 0
-                        OR engine_is_low(s.a_available - s.spent, s.low_balance_threshold)
-                           = s.balance_low)
-                   -- (Nor a top-up rule's line: it fires in engine_record.)
-                   AND NOT engine_topup_due(s.a_available - s.spent, s.topup_threshold,
-                                            s.topup_armed)
+                   engine_spend_plain(s.status, s.a_available - s.spent,
+                                      s.active_reservations + s.reserves,
+                                      s.max_active_reservations, s.low_balance_threshold,
+                                      s.balance_low, s.topup_threshold, s.topup_armed)
                    AND NOT s.returned_before AND NOT s.taken
-                   AND NOT EXISTS (SELECT 1 FROM credit_grants g
-                                   WHERE g.account_id = s.account AND g.drawable
-                                     AND engine_grant_lapse_due(g.drawable, g.expired_at,
-                                                                g.expires_at, at)
-                                   LIMIT 1)
+                   AND NOT EXISTS (SELECT 1 FROM engine_lapsing_grants(s.account, at))
                ELSE
-                   s.r_id IS NOT NULL AND s.r_job IS NULL AND s.r_state = 'held'
-                   AND s.r_expires_at > now()
-                   AND (s.op <> 'commit' OR s.amount <= s.r_amount)
-                   -- A return of tokens may cross the threshold (an event):
-                   -- only without a threshold, or when nothing goes back.
-                   AND (s.low_balance_threshold = 0 OR s.committed = s.r_amount)
-                   -- (And a top-up rule's line: a return may re-arm it.)
-                   AND (s.topup_threshold = 0 OR s.committed = s.r_amount)
-                   -- No draw's grant has lapsed (a return to it would
-                   -- expire). (By the primary key: a join with the draws is
-                   -- planned as a scan of every grant.)
-                   AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(s.r_draws) d
-                                   CROSS JOIN LATERAL (SELECT 1 FROM credit_grants g
-                                                       WHERE g.id = (d->>'grant_id')::uuid
-                                                         AND g.expires_at <= at LIMIT 1) g
-                                   LIMIT 1)
+                   s.r_id IS NOT NULL
+                   AND engine_settle_plain(s.op, s.amount, s.committed, s.r_amount, s.r_state,
+                                           s.r_job, s.r_expires_at, s.low_balance_threshold,
+                                           s.topup_threshold)
+                   AND NOT EXISTS (SELECT 1 FROM engine_lapsed_draws(s.r_draws, at))
                END AS plain
         FROM steps s
     ), go AS MATERIALIZED (
@@ -199,10 +177,9 @@ BEGIN
     ), draws AS MATERIALIZED (
         -- A reserve takes the account's drawable tokens [spent - amount,
         -- spent): after what the batch's earlier reserves took.
-        SELECT g.n, p.grant_id, GREATEST(g.spent - g.amount, p.lo) AS lo,
-               (LEAST(g.spent, p.hi) - GREATEST(g.spent - g.amount, p.lo))::bigint AS amount
-        FROM go g CROSS JOIN LATERAL engine_grant_pools(g.account) p
-        WHERE g.spends AND p.lo < g.spent AND p.hi > g.spent - g.amount
+        SELECT g.n, p.grant_id, p.lo, p.amount
+        FROM go g CROSS JOIN LATERAL engine_draws(g.account, g.spent - g.amount, g.spent) p
+        WHERE g.spends
     ), moves AS MATERIALIZED (
         SELECT m.*, d.available AS d_available, d.reserved AS d_reserved, d.used AS d_used
         FROM (SELECT d.n, d.lo AS k, g.account, 'reserve' AS kind, d.grant_id, d.amount,
@@ -291,8 +268,7 @@ BEGIN
     )
     -- (Every part of a WITH that writes runs once, read or not.)
     SELECT g.n AS n,
-           CASE g.op WHEN 'release' THEN 'released' WHEN 'commit' THEN 'committed'
-                     WHEN 'commit_all' THEN 'committed' ELSE 'created' END AS outcome,
+           engine_plain_outcome(g.op) AS outcome,
            CASE g.op
                WHEN 'reserve' THEN (SELECT to_jsonb(h) FROM made h WHERE h.id = g.new_id)
                WHEN 'create_job' THEN (SELECT engine_job_view(j, h.state, h.expires_at, h.draws)
@@ -315,10 +291,7 @@ BEGIN
     -- skipped, never waited for. (Once a minute per key: a statement of
     -- its own, not a part of every batch's.)
     IF cardinality(stale) > 0 THEN
-        UPDATE api_keys SET last_used_at = now()
-        WHERE id = ANY (ARRAY(SELECT k.id FROM api_keys k
-                              WHERE k.id = ANY (stale) AND engine_key_use_stale(k.last_used_at)
-                              FOR UPDATE SKIP LOCKED));
+        PERFORM engine_touch_keys(stale);
     END IF;
 END;
 $$;

@@ -296,6 +296,7 @@ DECLARE
     done integer := 0;
     lean integer := 0;
     applied record;
+    path text := COALESCE(current_setting('token_billing.lean', true), '');
 BEGIN
     IF batch = 0 THEN
         RETURN;
@@ -312,7 +313,7 @@ BEGIN
         RAISE EXCEPTION 'engine_apply: every array must have % elements', batch
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF batch <= 64 AND COALESCE(current_setting('token_billing.lean', true), '') <> 'off' THEN
+    IF batch <= 64 AND path <> 'off' THEN
         -- The leading operations of the lean kinds, each with every field
         -- it needs (engine_apply_full refuses a batch with a field
         -- missing, and then nothing at all is written).
@@ -326,7 +327,17 @@ BEGIN
                       IS NOT FALSE;
             lean := i;
         END LOOP;
-        IF lean > 0 THEN
+        IF lean = 1 AND batch = 1 AND p_op[1] <> 'create_job' AND path <> 'batch' THEN
+            -- A lone plain operation: the lone path (66_lone.sql).
+            object := engine_lean_one(p_op[1], p_account[1], p_actor[1], p_key_id[1],
+                p_key_hash[1], p_authorized[1], p_request[1], p_amount[1], p_requested_ttl[1],
+                p_ttl[1], p_new_id[1], p_reservation[1]);
+            IF object IS NOT NULL THEN
+                op_position := 1; outcome := engine_plain_outcome(p_op[1]); detail := NULL;
+                RETURN NEXT;
+                RETURN;
+            END IF;
+        ELSIF lean > 0 THEN
             FOR applied IN
                 SELECT * FROM engine_lean_batch(p_account, p_op[:lean], p_account[:lean], p_actor[:lean],
                     p_key_id[:lean], p_key_hash[:lean], p_authorized[:lean], p_request[:lean],

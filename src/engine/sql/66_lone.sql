@@ -1,0 +1,283 @@
+-- What makes an operation plain, written once, and the lone path.
+--
+-- An operation is plain when its answer is the success and no event is
+-- due (68_lean.sql says why that case is worth a path of its own). The
+-- rules below decide it. Both lean paths call them: the batch statement
+-- (engine_lean_batch, 68_lean.sql), which decides a batch's plain prefix
+-- as a set, and the lone path (engine_lean_one, below), which applies one
+-- operation with statements of the size of a hand-written one. They are
+-- inlined where they are called (SQL functions of one SELECT).
+
+-- A spend (reserve, create_job) leaving the account with `p_available_after`
+-- available tokens and `p_active_after` held reservations is plain when the
+-- account is active, keeps at least one token (available = amount would
+-- empty the account: its event), keeps a free reservation slot, does not
+-- cross the low-balance threshold (its event) and makes no top-up rule
+-- due (it fires in engine_record, 80_topups.sql).
+CREATE FUNCTION engine_spend_plain(p_status text, p_available_after bigint,
+    p_active_after bigint, p_max_active integer, p_low_threshold bigint, p_balance_low boolean,
+    p_topup_threshold bigint, p_topup_armed boolean) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT p_status = 'active'
+       AND p_available_after >= 1
+       AND (p_max_active = 0 OR p_active_after <= p_max_active)
+       AND (p_low_threshold = 0
+            OR engine_is_low(p_available_after, p_low_threshold) = p_balance_low)
+       AND NOT engine_topup_due(p_available_after, p_topup_threshold, p_topup_armed)
+$$;
+
+-- A settlement (`p_op` commit of `p_amount`, commit_all, release) that
+-- spends `p_committed` of a reservation holding `p_held`, in state
+-- `p_state`, of job `p_job`, expiring at `p_expires_at`, is plain when the
+-- reservation is a held, unexpired one of no job, a commit takes no more
+-- than is held, and nothing goes back to the account while it has a
+-- low-balance threshold or a top-up rule (a return may cross the
+-- threshold, or re-arm the rule).
+CREATE FUNCTION engine_settle_plain(p_op text, p_amount bigint, p_committed bigint,
+    p_held bigint, p_state text, p_job uuid, p_expires_at timestamptz, p_low_threshold bigint,
+    p_topup_threshold bigint) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT p_job IS NULL AND p_state = 'held' AND p_expires_at > now()
+       AND (p_op <> 'commit' OR p_amount <= p_held)
+       AND (p_low_threshold = 0 OR p_committed = p_held)
+       AND (p_topup_threshold = 0 OR p_committed = p_held)
+$$;
+
+-- The outcome of a plain operation: its success.
+CREATE FUNCTION engine_plain_outcome(p_op text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE p_op WHEN 'release' THEN 'released' WHEN 'commit' THEN 'committed'
+                     WHEN 'commit_all' THEN 'committed' ELSE 'created' END
+$$;
+
+-- What a settlement spends: a commit its amount, commit_all all that is
+-- held, a release nothing.
+CREATE FUNCTION engine_settle_committed(p_op text, p_amount bigint, p_held bigint)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE p_op WHEN 'commit' THEN p_amount WHEN 'commit_all' THEN p_held ELSE 0 END
+$$;
+
+-- The grants of `p_account` due to lapse at `p_at` (a spend on the account
+-- lapses them first: not plain).
+CREATE FUNCTION engine_lapsing_grants(p_account uuid, p_at timestamptz)
+RETURNS TABLE (grant_id uuid)
+LANGUAGE sql STABLE AS $$
+    SELECT g.id FROM credit_grants g
+    WHERE g.account_id = p_account AND g.drawable
+      AND engine_grant_lapse_due(g.drawable, g.expired_at, g.expires_at, p_at)
+    LIMIT 1
+$$;
+
+-- The draws (`p_draws`, a reservation's) whose grant has expired at
+-- `p_at` (a return to it would expire: not plain). By the primary key: a
+-- join with the draws is planned as a scan of every grant.
+CREATE FUNCTION engine_lapsed_draws(p_draws jsonb, p_at timestamptz)
+RETURNS TABLE (grant_id uuid)
+LANGUAGE sql STABLE AS $$
+    SELECT g.id FROM jsonb_array_elements(p_draws) d
+    CROSS JOIN LATERAL (SELECT g.id FROM credit_grants g
+                        WHERE g.id = (d->>'grant_id')::uuid AND g.expires_at <= p_at
+                        LIMIT 1) g
+    LIMIT 1
+$$;
+
+-- The draws of a spend taking the account's drawable tokens [p_from, p_to)
+-- (engine_grant_pools: the draw order): one row per grant it draws from
+-- (grant_id NULL: tokens no grant holds), with the start of its interval
+-- (`lo`, the draw order) and the tokens it takes.
+CREATE FUNCTION engine_draws(p_account uuid, p_from bigint, p_to bigint)
+RETURNS TABLE (grant_id uuid, lo bigint, amount bigint)
+LANGUAGE sql STABLE AS $$
+    SELECT p.grant_id, GREATEST(p_from, p.lo),
+           (LEAST(p_to, p.hi) - GREATEST(p_from, p.lo))::bigint
+    FROM engine_grant_pools(p_account) p
+    WHERE p.lo < p_to AND p.hi > p_from
+$$;
+
+-- A verified key's last use, written once a minute at most
+-- (engine_key_use_stale): the keys `p_keys` whose last use is stale have
+-- it written; a key row another transaction holds is skipped, never
+-- waited for.
+CREATE FUNCTION engine_touch_keys(p_keys uuid[]) RETURNS void
+LANGUAGE sql AS $$
+    UPDATE api_keys SET last_used_at = now()
+    WHERE id = ANY (ARRAY(SELECT k.id FROM api_keys k
+                          WHERE k.id = ANY (p_keys) AND engine_key_use_stale(k.last_used_at)
+                          ORDER BY k.id
+                          FOR UPDATE SKIP LOCKED))
+$$;
+
+-- The lone path: one plain reserve, commit, commit_all or release, applied
+-- with at most three statements of the size of the hand-written ones —
+-- the account's row (locked; the caller may hold the lock already), what
+-- the decision reads besides (the key, a replay, lapses), and the writes
+-- (the reservation, its grants, the balances, the ledger entries) — plus,
+-- once a minute per key, its last use. engine_apply sends a batch of one
+-- such operation here (a batch statement's plan is started whole for
+-- every batch: 110 nodes, where a lone operation needs a tenth of them).
+-- Returns the answer's object (the reservation), or NULL when the
+-- operation is not plain: then nothing was written, and the full
+-- machinery decides it. Fields as engine_apply's.
+CREATE FUNCTION engine_lean_one(p_op text, p_account uuid, p_actor text, p_key_id uuid,
+    p_key_hash bytea, p_authorized boolean, p_request uuid, p_amount bigint,
+    p_requested_ttl integer, p_ttl integer, p_new_id uuid, p_reservation uuid)
+RETURNS jsonb
+-- (Look-ups by key only, as the batch statement: 68_lean.sql says why.)
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
+#variable_conflict use_column
+DECLARE
+    a accounts;
+    at timestamptz;
+    spends boolean := p_op = 'reserve';
+    seen record;
+    committed bigint;
+    answer jsonb;
+BEGIN
+    SELECT * INTO a FROM accounts WHERE id = p_account FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    -- The transaction's stamp after the account's lock (engine_now).
+    at := engine_now();
+    -- What the decision reads besides the account (this statement's
+    -- snapshot is taken after the lock: 68_lean.sql).
+    SELECT (p_authorized OR engine_spend_authority(v.scope, v.account_id, p_account) = 'ok')
+               AS may,
+           v.key_id AS valid_key, v.last_used_at,
+           CASE WHEN spends THEN
+               EXISTS (SELECT 1 FROM reservations x
+                       WHERE x.account_id = p_account AND x.request_id = p_request
+                         AND x.job_id IS NULL)
+               OR EXISTS (SELECT 1 FROM engine_lapsing_grants(p_account, at))
+           END AS refused,
+           t.*
+    INTO seen
+    FROM (SELECT 1) one
+    LEFT JOIN LATERAL (SELECT k.* FROM engine_valid_key(p_key_id, p_key_hash) k
+                       WHERE NOT p_authorized LIMIT 1) v ON true
+    LEFT JOIN LATERAL (SELECT x.id, x.amount, x.draws, x.state, x.expires_at, x.job_id,
+                              EXISTS (SELECT 1 FROM engine_lapsed_draws(x.draws, at)) AS lapsed
+                       FROM reservations x
+                       WHERE NOT spends AND x.id = p_reservation AND x.account_id = p_account
+                       LIMIT 1) t ON true;
+    IF seen.may IS NOT TRUE THEN
+        RETURN NULL;
+    END IF;
+    IF spends THEN
+        IF seen.refused
+           OR NOT engine_spend_plain(a.status, a.available - p_amount, a.active_reservations + 1,
+                                     a.max_active_reservations, a.low_balance_threshold,
+                                     a.balance_low, a.topup_threshold, a.topup_armed) THEN
+            RETURN NULL;
+        END IF;
+        WITH draws AS MATERIALIZED (
+            SELECT d.*, x.available, x.reserved, x.used
+            FROM engine_draws(p_account, 0, p_amount) d
+            CROSS JOIN LATERAL engine_deltas('reserve', d.amount, p_new_id) x
+        ), grants AS (
+            UPDATE credit_grants g
+            SET remaining = g.remaining + x.remaining, reserved = g.reserved + x.reserved,
+                consumed = g.consumed + x.consumed, drawable = g.remaining + x.remaining > 0
+            FROM draws d CROSS JOIN LATERAL engine_grant_deltas('reserve', d.amount, p_new_id) x
+            WHERE g.id = d.grant_id AND g.id = ANY (ARRAY(SELECT grant_id FROM draws))
+        ), made AS (
+            INSERT INTO reservations (id, account_id, request_id, amount, requested_ttl_seconds,
+                state, expires_at, job_id, draws)
+            SELECT p_new_id, p_account, p_request, p_amount, p_requested_ttl, 'held',
+                   now() + make_interval(secs => p_ttl), NULL,
+                   (SELECT jsonb_agg(jsonb_build_object('grant_id', d.grant_id, 'amount', d.amount)
+                                     ORDER BY d.lo) FROM draws d)
+            RETURNING *
+        ), moved AS (
+            UPDATE accounts x
+            SET available = x.available + s.available, reserved = x.reserved + s.reserved,
+                used = x.used + s.used, active_reservations = x.active_reservations + 1,
+                version = x.version + s.entries,
+                balance_low = engine_is_low(x.available + s.available, x.low_balance_threshold),
+                updated_at = now()
+            FROM (SELECT sum(d.available)::bigint AS available,
+                         sum(d.reserved)::bigint AS reserved, sum(d.used)::bigint AS used,
+                         count(*) AS entries FROM draws d) s
+            WHERE x.id = p_account
+        ), entries AS (
+            INSERT INTO ledger_entries (account_id, kind, amount, available_after,
+                reserved_after, used_after, reservation_id, job_id, external_ref, reason, actor,
+                created_at, grant_id)
+            SELECT p_account, 'reserve', d.amount,
+                   a.available + (sum(d.available) OVER w)::bigint,
+                   a.reserved + (sum(d.reserved) OVER w)::bigint,
+                   a.used + (sum(d.used) OVER w)::bigint,
+                   p_new_id, NULL, NULL, NULL, p_actor, at, d.grant_id
+            FROM draws d
+            WINDOW w AS (ORDER BY d.lo)
+            ORDER BY d.lo
+        )
+        SELECT to_jsonb(h) INTO answer FROM made h;
+    ELSE
+        IF seen.id IS NULL OR seen.lapsed THEN
+            RETURN NULL;
+        END IF;
+        committed := engine_settle_committed(p_op, p_amount, seen.amount);
+        IF NOT engine_settle_plain(p_op, p_amount, committed, seen.amount, seen.state,
+                                   seen.job_id, seen.expires_at, a.low_balance_threshold,
+                                   a.topup_threshold) THEN
+            RETURN NULL;
+        END IF;
+        WITH moves AS MATERIALIZED (
+            SELECT s.n, s.grant_id, s.amount, m.kind, x.available, x.reserved, x.used
+            FROM engine_split_draws(seen.draws, seen.amount, committed) s
+            CROSS JOIN LATERAL (SELECT CASE s.part WHEN 'commit' THEN 'commit'
+                                                   ELSE 'release' END AS kind) m
+            CROSS JOIN LATERAL engine_deltas(m.kind, s.amount, p_reservation) x
+        ), grants AS (
+            UPDATE credit_grants g
+            SET remaining = g.remaining + t.remaining, reserved = g.reserved + t.reserved,
+                consumed = g.consumed + t.consumed, drawable = g.remaining + t.remaining > 0
+            FROM (SELECT m.grant_id, sum(x.remaining)::bigint AS remaining,
+                         sum(x.reserved)::bigint AS reserved, sum(x.consumed)::bigint AS consumed
+                  FROM moves m
+                  CROSS JOIN LATERAL engine_grant_deltas(m.kind, m.amount, p_reservation) x
+                  WHERE m.grant_id IS NOT NULL
+                  GROUP BY m.grant_id) t
+            WHERE g.id = t.grant_id AND g.id = ANY (ARRAY(SELECT grant_id FROM moves))
+        ), settled AS (
+            -- The reservation's row lock is taken here, under the account's.
+            UPDATE reservations x
+            SET state = CASE WHEN p_op = 'release' THEN 'released' ELSE 'committed' END,
+                committed_amount = committed, resolved_at = now()
+            WHERE x.id = p_reservation
+            RETURNING to_jsonb(x) AS answer
+        ), moved AS (
+            UPDATE accounts x
+            SET available = x.available + s.available, reserved = x.reserved + s.reserved,
+                used = x.used + s.used, active_reservations = x.active_reservations - 1,
+                version = x.version + s.entries,
+                balance_low = engine_is_low(x.available + s.available, x.low_balance_threshold),
+                updated_at = now()
+            FROM (SELECT COALESCE(sum(m.available), 0)::bigint AS available,
+                         COALESCE(sum(m.reserved), 0)::bigint AS reserved,
+                         COALESCE(sum(m.used), 0)::bigint AS used,
+                         count(*) AS entries FROM moves m) s
+            WHERE x.id = p_account
+        ), entries AS (
+            INSERT INTO ledger_entries (account_id, kind, amount, available_after,
+                reserved_after, used_after, reservation_id, job_id, external_ref, reason, actor,
+                created_at, grant_id)
+            SELECT p_account, m.kind, m.amount,
+                   a.available + (sum(m.available) OVER w)::bigint,
+                   a.reserved + (sum(m.reserved) OVER w)::bigint,
+                   a.used + (sum(m.used) OVER w)::bigint,
+                   p_reservation, NULL, NULL, NULL, p_actor, at, m.grant_id
+            FROM moves m
+            WINDOW w AS (ORDER BY m.n)
+            ORDER BY m.n
+        )
+        SELECT s.answer INTO answer FROM settled s;
+    END IF;
+    IF seen.valid_key IS NOT NULL AND engine_key_use_stale(seen.last_used_at) THEN
+        PERFORM engine_touch_keys(ARRAY[seen.valid_key]);
+    END IF;
+    RETURN answer;
+END;
+$$;
