@@ -1,9 +1,12 @@
--- The lean path: what kiosks send most — reserves and jobs, commits (of
--- all or part of what is held) and releases, alone or a few together —
--- applied as a set, in ONE statement for the whole batch (engine_apply in
--- `70_apply.sql` calls engine_lean_batch with the batch's leading
--- operations of these kinds; it takes the row locks of all the batch's
--- accounts first, in id order).
+-- The lean path's batch statement: what kiosks send most — reserves and
+-- jobs, commits (of all or part of what is held) and releases, a few
+-- together — applied as a set, in ONE statement for the whole batch
+-- (engine_apply in `70_apply.sql` calls engine_lean_batch with the batch's
+-- leading operations of these kinds; it takes the row locks of all the
+-- batch's accounts first, in id order). A batch of one reserve, commit or
+-- release takes the lone path instead (engine_lean_one, `66_lone.sql`):
+-- this statement's plan is started whole for every batch, which a batch
+-- of several pays once and a lone operation would pay alone.
 --
 -- It decides only the plain case, where the answer is the success and no
 -- event is due: the key verifies and may spend here, the account is active
@@ -34,13 +37,16 @@
 --
 -- The rules are not written again here: the key's validity and when its
 -- use is written (engine_valid_key, engine_spend_authority,
--- engine_key_use_stale), the draw order (engine_grant_pools), a
--- settlement's split over its draws (engine_split_draws), what a movement
--- does to the account and to its grant (engine_deltas,
--- engine_grant_deltas), the low-balance state (engine_is_low) and a
--- grant's lapse (engine_grant_lapse_due) are the functions the full
--- machinery calls, inlined. What the lean path adds is only the test that
--- a case is plain, and the arithmetic of a batch's running balances.
+-- engine_key_use_stale, engine_touch_keys), the draw order
+-- (engine_grant_pools, engine_draws), a settlement's split over its draws
+-- (engine_split_draws), what a movement does to the account and to its
+-- grant (engine_deltas, engine_grant_deltas), the low-balance state
+-- (engine_is_low) and a grant's lapse (engine_grant_lapse_due) are the
+-- functions the full machinery calls, inlined; what makes a case plain
+-- (engine_spend_plain, engine_settle_plain, engine_lapsing_grants,
+-- engine_lapsed_draws) is written once in `66_lone.sql`, for this
+-- statement and the lone path. What this statement adds is only the
+-- arithmetic of a batch's running balances (and the cautions below).
 --
 -- Why one statement: PostgreSQL's cost of a statement is mostly fixed —
 -- executor start-up of its plan, and for every table it writes the

@@ -271,15 +271,18 @@ END;
 $$;
 
 -- The entry point: the batch's leading plain operations on the lean path
--- (68_lean.sql: one statement for all of them), then everything from the
+-- (a lone reserve, commit or release: 66_lone.sql, a few statements of the
+-- size of a hand-written one; several: 68_lean.sql, one statement for all
+-- of them), then everything from the
 -- first operation that is not plain on (a refusal, a replay, a lapse, an
 -- event, another kind of operation) in engine_apply_full, in the same
 -- transaction: each operation gets the answer it would have had alone at
 -- its place, whichever path decided it. The lean path first locks all the
 -- batch's accounts in id order, as engine_apply_full does, so two batches
 -- never wait on each other crosswise. The setting
--- token_billing.lean = off sends every batch to engine_apply_full (the
--- tests compare the two paths with it).
+-- token_billing.lean = off sends every batch to engine_apply_full, and
+-- token_billing.lean = batch a lone operation to the batch statement (the
+-- tests compare the paths with them).
 CREATE FUNCTION engine_apply(
     p_op text[], p_account uuid[], p_actor text[], p_key_id uuid[], p_key_hash bytea[],
     p_authorized boolean[], p_request uuid[], p_amount bigint[], p_requested_ttl integer[],
