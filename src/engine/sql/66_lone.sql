@@ -108,17 +108,32 @@ LANGUAGE sql AS $$
                           FOR UPDATE SKIP LOCKED))
 $$;
 
+-- Whether an operation of kind `p_op` alone in its batch goes to the lone
+-- path: a reserve, commit or release, unless the setting token_billing.lean
+-- sends it elsewhere (off: the full machinery only; batch: the batch
+-- statement for lone operations too).
+CREATE FUNCTION engine_lone_applies(p_op text) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT p_op IN ('reserve', 'commit', 'commit_all', 'release')
+       AND COALESCE(current_setting('token_billing.lean', true), '') NOT IN ('off', 'batch')
+$$;
+
 -- The lone path: one plain reserve, commit, commit_all or release, applied
 -- with at most three statements of the size of the hand-written ones —
 -- the account's row (locked; the caller may hold the lock already), what
 -- the decision reads besides (the key, a replay, lapses), and the writes
 -- (the reservation, its grants, the balances, the ledger entries) — plus,
--- once a minute per key, its last use. engine_apply sends a batch of one
--- such operation here (a batch statement's plan is started whole for
--- every batch: 110 nodes, where a lone operation needs a tenth of them).
--- Returns the answer's object (the reservation), or NULL when the
--- operation is not plain: then nothing was written, and the full
--- machinery decides it. Fields as engine_apply's.
+-- once a minute per key, its last use. The service calls it directly for
+-- a batch of one such operation (src/engine/mod.rs: twelve values, where
+-- engine_apply takes 26 arrays and answers as a set), and engine_apply
+-- sends such a batch here too (a batch statement's plan is started whole
+-- for every batch: 110 nodes, where a lone operation needs a tenth of
+-- them). Returns the answer's object (the reservation; the outcome is
+-- engine_plain_outcome's), or NULL when the operation is not plain (or
+-- engine_lone_applies says no, or it lacks a field): then nothing was
+-- written, and the full machinery decides it (engine_apply_full; the
+-- service calls it directly when engine_lone_applies said yes, so the
+-- operation is not tried twice). Fields as engine_apply's.
 CREATE FUNCTION engine_lean_one(p_op text, p_account uuid, p_actor text, p_key_id uuid,
     p_key_hash bytea, p_authorized boolean, p_request uuid, p_amount bigint,
     p_requested_ttl integer, p_ttl integer, p_new_id uuid, p_reservation uuid)
@@ -134,6 +149,14 @@ DECLARE
     committed bigint;
     answer jsonb;
 BEGIN
+    -- Only the lone path's kinds, each with the fields it needs
+    -- (engine_op_incomplete).
+    IF NOT engine_lone_applies(p_op)
+       OR engine_op_incomplete(p_op, p_account, p_actor, p_authorized, p_key_id, p_key_hash,
+              p_request, p_amount, p_ttl, p_new_id, NULL, NULL, NULL, NULL, p_reservation, NULL,
+              NULL, NULL, NULL, NULL, NULL, NULL) IS NOT FALSE THEN
+        RETURN NULL;
+    END IF;
     SELECT * INTO a FROM accounts WHERE id = p_account FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RETURN NULL;

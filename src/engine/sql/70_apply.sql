@@ -330,7 +330,7 @@ BEGIN
                       IS NOT FALSE;
             lean := i;
         END LOOP;
-        IF lean = 1 AND batch = 1 AND p_op[1] <> 'create_job' AND path <> 'batch' THEN
+        IF lean = 1 AND batch = 1 AND engine_lone_applies(p_op[1]) THEN
             -- A lone plain operation: the lone path (66_lone.sql).
             object := engine_lean_one(p_op[1], p_account[1], p_actor[1], p_key_id[1],
                 p_key_hash[1], p_authorized[1], p_request[1], p_amount[1], p_requested_ttl[1],
