@@ -14,7 +14,9 @@
 # the load's measured window opens (after its warm-up). Printed: the load's
 # line, then the statements by total time (calls, mean ms, share of the
 # total, time per cycle) and the engine's functions by their own time
-# (self_time: without the functions they call). Everything it made is
+# (self_time: without the functions they call), and the CPU a cycle cost
+# each process (the service, PostgreSQL, the rest of the machine: the load
+# generator). Everything it made is
 # removed at the end. PROFILE_URL_SUFFIX is appended to the service's
 # DATABASE_URL, to try a setting on its sessions, e.g.
 # PROFILE_URL_SUFFIX='?options=-c%20plan_cache_mode%3Dforce_generic_plan'.
@@ -116,13 +118,16 @@ psql_db -d tb_profile -F ' | ' -c "
   ORDER BY total_exec_time DESC LIMIT 15"
 echo
 # Statements per batch: every statement the engine ran inside PostgreSQL
-# (pg_stat_statements, track = all) per top-level engine_apply call, with
+# (pg_stat_statements, track = all) per top-level engine_apply call (or
+# call of the lone path, engine_lean_one, which the service makes directly
+# for a batch of one), with
 # the foreign-key checks PostgreSQL runs on its own (`SELECT 1 FROM ONLY …
 # FOR KEY SHARE`) counted apart. With one kiosk every batch is one request.
-echo "statements inside engine_apply, per batch (one request per batch at 1 kiosk)"
+echo "statements inside the engine, per batch (engine_apply, or the lone path the service calls directly; one request per batch at 1 kiosk)"
 psql_db -d tb_profile -F ' | ' -c "
   WITH s AS (
-    SELECT sum(calls) FILTER (WHERE toplevel AND query LIKE '%engine_apply(%') AS batches,
+    SELECT sum(calls) FILTER (WHERE toplevel AND (query LIKE '%engine_apply(%'
+                                                  OR query LIKE '%engine_lean_one(%')) AS batches,
            sum(calls) FILTER (WHERE NOT toplevel AND query NOT LIKE 'SELECT 1 FROM ONLY %FOR KEY SHARE%'
                                 AND query NOT LIKE '%FOR KEY SHARE OF x') AS statements,
            sum(calls) FILTER (WHERE NOT toplevel AND (query LIKE 'SELECT 1 FROM ONLY %FOR KEY SHARE%'
