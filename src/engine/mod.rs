@@ -443,9 +443,9 @@ pub struct Applied {
     pub topup_credited: i64,
 }
 
-/// A batch of one reserve, commit or release tries the engine's lone path
-/// first (`engine_lean_one`, `sql/66_lone.sql`), called directly: a
-/// statement of twelve values, where `engine_apply` takes 26 arrays and
+/// A batch of one reserve, job creation, commit or release tries the
+/// engine's lone path first (`engine_lean_one`, `sql/66_lone.sql`), called
+/// directly: a statement of sixteen values, where `engine_apply` takes 26 arrays and
 /// answers as a set (about a quarter of a lone operation's cost in the
 /// database). The lone path answers only a plain operation; for any other
 /// it writes nothing and answers NULL. `applies` says whether the lone
@@ -456,7 +456,8 @@ pub struct Applied {
 pub const LONE_SQL: &str = "SELECT engine_plain_outcome($1) AS outcome, \
      engine_lone_applies($1) AS applies, \
      CASE WHEN engine_lone_applies($1) \
-          THEN engine_lean_one($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) END AS object";
+          THEN engine_lean_one($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
+                               $16) END AS object";
 
 #[derive(QueryableByName)]
 struct LoneRow {
@@ -481,7 +482,10 @@ enum Lone {
 /// The lone path's answer to `operation` (see [`LONE_SQL`]).
 fn apply_lone(conn: &mut PgConnection, operation: &Operation) -> Result<Lone, ApiError> {
     let (op, fields) = operation.op.fields();
-    if !matches!(op, "reserve" | "commit" | "commit_all" | "release") {
+    if !matches!(
+        op,
+        "reserve" | "create_job" | "commit" | "commit_all" | "release"
+    ) {
         return Ok(Lone::NotTaken);
     }
     let (key_id, key_hash, authorized) = operation.authority.presented();
@@ -498,6 +502,10 @@ fn apply_lone(conn: &mut PgConnection, operation: &Operation) -> Result<Lone, Ap
         .bind::<Nullable<Integer>, _>(fields.ttl)
         .bind::<Nullable<SqlUuid>, _>(fields.new_id)
         .bind::<Nullable<SqlUuid>, _>(fields.reservation)
+        .bind::<Nullable<SqlUuid>, _>(fields.job)
+        .bind::<Nullable<Bytea>, _>(fields.hash)
+        .bind::<Nullable<Text>, _>(fields.kind)
+        .bind::<Nullable<Jsonb>, _>(fields.params)
         .get_result(conn)?;
     Ok(match row.object {
         Some(object) => Lone::Answered(Answer {

@@ -412,3 +412,85 @@ async fn a_lone_operation_ends_as_on_the_batch_statement_and_the_full_machinery(
         "token_billing.lean = batch: the batch statement"
     );
 }
+
+fn create_job(account: Uuid, key: &str, request: Uuid) -> Operation {
+    let prices = [("standard".to_owned(), 2)].into_iter().collect();
+    let request = token_billing::engine::jobs::JobRequest::parse(
+        RequestId(request),
+        "standard".into(),
+        serde_json::json!({"prompt": "a cat"}),
+        &prices,
+    )
+    .expect("a job request");
+    Operation {
+        account: AccountId(account),
+        authority: Authority::from(Credentials::parse(key).expect("a kiosk key")),
+        op: Op::CreateJob {
+            request,
+            ttl_seconds: 300,
+        },
+    }
+}
+
+/// A job's view without what differs between two runs (ids, times).
+fn job_shape(answer: &Answer) -> Value {
+    let mut view = answer.object.clone().expect("the job");
+    for field in ["job_id", "request_id", "account_id", "created_at", "updated_at"] {
+        view[field] = Value::Null;
+    }
+    view["reservation"]["reservation_id"] = Value::Null;
+    view["reservation"]["expires_at"] = Value::Null;
+    for draw in view["reservation"]["draws"]
+        .as_array_mut()
+        .expect("draws")
+        .iter_mut()
+    {
+        draw["grant_id"] = Value::Null;
+    }
+    view
+}
+
+/// A lone job creation, its replay and a second job on each path: the
+/// answers (the job as the API shows it), the books and the calls.
+async fn lone_jobs_on(path: &str) -> (Vec<Outcome>, Vec<Value>, Books, Vec<[i64; 3]>) {
+    let app = TestApp::spawn_engine_path(path).await;
+    let account = app.funded_account(10).await;
+    let key = app.kiosk_key(account).await;
+    let mut conn = app.database.connect();
+    let request = Uuid::new_v4();
+    let (mut seen, mut shapes, mut calls) = (Vec::new(), Vec::new(), Vec::new());
+    for operation in [
+        create_job(account, &key, request),
+        create_job(account, &key, request),
+        create_job(account, &key, Uuid::new_v4()),
+    ] {
+        let (answers, counted) = apply_counted(&mut conn, std::slice::from_ref(&operation));
+        seen.extend(outcomes(&answers));
+        shapes.push(job_shape(&answers[0]));
+        calls.push(counted);
+    }
+    (seen, shapes, books(&mut conn, account), calls)
+}
+
+#[actix_web::test]
+async fn a_lone_job_creation_takes_the_lone_path_and_ends_as_on_the_others() {
+    let (lone_outcomes, lone_shapes, lone_books, lone_calls) = lone_jobs_on("on").await;
+    let (batch_outcomes, batch_shapes, batch_books, batch_calls) = lone_jobs_on("batch").await;
+    let (full_outcomes, full_shapes, full_books, _) = lone_jobs_on("off").await;
+    assert_eq!(
+        lone_outcomes,
+        [Outcome::Created, Outcome::Replayed, Outcome::Created]
+    );
+    assert_eq!(lone_outcomes, full_outcomes);
+    assert_eq!(batch_outcomes, full_outcomes);
+    assert_eq!(lone_shapes, full_shapes);
+    assert_eq!(batch_shapes, full_shapes);
+    assert_eq!(lone_books, full_books);
+    assert_eq!(batch_books, full_books);
+    assert_eq!(
+        lone_calls,
+        [[0, 1, 0], [0, 1, 1], [0, 1, 0]],
+        "a plain job creation on the lone path, its replay on the full machinery"
+    );
+    assert_eq!(batch_calls, [[1, 0, 0], [1, 0, 1], [1, 0, 0]]);
+}

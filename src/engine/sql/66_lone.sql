@@ -69,6 +69,21 @@ LANGUAGE sql STABLE AS $$
     LIMIT 1
 $$;
 
+-- Whether a spend's request_id is taken on its account (a replay, not
+-- plain): a reserve's by a reservation of no job, a job creation's by a
+-- job.
+CREATE FUNCTION engine_request_taken(p_op text, p_account uuid, p_request uuid)
+RETURNS TABLE (taken boolean)
+LANGUAGE sql STABLE AS $$
+    SELECT true FROM reservations x
+    WHERE p_op = 'reserve' AND x.account_id = p_account AND x.request_id = p_request
+      AND x.job_id IS NULL
+    UNION ALL
+    SELECT true FROM generation_jobs j
+    WHERE p_op = 'create_job' AND j.account_id = p_account AND j.request_id = p_request
+    LIMIT 1
+$$;
+
 -- The draws (`p_draws`, a reservation's) whose grant has expired at
 -- `p_at` (a return to it would expire: not plain). By the primary key: a
 -- join with the draws is planned as a scan of every grant.
@@ -109,26 +124,28 @@ LANGUAGE sql AS $$
 $$;
 
 -- Whether an operation of kind `p_op` alone in its batch goes to the lone
--- path: a reserve, commit or release, unless the setting token_billing.lean
+-- path: a reserve, job creation, commit or release, unless the setting token_billing.lean
 -- sends it elsewhere (off: the full machinery only; batch: the batch
 -- statement for lone operations too).
 CREATE FUNCTION engine_lone_applies(p_op text) RETURNS boolean
 LANGUAGE sql STABLE AS $$
-    SELECT p_op IN ('reserve', 'commit', 'commit_all', 'release')
+    SELECT p_op IN ('reserve', 'create_job', 'commit', 'commit_all', 'release')
        AND COALESCE(current_setting('token_billing.lean', true), '') NOT IN ('off', 'batch')
 $$;
 
--- The lone path: one plain reserve, commit, commit_all or release, applied
--- with at most three statements of the size of the hand-written ones —
+-- The lone path: one plain reserve, job creation, commit, commit_all or
+-- release, applied with at most three statements of the size of the hand-written ones —
 -- the account's row (locked; the caller may hold the lock already), what
 -- the decision reads besides (the key, a replay, lapses), and the writes
 -- (the reservation, its grants, the balances, the ledger entries) — plus,
--- once a minute per key, its last use. The service calls it directly for
--- a batch of one such operation (src/engine/mod.rs: twelve values, where
+-- for a job creation, the job's row, and once a minute per key, its last
+-- use. The service calls it directly for
+-- a batch of one such operation (src/engine/mod.rs: sixteen values, where
 -- engine_apply takes 26 arrays and answers as a set), and engine_apply
 -- sends such a batch here too (a batch statement's plan is started whole
 -- for every batch: 110 nodes, where a lone operation needs a tenth of
--- them). Returns the answer's object (the reservation; the outcome is
+-- them). Returns the answer's object (the reservation, or the job as
+-- engine_job_view shows it; the outcome is
 -- engine_plain_outcome's), or NULL when the operation is not plain (or
 -- engine_lone_applies says no, or it lacks a field): then nothing was
 -- written, and the full machinery decides it (engine_apply_full; the
@@ -136,7 +153,8 @@ $$;
 -- operation is not tried twice). Fields as engine_apply's.
 CREATE FUNCTION engine_lean_one(p_op text, p_account uuid, p_actor text, p_key_id uuid,
     p_key_hash bytea, p_authorized boolean, p_request uuid, p_amount bigint,
-    p_requested_ttl integer, p_ttl integer, p_new_id uuid, p_reservation uuid)
+    p_requested_ttl integer, p_ttl integer, p_new_id uuid, p_reservation uuid, p_job uuid,
+    p_hash bytea, p_kind text, p_params jsonb)
 RETURNS jsonb
 -- (Look-ups by key only, as the batch statement: 68_lean.sql says why.)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
@@ -144,7 +162,9 @@ LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = o
 DECLARE
     a accounts;
     at timestamptz;
-    spends boolean := p_op = 'reserve';
+    spends boolean := p_op IN ('reserve', 'create_job');
+    job_made uuid := CASE WHEN p_op = 'create_job' THEN p_job END;
+    job_row generation_jobs;
     seen record;
     committed bigint;
     answer jsonb;
@@ -153,8 +173,8 @@ BEGIN
     -- (engine_op_incomplete).
     IF NOT engine_lone_applies(p_op)
        OR engine_op_incomplete(p_op, p_account, p_actor, p_authorized, p_key_id, p_key_hash,
-              p_request, p_amount, p_ttl, p_new_id, NULL, NULL, NULL, NULL, p_reservation, NULL,
-              NULL, NULL, NULL, NULL, NULL, NULL) IS NOT FALSE THEN
+              p_request, p_amount, p_ttl, p_new_id, p_job, p_hash, p_kind, p_params,
+              p_reservation, NULL, NULL, NULL, NULL, NULL, NULL, NULL) IS NOT FALSE THEN
         RETURN NULL;
     END IF;
     SELECT * INTO a FROM accounts WHERE id = p_account FOR NO KEY UPDATE;
@@ -169,9 +189,7 @@ BEGIN
                AS may,
            v.key_id AS valid_key, v.last_used_at,
            CASE WHEN spends THEN
-               EXISTS (SELECT 1 FROM reservations x
-                       WHERE x.account_id = p_account AND x.request_id = p_request
-                         AND x.job_id IS NULL)
+               EXISTS (SELECT 1 FROM engine_request_taken(p_op, p_account, p_request))
                OR EXISTS (SELECT 1 FROM engine_lapsing_grants(p_account, at))
            END AS refused,
            t.*
@@ -194,6 +212,14 @@ BEGIN
                                      a.balance_low, a.topup_threshold, a.topup_armed) THEN
             RETURN NULL;
         END IF;
+        IF job_made IS NOT NULL THEN
+            -- The job first (its reservation_id's foreign key is checked
+            -- at commit).
+            INSERT INTO generation_jobs (id, account_id, request_id, request_hash, kind, params,
+                cost, reservation_id)
+            VALUES (job_made, p_account, p_request, p_hash, p_kind, p_params, p_amount, p_new_id)
+            RETURNING * INTO job_row;
+        END IF;
         WITH draws AS MATERIALIZED (
             SELECT d.*, x.available, x.reserved, x.used
             FROM engine_draws(p_account, 0, p_amount) d
@@ -208,7 +234,7 @@ BEGIN
             INSERT INTO reservations (id, account_id, request_id, amount, requested_ttl_seconds,
                 state, expires_at, job_id, draws)
             SELECT p_new_id, p_account, p_request, p_amount, p_requested_ttl, 'held',
-                   now() + make_interval(secs => p_ttl), NULL,
+                   now() + make_interval(secs => p_ttl), job_made,
                    (SELECT jsonb_agg(jsonb_build_object('grant_id', d.grant_id, 'amount', d.amount)
                                      ORDER BY d.lo) FROM draws d)
             RETURNING *
@@ -231,12 +257,14 @@ BEGIN
                    a.available + (sum(d.available) OVER w)::bigint,
                    a.reserved + (sum(d.reserved) OVER w)::bigint,
                    a.used + (sum(d.used) OVER w)::bigint,
-                   p_new_id, NULL, NULL, NULL, p_actor, at, d.grant_id
+                   p_new_id, job_made, NULL, NULL, p_actor, at, d.grant_id
             FROM draws d
             WINDOW w AS (ORDER BY d.lo)
             ORDER BY d.lo
         )
-        SELECT to_jsonb(h) INTO answer FROM made h;
+        SELECT CASE WHEN job_made IS NULL THEN to_jsonb(h)
+                    ELSE engine_job_view(job_row, h.state, h.expires_at, h.draws) END
+        INTO answer FROM made h;
     ELSE
         IF seen.id IS NULL OR seen.lapsed THEN
             RETURN NULL;

@@ -3,8 +3,8 @@
 -- together — applied as a set, in ONE statement for the whole batch
 -- (engine_apply in `70_apply.sql` calls engine_lean_batch with the batch's
 -- leading operations of these kinds; it takes the row locks of all the
--- batch's accounts first, in id order). A batch of one reserve, commit or
--- release takes the lone path instead (engine_lean_one, `66_lone.sql`):
+-- batch's accounts first, in id order). A batch of one reserve, job
+-- creation, commit or release takes the lone path instead (engine_lean_one, `66_lone.sql`):
 -- this statement's plan is started whole for every batch, which a batch
 -- of several pays once and a lone operation would pay alone.
 --
@@ -43,8 +43,9 @@
 -- grant (engine_deltas, engine_grant_deltas), the low-balance state
 -- (engine_is_low) and a grant's lapse (engine_grant_lapse_due) are the
 -- functions the full machinery calls, inlined; what makes a case plain
--- (engine_spend_plain, engine_settle_plain, engine_lapsing_grants,
--- engine_lapsed_draws) is written once in `66_lone.sql`, for this
+-- (engine_spend_plain, engine_settle_plain, engine_request_taken,
+-- engine_lapsing_grants, engine_lapsed_draws) is written once in
+-- `66_lone.sql`, for this
 -- statement and the lone path. What this statement adds is only the
 -- arithmetic of a batch's running balances (and the cautions below).
 --
@@ -148,14 +149,7 @@ BEGIN
         LEFT JOIN LATERAL (SELECT k.* FROM engine_valid_key(o.key_id, o.key_hash) k
                            WHERE NOT o.authorized LIMIT 1) v ON true
         -- Whether the request_id is taken (a replay).
-        LEFT JOIN LATERAL (SELECT true AS taken FROM reservations x
-                           WHERE o.op = 'reserve' AND x.account_id = o.account
-                             AND x.request_id = o.request AND x.job_id IS NULL
-                           UNION ALL
-                           SELECT true FROM generation_jobs j
-                           WHERE o.op = 'create_job' AND j.account_id = o.account
-                             AND j.request_id = o.request
-                           LIMIT 1) t ON true
+        LEFT JOIN LATERAL engine_request_taken(o.op, o.account, o.request) t ON true
         WINDOW upto AS (PARTITION BY o.account ORDER BY o.n)
     ), checked AS MATERIALIZED (
         SELECT s.*,

@@ -271,7 +271,7 @@ END;
 $$;
 
 -- The entry point: the batch's leading plain operations on the lean path
--- (a lone reserve, commit or release: 66_lone.sql, a few statements of the
+-- (a lone reserve, job creation, commit or release: 66_lone.sql, a few statements of the
 -- size of a hand-written one; several: 68_lean.sql, one statement for all
 -- of them), then everything from the
 -- first operation that is not plain on (a refusal, a replay, a lapse, an
@@ -334,7 +334,8 @@ BEGIN
             -- A lone plain operation: the lone path (66_lone.sql).
             object := engine_lean_one(p_op[1], p_account[1], p_actor[1], p_key_id[1],
                 p_key_hash[1], p_authorized[1], p_request[1], p_amount[1], p_requested_ttl[1],
-                p_ttl[1], p_new_id[1], p_reservation[1]);
+                p_ttl[1], p_new_id[1], p_reservation[1], p_job[1], p_hash[1], p_kind[1],
+                p_params[1]);
             IF object IS NOT NULL THEN
                 op_position := 1; outcome := engine_plain_outcome(p_op[1]); detail := NULL;
                 RETURN NEXT;
