@@ -435,7 +435,13 @@ fn create_job(account: Uuid, key: &str, request: Uuid) -> Operation {
 /// A job's view without what differs between two runs (ids, times).
 fn job_shape(answer: &Answer) -> Value {
     let mut view = answer.object.clone().expect("the job");
-    for field in ["job_id", "request_id", "account_id", "created_at", "updated_at"] {
+    for field in [
+        "job_id",
+        "request_id",
+        "account_id",
+        "created_at",
+        "updated_at",
+    ] {
         view[field] = Value::Null;
     }
     view["reservation"]["reservation_id"] = Value::Null;
