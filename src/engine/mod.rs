@@ -445,9 +445,9 @@ pub struct Applied {
 
 /// A batch of one reserve, job creation, commit or release tries the
 /// engine's lone path first (`engine_lean_one`, `sql/66_lone.sql`), called
-/// directly: a statement of sixteen values, where `engine_apply` takes 26 arrays and
-/// answers as a set (about a quarter of a lone operation's cost in the
-/// database). The lone path answers only a plain operation; for any other
+/// directly: a statement of sixteen values, where `engine_apply` takes 26
+/// arrays and answers as a set (about a quarter of a lone operation's cost
+/// in the database). The lone path answers only a plain operation; for any other
 /// it writes nothing and answers NULL. `applies` says whether the lone
 /// path took the operation at all (`engine_lone_applies`): if it did and
 /// answered NULL, the full machinery decides (`engine_apply_full`, not
@@ -482,6 +482,10 @@ enum Lone {
 /// The lone path's answer to `operation` (see [`LONE_SQL`]).
 fn apply_lone(conn: &mut PgConnection, operation: &Operation) -> Result<Lone, ApiError> {
     let (op, fields) = operation.op.fields();
+    // Which kinds the lone path takes is engine_lone_applies' to say; this
+    // only spares the other kinds (credits, finishes, extensions) a round
+    // trip. Were the two to disagree, an operation would only take a
+    // slower path, never get another answer.
     if !matches!(
         op,
         "reserve" | "create_job" | "commit" | "commit_all" | "release"

@@ -4,9 +4,10 @@
 -- (engine_apply in `70_apply.sql` calls engine_lean_batch with the batch's
 -- leading operations of these kinds; it takes the row locks of all the
 -- batch's accounts first, in id order). A batch of one reserve, job
--- creation, commit or release takes the lone path instead (engine_lean_one, `66_lone.sql`):
--- this statement's plan is started whole for every batch, which a batch
--- of several pays once and a lone operation would pay alone.
+-- creation, commit or release takes the lone path instead
+-- (engine_lean_one, `66_lone.sql`): this statement's plan is started whole
+-- for every batch, which a batch of several pays once and a lone
+-- operation would pay alone.
 --
 -- It decides only the plain case, where the answer is the success and no
 -- event is due: the key verifies and may spend here, the account is active
@@ -45,9 +46,9 @@
 -- functions the full machinery calls, inlined; what makes a case plain
 -- (engine_spend_plain, engine_settle_plain, engine_request_taken,
 -- engine_lapsing_grants, engine_lapsed_draws) is written once in
--- `66_lone.sql`, for this
--- statement and the lone path. What this statement adds is only the
--- arithmetic of a batch's running balances (and the cautions below).
+-- `66_lone.sql`, for this statement and the lone path. What this
+-- statement adds is only the arithmetic of a batch's running balances
+-- (and the cautions below).
 --
 -- Why one statement: PostgreSQL's cost of a statement is mostly fixed —
 -- executor start-up of its plan, and for every table it writes the

@@ -271,9 +271,10 @@ END;
 $$;
 
 -- The entry point: the batch's leading plain operations on the lean path
--- (a lone reserve, job creation, commit or release: 66_lone.sql, a few statements of the
--- size of a hand-written one; several: 68_lean.sql, one statement for all
--- of them), then everything from the
+-- (a lone reserve, job creation, commit or release: 66_lone.sql, a few
+-- statements of the size of a hand-written one — the service calls that
+-- path directly for a batch of one, src/engine/mod.rs; several:
+-- 68_lean.sql, one statement for all of them), then everything from the
 -- first operation that is not plain on (a refusal, a replay, a lapse, an
 -- event, another kind of operation) in engine_apply_full, in the same
 -- transaction: each operation gets the answer it would have had alone at
