@@ -193,7 +193,14 @@ impl Coalescer {
     }
 
     fn drain_on(&self, conn: &mut PgConnection) -> Result<Drained, ApiError> {
-        while let Some(batch) = self.take(self.max_batch) {
+        while let Some(mut batch) = self.take(self.max_batch) {
+            // A batch's job finishes go last, in arrival order: the engine
+            // applies the run of finishes that ends a batch on its lone
+            // path (engine_apply), and one in the middle would send
+            // everything after it to the full machinery. The requests of a
+            // batch are concurrent (none waits for another's answer), so
+            // any order of them is one their clients could have seen.
+            batch.sort_by_key(|queued| matches!(queued.operation.op, engine::Op::FinishJob { .. }));
             let resent: Vec<bool> = batch.iter().map(|queued| queued.resent).collect();
             let (operations, replies): (Vec<_>, Vec<_>) =
                 batch.into_iter().map(|q| (q.operation, q.reply)).unzip();

@@ -443,9 +443,10 @@ pub struct Applied {
     pub topup_credited: i64,
 }
 
-/// A batch of one reserve, job creation, commit or release tries the
-/// engine's lone path first (`engine_lean_one`, `sql/66_lone.sql`), called
-/// directly: a statement of sixteen values, where `engine_apply` takes 26
+/// A batch of one reserve, job creation, commit, release or job finish
+/// tries the engine's lone path first (`engine_lean_one`,
+/// `sql/66_lone.sql`), called directly: a statement of 21 values, where
+/// `engine_apply` takes 26
 /// arrays and answers as a set (about a quarter of a lone operation's cost
 /// in the database). The lone path answers only a plain operation; for any other
 /// it writes nothing and answers NULL. `applies` says whether the lone
@@ -457,7 +458,7 @@ pub const LONE_SQL: &str = "SELECT engine_plain_outcome($1) AS outcome, \
      engine_lone_applies($1) AS applies, \
      CASE WHEN engine_lone_applies($1) \
           THEN engine_lean_one($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
-                               $16) END AS object";
+                               $16, $17, $18, $19, $20, $21) END AS object";
 
 #[derive(QueryableByName)]
 struct LoneRow {
@@ -488,7 +489,7 @@ fn apply_lone(conn: &mut PgConnection, operation: &Operation) -> Result<Lone, Ap
     // slower path, never get another answer.
     if !matches!(
         op,
-        "reserve" | "create_job" | "commit" | "commit_all" | "release"
+        "reserve" | "create_job" | "commit" | "commit_all" | "release" | "finish_job"
     ) {
         return Ok(Lone::NotTaken);
     }
@@ -510,6 +511,11 @@ fn apply_lone(conn: &mut PgConnection, operation: &Operation) -> Result<Lone, Ap
         .bind::<Nullable<Bytea>, _>(fields.hash)
         .bind::<Nullable<Text>, _>(fields.kind)
         .bind::<Nullable<Jsonb>, _>(fields.params)
+        .bind::<Nullable<BigInt>, _>(fields.lease_token)
+        .bind::<Nullable<Text>, _>(fields.status)
+        .bind::<Nullable<Jsonb>, _>(fields.result)
+        .bind::<Nullable<Jsonb>, _>(fields.error)
+        .bind::<Nullable<Text>, _>(fields.reason)
         .get_result(conn)?;
     Ok(match row.object {
         Some(object) => Lone::Answered(Answer {

@@ -500,3 +500,139 @@ async fn a_lone_job_creation_takes_the_lone_path_and_ends_as_on_the_others() {
     );
     assert_eq!(batch_calls, [[1, 0, 0], [1, 0, 1], [1, 0, 0]]);
 }
+
+/// `value` without what differs between two runs: ids and times.
+fn without_ids_and_times(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            for (field, inner) in map.iter_mut() {
+                if field == "id" || field.ends_with("_id") || field.ends_with("_at") {
+                    *inner = Value::Null;
+                } else {
+                    without_ids_and_times(inner);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(without_ids_and_times),
+        _ => {}
+    }
+}
+
+/// What a job's finish leaves behind on `account`, ids and times taken
+/// out: the jobs (status, result, error, lease token, cost...), the ledger
+/// entries a finish wrote (kind, amount, reason, actor, whether it names
+/// its job and is stamped at the job's finished_at), and the jobs' events.
+fn finish_traces(conn: &mut PgConnection, account: Uuid) -> Value {
+    #[derive(QueryableByName)]
+    struct Row {
+        #[diesel(sql_type = diesel::sql_types::Jsonb)]
+        row: Value,
+    }
+    let mut rows = |sql: &str| -> Vec<Value> {
+        diesel::sql_query(sql)
+            .bind::<diesel::sql_types::Uuid, _>(account)
+            .load::<Row>(conn)
+            .expect("traces")
+            .into_iter()
+            .map(|row| row.row)
+            .collect()
+    };
+    let jobs = rows(
+        "SELECT to_jsonb(j) - 'request_hash' AS row FROM generation_jobs j \
+         WHERE account_id = $1 ORDER BY cost, status",
+    );
+    let entries = rows(
+        "SELECT jsonb_build_array(l.kind, l.amount, l.reason, l.actor, l.job_id IS NOT NULL, \
+                l.created_at = j.finished_at) AS row \
+         FROM ledger_entries l LEFT JOIN generation_jobs j ON j.id = l.job_id \
+         WHERE l.account_id = $1 AND l.kind IN ('commit', 'release') ORDER BY l.id",
+    );
+    let events = rows(
+        "SELECT jsonb_build_array(type, data) AS row FROM events \
+         WHERE account_id = $1 AND type LIKE 'job.%' ORDER BY seq",
+    );
+    let mut traces = serde_json::json!([jobs, entries, events]);
+    without_ids_and_times(&mut traces);
+    traces
+}
+
+/// Two jobs created, claimed and finished — the first succeeds, the
+/// second fails — in one batch after a reserve (the finishes end the
+/// batch, as the service sends them); then a finish of the third job
+/// under a lease token it no longer holds, and its finish alone under the
+/// right one. The answers, books, grants and draws
+/// and what the finishes left (jobs, entries, events) on each path, and
+/// the calls.
+async fn finishes_on(path: &str) -> (Vec<Outcome>, Vec<Value>, Value, Vec<[i64; 3]>) {
+    use token_billing::domain::job_leases::{claim_jobs, finish_operation, JobError};
+    let app = TestApp::spawn_engine_path(path).await;
+    let account = app.funded_account(10).await;
+    let key = app.kiosk_key(account).await;
+    let mut conn = app.database.connect();
+    for _ in 0..3 {
+        engine::apply(&mut conn, &[create_job(account, &key, Uuid::new_v4())]).expect("created");
+    }
+    let claimed = claim_jobs(&mut conn, "test-worker", 60, 5, 3).expect("claimed");
+    assert_eq!(claimed.len(), 3);
+    let result = serde_json::json!({"images": ["https://example.test/a.png"]});
+    let failure = JobError::new("provider_failed", "the provider said no");
+    let (first, second, third) = (&claimed[0].job, &claimed[1].job, &claimed[2].job);
+    let (mut seen, mut shapes, mut calls) = (Vec::new(), Vec::new(), Vec::new());
+    for batch in [
+        vec![
+            reserve(account, &key, Uuid::new_v4(), 1),
+            finish_operation(first, first.lease_token, Ok(&result)),
+            finish_operation(second, second.lease_token, Err(&failure)),
+        ],
+        // A lease token the job no longer holds: lease_lost, nothing moves.
+        vec![finish_operation(third, third.lease_token - 1, Ok(&result))],
+        vec![finish_operation(third, third.lease_token, Ok(&result))],
+    ] {
+        let (answers, counted) = apply_counted(&mut conn, &batch);
+        seen.extend(outcomes(&answers));
+        for answer in &answers {
+            let mut shape = answer.object.clone().unwrap_or(Value::Null);
+            without_ids_and_times(&mut shape);
+            shapes.push(shape);
+        }
+        calls.push(counted);
+    }
+    let traces = serde_json::json!([
+        books(&mut conn, account).0,
+        books(&mut conn, account).1,
+        grants_and_draws(&mut conn, account),
+        finish_traces(&mut conn, account)
+    ]);
+    (seen, shapes, traces, calls)
+}
+
+#[actix_web::test]
+async fn job_finishes_take_the_lone_path_and_end_as_on_the_full_machinery() {
+    let (lone_outcomes, lone_shapes, lone_traces, lone_calls) = finishes_on("on").await;
+    let (full_outcomes, full_shapes, full_traces, full_calls) = finishes_on("off").await;
+    assert_eq!(
+        lone_outcomes,
+        [
+            Outcome::Created,
+            Outcome::Done,
+            Outcome::Done,
+            Outcome::LeaseLost,
+            Outcome::Done
+        ]
+    );
+    assert_eq!(lone_outcomes, full_outcomes);
+    assert_eq!(lone_shapes, full_shapes);
+    assert_eq!(lone_traces, full_traces);
+    // Two job.succeeded and one job.failed event, on both paths.
+    let events = lone_traces[3][2].as_array().expect("events");
+    let types: Vec<&str> = events.iter().filter_map(|e| e[0].as_str()).collect();
+    assert_eq!(types, ["job.succeeded", "job.failed", "job.succeeded"]);
+    assert_eq!(
+        lone_calls,
+        [[1, 2, 0], [0, 1, 1], [0, 1, 0]],
+        "[batch statement, lone path, full machinery]: the reserve on the batch \
+         statement, the two finishes that end its batch and a lone finish on the lone \
+         path, a finish under a stale lease token on the full machinery"
+    );
+    assert_eq!(full_calls, [[0, 0, 1], [0, 0, 1], [0, 0, 1]]);
+}

@@ -53,6 +53,31 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT p_attempts >= p_max
 $$;
 
+-- A job's final status, written once for every path that finishes a job
+-- (engine_finish_job, the lone path): `p_status` (succeeded with
+-- `p_result`, failed with `p_error`), finished at `p_at` (its ledger
+-- entries' time), the lease let go; `p_fence` moves the lease token on
+-- (the reaper fences off a worker that may still hold the job). Returns
+-- the job as it is now.
+CREATE FUNCTION engine_job_finish(p_job uuid, p_status text, p_result jsonb, p_error jsonb,
+    p_at timestamptz, p_fence boolean) RETURNS generation_jobs
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    job generation_jobs;
+BEGIN
+    UPDATE generation_jobs
+    SET status = p_status,
+        result = CASE WHEN p_status = 'succeeded' THEN p_result END,
+        error = p_error,
+        finished_at = p_at,
+        updated_at = now(), lease_expires_at = NULL,
+        lease_token = lease_token + CASE WHEN p_fence THEN 1 ELSE 0 END
+    WHERE id = p_job
+    RETURNING * INTO job;
+    RETURN job;
+END;
+$$;
+
 -- A fenced job finish. Which claim may finish it:
 --   p_lease_token       the worker holding that lease (job running);
 --   p_exhausted_max     the reaper: running, lease expired, attempts
@@ -107,15 +132,9 @@ BEGIN
         PERFORM engine_fail_unreserved_jobs(ARRAY[p_job], settled.at);
         outcome := 'reservation_lost';
     ELSE
-        UPDATE generation_jobs
-        SET status = p_status,
-            result = CASE WHEN p_status = 'succeeded' THEN p_result END,
-            error = p_error,
-            finished_at = settled.at,
-            updated_at = now(), lease_expires_at = NULL,
-            -- The reaper fences off a worker that may still hold the job.
-            lease_token = lease_token + CASE WHEN p_lease_token IS NOT NULL THEN 0 ELSE 1 END
-        WHERE id = p_job;
+        -- The reaper fences off a worker that may still hold the job.
+        PERFORM engine_job_finish(p_job, p_status, p_result, p_error, settled.at,
+                                  p_lease_token IS NULL);
         PERFORM engine_job_finished_events(ARRAY[p_job]);
         outcome := 'done';
     END IF;

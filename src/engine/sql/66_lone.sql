@@ -29,7 +29,8 @@ $$;
 -- A settlement (`p_op` commit of `p_amount`, commit_all, release) that
 -- spends `p_committed` of a reservation holding `p_held`, in state
 -- `p_state`, of job `p_job`, expiring at `p_expires_at`, is plain when the
--- reservation is a held, unexpired one of no job, a commit takes no more
+-- reservation is a held, unexpired one of no job (a job's finish passes
+-- NULL for its own job: NULLIF(job_id, job)), a commit takes no more
 -- than is held, and nothing goes back to the account while it has a
 -- low-balance threshold or a top-up rule (a return may cross the
 -- threshold, or re-arm the rule).
@@ -47,7 +48,8 @@ $$;
 CREATE FUNCTION engine_plain_outcome(p_op text) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE p_op WHEN 'release' THEN 'released' WHEN 'commit' THEN 'committed'
-                     WHEN 'commit_all' THEN 'committed' ELSE 'created' END
+                     WHEN 'commit_all' THEN 'committed' WHEN 'finish_job' THEN 'done'
+                     ELSE 'created' END
 $$;
 
 -- What a settlement spends: a commit its amount, commit_all all that is
@@ -123,38 +125,47 @@ LANGUAGE sql AS $$
                           FOR UPDATE SKIP LOCKED))
 $$;
 
--- Whether an operation of kind `p_op` alone in its batch goes to the lone
--- path: a reserve, job creation, commit or release, unless the setting token_billing.lean
--- sends it elsewhere (off: the full machinery only; batch: the batch
--- statement for lone operations too).
+-- Whether an operation of kind `p_op` goes to the lone path: a reserve,
+-- job creation, commit or release alone in its batch, and a job's finish
+-- alone or in the run of finishes that ends a batch (engine_apply), unless
+-- the setting token_billing.lean sends it elsewhere (off: the full
+-- machinery only; batch: the batch statement for lone operations too, and
+-- finishes to the full machinery).
 CREATE FUNCTION engine_lone_applies(p_op text) RETURNS boolean
 LANGUAGE sql STABLE AS $$
-    SELECT p_op IN ('reserve', 'create_job', 'commit', 'commit_all', 'release')
+    SELECT p_op IN ('reserve', 'create_job', 'commit', 'commit_all', 'release', 'finish_job')
        AND COALESCE(current_setting('token_billing.lean', true), '') NOT IN ('off', 'batch')
 $$;
 
--- The lone path: one plain reserve, job creation, commit, commit_all or
--- release, applied with at most three statements of the size of the hand-written ones —
--- the account's row (locked; the caller may hold the lock already), what
--- the decision reads besides (the key, a replay, lapses), and the writes
--- (the reservation, its grants, the balances, the ledger entries) — plus,
--- for a job creation, the job's row, and once a minute per key, its last
--- use. The service calls it directly for
--- a batch of one such operation (src/engine/mod.rs: sixteen values, where
--- engine_apply takes 26 arrays and answers as a set), and engine_apply
--- sends such a batch here too (a batch statement's plan is started whole
--- for every batch: 110 nodes, where a lone operation needs a tenth of
--- them). Returns the answer's object (the reservation, or the job as
--- engine_job_view shows it; the outcome is
--- engine_plain_outcome's), or NULL when the operation is not plain (or
--- engine_lone_applies says no, or it lacks a field): then nothing was
--- written, and the full machinery decides it (engine_apply_full; the
--- service calls it directly when engine_lone_applies said yes, so the
--- operation is not tried twice). Fields as engine_apply's.
+
+-- The lone path: one plain reserve, job creation, commit, commit_all,
+-- release or job finish, applied with at most three statements of the
+-- size of the hand-written ones — the account's row (locked; the caller
+-- may hold the lock already), what the decision reads besides (the key, a
+-- replay, lapses), and the writes (the reservation, its grants, the
+-- balances, the ledger entries) — plus, for a job creation, the job's
+-- row; for a job's finish, the job's row (locked, fenced on the lease
+-- token), its final status (engine_job_finish) and its event
+-- (engine_job_finished_events); and once a minute per key, its last use.
+-- The service calls it directly for a batch of one such operation
+-- (src/engine/mod.rs: a statement of values, where engine_apply takes 26
+-- arrays and answers as a set), and engine_apply sends such a batch here
+-- too, and the run of job finishes that ends a batch (a batch statement's
+-- plan is started whole for every batch: 110 nodes, where a lone
+-- operation needs a tenth of them). Returns the answer's object (the
+-- reservation; the job as engine_job_view shows it; for a finish
+-- {job, reservation, resolved} as engine_apply_full answers it; the
+-- outcome is engine_plain_outcome's), or NULL when the operation is not
+-- plain (or engine_lone_applies says no, or it lacks a field): then
+-- nothing was written, and the full machinery decides it
+-- (engine_apply_full; the service calls it directly when
+-- engine_lone_applies said yes, so the operation is not tried twice).
+-- Fields as engine_apply's.
 CREATE FUNCTION engine_lean_one(p_op text, p_account uuid, p_actor text, p_key_id uuid,
     p_key_hash bytea, p_authorized boolean, p_request uuid, p_amount bigint,
     p_requested_ttl integer, p_ttl integer, p_new_id uuid, p_reservation uuid, p_job uuid,
-    p_hash bytea, p_kind text, p_params jsonb)
+    p_hash bytea, p_kind text, p_params jsonb, p_lease_token bigint, p_status text,
+    p_result jsonb, p_error jsonb, p_reason text)
 RETURNS jsonb
 -- (Look-ups by key only, as the batch statement: 68_lean.sql says why.)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
@@ -164,6 +175,16 @@ DECLARE
     at timestamptz;
     spends boolean := p_op IN ('reserve', 'create_job');
     job_made uuid := CASE WHEN p_op = 'create_job' THEN p_job END;
+    -- A finish settles its job's reservation: a commit of its cost when
+    -- it succeeded, a release when it failed (as engine_finish_job).
+    finishes boolean := p_op = 'finish_job';
+    settle_op text := CASE WHEN p_op <> 'finish_job' THEN p_op
+                           WHEN p_status = 'succeeded' THEN 'commit' ELSE 'release' END;
+    target uuid := p_reservation;
+    settle_amount bigint := p_amount;
+    -- What a finish's ledger entries carry (an API settlement's: neither).
+    entry_job uuid := CASE WHEN p_op = 'finish_job' THEN p_job END;
+    entry_reason text := CASE WHEN p_op = 'finish_job' THEN p_reason END;
     job_row generation_jobs;
     seen record;
     committed bigint;
@@ -174,7 +195,8 @@ BEGIN
     IF NOT engine_lone_applies(p_op)
        OR engine_op_incomplete(p_op, p_account, p_actor, p_authorized, p_key_id, p_key_hash,
               p_request, p_amount, p_ttl, p_new_id, p_job, p_hash, p_kind, p_params,
-              p_reservation, NULL, NULL, NULL, NULL, NULL, NULL, NULL) IS NOT FALSE THEN
+              p_reservation, NULL, p_reason, NULL, p_lease_token, p_status, p_result, NULL)
+              IS NOT FALSE THEN
         RETURN NULL;
     END IF;
     SELECT * INTO a FROM accounts WHERE id = p_account FOR NO KEY UPDATE;
@@ -183,6 +205,19 @@ BEGIN
     END IF;
     -- The transaction's stamp after the account's lock (engine_now).
     at := engine_now();
+    IF finishes THEN
+        -- The job's row, after its account's (as engine_finish_job), if
+        -- this lease still holds it.
+        SELECT * INTO job_row FROM generation_jobs
+        WHERE id = p_job AND account_id = p_account AND status = 'running'
+          AND lease_token = p_lease_token
+        FOR UPDATE;
+        IF NOT FOUND THEN
+            RETURN NULL;
+        END IF;
+        target := job_row.reservation_id;
+        settle_amount := job_row.cost;
+    END IF;
     -- What the decision reads besides the account (this statement's
     -- snapshot is taken after the lock: 68_lean.sql).
     SELECT (p_authorized OR engine_spend_authority(v.scope, v.account_id, p_account) = 'ok')
@@ -200,7 +235,7 @@ BEGIN
     LEFT JOIN LATERAL (SELECT x.id, x.amount, x.draws, x.state, x.expires_at, x.job_id,
                               EXISTS (SELECT 1 FROM engine_lapsed_draws(x.draws, at)) AS lapsed
                        FROM reservations x
-                       WHERE NOT spends AND x.id = p_reservation AND x.account_id = p_account
+                       WHERE NOT spends AND x.id = target AND x.account_id = p_account
                        LIMIT 1) t ON true;
     IF seen.may IS NOT TRUE THEN
         RETURN NULL;
@@ -269,10 +304,10 @@ BEGIN
         IF seen.id IS NULL OR seen.lapsed THEN
             RETURN NULL;
         END IF;
-        committed := engine_settle_committed(p_op, p_amount, seen.amount);
-        IF NOT engine_settle_plain(p_op, p_amount, committed, seen.amount, seen.state,
-                                   seen.job_id, seen.expires_at, a.low_balance_threshold,
-                                   a.topup_threshold) THEN
+        committed := engine_settle_committed(settle_op, settle_amount, seen.amount);
+        IF NOT engine_settle_plain(settle_op, settle_amount, committed, seen.amount, seen.state,
+                                   NULLIF(seen.job_id, entry_job), seen.expires_at,
+                                   a.low_balance_threshold, a.topup_threshold) THEN
             RETURN NULL;
         END IF;
         WITH moves AS MATERIALIZED (
@@ -280,7 +315,7 @@ BEGIN
             FROM engine_split_draws(seen.draws, seen.amount, committed) s
             CROSS JOIN LATERAL (SELECT CASE s.part WHEN 'commit' THEN 'commit'
                                                    ELSE 'release' END AS kind) m
-            CROSS JOIN LATERAL engine_deltas(m.kind, s.amount, p_reservation) x
+            CROSS JOIN LATERAL engine_deltas(m.kind, s.amount, target) x
         ), grants AS (
             UPDATE credit_grants g
             SET remaining = g.remaining + t.remaining, reserved = g.reserved + t.reserved,
@@ -288,16 +323,16 @@ BEGIN
             FROM (SELECT m.grant_id, sum(x.remaining)::bigint AS remaining,
                          sum(x.reserved)::bigint AS reserved, sum(x.consumed)::bigint AS consumed
                   FROM moves m
-                  CROSS JOIN LATERAL engine_grant_deltas(m.kind, m.amount, p_reservation) x
+                  CROSS JOIN LATERAL engine_grant_deltas(m.kind, m.amount, target) x
                   WHERE m.grant_id IS NOT NULL
                   GROUP BY m.grant_id) t
             WHERE g.id = t.grant_id AND g.id = ANY (ARRAY(SELECT grant_id FROM moves))
         ), settled AS (
             -- The reservation's row lock is taken here, under the account's.
             UPDATE reservations x
-            SET state = CASE WHEN p_op = 'release' THEN 'released' ELSE 'committed' END,
+            SET state = CASE WHEN settle_op = 'release' THEN 'released' ELSE 'committed' END,
                 committed_amount = committed, resolved_at = now()
-            WHERE x.id = p_reservation
+            WHERE x.id = target
             RETURNING to_jsonb(x) AS answer
         ), moved AS (
             UPDATE accounts x
@@ -319,12 +354,18 @@ BEGIN
                    a.available + (sum(m.available) OVER w)::bigint,
                    a.reserved + (sum(m.reserved) OVER w)::bigint,
                    a.used + (sum(m.used) OVER w)::bigint,
-                   p_reservation, NULL, NULL, NULL, p_actor, at, m.grant_id
+                   target, entry_job, NULL, entry_reason, p_actor, at, m.grant_id
             FROM moves m
             WINDOW w AS (ORDER BY m.n)
             ORDER BY m.n
         )
         SELECT s.answer INTO answer FROM settled s;
+        IF finishes THEN
+            job_row := engine_job_finish(p_job, p_status, p_result, p_error, at, false);
+            PERFORM engine_job_finished_events(ARRAY[p_job]);
+            answer := jsonb_build_object('job', to_jsonb(job_row) - 'request_hash',
+                                         'reservation', answer, 'resolved', true);
+        END IF;
     END IF;
     IF seen.valid_key IS NOT NULL AND engine_key_use_stale(seen.last_used_at) THEN
         PERFORM engine_touch_keys(ARRAY[seen.valid_key]);

@@ -336,7 +336,8 @@ BEGIN
             object := engine_lean_one(p_op[1], p_account[1], p_actor[1], p_key_id[1],
                 p_key_hash[1], p_authorized[1], p_request[1], p_amount[1], p_requested_ttl[1],
                 p_ttl[1], p_new_id[1], p_reservation[1], p_job[1], p_hash[1], p_kind[1],
-                p_params[1]);
+                p_params[1], p_lease_token[1], p_status[1], p_result[1], p_error[1],
+                p_reason[1]);
             IF object IS NOT NULL THEN
                 op_position := 1; outcome := engine_plain_outcome(p_op[1]); detail := NULL;
                 RETURN NEXT;
@@ -354,6 +355,41 @@ BEGIN
                 detail := NULL; object := applied.object;
                 RETURN NEXT;
                 done := applied.op_position;
+            END LOOP;
+            IF done = batch THEN
+                RETURN;
+            END IF;
+        END IF;
+        -- Then the job finishes that end the batch (the service puts a
+        -- batch's finishes last: src/coalesce.rs), each on the lone path
+        -- while it is plain, once everything before them was applied.
+        -- First the batch's accounts in id order, then the jobs the rest
+        -- of the batch finishes, in id order, as engine_apply_full locks
+        -- them: a lone finish locks only its own account and job, and in
+        -- batch order two batches could wait on each other crosswise.
+        IF done = lean AND done < batch AND p_op[done + 1] = 'finish_job'
+           AND engine_lone_applies('finish_job') THEN
+            PERFORM 1 FROM accounts WHERE id = ANY (p_account) ORDER BY id FOR NO KEY UPDATE;
+            PERFORM 1 FROM generation_jobs g
+            WHERE g.id = ANY (ARRAY(SELECT j.job FROM unnest(p_op[done + 1:], p_job[done + 1:])
+                                                   j(op, job)
+                                    WHERE j.op = 'finish_job'))
+              AND g.account_id = ANY (p_account)
+            ORDER BY g.id FOR UPDATE;
+            WHILE done < batch AND p_op[done + 1] = 'finish_job' LOOP
+                object := engine_lean_one(p_op[done + 1], p_account[done + 1],
+                    p_actor[done + 1], p_key_id[done + 1], p_key_hash[done + 1],
+                    p_authorized[done + 1], p_request[done + 1], p_amount[done + 1],
+                    p_requested_ttl[done + 1], p_ttl[done + 1], p_new_id[done + 1],
+                    p_reservation[done + 1], p_job[done + 1], p_hash[done + 1],
+                    p_kind[done + 1], p_params[done + 1], p_lease_token[done + 1],
+                    p_status[done + 1], p_result[done + 1], p_error[done + 1],
+                    p_reason[done + 1]);
+                EXIT WHEN object IS NULL;
+                done := done + 1;
+                op_position := done; outcome := engine_plain_outcome('finish_job');
+                detail := NULL;
+                RETURN NEXT;
             END LOOP;
             IF done = batch THEN
                 RETURN;
