@@ -3,16 +3,20 @@
 -- its reservation or its job row, like every other path.
 
 -- job.succeeded / job.failed for jobs that have just reached that status,
--- in the transaction that finished them, at their finished_at.
+-- in the transaction that finished them, at their finished_at. (PL/pgSQL:
+-- its statement's plan is kept for the session, where an SQL function's
+-- is made again at every call, and every finish calls it.)
 CREATE FUNCTION engine_job_finished_events(p_jobs uuid[]) RETURNS void
-LANGUAGE sql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+BEGIN
     INSERT INTO events (type, account_id, data, created_at)
     SELECT 'job.' || j.status, j.account_id,
            engine_event_account(a) || jsonb_build_object('job', engine_job_json(j)),
            COALESCE(j.finished_at, engine_now())
     FROM generation_jobs j JOIN accounts a ON a.id = j.account_id
     WHERE j.id = ANY (p_jobs) AND j.status IN ('succeeded', 'failed')
-    ORDER BY j.id
+    ORDER BY j.id;
+END;
 $$;
 
 -- The one rule for a job whose reservation is no longer held: it can never
