@@ -3,9 +3,14 @@
 //!
 //! Each replica keeps at most `COALESCE_MAX_IN_FLIGHT` batches in flight.
 //! A request that arrives while fewer are in flight starts a batch at once
-//! (an uncontended request waits for nothing); one that arrives while all
-//! are busy queues, and the next batch to start takes everything queued —
-//! one transaction, one lock round and one WAL flush for all of it. The
+//! (an uncontended request waits for nothing) — unless a batch in flight
+//! holds its account: it would only wait for that batch's lock, so it
+//! queues for the next batch instead; one that arrives while all are busy
+//! queues too, and the next batch to start takes everything queued — one
+//! transaction, one lock round and one WAL flush for all of it. (Kiosks
+//! sharing one account so get batches of all of them, not two half-size
+//! batches waiting on each other's lock: a batch costs the database about
+//! as much to start as a few operations cost to apply.) The
 //! engine (`engine_apply`) locks the batch's accounts in id order and
 //! applies its operations in arrival order, as if one by one, so batches
 //! never deadlock each other and every request gets the answer it would
@@ -26,7 +31,7 @@
 //! refs, reservation states), so the engine answers the second attempt as
 //! a replay.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -34,6 +39,7 @@ use diesel::PgConnection;
 use tokio::sync::oneshot;
 
 use crate::db::{run_blocking, DbPool};
+use crate::engine::types::AccountId;
 use crate::engine::{self, Answer, Operation};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
@@ -61,6 +67,72 @@ struct Queue {
     waiting: VecDeque<Queued>,
     /// Tasks running batches; each takes from `waiting` until it is empty.
     in_flight: usize,
+    /// The accounts of the batches running now, with how many hold each.
+    busy: HashMap<AccountId, usize>,
+}
+
+impl Queue {
+    /// Whether a request on `account`, just queued, starts a batch of its
+    /// own. With none in flight, always: a running task takes what waits
+    /// before it stops (`take`, under the queue's lock), so a request that
+    /// starts none is never left waiting alone.
+    fn starts(&self, account: AccountId, max_in_flight: usize) -> bool {
+        self.in_flight == 0 || (self.in_flight < max_in_flight && !self.busy.contains_key(&account))
+    }
+
+    /// The next batch (`max` operations at most, oldest first), or None
+    /// when nothing waits: then the task stops counting as in flight.
+    /// `held`: the accounts of the task's last batch, which stop counting
+    /// as busy; those of the new batch replace them and start.
+    fn take(&mut self, max: usize, mut held: Option<&mut Vec<AccountId>>) -> Option<Vec<Queued>> {
+        if let Some(held) = held.as_mut() {
+            self.release(held);
+        }
+        if self.waiting.is_empty() {
+            self.in_flight -= 1;
+            return None;
+        }
+        let take = self.waiting.len().min(max);
+        let batch: Vec<Queued> = self.waiting.drain(..take).collect();
+        if let Some(held) = held {
+            held.extend(batch.iter().map(|queued| queued.operation.account));
+            self.hold(held);
+        }
+        Some(batch)
+    }
+
+    fn hold(&mut self, accounts: &[AccountId]) {
+        for account in accounts {
+            *self.busy.entry(*account).or_insert(0) += 1;
+        }
+    }
+
+    fn release(&mut self, accounts: &mut Vec<AccountId>) {
+        for account in accounts.drain(..) {
+            if let Some(count) = self.busy.get_mut(&account) {
+                *count -= 1;
+                if *count == 0 {
+                    self.busy.remove(&account);
+                }
+            }
+        }
+    }
+}
+
+/// The accounts of the batch a draining task runs, counted busy until it
+/// takes its next batch or stops (also when it stops early: a panic, a
+/// lost connection).
+struct Held<'a> {
+    coalescer: &'a Coalescer,
+    accounts: Vec<AccountId>,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        if !self.accounts.is_empty() {
+            self.coalescer.lock().release(&mut self.accounts);
+        }
+    }
 }
 
 pub struct Coalescer {
@@ -94,6 +166,7 @@ impl Coalescer {
         }
         let (reply, answer) = oneshot::channel();
         let copy = operation.clone();
+        let account = operation.account;
         let start = {
             let mut queue = self.lock();
             queue.waiting.push_back(Queued {
@@ -101,7 +174,7 @@ impl Coalescer {
                 reply,
                 resent: false,
             });
-            let start = queue.in_flight < self.max_in_flight;
+            let start = queue.starts(account, self.max_in_flight);
             if start {
                 queue.in_flight += 1;
             }
@@ -146,16 +219,10 @@ impl Coalescer {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The next batch, oldest first. When nothing waits, this task stops
-    /// counting as in flight (under the same lock, so no arrival is missed).
-    fn take(&self, max: usize) -> Option<Vec<Queued>> {
-        let mut queue = self.lock();
-        if queue.waiting.is_empty() {
-            queue.in_flight -= 1;
-            return None;
-        }
-        let take = queue.waiting.len().min(max);
-        Some(queue.waiting.drain(..take).collect())
+    /// The next batch ([`Queue::take`], under the queue's lock, so no
+    /// arrival is missed).
+    fn take(&self, max: usize, held: Option<&mut Held>) -> Option<Vec<Queued>> {
+        self.lock().take(max, held.map(|held| &mut held.accounts))
     }
 
     /// Runs batches back to back on one pooled connection — no hop between
@@ -171,7 +238,7 @@ impl Coalescer {
                 // No connection: what waits is answered 503 (nothing was
                 // done; a retry is safe), and this task stops.
                 Err(error @ ApiError::Unavailable(_)) => {
-                    let Some(batch) = self.take(usize::MAX) else {
+                    let Some(batch) = self.take(usize::MAX, None) else {
                         return;
                     };
                     for queued in batch {
@@ -181,7 +248,7 @@ impl Coalescer {
                     }
                     // `take` above did not stop this task: the queue was
                     // not empty. Stop it now, unless more arrived.
-                    if self.take(0).is_none() {
+                    if self.take(0, None).is_none() {
                         return;
                     }
                 }
@@ -193,7 +260,11 @@ impl Coalescer {
     }
 
     fn drain_on(&self, conn: &mut PgConnection) -> Result<Drained, ApiError> {
-        while let Some(mut batch) = self.take(self.max_batch) {
+        let mut held = Held {
+            coalescer: self,
+            accounts: Vec::new(),
+        };
+        while let Some(mut batch) = self.take(self.max_batch, Some(&mut held)) {
             // A batch's job finishes go last, in arrival order: the engine
             // applies the run of finishes that ends a batch on its lone
             // path (engine_apply), and one in the middle would send
@@ -313,5 +384,69 @@ fn same_error(error: &ApiError) -> ApiError {
     match error {
         ApiError::Unavailable(message) => ApiError::Unavailable(message.clone()),
         other => ApiError::Internal(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use uuid::Uuid;
+
+    use super::{Queue, Queued};
+    use crate::engine::types::{AccountId, ReservationId};
+    use crate::engine::{Authority, Op, Operation};
+
+    fn queue(queue: &mut Queue, account: AccountId) {
+        let (reply, _) = tokio::sync::oneshot::channel();
+        queue.waiting.push_back(Queued {
+            operation: Operation {
+                account,
+                authority: Authority::Verified {
+                    actor: "test".into(),
+                },
+                op: Op::Release {
+                    reservation: ReservationId(Uuid::new_v4()),
+                },
+            },
+            reply,
+            resent: false,
+        });
+    }
+
+    #[test]
+    fn a_request_on_an_account_a_batch_holds_waits_for_the_next_batch() {
+        let (one, other) = (AccountId(Uuid::new_v4()), AccountId(Uuid::new_v4()));
+        let mut q = Queue::default();
+        // None in flight: always a batch of its own.
+        queue(&mut q, one);
+        assert!(q.starts(one, 2));
+        q.in_flight = 1;
+        let mut held = Vec::new();
+        let batch = q.take(32, Some(&mut held)).expect("a batch");
+        assert_eq!(batch.len(), 1);
+        assert_eq!(held, [one]);
+        // While it runs: the same account queues, another starts a batch.
+        queue(&mut q, one);
+        assert!(!q.starts(one, 2));
+        assert!(q.starts(other, 2));
+        // All in flight: everything queues.
+        q.in_flight = 2;
+        assert!(!q.starts(other, 2));
+        q.in_flight = 1;
+        // The running task's next batch takes what waits; its last batch's
+        // account is free again, the new one's busy.
+        queue(&mut q, other);
+        let batch = q.take(32, Some(&mut held)).expect("the queued two");
+        assert_eq!(batch.len(), 2);
+        assert_eq!(held, [one, other]);
+        assert_eq!(q.busy.len(), 2);
+        // Nothing waits: the task stops, nothing stays busy.
+        assert!(q.take(32, Some(&mut held)).is_none());
+        assert_eq!(q.in_flight, 0);
+        assert!(q.busy.is_empty() && held.is_empty());
+        // And a stale busy entry never strands a request: with none in
+        // flight it starts.
+        q.busy.insert(one, 1);
+        queue(&mut q, one);
+        assert!(q.starts(one, 2));
     }
 }
