@@ -446,10 +446,9 @@ pub struct Applied {
 /// A batch of one reserve, job creation, commit, release or job finish
 /// tries the engine's lone path first (`engine_lean_one`,
 /// `sql/66_lone.sql`), called directly: a statement of 21 values, where
-/// `engine_apply` takes 26
-/// arrays and answers as a set (about a quarter of a lone operation's cost
-/// in the database). The lone path answers only a plain operation; for any other
-/// it writes nothing and answers NULL. `applies` says whether the lone
+/// `engine_apply` takes 26 arrays and answers as a set (about a quarter of
+/// a lone operation's cost in the database). The lone path answers only a
+/// plain operation; for any other it writes nothing and answers NULL. `applies` says whether the lone
 /// path took the operation at all (`engine_lone_applies`): if it did and
 /// answered NULL, the full machinery decides (`engine_apply_full`, not
 /// `engine_apply`, which would try the lone path again); if not,
@@ -484,7 +483,7 @@ enum Lone {
 fn apply_lone(conn: &mut PgConnection, operation: &Operation) -> Result<Lone, ApiError> {
     let (op, fields) = operation.op.fields();
     // Which kinds the lone path takes is engine_lone_applies' to say; this
-    // only spares the other kinds (credits, finishes, extensions) a round
+    // only spares the other kinds (credits, adjustments, extensions) a round
     // trip. Were the two to disagree, an operation would only take a
     // slower path, never get another answer.
     if !matches!(

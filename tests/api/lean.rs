@@ -250,33 +250,39 @@ fn release(account: Uuid, key: &str, reservation: Uuid) -> Operation {
     }
 }
 
-/// An account's grants (remaining, reserved, consumed, drawable, in draw
-/// order) and its reservations' draws (amounts, in reservation order).
-fn grants_and_draws(conn: &mut PgConnection, account: Uuid) -> Value {
+/// The JSON column `row` of each row `sql` selects, `$1` bound to `account`.
+fn json_rows(conn: &mut PgConnection, sql: &str, account: Uuid) -> Vec<Value> {
     #[derive(QueryableByName)]
     struct Row {
         #[diesel(sql_type = diesel::sql_types::Jsonb)]
         row: Value,
     }
-    let grants: Vec<Row> = diesel::sql_query(
+    diesel::sql_query(sql)
+        .bind::<diesel::sql_types::Uuid, _>(account)
+        .load::<Row>(conn)
+        .expect("rows")
+        .into_iter()
+        .map(|row| row.row)
+        .collect()
+}
+
+/// An account's grants (remaining, reserved, consumed, drawable, in draw
+/// order) and its reservations' draws (amounts, in reservation order).
+fn grants_and_draws(conn: &mut PgConnection, account: Uuid) -> Value {
+    let grants = json_rows(
+        conn,
         "SELECT jsonb_build_array(remaining, reserved, consumed, drawable) AS row \
          FROM credit_grants WHERE account_id = $1 ORDER BY priority, expires_at, seq",
-    )
-    .bind::<diesel::sql_types::Uuid, _>(account)
-    .load(conn)
-    .expect("grants");
-    let draws: Vec<Row> = diesel::sql_query(
+        account,
+    );
+    let draws = json_rows(
+        conn,
         "SELECT jsonb_build_array(amount, state, committed_amount, \
                 (SELECT jsonb_agg(d->'amount') FROM jsonb_array_elements(draws) d)) AS row \
          FROM reservations WHERE account_id = $1 ORDER BY created_at, amount",
-    )
-    .bind::<diesel::sql_types::Uuid, _>(account)
-    .load(conn)
-    .expect("reservations");
-    serde_json::json!([
-        grants.into_iter().map(|r| r.row).collect::<Vec<_>>(),
-        draws.into_iter().map(|r| r.row).collect::<Vec<_>>()
-    ])
+        account,
+    );
+    serde_json::json!([grants, draws])
 }
 
 /// Two batches on two accounts, one with two grants (the first expiring,
@@ -523,20 +529,7 @@ fn without_ids_and_times(value: &mut Value) {
 /// entries a finish wrote (kind, amount, reason, actor, whether it names
 /// its job and is stamped at the job's finished_at), and the jobs' events.
 fn finish_traces(conn: &mut PgConnection, account: Uuid) -> Value {
-    #[derive(QueryableByName)]
-    struct Row {
-        #[diesel(sql_type = diesel::sql_types::Jsonb)]
-        row: Value,
-    }
-    let mut rows = |sql: &str| -> Vec<Value> {
-        diesel::sql_query(sql)
-            .bind::<diesel::sql_types::Uuid, _>(account)
-            .load::<Row>(conn)
-            .expect("traces")
-            .into_iter()
-            .map(|row| row.row)
-            .collect()
-    };
+    let mut rows = |sql: &str| json_rows(conn, sql, account);
     let jobs = rows(
         "SELECT to_jsonb(j) - 'request_hash' AS row FROM generation_jobs j \
          WHERE account_id = $1 ORDER BY cost, status",
