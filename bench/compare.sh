@@ -5,6 +5,7 @@
 #   bench/compare.sh [--seconds S] [--rounds N] [--spread "2 8 32 64"] [--hot "8 32"] [OPTIONS]
 #   bench/compare.sh --jobs [--seconds S] [--rounds N] [--kiosks "8 32"] [--accounts A] [OPTIONS]
 # OPTIONS: [--dry-run] [--pg-port P] [--private-cluster] [--pinned BINDIR] [--gate]
+#          [--this BINDIR] [--services-only]
 #   e.g. bench/compare.sh --private-cluster --pinned "$(bench/pinned_build.sh)" --gate
 # Defaults: 8 s per run (after a 2 s warm-up), 3 rounds. Needs PostgreSQL on
 # 127.0.0.1:5432 (user postgres, trust), pgbench, and a release build
@@ -71,6 +72,16 @@
 # main / pinned; the references' ratios stay main / reference. The
 # references still run on the schema of this build (`migrate`).
 #
+# --this BINDIR: the service under test is BINDIR's token-billing (another
+# build: bench/pinned_build.sh COMMIT prints its BINDIR) instead of this
+# checkout's release build; the references' databases are migrated by it
+# too. bench/bisect.sh runs the commits between two builds this way.
+#
+# --services-only: the references are not run (their columns show –): the
+# run compares the service with the pinned build alone, as a bisection
+# does (an older build's schema may lack what the references' seed
+# writes). Not with --gate.
+#
 # --gate: after the table, each gated cell's ratio main / reference (the
 # one-request-per-transaction reference; jobs: one job = 3 transactions)
 # is compared with its threshold; prints "gate: ok", or "gate: FAILED"
@@ -88,6 +99,7 @@ gate_cells="spread:8:${GATE_SPREAD_8:-0.5} hot:8:${GATE_HOT_8:-0.75} jobs:8:${GA
 
 mode=cycles seconds=8 rounds=3 spread_kiosks="2 8 32 64" hot_kiosks="8 32" job_kiosks="8 32"
 job_accounts=1000 dry_run=false pg_port="" private_cluster=false pinned="" gate=false
+this="" services_only=false
 while [ $# -gt 0 ]; do
   case "$1" in
     --jobs) mode=jobs ;;
@@ -102,15 +114,22 @@ while [ $# -gt 0 ]; do
     --private-cluster) private_cluster=true ;;
     --pinned) pinned="$2"; shift ;;
     --gate) gate=true ;;
+    --this) this="$2"; shift ;;
+    --services-only) services_only=true ;;
     *) sed -n '2,11p' "$0" >&2; exit 2 ;;
   esac
   shift
 done
 
-binary="${CARGO_TARGET_DIR:-target}/release/token-billing"
-tools="${CARGO_TARGET_DIR:-target}/release/token-billing-tools"
+if $gate && $services_only; then
+  echo "--gate needs the references: not with --services-only" >&2
+  exit 2
+fi
+this_dir="${this:-${CARGO_TARGET_DIR:-target}/release}"
+binary="$this_dir/token-billing"
+tools="$this_dir/token-billing-tools"
 if ! $dry_run && ! { [ -x "$binary" ] && [ -x "$tools" ]; }; then
-  echo "build first: cargo build --release (or --dry-run)" >&2
+  echo "build first: cargo build --release (or --dry-run; --this: bench/pinned_build.sh COMMIT)" >&2
   exit 1
 fi
 pinned_binary=""
@@ -305,17 +324,19 @@ reference_run() { # script accounts kiosks
 # build's p50 p99 max RSS, and the pinned build's figure and p99 (nan
 # without --pinned).
 if [ "$mode" = cycles ]; then
-  ensure_template 1000
-  ensure_template 1
+  if ! $services_only; then
+    ensure_template 1000
+    ensure_template 1
+  fi
   for load in spread hot; do
     accounts=1000 kiosk_counts="$spread_kiosks"
     [ "$load" = hot ] && accounts=1 kiosk_counts="$hot_kiosks"
     for kiosks in $kiosk_counts; do
       for round in $(seq 1 "$rounds"); do
         services_run "$round" "$load" "$accounts" "$kiosks"
-        one="$(reference_run bench/reference_cycle.pgbench.sql "$accounts" "$kiosks")"
-        batched=0
-        if [ "$load" = spread ]; then
+        one=0 batched=0
+        $services_only || one="$(reference_run bench/reference_cycle.pgbench.sql "$accounts" "$kiosks")"
+        if [ "$load" = spread ] && ! $services_only; then
           batched="$(reference_run bench/reference_cycle_batched8.pgbench.sql "$accounts" "$kiosks")"
           batched="$(python3 -c "print($batched * 8)")"
         fi
@@ -329,22 +350,25 @@ else
       services_run "$round" jobs "$job_accounts" "$kiosks"
       accounts="$(field accounts "$line")"
       [ "$accounts" = nan ] && accounts="$job_accounts"
-      ensure_template "$accounts"
-      jobs="$(reference_run bench/reference_job.pgbench.sql "$accounts" "$kiosks")"
+      jobs=0
+      if ! $services_only; then
+        ensure_template "$accounts"
+        jobs="$(reference_run bench/reference_job.pgbench.sql "$accounts" "$kiosks")"
+      fi
       echo "jobs $kiosks $round $(field cycles_per_s "$line") $jobs $accounts $(field p50_ms "$line") $(field p99_ms "$line") $(field max_ms "$line") $(field peak_rss_mib "$line") $(field cycles_per_s "$pinned_line") $(field p99_ms "$pinned_line")" | tee -a "$results" >&2
     done
   done
 fi
 
-python3 - "$results" "$rounds" "$seconds" "$mode" "$dry_run" "$pinned" "$gate" "$gate_cells" << 'EOF'
+python3 - "$results" "$rounds" "$seconds" "$mode" "$dry_run" "$pinned" "$gate" "$gate_cells" "$this" << 'EOF'
 import statistics, sys
-path, rounds, seconds, mode, dry_run, pinned, gate, gate_cells = sys.argv[1:]
+path, rounds, seconds, mode, dry_run, pinned, gate, gate_cells, this = sys.argv[1:]
 groups = {}
 for line in open(path):
     load, kiosks, _round, *values = line.split()
     groups.setdefault((load, int(kiosks)), []).append([float(v) for v in values])
 median = lambda runs, i: statistics.median(run[i] for run in runs)
-number = lambda v: f"{v:,.0f}"
+number = lambda v: f"{v:,.0f}" if v else "–"
 ratio = lambda a, b: f"**{a / b:.2f}**" if b else "–"
 def ms(runs, i):
     return f"{median(runs, i):.2f}"
@@ -361,7 +385,7 @@ pinned_head = " pinned {unit} | main / pinned | pinned p99 ms |" if pinned else 
 pinned_rule = "---|---|---|" if pinned else ""
 print(f"Medians of {rounds} round{'' if rounds == '1' else 's'} of {seconds} s; ratio = service / reference.")
 if pinned:
-    print(f"Service = this build (main); pinned = {pinned}, in alternating order each round; "
+    print(f"Service = {this or 'this build (main)'}; pinned = {pinned}, in alternating order each round; "
           "load generator: the pinned build's token-billing-tools for both.")
 if dry_run == "true":
     print("DRY RUN: no service ran; its columns and the ratios are placeholders.")
