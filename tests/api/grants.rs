@@ -330,6 +330,7 @@ async fn the_upgrade_turns_balances_into_grants_and_the_books_still_reconcile() 
     let mut conn = app.conn();
     // Back to before grants (their expiry first), and up again.
     let down = [
+        include_str!("../../migrations/2026-12-03-000020_counts_nonnegative/down.sql"),
         include_str!("../../migrations/2026-12-03-000010_topup_rules/down.sql"),
         include_str!("../../migrations/2026-12-02-000040_grant_updates_hot/down.sql"),
         include_str!("../../migrations/2026-12-02-000030_grant_expiry/down.sql"),
@@ -340,6 +341,7 @@ async fn the_upgrade_turns_balances_into_grants_and_the_books_still_reconcile() 
         include_str!("../../migrations/2026-12-02-000030_grant_expiry/up.sql"),
         include_str!("../../migrations/2026-12-02-000040_grant_updates_hot/up.sql"),
         include_str!("../../migrations/2026-12-03-000010_topup_rules/up.sql"),
+        include_str!("../../migrations/2026-12-03-000020_counts_nonnegative/up.sql"),
     ];
     for down in down {
         conn.batch_execute(&format!("BEGIN; {down} COMMIT;"))
@@ -508,4 +510,95 @@ async fn a_reservation_without_draws_is_reported_and_loses_no_token() {
             "grants_reserved_equals_reserved"
         ]
     );
+}
+
+/// The database refuses a negative count in accounts and in credit_grants,
+/// each one (one CHECK per table names them all since the migration
+/// counts_nonnegative): every count set to -1 alone — the grant's books
+/// kept balanced by another count, so that only this rule can refuse it —
+/// is refused by that constraint, and nothing changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_refuses_a_negative_count() {
+    let app = TestApp::spawn().await;
+    let account = app.funded_account(5).await;
+    let mut conn = app.conn();
+    let snapshot = |conn: &mut PgConnection| -> Vec<String> {
+        #[derive(QueryableByName)]
+        struct Row {
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            row: String,
+        }
+        diesel::sql_query(
+            "SELECT a::text AS row FROM accounts a WHERE a.id = $1 \
+             UNION ALL SELECT g::text FROM credit_grants g WHERE g.account_id = $1",
+        )
+        .bind::<SqlUuid, _>(account)
+        .load::<Row>(conn)
+        .expect("rows")
+        .into_iter()
+        .map(|row| row.row)
+        .collect()
+    };
+    let before = snapshot(&mut conn);
+    let accounts = [
+        "available",
+        "reserved",
+        "used",
+        "credited",
+        "active_reservations",
+        "max_active_reservations",
+        "low_balance_threshold",
+        "grant_expired",
+        "topup_threshold",
+    ]
+    .map(|column| {
+        (
+            format!("UPDATE accounts SET {column} = -1 WHERE id = $1"),
+            "accounts_counts_nonnegative",
+        )
+    });
+    // A grant's counts sum to its amount (credit_grants_books): the count
+    // made -1 gives what it held and one more to another.
+    let grants = [
+        ("remaining", "consumed"),
+        ("reserved", "consumed"),
+        ("consumed", "debited"),
+        ("debited", "consumed"),
+        ("expired", "consumed"),
+    ]
+    .map(|(column, other)| {
+        // drawable follows remaining (credit_grants_drawable).
+        let drawable = if column == "remaining" {
+            "false"
+        } else {
+            "drawable"
+        };
+        (
+            format!(
+                "UPDATE credit_grants SET {other} = {other} + {column} + 1, {column} = -1, \
+                 drawable = {drawable} WHERE account_id = $1"
+            ),
+            "credit_grants_counts_nonnegative",
+        )
+    });
+    let opening = [(
+        "UPDATE credit_grants SET opening_reserved = -1 WHERE account_id = $1".to_string(),
+        "credit_grants_counts_nonnegative",
+    )];
+    for (statement, constraint) in accounts.into_iter().chain(grants).chain(opening) {
+        let error = diesel::sql_query(&statement)
+            .bind::<SqlUuid, _>(account)
+            .execute(&mut conn)
+            .expect_err(&statement);
+        let diesel::result::Error::DatabaseError(kind, info) = &error else {
+            panic!("{statement}: {error}");
+        };
+        assert!(
+            matches!(kind, diesel::result::DatabaseErrorKind::CheckViolation)
+                && info.constraint_name() == Some(constraint),
+            "{statement}: {error} ({:?})",
+            info.constraint_name()
+        );
+    }
+    assert_eq!(snapshot(&mut conn), before);
 }

@@ -20,22 +20,39 @@ $$;
 -- from `available` when a grant lapses holding them, from `reserved` when
 -- they are the rest of a reservation (`p_reservation` set) going back to a
 -- grant that has lapsed.
+--
+--   kind          available  reserved  used  credited  adjusted  grant_expired
+--   credit        +a                          +a
+--   adjustment    +a                                    +a
+--   reserve       -a         +a
+--   commit                   -a        +a
+--   release       +a         -a
+--   expire        +a         -a
+--   grant_expire  -a (none)  -a (set)                             +a
+--
+-- (a: `p_amount`; (none)/(set): `p_reservation` NULL or set.) One row of
+-- CASEs on the kind, not a VALUES list filtered by it: inlined where it is
+-- called, the row is pulled up into the calling statement, where a VALUES
+-- list was a scan of seven rows, their expressions set up again for every
+-- row it was joined to. An unknown kind gives no row.
 CREATE FUNCTION engine_deltas(p_kind text, p_amount bigint, p_reservation uuid)
 RETURNS TABLE (available bigint, reserved bigint, used bigint, credited bigint, adjusted bigint,
                grant_expired bigint)
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT v.available, v.reserved, v.used, v.credited, v.adjusted, v.grant_expired FROM (VALUES
-        ('credit',     p_amount,  0::bigint, 0::bigint, p_amount,  0::bigint, 0::bigint),
-        ('adjustment', p_amount,  0,         0,         0,         p_amount,  0),
-        ('reserve',    -p_amount, p_amount,  0,         0,         0,         0),
-        ('commit',     0,         -p_amount, p_amount,  0,         0,         0),
-        ('release',    p_amount,  -p_amount, 0,         0,         0,         0),
-        ('expire',     p_amount,  -p_amount, 0,         0,         0,         0),
-        ('grant_expire', CASE WHEN p_reservation IS NULL THEN -p_amount ELSE 0 END,
-                       CASE WHEN p_reservation IS NULL THEN 0 ELSE -p_amount END,
-                                             0,         0,         0,         p_amount)
-    ) AS v (kind, available, reserved, used, credited, adjusted, grant_expired)
-    WHERE v.kind = p_kind
+    SELECT CASE WHEN p_kind IN ('credit', 'adjustment', 'release', 'expire') THEN p_amount
+                WHEN p_kind = 'reserve' OR (p_kind = 'grant_expire' AND p_reservation IS NULL)
+                    THEN -p_amount
+                ELSE 0 END::bigint,
+           CASE WHEN p_kind = 'reserve' THEN p_amount
+                WHEN p_kind IN ('commit', 'release', 'expire')
+                     OR (p_kind = 'grant_expire' AND p_reservation IS NOT NULL) THEN -p_amount
+                ELSE 0 END::bigint,
+           CASE WHEN p_kind = 'commit' THEN p_amount ELSE 0 END::bigint,
+           CASE WHEN p_kind = 'credit' THEN p_amount ELSE 0 END::bigint,
+           CASE WHEN p_kind = 'adjustment' THEN p_amount ELSE 0 END::bigint,
+           CASE WHEN p_kind = 'grant_expire' THEN p_amount ELSE 0 END::bigint
+    WHERE p_kind IN ('credit', 'adjustment', 'reserve', 'commit', 'release', 'expire',
+                     'grant_expire')
 $$;
 
 -- What a movement of `kind` and `amount` does to the grant it names
@@ -44,21 +61,35 @@ $$;
 -- takes remaining tokens for good (debited). A grant_expire takes them for
 -- good too (expired): from remaining when the grant lapses, from reserved
 -- when a reservation's rest goes back to it after it lapsed.
+--
+--   kind          remaining      reserved   consumed  debited        expired
+--   credit
+--   adjustment    min(a, 0)                           -min(a, 0)
+--   reserve       -a             +a
+--   commit                       -a         +a
+--   release       +a             -a
+--   expire        +a             -a
+--   grant_expire  -a (none)      -a (set)                            +a
+--
+-- (As engine_deltas: one row of CASEs on the kind, pulled up where it is
+-- called; an unknown kind gives no row.)
 CREATE FUNCTION engine_grant_deltas(p_kind text, p_amount bigint, p_reservation uuid)
 RETURNS TABLE (remaining bigint, reserved bigint, consumed bigint, debited bigint, expired bigint)
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT v.remaining, v.reserved, v.consumed, v.debited, v.expired FROM (VALUES
-        ('credit',     0::bigint,             0::bigint, 0::bigint, 0::bigint, 0::bigint),
-        ('adjustment', LEAST(p_amount, 0),    0,         0,         -LEAST(p_amount, 0), 0),
-        ('reserve',    -p_amount,             p_amount,  0,         0,         0),
-        ('commit',     0,                     -p_amount, p_amount,  0,         0),
-        ('release',    p_amount,              -p_amount, 0,         0,         0),
-        ('expire',     p_amount,              -p_amount, 0,         0,         0),
-        ('grant_expire', CASE WHEN p_reservation IS NULL THEN -p_amount ELSE 0 END,
-                       CASE WHEN p_reservation IS NULL THEN 0 ELSE -p_amount END,
-                                                         0,         0,         p_amount)
-    ) AS v (kind, remaining, reserved, consumed, debited, expired)
-    WHERE v.kind = p_kind
+    SELECT CASE WHEN p_kind = 'adjustment' THEN LEAST(p_amount, 0)
+                WHEN p_kind IN ('release', 'expire') THEN p_amount
+                WHEN p_kind = 'reserve' OR (p_kind = 'grant_expire' AND p_reservation IS NULL)
+                    THEN -p_amount
+                ELSE 0 END::bigint,
+           CASE WHEN p_kind = 'reserve' THEN p_amount
+                WHEN p_kind IN ('commit', 'release', 'expire')
+                     OR (p_kind = 'grant_expire' AND p_reservation IS NOT NULL) THEN -p_amount
+                ELSE 0 END::bigint,
+           CASE WHEN p_kind = 'commit' THEN p_amount ELSE 0 END::bigint,
+           CASE WHEN p_kind = 'adjustment' THEN -LEAST(p_amount, 0) ELSE 0 END::bigint,
+           CASE WHEN p_kind = 'grant_expire' THEN p_amount ELSE 0 END::bigint
+    WHERE p_kind IN ('credit', 'adjustment', 'reserve', 'commit', 'release', 'expire',
+                     'grant_expire')
 $$;
 
 -- The low-balance rule: an account is low when a threshold is set (> 0)
