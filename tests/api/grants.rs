@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use token_billing::domain::checks::{find_violations, grants_disagreeing_with_ledger};
 
-use crate::helpers::{problem, TestApp, ADMIN_KEY};
+use crate::helpers::{json_rows, problem, TestApp, ADMIN_KEY};
 
 /// One ledger entry: kind, amount, the grant it names.
 type Named = (String, i64, Option<Uuid>);
@@ -522,22 +522,13 @@ async fn the_database_refuses_a_negative_count() {
     let app = TestApp::spawn().await;
     let account = app.funded_account(5).await;
     let mut conn = app.conn();
-    let snapshot = |conn: &mut PgConnection| -> Vec<String> {
-        #[derive(QueryableByName)]
-        struct Row {
-            #[diesel(sql_type = diesel::sql_types::Text)]
-            row: String,
-        }
-        diesel::sql_query(
-            "SELECT a::text AS row FROM accounts a WHERE a.id = $1 \
-             UNION ALL SELECT g::text FROM credit_grants g WHERE g.account_id = $1",
+    let snapshot = |conn: &mut PgConnection| {
+        json_rows(
+            conn,
+            "SELECT to_jsonb(a) AS row FROM accounts a WHERE a.id = $1 \
+             UNION ALL SELECT to_jsonb(g) FROM credit_grants g WHERE g.account_id = $1",
+            account,
         )
-        .bind::<SqlUuid, _>(account)
-        .load::<Row>(conn)
-        .expect("rows")
-        .into_iter()
-        .map(|row| row.row)
-        .collect()
     };
     let before = snapshot(&mut conn);
     let accounts = [

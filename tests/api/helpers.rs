@@ -989,6 +989,22 @@ pub fn made_up_key() -> String {
     )
 }
 
+/// The JSON column `row` of each row `sql` selects, `$1` bound to `account`.
+pub fn json_rows(conn: &mut PgConnection, sql: &str, account: Uuid) -> Vec<Value> {
+    #[derive(QueryableByName)]
+    struct Row {
+        #[diesel(sql_type = diesel::sql_types::Jsonb)]
+        row: Value,
+    }
+    diesel::sql_query(sql)
+        .bind::<diesel::sql_types::Uuid, _>(account)
+        .load::<Row>(conn)
+        .expect("rows")
+        .into_iter()
+        .map(|row| row.row)
+        .collect()
+}
+
 /// The account's events of `kind`, in order, as the table holds them.
 pub fn events_of(conn: &mut PgConnection, account: Uuid, kind: &str) -> Vec<Value> {
     #[derive(QueryableByName)]

@@ -12,7 +12,7 @@ use token_billing::domain::api_keys::Credentials;
 use token_billing::domain::types::{AccountId, RequestId, ReservationId, Tokens};
 use token_billing::engine::{self, Answer, Authority, CommitAmount, Op, Operation, Outcome};
 
-use crate::helpers::{ledger_of, TestApp};
+use crate::helpers::{json_rows, ledger_of, TestApp};
 
 #[derive(QueryableByName)]
 struct Calls {
@@ -248,22 +248,6 @@ fn release(account: Uuid, key: &str, reservation: Uuid) -> Operation {
             reservation: ReservationId(reservation),
         },
     }
-}
-
-/// The JSON column `row` of each row `sql` selects, `$1` bound to `account`.
-fn json_rows(conn: &mut PgConnection, sql: &str, account: Uuid) -> Vec<Value> {
-    #[derive(QueryableByName)]
-    struct Row {
-        #[diesel(sql_type = diesel::sql_types::Jsonb)]
-        row: Value,
-    }
-    diesel::sql_query(sql)
-        .bind::<diesel::sql_types::Uuid, _>(account)
-        .load::<Row>(conn)
-        .expect("rows")
-        .into_iter()
-        .map(|row| row.row)
-        .collect()
 }
 
 /// An account's grants (remaining, reserved, consumed, drawable, in draw
