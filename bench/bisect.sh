@@ -31,12 +31,12 @@ while [ $# -gt 0 ]; do
     --rounds) rounds="$2"; shift ;;
     --spread) spread="$2"; shift ;;
     --hot) hot="$2"; shift ;;
-    -*) sed -n '4,8p' "$0" >&2; exit 2 ;;
+    -*) sed -n '5,6p' "$0" >&2; exit 2 ;;
     *) commits+=("$1") ;;
   esac
   shift
 done
-[ "${#commits[@]}" -gt 0 ] || { sed -n '4,8p' "$0" >&2; exit 2; }
+[ "${#commits[@]}" -gt 0 ] || { sed -n '5,6p' "$0" >&2; exit 2; }
 
 base_bin="$(bench/pinned_build.sh "$base")"
 summary="$(mktemp)" tablefile="$(mktemp)"
