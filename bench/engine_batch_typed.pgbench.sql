@@ -17,22 +17,9 @@
 WITH picked AS (
     SELECT bench_uuid(1 + floor(random() * :accounts)::bigint) AS account
     FROM generate_series(1, :k)
-), batch AS (
-    SELECT array_agg('reserve'::text) AS op, array_agg(account) AS account,
-           array_agg('bench'::text) AS actor, array_agg(account) AS key_id,
-           array_agg(sha256('pgbench-secret'::bytea)) AS key_hash, array_agg(false) AS authorized,
-           array_agg(gen_random_uuid()) AS request, array_agg(1::bigint) AS amount,
-           array_agg(NULL::integer) AS requested_ttl, array_agg(300) AS ttl,
-           array_agg(gen_random_uuid()) AS new_id, array_agg(NULL::uuid) AS nothing_uuid,
-           array_agg(NULL::bytea) AS nothing_bytea, array_agg(NULL::text) AS nothing_text,
-           array_agg(NULL::jsonb) AS nothing_jsonb, array_agg(NULL::bigint) AS nothing_bigint,
-           array_agg(NULL::integer) AS nothing_integer,
-           array_agg(NULL::timestamptz) AS nothing_timestamptz
-    FROM picked
 )
-SELECT count(*) FROM batch b, engine_apply(
-    b.op, b.account, b.actor, b.key_id, b.key_hash, b.authorized, b.request, b.amount,
-    b.requested_ttl, b.ttl, b.new_id, b.nothing_uuid, b.nothing_uuid, b.nothing_bytea,
-    b.nothing_text, b.nothing_jsonb, b.nothing_text, b.nothing_text, b.nothing_text,
-    b.nothing_text, b.nothing_bigint, b.nothing_text, b.nothing_jsonb, b.nothing_jsonb,
-    b.nothing_integer, b.nothing_timestamptz);
+SELECT count(*) FROM engine_apply(ARRAY(
+    SELECT ROW('reserve', p.account, 'bench', p.account, sha256('pgbench-secret'::bytea), false,
+               gen_random_uuid(), 1, NULL, 300, gen_random_uuid(), NULL, NULL, NULL, NULL, NULL,
+               NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::engine_request
+    FROM picked p));

@@ -130,8 +130,32 @@ batches = [int(b) for b in sys.argv[8:]]
 reserve_sql, commit_sql = [line for line in open(reference_file).read().splitlines() if line.strip()]
 cycles, rounds = int(cycles), int(rounds)
 
-def call(op, ids):
+def typed(schema):
+    """Whether the engine in `schema` takes its batch as one engine_request[]
+    (since the composite type) rather than 26 arrays (its earlier editions)."""
+    out = subprocess.run(
+        ["psql", "-X", "-qAt", "-h", "127.0.0.1", "-p", port, "-U", "postgres", "-d", database,
+         "-c", f"SELECT to_regtype('{schema}.engine_request') IS NOT NULL"],
+        check=True, capture_output=True, text=True).stdout.strip()
+    return out == "t"
+
+TYPED = {schema: typed(schema) for schema in ("engine_this", "engine_base")}
+
+def call_typed(op, ids):
+    """engine_apply with B engine_requests on account `acc[i]`."""
+    if op == "reserve":
+        fields = "gen_random_uuid(), 1, NULL, 300, gen_random_uuid(), NULL, NULL"
+    else:
+        fields = f"NULL, NULL, NULL, NULL, NULL, NULL, {ids}[i]"
+    return ("engine_apply(ARRAY(SELECT ROW("
+            f"'{op}', acc[i], 'bench', acc[i], sha256('pgbench-secret'::bytea), false, {fields}, "
+            "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)"
+            "::engine_request FROM generate_subscripts(acc, 1) i ORDER BY i))")
+
+def call(op, ids, composite=False):
     """engine_apply with B operations on account `a` (reserves: new ids)."""
+    if composite:
+        return call_typed(op, ids)
     fill = lambda value, kind: f"array_fill({value}::{kind}, ARRAY[b])"
     request = "ARRAY(SELECT gen_random_uuid() FROM generate_series(1, b))"
     if op == "reserve":
@@ -150,17 +174,17 @@ def call(op, ids):
         fill("NULL", "bigint"), fill("NULL", "text"), fill("NULL", "jsonb"),
         fill("NULL", "jsonb"), fill("NULL", "integer"), fill("NULL", "timestamptz")]) + ")")
 
-def block(n, b, first=1, count=1000):
+def block(n, b, first=1, count=1000, composite=False):
     return f"""DO $$
 DECLARE ids uuid[]; acc uuid[]; b integer := {b}; answered integer;
 BEGIN
   FOR i IN 1 .. {n} LOOP
     acc := array_fill(bench_uuid({first} + floor(random() * {count})::integer), ARRAY[b]);
     SELECT array_agg((object->>'id')::uuid ORDER BY op_position) INTO ids
-    FROM {call('reserve', None)};
+    FROM {call('reserve', None, composite)};
     IF cardinality(ids) IS DISTINCT FROM b THEN RAISE 'reserves answered: %', ids; END IF;
     COMMIT;
-    SELECT count(*) INTO answered FROM {call('commit_all', 'ids')} WHERE outcome = 'committed';
+    SELECT count(*) INTO answered FROM {call('commit_all', 'ids', composite)} WHERE outcome = 'committed';
     IF answered <> b THEN RAISE 'commits answered: %', answered; END IF;
     COMMIT;
   END LOOP;
@@ -209,7 +233,7 @@ def cpu_ms(pid):
 # statistics taken on empty tables would plan scans of whole tables (the
 # private cluster runs without autovacuum), which is no service's state.
 history = session("engine_this")
-run(history, block(3000, 8))
+run(history, block(3000, 8, composite=TYPED["engine_this"]))
 run(history, "ANALYZE;")
 history.stdin.close()
 history.wait()
@@ -226,8 +250,9 @@ for b in batches:
         if name == "reference":
             return reference_block(n)
         if name == "armed":
-            return block(n, b, 501, 500)
-        return block(n, b, 1, 500) if armed else block(n, b)
+            return block(n, b, 501, 500, TYPED["engine_this"])
+        composite = TYPED[name]
+        return block(n, b, 1, 500, composite) if armed else block(n, b, composite=composite)
     for schema in names:
         process = session({"reference": "public", "armed": "engine_this"}.get(schema, schema))
         pid = run(process, "SELECT pg_backend_pid();")[0]

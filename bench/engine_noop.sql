@@ -6,18 +6,11 @@
 -- load generator, the service's Rust, the pool and the commit cost without
 -- any engine. Never installed anywhere else.
 CREATE TABLE IF NOT EXISTS public.bench_noop_batches (at timestamptz NOT NULL DEFAULT now());
-CREATE OR REPLACE FUNCTION engine_apply(
-    p_op text[], p_account uuid[], p_actor text[], p_key_id uuid[], p_key_hash bytea[],
-    p_authorized boolean[], p_request uuid[], p_amount bigint[], p_requested_ttl integer[],
-    p_ttl integer[], p_new_id uuid[], p_job uuid[], p_reservation uuid[], p_hash bytea[],
-    p_kind text[], p_params jsonb[], p_external_ref text[], p_note text[], p_reason text[],
-    p_http_request_id text[], p_lease_token bigint[], p_status text[], p_result jsonb[],
-    p_error jsonb[], p_priority integer[], p_expires_at timestamptz[]
-)
+CREATE OR REPLACE FUNCTION engine_apply(p_ops engine_request[])
 RETURNS TABLE (op_position integer, outcome text, detail jsonb, object jsonb)
 LANGUAGE sql AS $$
     INSERT INTO public.bench_noop_batches DEFAULT VALUES;
-    SELECT u.n::integer,
+    SELECT u.ordinality::integer,
            CASE WHEN u.op = 'reserve' THEN 'created' ELSE 'committed' END, NULL::jsonb,
            jsonb_build_object('id', COALESCE(u.new_id, u.reservation), 'account_id', u.account,
                'request_id', COALESCE(u.request, gen_random_uuid()), 'amount', COALESCE(u.amount, 1),
@@ -28,6 +21,5 @@ LANGUAGE sql AS $$
                'created_at', now(),
                'resolved_at', CASE WHEN u.op = 'reserve' THEN NULL ELSE now() END,
                'draws', '[]'::jsonb)
-    FROM unnest(p_op, p_account, p_request, p_amount, p_ttl, p_new_id, p_reservation)
-         WITH ORDINALITY AS u (op, account, request, amount, ttl, new_id, reservation, n)
+    FROM unnest(p_ops) WITH ORDINALITY AS u
 $$;

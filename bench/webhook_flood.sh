@@ -70,20 +70,13 @@ for round in $(seq 1 "$rounds"); do
       api POST /v1/webhook-endpoints "{\"url\": \"http://127.0.0.1:$sink_port/hook\", \"events\": [\"credit.created\", \"adjustment.created\", \"reservation.expired\", \"job.succeeded\", \"job.failed\", \"account.balance_low\", \"account.balance_recovered\", \"account.balance_depleted\"]}" > /dev/null
     fi
     side="$(api POST /v1/accounts '{"name": "flood"}' | sed -n 's/.*"account_id":"\([^"]*\)".*/\1/p')"
-    # $events credits of 1 token in one engine batch (typed arrays, one per
-    # field; see src/engine/sql/70_apply.sql), through the schema of the
-    # engine the service installed.
-    n="ARRAY[$events]"
+    # $events credits of 1 token in one engine batch (one engine_request
+    # per credit; see src/engine/sql/70_apply.sql), through the schema of
+    # the engine the service installed.
     flood_sql="SELECT set_config('search_path', 'public, ' || (SELECT name FROM engine_schemas ORDER BY last_started_at DESC LIMIT 1), false); \
-      SELECT count(*) FROM engine_apply(array_fill('credit'::text, $n), array_fill('$side'::uuid, $n), \
-        array_fill('bench'::text, $n), array_fill(NULL::uuid, $n), array_fill(NULL::bytea, $n), array_fill(true, $n), \
-        array_fill(NULL::uuid, $n), array_fill(1::bigint, $n), array_fill(NULL::integer, $n), array_fill(NULL::integer, $n), \
-        ARRAY(SELECT gen_random_uuid() FROM generate_series(1, $events)), array_fill(NULL::uuid, $n), array_fill(NULL::uuid, $n), \
-        array_fill(NULL::bytea, $n), array_fill(NULL::text, $n), array_fill(NULL::jsonb, $n), \
-        ARRAY(SELECT 'flood-' || g FROM generate_series(1, $events) g), array_fill(NULL::text, $n), \
-        array_fill(NULL::text, $n), array_fill(NULL::text, $n), array_fill(NULL::bigint, $n), \
-        array_fill(NULL::text, $n), array_fill(NULL::jsonb, $n), array_fill(NULL::jsonb, $n), \
-        array_fill(50, $n))"
+      SELECT count(*) FROM engine_apply(ARRAY(SELECT ROW('credit', '$side'::uuid, 'bench', NULL, NULL, true, \
+        NULL, 1, NULL, NULL, gen_random_uuid(), NULL, NULL, NULL, NULL, NULL, 'flood-' || g, NULL, NULL, NULL, \
+        NULL, NULL, NULL, NULL, 50, NULL)::engine_request FROM generate_series(1, $events) g))"
     on_measure=(--on-measure "date +%s.%N > /tmp/token-billing-flood-start; psql -h 127.0.0.1 -U postgres -qtAc \"$flood_sql\" $database > /dev/null")
     line="$("$tools" bench load --url "http://127.0.0.1:$port" --admin-key "$key" --scenario spread \
       --accounts 1000 --concurrency "$concurrency" --seconds "$seconds" --service-pid "$service_pid" "${on_measure[@]}")"

@@ -2,7 +2,8 @@
 //! key rule is decided and written by the engine's SQL, one file per
 //! subject in `src/engine/sql/` (installed by [`install`] into a schema
 //! named by its content); this module only builds operations, sends them
-//! as typed arrays, and reads the outcome of each.
+//! as one array of the engine's composite type `engine_request`, and reads
+//! the outcome of each.
 //!
 //! - [`apply`] sends a batch of operations on any accounts to
 //!   `engine_apply` (`sql/70_apply.sql`) in one statement: one transaction,
@@ -25,9 +26,12 @@ pub mod jobs;
 mod outcome;
 pub mod types;
 
+use diesel::pg::Pg;
 use diesel::prelude::*;
+use diesel::serialize::{self, Output, ToSql, WriteTuple};
 use diesel::sql_types::{
-    Array, BigInt, Bool, Bytea, Integer, Jsonb, Nullable, Text, Timestamptz, Uuid as SqlUuid,
+    Array, BigInt, Bool, Bytea, Integer, Jsonb, Nullable, SqlType, Text, Timestamptz,
+    Uuid as SqlUuid,
 };
 use serde_json::Value;
 use uuid::Uuid;
@@ -179,48 +183,132 @@ struct Row {
     object: Option<Value>,
 }
 
-/// The one statement every batch is: one typed array per field of an
-/// operation (see `sql/70_apply.sql` for which fields each operation sets).
+/// The one statement every batch is: one array of `engine_request`, one
+/// element per operation (see `sql/70_apply.sql` for which fields each
+/// operation sets).
 pub const APPLY_SQL: &str = "SELECT op_position, outcome, detail, object \
-     FROM engine_apply($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
-                       $18, $19, $20, $21, $22, $23, $24, $25, $26) ORDER BY op_position";
+     FROM engine_apply($1) ORDER BY op_position";
 
-/// The full machinery alone (`engine_apply_full`, the same arrays): for a
+/// The full machinery alone (`engine_apply_full`, the same array): for a
 /// batch the lone path found not plain.
 pub const APPLY_FULL_SQL: &str = "SELECT op_position, outcome, detail, object \
-     FROM engine_apply_full($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
-                            $17, $18, $19, $20, $21, $22, $23, $24, $25, $26) ORDER BY op_position";
+     FROM engine_apply_full($1) ORDER BY op_position";
 
-/// A batch as `engine_apply`'s arrays: element i of each is operation i's.
-/// New ids are chosen here.
-#[derive(Default)]
-struct Columns {
-    op: Vec<&'static str>,
-    account: Vec<Uuid>,
-    actor: Vec<String>,
-    key_id: Vec<Option<Uuid>>,
-    key_hash: Vec<Option<Vec<u8>>>,
-    authorized: Vec<bool>,
-    request: Vec<Option<Uuid>>,
-    amount: Vec<Option<i64>>,
-    requested_ttl: Vec<Option<i32>>,
-    ttl: Vec<Option<i32>>,
-    new_id: Vec<Option<Uuid>>,
-    job: Vec<Option<Uuid>>,
-    reservation: Vec<Option<Uuid>>,
-    hash: Vec<Option<Vec<u8>>>,
-    kind: Vec<Option<String>>,
-    params: Vec<Option<Value>>,
-    external_ref: Vec<Option<String>>,
-    note: Vec<Option<String>>,
-    reason: Vec<Option<String>>,
-    http_request_id: Vec<Option<String>>,
-    lease_token: Vec<Option<i64>>,
-    status: Vec<Option<&'static str>>,
-    result: Vec<Option<Value>>,
-    error: Vec<Option<Value>>,
-    priority: Vec<Option<i32>>,
-    expires_at: Vec<Option<chrono::DateTime<chrono::Utc>>>,
+/// The engine's composite type `engine_request` (`sql/00_types.sql`): one
+/// operation of a batch. Found by name on the connection's `search_path`,
+/// where each build's engine schema is (`db::set_session`).
+#[derive(SqlType)]
+#[diesel(postgres_type(name = "engine_request"))]
+pub struct EngineRequest;
+
+/// `engine_request`'s fields, in its order.
+type EngineRequestFields = (
+    Text,
+    SqlUuid,
+    Text,
+    Nullable<SqlUuid>,
+    Nullable<Bytea>,
+    Bool,
+    Nullable<SqlUuid>,
+    Nullable<BigInt>,
+    Nullable<Integer>,
+    Nullable<Integer>,
+    Nullable<SqlUuid>,
+    Nullable<SqlUuid>,
+    Nullable<SqlUuid>,
+    Nullable<Bytea>,
+    Nullable<Text>,
+    Nullable<Jsonb>,
+    Nullable<Text>,
+    Nullable<Text>,
+    Nullable<Text>,
+    Nullable<Text>,
+    Nullable<BigInt>,
+    Nullable<Text>,
+    Nullable<Jsonb>,
+    Nullable<Jsonb>,
+    Nullable<Integer>,
+    Nullable<Timestamptz>,
+);
+
+/// One operation as `engine_apply` takes it. New ids are chosen here.
+struct Request {
+    op: &'static str,
+    account: Uuid,
+    actor: String,
+    key_id: Option<Uuid>,
+    key_hash: Option<Vec<u8>>,
+    authorized: bool,
+    http_request_id: Option<String>,
+    fields: Fields,
+}
+
+impl Request {
+    fn of(operation: &Operation) -> Request {
+        let (op, fields) = operation.op.fields();
+        let (key_id, key_hash, authorized) = operation.authority.presented();
+        Request {
+            op,
+            account: operation.account.0,
+            actor: operation.authority.actor(),
+            key_id,
+            key_hash,
+            authorized,
+            http_request_id: match &operation.authority {
+                Authority::Request { request_id, .. } => request_id.clone(),
+                _ => None,
+            },
+            fields,
+        }
+    }
+}
+
+/// (Required by `ToSql`.) The kind and account only: the key's hash and
+/// the request's payload stay out of any log.
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request")
+            .field("op", &self.op)
+            .field("account", &self.account)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ToSql<EngineRequest, Pg> for Request {
+    fn to_sql<'b>(&'b self, out: &mut Output<'b, '_, Pg>) -> serialize::Result {
+        let f = &self.fields;
+        WriteTuple::<EngineRequestFields>::write_tuple(
+            &(
+                self.op,
+                self.account,
+                &self.actor,
+                self.key_id,
+                &self.key_hash,
+                self.authorized,
+                f.request,
+                f.amount,
+                f.requested_ttl,
+                f.ttl,
+                f.new_id,
+                f.job,
+                f.reservation,
+                &f.hash,
+                &f.kind,
+                &f.params,
+                &f.external_ref,
+                &f.note,
+                &f.reason,
+                &self.http_request_id,
+                f.lease_token,
+                f.status,
+                &f.result,
+                &f.error,
+                f.priority,
+                f.expires_at,
+            ),
+            out,
+        )
+    }
 }
 
 /// One operation's fields; what an operation does not set stays `None`.
@@ -385,44 +473,28 @@ impl Op {
     }
 }
 
-impl Columns {
-    fn of(operations: &[Operation]) -> Columns {
-        let mut columns = Columns::default();
-        for operation in operations {
-            let (op, fields) = operation.op.fields();
-            columns.op.push(op);
-            columns.account.push(operation.account.0);
-            columns.actor.push(operation.authority.actor());
-            let (key_id, key_hash, authorized) = operation.authority.presented();
-            columns.key_id.push(key_id);
-            columns.key_hash.push(key_hash);
-            columns.authorized.push(authorized);
-            columns.http_request_id.push(match &operation.authority {
-                Authority::Request { request_id, .. } => request_id.clone(),
-                _ => None,
-            });
-            columns.request.push(fields.request);
-            columns.amount.push(fields.amount);
-            columns.requested_ttl.push(fields.requested_ttl);
-            columns.ttl.push(fields.ttl);
-            columns.new_id.push(fields.new_id);
-            columns.job.push(fields.job);
-            columns.reservation.push(fields.reservation);
-            columns.hash.push(fields.hash);
-            columns.kind.push(fields.kind);
-            columns.params.push(fields.params);
-            columns.external_ref.push(fields.external_ref);
-            columns.note.push(fields.note);
-            columns.reason.push(fields.reason);
-            columns.lease_token.push(fields.lease_token);
-            columns.status.push(fields.status);
-            columns.result.push(fields.result);
-            columns.error.push(fields.error);
-            columns.priority.push(fields.priority);
-            columns.expires_at.push(fields.expires_at);
-        }
-        columns
+/// The batch as the engine reads it: each operation's `engine_request` as
+/// JSON (`to_jsonb`: the type's field names). The fields cross by position
+/// (`EngineRequestFields`, `sql/00_types.sql`); the test that the two
+/// declarations agree reads this (two fields of one type swapped would
+/// still bind).
+pub fn engine_requests(
+    conn: &mut PgConnection,
+    operations: &[Operation],
+) -> Result<Vec<Value>, ApiError> {
+    #[derive(QueryableByName)]
+    struct Echo {
+        #[diesel(sql_type = Jsonb)]
+        request: Value,
     }
+    let requests: Vec<Request> = operations.iter().map(Request::of).collect();
+    let rows: Vec<Echo> = prepared(
+        "SELECT to_jsonb(r) - 'ordinality' AS request \
+         FROM unnest($1) WITH ORDINALITY AS r ORDER BY r.ordinality",
+    )
+    .bind::<Array<EngineRequest>, _>(&requests)
+    .load(conn)?;
+    Ok(rows.into_iter().map(|row| row.request).collect())
 }
 
 /// Applies `operations` in order, in one statement (its own transaction,
@@ -446,7 +518,7 @@ pub struct Applied {
 /// A batch of one reserve, job creation, commit, release or job finish
 /// tries the engine's lone path first (`engine_lean_one`,
 /// `sql/66_lone.sql`), called directly: a statement of 21 values, where
-/// `engine_apply` takes 26 arrays and answers as a set (about a quarter of
+/// `engine_apply` takes an array of `engine_request` and answers as a set (about a quarter of
 /// a lone operation's cost in the database). The lone path answers only a
 /// plain operation; for any other it writes nothing and answers NULL. `applies` says whether the lone
 /// path took the operation at all (`engine_lone_applies`): if it did and
@@ -546,34 +618,9 @@ pub fn apply_counted(
             Lone::NotTaken => {}
         }
     }
-    let columns = Columns::of(operations);
+    let requests: Vec<Request> = operations.iter().map(Request::of).collect();
     let rows: Vec<Row> = prepared(sql)
-        .bind::<Array<Text>, _>(&columns.op)
-        .bind::<Array<SqlUuid>, _>(&columns.account)
-        .bind::<Array<Text>, _>(&columns.actor)
-        .bind::<Array<Nullable<SqlUuid>>, _>(&columns.key_id)
-        .bind::<Array<Nullable<Bytea>>, _>(&columns.key_hash)
-        .bind::<Array<Bool>, _>(&columns.authorized)
-        .bind::<Array<Nullable<SqlUuid>>, _>(&columns.request)
-        .bind::<Array<Nullable<BigInt>>, _>(&columns.amount)
-        .bind::<Array<Nullable<Integer>>, _>(&columns.requested_ttl)
-        .bind::<Array<Nullable<Integer>>, _>(&columns.ttl)
-        .bind::<Array<Nullable<SqlUuid>>, _>(&columns.new_id)
-        .bind::<Array<Nullable<SqlUuid>>, _>(&columns.job)
-        .bind::<Array<Nullable<SqlUuid>>, _>(&columns.reservation)
-        .bind::<Array<Nullable<Bytea>>, _>(&columns.hash)
-        .bind::<Array<Nullable<Text>>, _>(&columns.kind)
-        .bind::<Array<Nullable<Jsonb>>, _>(&columns.params)
-        .bind::<Array<Nullable<Text>>, _>(&columns.external_ref)
-        .bind::<Array<Nullable<Text>>, _>(&columns.note)
-        .bind::<Array<Nullable<Text>>, _>(&columns.reason)
-        .bind::<Array<Nullable<Text>>, _>(&columns.http_request_id)
-        .bind::<Array<Nullable<BigInt>>, _>(&columns.lease_token)
-        .bind::<Array<Nullable<Text>>, _>(&columns.status)
-        .bind::<Array<Nullable<Jsonb>>, _>(&columns.result)
-        .bind::<Array<Nullable<Jsonb>>, _>(&columns.error)
-        .bind::<Array<Nullable<Integer>>, _>(&columns.priority)
-        .bind::<Array<Nullable<Timestamptz>>, _>(&columns.expires_at)
+        .bind::<Array<EngineRequest>, _>(&requests)
         .load(conn)?;
     // Position 0 (first, by the ORDER BY): the batch's tallies.
     let (lapses, rows): (Vec<Row>, Vec<Row>) =

@@ -613,3 +613,223 @@ async fn job_finishes_take_the_lone_path_and_end_as_on_the_full_machinery() {
     );
     assert_eq!(full_calls, [[0, 0, 1], [0, 0, 1], [0, 0, 1]]);
 }
+
+/// Every field of every kind of operation reaches the engine under its own
+/// name: the Rust side binds `engine_request` by position
+/// (`EngineRequestFields` in src/engine/mod.rs) and sql/00_types.sql names
+/// the positions, so two fields of one type listed in another order would
+/// still bind — and every value would land in its neighbour's field.
+#[actix_web::test]
+async fn every_field_reaches_the_engine_under_its_name() {
+    use token_billing::domain::types::{ExternalRef, Note, Priority, Reason, TtlSeconds};
+    use token_billing::engine::jobs::JobRequest;
+    use token_billing::engine::types::GrantExpiry;
+
+    let app = TestApp::spawn().await;
+    let mut conn = app.conn();
+    let account = Uuid::new_v4();
+    let (key_id, secret_hash) = (Uuid::new_v4(), [7u8; 32]);
+    let request = Uuid::new_v4();
+    let reservation = Uuid::new_v4();
+    let job = Uuid::new_v4();
+    let expiry = chrono::Utc::now() + chrono::Duration::days(30);
+    let prices = [("standard".to_owned(), 3)].into_iter().collect();
+    let job_request = JobRequest::parse(
+        RequestId(request),
+        "standard".into(),
+        serde_json::json!({"prompt": "a cat"}),
+        &prices,
+    )
+    .expect("job request");
+    let hash = job_request.hash();
+    let verified = |actor: &str| Authority::Verified {
+        actor: actor.into(),
+    };
+    let operation = |authority: Authority, op: Op| Operation {
+        account: AccountId(account),
+        authority,
+        op,
+    };
+    let operations = [
+        operation(
+            Authority::Key {
+                id: key_id,
+                secret_hash,
+            },
+            Op::Reserve {
+                request_id: RequestId(request),
+                amount: Tokens::parse(5).expect("tokens"),
+                ttl_seconds: Some(TtlSeconds::try_from(61).expect("ttl")),
+                effective_ttl_seconds: 62,
+            },
+        ),
+        operation(
+            verified("kiosk"),
+            Op::CreateJob {
+                request: job_request.clone(),
+                ttl_seconds: 63,
+            },
+        ),
+        operation(
+            verified("kiosk"),
+            Op::Commit {
+                reservation: ReservationId(reservation),
+                amount: CommitAmount::Exactly(Tokens::parse(4).expect("tokens")),
+            },
+        ),
+        operation(
+            Authority::Request {
+                actor: "admin".into(),
+                request_id: Some("http-request-1".into()),
+            },
+            Op::Credit {
+                amount: Tokens::parse(9).expect("tokens"),
+                external_ref: ExternalRef::try_from("ref-1".to_owned()).expect("ref"),
+                note: Some(Note::try_from("a note".to_owned()).expect("note")),
+                priority: Priority::try_from(17).expect("priority"),
+                expires_at: Some(GrantExpiry::try_from(expiry).expect("expiry")),
+            },
+        ),
+        operation(
+            verified("admin"),
+            Op::Adjust {
+                amount: token_billing::engine::types::SignedTokens::try_from(-2).expect("tokens"),
+                reason: Reason::try_from("a reason".to_owned()).expect("reason"),
+                external_ref: ExternalRef::try_from("ref-2".to_owned()).expect("ref"),
+                priority: None,
+                expires_at: None,
+            },
+        ),
+        operation(
+            verified("worker"),
+            Op::FinishJob {
+                job,
+                lease_token: 41,
+                outcome: Err(Some(serde_json::json!({"code": "provider"}))),
+                reason: Some("provider failed".into()),
+            },
+        ),
+        operation(
+            verified("worker"),
+            Op::FinishJob {
+                job,
+                lease_token: 42,
+                outcome: Ok(serde_json::json!({"image": "x"})),
+                reason: None,
+            },
+        ),
+    ];
+    let read = engine::engine_requests(&mut conn, &operations).expect("the engine reads them");
+    assert_eq!(read.len(), operations.len());
+
+    let hex = |bytes: &[u8]| -> String {
+        format!(
+            "\\x{}",
+            bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        )
+    };
+    let account = account.to_string();
+    let key = token_billing::domain::types::ApiKeyId(key_id).to_string();
+    // What each operation must carry (a new id, chosen by the service, is
+    // only checked for being there); every other field must be NULL.
+    let expected: [Vec<(&str, Value)>; 7] = [
+        vec![
+            ("op", "reserve".into()),
+            ("actor", key.clone().into()),
+            ("key_id", key_id.to_string().into()),
+            ("key_hash", hex(&secret_hash).into()),
+            ("authorized", false.into()),
+            ("request", request.to_string().into()),
+            ("amount", 5.into()),
+            ("requested_ttl", 61.into()),
+            ("ttl", 62.into()),
+            ("new_id", Value::Bool(true)),
+        ],
+        vec![
+            ("op", "create_job".into()),
+            ("actor", "kiosk".into()),
+            ("authorized", true.into()),
+            ("request", request.to_string().into()),
+            ("amount", 3.into()),
+            ("ttl", 63.into()),
+            ("new_id", Value::Bool(true)),
+            ("job", Value::Bool(true)),
+            ("hash", hex(&hash).into()),
+            ("kind", "standard".into()),
+            ("params", serde_json::json!({"prompt": "a cat"})),
+        ],
+        vec![
+            ("op", "commit".into()),
+            ("actor", "kiosk".into()),
+            ("authorized", true.into()),
+            ("reservation", reservation.to_string().into()),
+            ("amount", 4.into()),
+        ],
+        vec![
+            ("op", "credit".into()),
+            ("actor", "admin".into()),
+            ("authorized", true.into()),
+            ("amount", 9.into()),
+            ("new_id", Value::Bool(true)),
+            ("external_ref", "ref-1".into()),
+            ("note", "a note".into()),
+            ("http_request_id", "http-request-1".into()),
+            ("priority", 17.into()),
+            ("expires_at", Value::Bool(true)),
+        ],
+        vec![
+            ("op", "adjust".into()),
+            ("actor", "admin".into()),
+            ("authorized", true.into()),
+            ("amount", (-2).into()),
+            ("new_id", Value::Bool(true)),
+            ("external_ref", "ref-2".into()),
+            ("reason", "a reason".into()),
+        ],
+        vec![
+            ("op", "finish_job".into()),
+            ("actor", "worker".into()),
+            ("authorized", true.into()),
+            ("job", job.to_string().into()),
+            ("lease_token", 41.into()),
+            ("status", "failed".into()),
+            ("error", serde_json::json!({"code": "provider"})),
+            ("reason", "provider failed".into()),
+        ],
+        vec![
+            ("op", "finish_job".into()),
+            ("actor", "worker".into()),
+            ("authorized", true.into()),
+            ("job", job.to_string().into()),
+            ("lease_token", 42.into()),
+            ("status", "succeeded".into()),
+            ("result", serde_json::json!({"image": "x"})),
+        ],
+    ];
+    for (row, expected) in read.iter().zip(&expected) {
+        let fields = row.as_object().expect("an object");
+        assert_eq!(fields.len(), 26, "engine_request has 26 fields: {row}");
+        assert_eq!(fields["account"], Value::from(account.clone()), "{row}");
+        for (name, value) in fields {
+            if name == "account" {
+                continue;
+            }
+            match expected.iter().find(|(field, _)| field == name) {
+                // A value the service chose: there, and an id or an instant.
+                Some((_, Value::Bool(true))) if name != "authorized" => {
+                    let text = value.as_str().unwrap_or_else(|| panic!("{name}: {row}"));
+                    if name == "expires_at" {
+                        let at = chrono::DateTime::parse_from_rfc3339(text).expect("an instant");
+                        assert_eq!(at.timestamp_micros(), expiry.timestamp_micros(), "{row}");
+                    } else {
+                        Uuid::parse_str(text).unwrap_or_else(|_| panic!("{name}: {row}"));
+                    }
+                }
+                Some((_, expected)) => assert_eq!(value, expected, "{name}: {row}"),
+                None => assert_eq!(value, &Value::Null, "{name} must be NULL: {row}"),
+            }
+        }
+    }
+    // The service's new ids: a job's reservation and the job are two.
+    assert_ne!(read[1]["new_id"], read[1]["job"]);
+}

@@ -67,8 +67,42 @@ CREATE TYPE engine_settle_item AS (
     actor       text
 );
 
--- One operation of an engine_apply batch, as engine_apply reads its typed
--- arrays, with its place in the batch: `class` (spend, settle, external,
+-- One operation as the service sends it: engine_apply's batch is an array
+-- of these (element i is operation i; 70_apply.sql lists the fields each
+-- kind of operation sets, the others NULL). It crosses as one array
+-- parameter, bound by src/engine/mod.rs (`EngineRequest`), whose fields
+-- are these, in this order.
+CREATE TYPE engine_request AS (
+    op              text,
+    account         uuid,
+    actor           text,
+    key_id          uuid,
+    key_hash        bytea,
+    authorized      boolean,
+    request         uuid,
+    amount          bigint,
+    requested_ttl   integer,
+    ttl             integer,
+    new_id          uuid,
+    job             uuid,
+    reservation     uuid,
+    hash            bytea,
+    kind            text,
+    params          jsonb,
+    external_ref    text,
+    note            text,
+    reason          text,
+    http_request_id text,
+    lease_token     bigint,
+    status          text,
+    result          jsonb,
+    error           jsonb,
+    priority        integer,
+    expires_at      timestamptz
+);
+
+-- One operation of an engine_apply batch, as engine_apply_full reads its
+-- requests, with its place in the batch: `class` (spend, settle, external,
 -- job) and `round` (see engine_apply).
 CREATE TYPE engine_op AS (
     n               integer,

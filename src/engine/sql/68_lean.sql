@@ -56,20 +56,18 @@
 -- operations in one statement cost little more than one (BENCHMARKS.md,
 -- "Where the time goes").
 
--- The batch's leading lean operations (arrays as engine_apply's, element i
--- of each belongs to operation i; `p_job`, `p_hash`, `p_kind`, `p_params`
--- only for create_job). `p_lock` names every account of the whole batch:
--- their rows are locked here first, in id order (in this function, so that
--- the lock's statement keeps its one generic plan: planned anew for every
--- batch, as a custom plan, it cost a planning per batch). Returns one row per operation applied, from the first, in order:
+-- The batch's leading lean operations `p_ops` (engine_request, as
+-- engine_apply's; job, hash, kind and params are read only for a
+-- create_job). `p_lock` is the whole batch: the rows of all its accounts
+-- are locked here first, in id order (in this function, so that the lock's
+-- statement keeps its one generic plan: planned anew for every batch, as a
+-- custom plan, it cost a planning per batch). Returns one row per
+-- operation applied, from the first, in order:
 -- its position, outcome (created, committed, released) and the object the
 -- API shows (the reservation, or the job as engine_job_view shows it). No
 -- row for an operation means it and every one after it were not applied:
 -- nothing of them was written.
-CREATE FUNCTION engine_lean_batch(p_lock uuid[], p_op text[], p_account uuid[], p_actor text[],
-    p_key_id uuid[], p_key_hash bytea[], p_authorized boolean[], p_request uuid[],
-    p_amount bigint[], p_requested_ttl integer[], p_ttl integer[], p_new_id uuid[],
-    p_job uuid[], p_reservation uuid[], p_hash bytea[], p_kind text[], p_params jsonb[])
+CREATE FUNCTION engine_lean_batch(p_lock engine_request[], p_ops engine_request[])
 RETURNS TABLE (op_position integer, outcome text, object jsonb)
 -- Every table access here is a look-up by key of a few rows: the one
 -- generic plan, made once per session for every batch size, must not
@@ -82,7 +80,8 @@ DECLARE
     applied record;
     stale uuid[] := '{}';
 BEGIN
-    PERFORM 1 FROM accounts WHERE id = ANY (p_lock) ORDER BY id FOR NO KEY UPDATE;
+    PERFORM 1 FROM accounts WHERE id = ANY (ARRAY(SELECT l.account FROM unnest(p_lock) l))
+    ORDER BY id FOR NO KEY UPDATE;
     -- The transaction's stamp is taken after its accounts' locks (as every
     -- writer takes it, engine_now): a batch that waited for a lock never
     -- writes an entry stamped before the transactions it waited for
@@ -102,11 +101,11 @@ BEGIN
                CASE WHEN u.op = 'create_job' THEN u.kind END AS kind,
                CASE WHEN u.op = 'create_job' THEN u.params END AS params,
                u.op IN ('reserve', 'create_job') AS spends
-        FROM unnest(p_op, p_account, p_actor, p_key_id, p_key_hash, p_authorized, p_request,
-                    p_amount, p_requested_ttl, p_ttl, p_new_id, p_job, p_reservation, p_hash,
-                    p_kind, p_params) WITH ORDINALITY
+        FROM unnest(p_ops) WITH ORDINALITY
              AS u (op, account, actor, key_id, key_hash, authorized, request, amount,
-                   requested_ttl, ttl, new_id, job, reservation, hash, kind, params, n)
+                   requested_ttl, ttl, new_id, job, reservation, hash, kind, params,
+                   external_ref, note, reason, http_request_id, lease_token, status, result,
+                   error, priority, expires_at, n)
     ), steps AS MATERIALIZED (
         -- Each operation with its account, its reservation and its key,
         -- and the account as the batch's earlier operations leave it.

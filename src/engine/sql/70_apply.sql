@@ -45,9 +45,9 @@ $$;
 -- first operation that is not plain, to engine_apply_full: the full
 -- machinery below.
 --
--- The batch crosses as typed arrays, one element per operation (element i
--- of every array belongs to operation i). `p_op` names the operation; the
--- fields each needs must be set, the others NULL:
+-- The batch crosses as one array of engine_request (00_types.sql), one
+-- element per operation, in order. `op` names the operation; the fields
+-- each needs must be set, the others NULL:
 --   reserve      account, actor, request, amount, ttl, new_id (the
 --                reservation); requested_ttl as the client sent it (NULL:
 --                none)
@@ -67,7 +67,7 @@ $$;
 --                worker's lease), status (succeeded or failed), result
 --                (succeeded) or error (failed; may be NULL), reason (the
 --                ledger reason of a release; may be NULL)
--- `p_authorized` says who vouches for the caller: true when the service has
+-- `authorized` says who vouches for the caller: true when the service has
 -- authorised it already (the ADMIN_API_KEY bootstrap admin, an admin
 -- request, a worker); false when the operation carries the caller's key —
 -- key_id and key_hash (SHA-256 of its secret), both set — verified here in
@@ -94,19 +94,12 @@ $$;
 -- return to a lapsed grant — or tokens top-up rules credited), a row at
 -- position 0, outcome tallies, detail {grant_expired, topup_credited},
 -- for the caller's metrics.
-CREATE FUNCTION engine_apply_full(
-    p_op text[], p_account uuid[], p_actor text[], p_key_id uuid[], p_key_hash bytea[],
-    p_authorized boolean[], p_request uuid[], p_amount bigint[], p_requested_ttl integer[],
-    p_ttl integer[], p_new_id uuid[], p_job uuid[], p_reservation uuid[], p_hash bytea[],
-    p_kind text[], p_params jsonb[], p_external_ref text[], p_note text[], p_reason text[],
-    p_http_request_id text[], p_lease_token bigint[], p_status text[], p_result jsonb[],
-    p_error jsonb[], p_priority integer[], p_expires_at timestamptz[]
-)
+CREATE FUNCTION engine_apply_full(p_ops engine_request[])
 RETURNS TABLE (op_position integer, outcome text, detail jsonb, object jsonb)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
-    batch integer := cardinality(p_op);
+    batch integer := cardinality(p_ops);
     ops engine_op[];
     refused integer[] := '{}';
     last_round integer;
@@ -123,8 +116,6 @@ BEGIN
     IF batch IS NULL OR batch = 0 THEN
         RETURN;
     END IF;
-    -- (engine_apply checked that every array has `batch` elements.)
-
     SELECT array_agg(ROW(o.n, o.op, o.class, o.round, o.account, o.actor, o.key_id, o.key_hash, o.authorized, o.request, o.amount,
                o.requested_ttl, o.ttl, o.new_id, o.job, o.reservation, o.hash, o.kind, o.params,
                o.external_ref, o.note, o.reason, o.http_request_id, o.lease_token, o.status,
@@ -148,11 +139,8 @@ BEGIN
                         WHEN u.op IN ('credit', 'adjust') THEN u.op || ':' || u.external_ref
                         WHEN u.op = 'finish_job' THEN u.job::text
                         ELSE u.reservation::text END AS target
-            FROM unnest(p_op, p_account, p_actor, p_key_id, p_key_hash, p_authorized, p_request,
-                        p_amount, p_requested_ttl, p_ttl, p_new_id, p_job, p_reservation, p_hash,
-                        p_kind, p_params, p_external_ref, p_note, p_reason, p_http_request_id,
-                        p_lease_token, p_status, p_result, p_error, p_priority, p_expires_at)
-                 WITH ORDINALITY AS u (op, account, actor, key_id, key_hash, authorized, request,
+            FROM unnest(p_ops) WITH ORDINALITY
+                 AS u (op, account, actor, key_id, key_hash, authorized, request,
                      amount, requested_ttl, ttl, new_id, job, reservation, hash, kind, params,
                      external_ref, note, reason, http_request_id, lease_token, status, result,
                      error, priority, expires_at, n)
@@ -284,73 +272,48 @@ $$;
 -- token_billing.lean = off sends every batch to engine_apply_full, and
 -- token_billing.lean = batch a lone operation to the batch statement (the
 -- tests compare the paths with them).
-CREATE FUNCTION engine_apply(
-    p_op text[], p_account uuid[], p_actor text[], p_key_id uuid[], p_key_hash bytea[],
-    p_authorized boolean[], p_request uuid[], p_amount bigint[], p_requested_ttl integer[],
-    p_ttl integer[], p_new_id uuid[], p_job uuid[], p_reservation uuid[], p_hash bytea[],
-    p_kind text[], p_params jsonb[], p_external_ref text[], p_note text[], p_reason text[],
-    p_http_request_id text[], p_lease_token bigint[], p_status text[], p_result jsonb[],
-    p_error jsonb[], p_priority integer[], p_expires_at timestamptz[]
-)
+CREATE FUNCTION engine_apply(p_ops engine_request[])
 RETURNS TABLE (op_position integer, outcome text, detail jsonb, object jsonb)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    batch integer := COALESCE(cardinality(p_op), 0);
+    batch integer := COALESCE(cardinality(p_ops), 0);
     done integer := 0;
     lean integer := 0;
+    o engine_request;
     applied record;
     path text := COALESCE(current_setting('token_billing.lean', true), '');
 BEGIN
     IF batch = 0 THEN
         RETURN;
     END IF;
-    IF (batch = ALL (ARRAY[cardinality(p_account), cardinality(p_actor), cardinality(p_key_id),
-            cardinality(p_key_hash), cardinality(p_authorized), cardinality(p_request),
-            cardinality(p_amount), cardinality(p_requested_ttl), cardinality(p_ttl),
-            cardinality(p_new_id), cardinality(p_job), cardinality(p_reservation),
-            cardinality(p_hash), cardinality(p_kind), cardinality(p_params),
-            cardinality(p_external_ref), cardinality(p_note), cardinality(p_reason),
-            cardinality(p_http_request_id), cardinality(p_lease_token), cardinality(p_status),
-            cardinality(p_result), cardinality(p_error), cardinality(p_priority),
-            cardinality(p_expires_at)])) IS NOT TRUE THEN
-        RAISE EXCEPTION 'engine_apply: every array must have % elements', batch
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
     IF batch <= 64 AND path <> 'off' THEN
         -- The leading operations of the lean kinds, each with every field
         -- it needs (engine_apply_full refuses a batch with a field
         -- missing, and then nothing at all is written).
         FOR i IN 1 .. batch LOOP
-            EXIT WHEN p_op[i] NOT IN ('reserve', 'create_job', 'commit', 'commit_all', 'release')
-                   OR engine_op_incomplete(p_op[i], p_account[i], p_actor[i], p_authorized[i],
-                          p_key_id[i], p_key_hash[i], p_request[i], p_amount[i], p_ttl[i],
-                          p_new_id[i], p_job[i], p_hash[i], p_kind[i], p_params[i],
-                          p_reservation[i], p_external_ref[i], p_reason[i], p_priority[i],
-                          p_lease_token[i], p_status[i], p_result[i], p_expires_at[i])
+            o := p_ops[i];
+            EXIT WHEN o.op NOT IN ('reserve', 'create_job', 'commit', 'commit_all', 'release')
+                   OR engine_op_incomplete(o.op, o.account, o.actor, o.authorized, o.key_id,
+                          o.key_hash, o.request, o.amount, o.ttl, o.new_id, o.job, o.hash,
+                          o.kind, o.params, o.reservation, o.external_ref, o.reason,
+                          o.priority, o.lease_token, o.status, o.result, o.expires_at)
                       IS NOT FALSE;
             lean := i;
         END LOOP;
-        IF lean = 1 AND batch = 1 AND engine_lone_applies(p_op[1]) THEN
+        IF lean = 1 AND batch = 1 AND engine_lone_applies(o.op) THEN
             -- A lone plain operation: the lone path (66_lone.sql).
-            object := engine_lean_one(p_op[1], p_account[1], p_actor[1], p_key_id[1],
-                p_key_hash[1], p_authorized[1], p_request[1], p_amount[1], p_requested_ttl[1],
-                p_ttl[1], p_new_id[1], p_reservation[1], p_job[1], p_hash[1], p_kind[1],
-                p_params[1], p_lease_token[1], p_status[1], p_result[1], p_error[1],
-                p_reason[1]);
+            object := engine_lean_one(o.op, o.account, o.actor, o.key_id, o.key_hash,
+                o.authorized, o.request, o.amount, o.requested_ttl, o.ttl, o.new_id,
+                o.reservation, o.job, o.hash, o.kind, o.params, o.lease_token, o.status,
+                o.result, o.error, o.reason);
             IF object IS NOT NULL THEN
-                op_position := 1; outcome := engine_plain_outcome(p_op[1]); detail := NULL;
+                op_position := 1; outcome := engine_plain_outcome(o.op); detail := NULL;
                 RETURN NEXT;
                 RETURN;
             END IF;
         ELSIF lean > 0 THEN
-            FOR applied IN
-                SELECT * FROM engine_lean_batch(p_account, p_op[:lean], p_account[:lean], p_actor[:lean],
-                    p_key_id[:lean], p_key_hash[:lean], p_authorized[:lean], p_request[:lean],
-                    p_amount[:lean], p_requested_ttl[:lean], p_ttl[:lean], p_new_id[:lean],
-                    p_job[:lean], p_reservation[:lean], p_hash[:lean], p_kind[:lean],
-                    p_params[:lean])
-            LOOP
+            FOR applied IN SELECT * FROM engine_lean_batch(p_ops, p_ops[:lean]) LOOP
                 op_position := applied.op_position; outcome := applied.outcome;
                 detail := NULL; object := applied.object;
                 RETURN NEXT;
@@ -367,24 +330,21 @@ BEGIN
         -- of the batch finishes, in id order, as engine_apply_full locks
         -- them: a lone finish locks only its own account and job, and in
         -- batch order two batches could wait on each other crosswise.
-        IF done = lean AND done < batch AND p_op[done + 1] = 'finish_job'
+        IF done = lean AND done < batch AND p_ops[done + 1].op = 'finish_job'
            AND engine_lone_applies('finish_job') THEN
-            PERFORM 1 FROM accounts WHERE id = ANY (p_account) ORDER BY id FOR NO KEY UPDATE;
+            PERFORM 1 FROM accounts WHERE id = ANY (ARRAY(SELECT b.account FROM unnest(p_ops) b))
+            ORDER BY id FOR NO KEY UPDATE;
             PERFORM 1 FROM generation_jobs g
-            WHERE g.id = ANY (ARRAY(SELECT j.job FROM unnest(p_op[done + 1:], p_job[done + 1:])
-                                                   j(op, job)
+            WHERE g.id = ANY (ARRAY(SELECT j.job FROM unnest(p_ops[done + 1:]) j
                                     WHERE j.op = 'finish_job'))
-              AND g.account_id = ANY (p_account)
+              AND g.account_id = ANY (ARRAY(SELECT b.account FROM unnest(p_ops) b))
             ORDER BY g.id FOR UPDATE;
-            WHILE done < batch AND p_op[done + 1] = 'finish_job' LOOP
-                object := engine_lean_one(p_op[done + 1], p_account[done + 1],
-                    p_actor[done + 1], p_key_id[done + 1], p_key_hash[done + 1],
-                    p_authorized[done + 1], p_request[done + 1], p_amount[done + 1],
-                    p_requested_ttl[done + 1], p_ttl[done + 1], p_new_id[done + 1],
-                    p_reservation[done + 1], p_job[done + 1], p_hash[done + 1],
-                    p_kind[done + 1], p_params[done + 1], p_lease_token[done + 1],
-                    p_status[done + 1], p_result[done + 1], p_error[done + 1],
-                    p_reason[done + 1]);
+            WHILE done < batch AND p_ops[done + 1].op = 'finish_job' LOOP
+                o := p_ops[done + 1];
+                object := engine_lean_one(o.op, o.account, o.actor, o.key_id, o.key_hash,
+                    o.authorized, o.request, o.amount, o.requested_ttl, o.ttl, o.new_id,
+                    o.reservation, o.job, o.hash, o.kind, o.params, o.lease_token, o.status,
+                    o.result, o.error, o.reason);
                 EXIT WHEN object IS NULL;
                 done := done + 1;
                 op_position := done; outcome := engine_plain_outcome('finish_job');
@@ -399,13 +359,6 @@ BEGIN
     RETURN QUERY
     SELECT CASE WHEN f.op_position = 0 THEN 0 ELSE f.op_position + done END,
            f.outcome, f.detail, f.object
-    FROM engine_apply_full(p_op[done + 1:], p_account[done + 1:], p_actor[done + 1:],
-        p_key_id[done + 1:], p_key_hash[done + 1:], p_authorized[done + 1:],
-        p_request[done + 1:], p_amount[done + 1:], p_requested_ttl[done + 1:],
-        p_ttl[done + 1:], p_new_id[done + 1:], p_job[done + 1:], p_reservation[done + 1:],
-        p_hash[done + 1:], p_kind[done + 1:], p_params[done + 1:], p_external_ref[done + 1:],
-        p_note[done + 1:], p_reason[done + 1:], p_http_request_id[done + 1:],
-        p_lease_token[done + 1:], p_status[done + 1:], p_result[done + 1:],
-        p_error[done + 1:], p_priority[done + 1:], p_expires_at[done + 1:]) f;
+    FROM engine_apply_full(p_ops[done + 1:]) f;
 END;
 $$;
