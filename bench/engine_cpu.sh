@@ -142,15 +142,15 @@ def typed(schema):
 TYPED = {schema: typed(schema) for schema in ("engine_this", "engine_base")}
 
 def call_typed(op, ids):
-    """engine_apply with B engine_requests on account `acc[i]`."""
+    """engine_apply with B engine_requests on account `acc[k]`."""
     if op == "reserve":
         fields = "gen_random_uuid(), 1, NULL, 300, gen_random_uuid(), NULL, NULL"
     else:
-        fields = f"NULL, NULL, NULL, NULL, NULL, NULL, {ids}[i]"
+        fields = f"NULL, NULL, NULL, NULL, NULL, NULL, {ids}[k]"
     return ("engine_apply(ARRAY(SELECT ROW("
-            f"'{op}', acc[i], 'bench', acc[i], sha256('pgbench-secret'::bytea), false, {fields}, "
+            f"'{op}', acc[k], 'bench', acc[k], sha256('pgbench-secret'::bytea), false, {fields}, "
             "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)"
-            "::engine_request FROM generate_subscripts(acc, 1) i ORDER BY i))")
+            "::engine_request FROM generate_subscripts(acc, 1) k ORDER BY k))")
 
 def call(op, ids, composite=False):
     """engine_apply with B operations on account `a` (reserves: new ids)."""
