@@ -518,10 +518,11 @@ pub struct Applied {
 /// A batch of one reserve, job creation, commit, release or job finish
 /// tries the engine's lone path first (`engine_lean_one`,
 /// `sql/66_lone.sql`), called directly: a statement of 21 values, where
-/// `engine_apply` takes an array of `engine_request` and answers as a set (about a quarter of
-/// a lone operation's cost in the database). The lone path answers only a
-/// plain operation; for any other it writes nothing and answers NULL. `applies` says whether the lone
-/// path took the operation at all (`engine_lone_applies`): if it did and
+/// `engine_apply` takes an array of `engine_request` and answers as a set
+/// (about a quarter of a lone operation's cost in the database). The lone
+/// path answers only a plain operation; for any other it writes nothing
+/// and answers NULL. `applies` says whether the lone path took the
+/// operation at all (`engine_lone_applies`): if it did and
 /// answered NULL, the full machinery decides (`engine_apply_full`, not
 /// `engine_apply`, which would try the lone path again); if not,
 /// `engine_apply`.

@@ -70,8 +70,9 @@ CREATE TYPE engine_settle_item AS (
 -- One operation as the service sends it: engine_apply's batch is an array
 -- of these (element i is operation i; 70_apply.sql lists the fields each
 -- kind of operation sets, the others NULL). It crosses as one array
--- parameter, bound by src/engine/mod.rs (`EngineRequest`), whose fields
--- are these, in this order.
+-- parameter, bound by src/engine/mod.rs (`EngineRequest`) by position:
+-- its `EngineRequestFields` lists these fields' types in this order (a
+-- test checks that every field arrives under its name).
 CREATE TYPE engine_request AS (
     op              text,
     account         uuid,
