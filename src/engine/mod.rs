@@ -552,27 +552,26 @@ enum Lone {
     NotTaken,
 }
 
-/// The lone path's answer to `operation` (see [`LONE_SQL`]).
-fn apply_lone(conn: &mut PgConnection, operation: &Operation) -> Result<Lone, ApiError> {
-    let (op, fields) = operation.op.fields();
+/// The lone path's answer to `request` (see [`LONE_SQL`]).
+fn apply_lone(conn: &mut PgConnection, request: &Request) -> Result<Lone, ApiError> {
     // Which kinds the lone path takes is engine_lone_applies' to say; this
     // only spares the other kinds (credits, adjustments, extensions) a round
     // trip. Were the two to disagree, an operation would only take a
     // slower path, never get another answer.
     if !matches!(
-        op,
+        request.op,
         "reserve" | "create_job" | "commit" | "commit_all" | "release" | "finish_job"
     ) {
         return Ok(Lone::NotTaken);
     }
-    let (key_id, key_hash, authorized) = operation.authority.presented();
+    let fields = &request.fields;
     let row: LoneRow = prepared(LONE_SQL)
-        .bind::<Text, _>(op)
-        .bind::<SqlUuid, _>(operation.account.0)
-        .bind::<Text, _>(operation.authority.actor())
-        .bind::<Nullable<SqlUuid>, _>(key_id)
-        .bind::<Nullable<Bytea>, _>(key_hash)
-        .bind::<Bool, _>(authorized)
+        .bind::<Text, _>(request.op)
+        .bind::<SqlUuid, _>(request.account)
+        .bind::<Text, _>(&request.actor)
+        .bind::<Nullable<SqlUuid>, _>(request.key_id)
+        .bind::<Nullable<Bytea>, _>(&request.key_hash)
+        .bind::<Bool, _>(request.authorized)
         .bind::<Nullable<SqlUuid>, _>(fields.request)
         .bind::<Nullable<BigInt>, _>(fields.amount)
         .bind::<Nullable<Integer>, _>(fields.requested_ttl)
@@ -580,14 +579,14 @@ fn apply_lone(conn: &mut PgConnection, operation: &Operation) -> Result<Lone, Ap
         .bind::<Nullable<SqlUuid>, _>(fields.new_id)
         .bind::<Nullable<SqlUuid>, _>(fields.reservation)
         .bind::<Nullable<SqlUuid>, _>(fields.job)
-        .bind::<Nullable<Bytea>, _>(fields.hash)
-        .bind::<Nullable<Text>, _>(fields.kind)
-        .bind::<Nullable<Jsonb>, _>(fields.params)
+        .bind::<Nullable<Bytea>, _>(&fields.hash)
+        .bind::<Nullable<Text>, _>(&fields.kind)
+        .bind::<Nullable<Jsonb>, _>(&fields.params)
         .bind::<Nullable<BigInt>, _>(fields.lease_token)
         .bind::<Nullable<Text>, _>(fields.status)
-        .bind::<Nullable<Jsonb>, _>(fields.result)
-        .bind::<Nullable<Jsonb>, _>(fields.error)
-        .bind::<Nullable<Text>, _>(fields.reason)
+        .bind::<Nullable<Jsonb>, _>(&fields.result)
+        .bind::<Nullable<Jsonb>, _>(&fields.error)
+        .bind::<Nullable<Text>, _>(&fields.reason)
         .get_result(conn)?;
     Ok(match row.object {
         Some(object) => Lone::Answered(Answer {
@@ -605,9 +604,12 @@ pub fn apply_counted(
     conn: &mut PgConnection,
     operations: &[Operation],
 ) -> Result<Applied, ApiError> {
+    // Each operation's fields (its new ids among them) are chosen once,
+    // whichever path takes the batch.
+    let requests: Vec<Request> = operations.iter().map(Request::of).collect();
     let mut sql = APPLY_SQL;
-    if let [operation] = operations {
-        match apply_lone(conn, operation)? {
+    if let [request] = requests.as_slice() {
+        match apply_lone(conn, request)? {
             Lone::Answered(answer) => {
                 return Ok(Applied {
                     answers: vec![answer],
@@ -619,7 +621,6 @@ pub fn apply_counted(
             Lone::NotTaken => {}
         }
     }
-    let requests: Vec<Request> = operations.iter().map(Request::of).collect();
     let rows: Vec<Row> = prepared(sql)
         .bind::<Array<EngineRequest>, _>(&requests)
         .load(conn)?;
