@@ -330,6 +330,7 @@ async fn the_upgrade_turns_balances_into_grants_and_the_books_still_reconcile() 
     let mut conn = app.conn();
     // Back to before grants (their expiry first), and up again.
     let down = [
+        include_str!("../../migrations/2026-12-04-000001_row_rules/down.sql"),
         include_str!("../../migrations/2026-12-03-000020_counts_nonnegative/down.sql"),
         include_str!("../../migrations/2026-12-03-000010_topup_rules/down.sql"),
         include_str!("../../migrations/2026-12-02-000040_grant_updates_hot/down.sql"),
@@ -342,6 +343,7 @@ async fn the_upgrade_turns_balances_into_grants_and_the_books_still_reconcile() 
         include_str!("../../migrations/2026-12-02-000040_grant_updates_hot/up.sql"),
         include_str!("../../migrations/2026-12-03-000010_topup_rules/up.sql"),
         include_str!("../../migrations/2026-12-03-000020_counts_nonnegative/up.sql"),
+        include_str!("../../migrations/2026-12-04-000001_row_rules/up.sql"),
     ];
     for down in down {
         conn.batch_execute(&format!("BEGIN; {down} COMMIT;"))
@@ -513,8 +515,9 @@ async fn a_reservation_without_draws_is_reported_and_loses_no_token() {
 }
 
 /// The database refuses a negative count in accounts and in credit_grants,
-/// each one (one CHECK per table names them all since the migration
-/// counts_nonnegative): every count set to -1 alone — the grant's books
+/// each one (one rule names them all since the migration counts_nonnegative,
+/// and the table's rule function refuses it under that name since
+/// row_rules): every count set to -1 alone — the grant's books
 /// kept balanced by another count, so that only this rule can refuse it —
 /// is refused by that constraint, and nothing changes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -45,6 +45,7 @@ mod receiver;
 mod reconciliation;
 mod representations;
 mod reservations;
+mod row_rules;
 mod secrets;
 mod security;
 mod throttle_paths;

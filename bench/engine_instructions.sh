@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# Instructions a PostgreSQL backend executes per reserve → commit cycle of
+# the engine, counted by valgrind (callgrind): the same for the same
+# binary, schema and inputs whatever else the machine is doing, where CPU
+# time swings by 10–30 % between rounds on this shared machine.
+#
+# Usage:
+#   bench/engine_instructions.sh [--cycles "N1 N2"] [--batch B] [NAME=FILE.sql]...
+# Defaults: 100 and 300 cycles, lone operations (B = 1).
+#
+# Each NAME gets a database of its own on a private cluster (port
+# ENGINE_INSTRUCTIONS_PORT, default 5482; initdb in a temporary directory,
+# removed at the end; the main cluster is not touched), migrated by this
+# build (cargo build --release first) and seeded like the references
+# (bench/seed.sql), with this checkout's engine (src/engine/sql) in a
+# schema of its own, then FILE.sql applied: a schema as an earlier
+# migration left it (a migration's down.sql), say. A database "this" with
+# nothing applied is always measured first; the ratios are to it. Each
+# database gets a history (3,000 batches of 8 reserves and their commits)
+# and ANALYZE; then the cluster stops, and `postgres --single` runs under
+# callgrind twice per database, each time from a copy of that state: 30 warm-up cycles, then N1 (or N2) cycles,
+# each B reserves on one account, COMMIT, their B commit_all, COMMIT
+# (synchronous_commit off), through the entry point the service uses for
+# a batch of that size (below). The
+# instructions per cycle are (total at N2 - total at N1) / (N2 - N1): the
+# start-up and the warm-up cancel out. Every id and account is derived
+# from the cycle's number (no random value), so two databases given the
+# same SQL count the same to within a fraction of a per cent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+counts="100 300" batch=1 experiments=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --cycles) counts="$2"; shift ;;
+    --batch) batch="$2"; shift ;;
+    *=*) experiments+=("$1") ;;
+    *) sed -n '7,9p' "$0" >&2; exit 2 ;;
+  esac
+  shift
+done
+read -r n1 n2 <<< "$counts"
+command -v valgrind > /dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 1; }
+binary="${CARGO_TARGET_DIR:-target}/release/token-billing"
+[ -x "$binary" ] || { echo "build first: cargo build --release ($binary missing)" >&2; exit 1; }
+for experiment in "${experiments[@]}"; do
+  [ -f "${experiment#*=}" ] || { echo "${experiment#*=}: no such file" >&2; exit 2; }
+done
+
+. bench/private_cluster.sh
+port="${ENGINE_INSTRUCTIONS_PORT:-5482}"
+dir="$(mktemp -d /tmp/tb-engine-instructions.XXXXXX)"
+cleanup() {
+  private_cluster_stop "$dir"
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+private_cluster_start "$dir" "$port"
+
+# The cycles as a DO block: `n` cycles of batches of `b`, numbered from
+# `first` (the ids and the account follow from the number). A batch of one
+# calls the lone path as the service does (src/engine/mod.rs, LONE_SQL:
+# engine_lean_one with the operation's values); a larger batch calls
+# engine_apply with one engine_request per operation, as the service does.
+block() { # n b first
+  local key="sha256('pgbench-secret'::bytea), false"
+  if [ "$2" = 1 ]; then
+    cat <<SQL
+DO \$\$
+DECLARE acc uuid; answer jsonb;
+BEGIN
+  FOR i IN $3 .. $3 + $1 - 1 LOOP
+    acc := bench_uuid(1 + (i::bigint * 7919) % 1000);
+    answer := engine_lean_one('reserve', acc, 'bench', acc, $key,
+        md5('request ' || i)::uuid, 1, NULL, 300, md5('reservation ' || i)::uuid, NULL, NULL,
+        NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
+    IF answer IS NULL THEN RAISE 'reserve %: not plain', i; END IF;
+    COMMIT;
+    answer := engine_lean_one('commit_all', acc, 'bench', acc, $key, NULL, NULL, NULL, NULL,
+        NULL, (answer->>'id')::uuid, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
+    IF answer->>'state' IS DISTINCT FROM 'committed' THEN RAISE 'commit %: %', i, answer; END IF;
+    COMMIT;
+  END LOOP;
+END \$\$;
+SQL
+    return
+  fi
+  cat <<SQL
+DO \$\$
+DECLARE ids uuid[]; acc uuid[]; answered integer;
+BEGIN
+  FOR i IN $3 .. $3 + $1 - 1 LOOP
+    acc := array_fill(bench_uuid(1 + (i::bigint * 7919) % 1000), ARRAY[$2]);
+    SELECT array_agg((object->>'id')::uuid ORDER BY op_position) INTO ids
+    FROM engine_apply(ARRAY(SELECT ROW('reserve', acc[k], 'bench', acc[k], $key,
+        md5('request ' || i || ' ' || k)::uuid, 1, NULL, 300,
+        md5('reservation ' || i || ' ' || k)::uuid, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+        NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::engine_request
+      FROM generate_subscripts(acc, 1) k ORDER BY k));
+    IF cardinality(ids) IS DISTINCT FROM $2 THEN RAISE 'reserves answered: %', ids; END IF;
+    COMMIT;
+    SELECT count(*) INTO answered
+    FROM engine_apply(ARRAY(SELECT ROW('commit_all', acc[k], 'bench', acc[k], $key, NULL,
+        NULL, NULL, NULL, NULL, NULL, ids[k], NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+        NULL, NULL, NULL, NULL, NULL)::engine_request
+      FROM generate_subscripts(acc, 1) k ORDER BY k))
+    WHERE outcome = 'committed';
+    IF answered <> $2 THEN RAISE 'commits answered: %', answered; END IF;
+    COMMIT;
+  END LOOP;
+END \$\$;
+SQL
+}
+
+names=(this)
+files=("")
+for experiment in "${experiments[@]}"; do
+  names+=("${experiment%%=*}")
+  files+=("${experiment#*=}")
+done
+sql() { psql -X -q -h 127.0.0.1 -p "$port" -U postgres -v ON_ERROR_STOP=1 "$@" > /dev/null; }
+for i in "${!names[@]}"; do
+  name="${names[$i]}"
+  sql -d postgres -c "CREATE DATABASE \"$name\""
+  RUST_LOG=warn "$binary" --database-url "postgres://postgres@127.0.0.1:$port/$name" migrate > /dev/null
+  sql -d "$name" -v accounts=1000 -f bench/seed.sql
+  {
+    echo "CREATE SCHEMA engine_bench; SET search_path TO engine_bench, public;"
+    for file in $(ls src/engine/sql | sort); do
+      cat "src/engine/sql/$file"
+      echo
+    done
+  } | sql -d "$name" -1
+  [ -z "${files[$i]}" ] || sql -d "$name" -f "${files[$i]}"
+  { echo "SET search_path TO engine_bench, public; SET synchronous_commit = off;"
+    block 3000 8 1000000
+    echo "ANALYZE;"
+  } | sql -d "$name"
+done
+as_postgres "$pg_bin/pg_ctl" stop -w -D "$dir/data" > /dev/null
+# Every run starts from this state.
+cp -a "$dir/data" "$dir/data.start"
+
+# One line per statement for the single-user backend.
+for n in "$n1" "$n2"; do
+  { echo "SET search_path TO engine_bench, public;"
+    echo "SET synchronous_commit = off;"
+    block 30 "$batch" 1 | tr '\n' ' '; echo
+    block "$n" "$batch" 31 | tr '\n' ' '; echo
+  } > "$dir/cycles_$n.sql"
+done
+declare -A total
+for name in "${names[@]}"; do
+  for n in "$n1" "$n2"; do
+    out="$dir/$name.$n"
+    rm -rf "$dir/data"
+    cp -a "$dir/data.start" "$dir/data"
+    as_postgres valgrind --tool=callgrind --callgrind-out-file="$out.callgrind" \
+      "$pg_bin/postgres" --single -D "$dir/data" "$name" < "$dir/cycles_$n.sql" > "$out.log" 2>&1 \
+      || { tail -n 20 "$out.log" >&2; exit 1; }
+    if grep -q 'ERROR' "$out.log"; then grep -m 3 'ERROR' "$out.log" >&2; exit 1; fi
+    total[$name.$n]="$(awk '/^(summary|totals):/ { print $2; exit }' "$out.callgrind")"
+  done
+done
+
+echo "Instructions per reserve → commit cycle (batches of $batch; callgrind, ($n2 - $n1) cycles):"
+echo "| database | M instructions per cycle | / this |"
+echo "|---|---|---|"
+this=$(( (total[this.$n2] - total[this.$n1]) / (n2 - n1) ))
+for name in "${names[@]}"; do
+  per=$(( (total[$name.$n2] - total[$name.$n1]) / (n2 - n1) ))
+  awk -v name="$name" -v per="$per" -v this="$this" \
+    'BEGIN { printf "| %s | %.3f | **%.3f** |\n", name, per / 1e6, per / this }'
+done
