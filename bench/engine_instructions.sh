@@ -5,8 +5,10 @@
 # time swings by 10–30 % between rounds on this shared machine.
 #
 # Usage:
-#   bench/engine_instructions.sh [--cycles "N1 N2"] [--batch B] [NAME=FILE.sql]...
-# Defaults: 100 and 300 cycles, lone operations (B = 1).
+#   bench/engine_instructions.sh [--cycles "N1 N2"] [--batch B] [--keep DIR] [NAME=FILE.sql]...
+# Defaults: 100 and 300 cycles, lone operations (B = 1). --keep: callgrind's
+# files are copied to DIR (callgrind_annotate --inclusive=yes DIR/this.300.callgrind
+# says where the instructions go).
 #
 # Each NAME gets a database of its own on a private cluster (port
 # ENGINE_INSTRUCTIONS_PORT, default 5482; initdb in a temporary directory,
@@ -29,13 +31,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-counts="100 300" batch=1 experiments=()
+counts="100 300" batch=1 keep="" experiments=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --cycles) counts="$2"; shift ;;
     --batch) batch="$2"; shift ;;
+    --keep) keep="$2"; shift ;;
     *=*) experiments+=("$1") ;;
-    *) sed -n '7,9p' "$0" >&2; exit 2 ;;
+    *) sed -n '7,11p' "$0" >&2; exit 2 ;;
   esac
   shift
 done
@@ -52,6 +55,7 @@ port="${ENGINE_INSTRUCTIONS_PORT:-5482}"
 dir="$(mktemp -d /tmp/tb-engine-instructions.XXXXXX)"
 cleanup() {
   private_cluster_stop "$dir"
+  if [ -n "$keep" ]; then mkdir -p "$keep" && cp "$dir"/*.callgrind "$keep"/ 2> /dev/null || true; fi
   rm -rf "$dir"
 }
 trap cleanup EXIT
