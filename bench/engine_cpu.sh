@@ -80,22 +80,8 @@ RUST_LOG=warn "$binary" --database-url "$url" migrate > /dev/null
 psql -X -q -h 127.0.0.1 -p "$port" -U postgres -d "$database" -v ON_ERROR_STOP=1 \
   -v accounts=2000 -f bench/seed.sql
 
-# Installs the engine files of a tree into a schema of its own.
-install_engine() { # schema, the file names, then a command that prints a file given its name
-  local schema="$1" names="$2"; shift 2
-  {
-    echo "CREATE SCHEMA $schema; SET search_path TO $schema, public;"
-    for name in $names; do
-      "$@" "$name"
-      echo
-    done
-  } | psql -X -q -h 127.0.0.1 -p "$port" -U postgres -d "$database" -v ON_ERROR_STOP=1 -1 \
-      > /dev/null
-}
-this_file() { cat "src/engine/sql/$1"; }
-base_file() { git show "$base:src/engine/sql/$1"; }
-install_engine engine_this "$(ls src/engine/sql | sort)" this_file
-install_engine engine_base "$(git ls-tree --name-only "$base" src/engine/sql/ | xargs -n1 basename | sort)" base_file
+private_cluster_install_engine "$port" "$database" engine_this
+private_cluster_install_engine "$port" "$database" engine_base "$base"
 
 if [ "$armed" = 1 ]; then
   # Through the engine's own entry point for a rule's change (it arms the

@@ -20,10 +20,10 @@
 # nothing applied is always measured first; the ratios are to it. Each
 # database gets a history (3,000 batches of 8 reserves and their commits)
 # and ANALYZE; then the cluster stops, and `postgres --single` runs under
-# callgrind twice per database, each time from a copy of that state: 30 warm-up cycles, then N1 (or N2) cycles,
-# each B reserves on one account, COMMIT, their B commit_all, COMMIT
-# (synchronous_commit off), through the entry point the service uses for
-# a batch of that size (below). The
+# callgrind twice per database, each time from a copy of that state: 30
+# warm-up cycles, then N1 (or N2) cycles, each B reserves on one account,
+# COMMIT, their B commit_all, COMMIT (synchronous_commit off), through the
+# entry point the service uses for a batch of that size (below). The
 # instructions per cycle are (total at N2 - total at N1) / (N2 - N1): the
 # start-up and the warm-up cancel out. Every id and account is derived
 # from the cycle's number (no random value), so two databases given the
@@ -128,13 +128,7 @@ for i in "${!names[@]}"; do
   sql -d postgres -c "CREATE DATABASE \"$name\""
   RUST_LOG=warn "$binary" --database-url "postgres://postgres@127.0.0.1:$port/$name" migrate > /dev/null
   sql -d "$name" -v accounts=1000 -f bench/seed.sql
-  {
-    echo "CREATE SCHEMA engine_bench; SET search_path TO engine_bench, public;"
-    for file in $(ls src/engine/sql | sort); do
-      cat "src/engine/sql/$file"
-      echo
-    done
-  } | sql -d "$name" -1
+  private_cluster_install_engine "$port" "$name" engine_bench
   [ -z "${files[$i]}" ] || sql -d "$name" -f "${files[$i]}"
   { echo "SET search_path TO engine_bench, public; SET synchronous_commit = off;"
     block 3000 8 1000000

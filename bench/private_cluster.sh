@@ -5,6 +5,7 @@
 #   private_cluster_start DIR PORT [postgresql.conf line]...
 #   private_cluster_stop DIR
 #   private_cluster_sample PORT DATABASE   # "transactions xids wal_lsn"
+#   private_cluster_install_engine PORT DATABASE SCHEMA [COMMIT]
 #
 # The cluster's data directory is DIR/data, its log DIR/postgres.log; it
 # listens on 127.0.0.1:PORT (trust authentication, user postgres).
@@ -42,4 +43,25 @@ private_cluster_sample() {
   psql -h 127.0.0.1 -p "$1" -U postgres -v ON_ERROR_STOP=1 -qtA -d "$2" -c \
     "SELECT (SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()),
             pg_snapshot_xmax(pg_current_snapshot())::text::bigint, pg_current_wal_lsn()" | tr '|' ' '
+}
+
+# Installs an engine (the files of src/engine/sql: this checkout's, or
+# COMMIT's) into a schema of its own of DATABASE, in one transaction.
+private_cluster_install_engine() {
+  local port="$1" database="$2" schema="$3" commit="${4:-}" name
+  {
+    echo "CREATE SCHEMA $schema; SET search_path TO $schema, public;"
+    if [ -z "$commit" ]; then
+      for name in $(ls src/engine/sql | sort); do
+        cat "src/engine/sql/$name"
+        echo
+      done
+    else
+      for name in $(git ls-tree --name-only "$commit" src/engine/sql/ | xargs -n1 basename | sort); do
+        git show "$commit:src/engine/sql/$name"
+        echo
+      done
+    fi
+  } | psql -X -q -h 127.0.0.1 -p "$port" -U postgres -d "$database" -v ON_ERROR_STOP=1 -1 \
+      > /dev/null
 }

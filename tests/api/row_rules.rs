@@ -334,12 +334,10 @@ fn the_rule_functions_refuse_what_the_old_constraints_refused() {
     reserve(&mut conn, account, 5);
     create_job(&mut conn, account);
 
+    let constraints = check_constraints(&mut conn);
     assert!(
-        check_constraints(&mut conn)
-            .iter()
-            .all(|name| name.ends_with("_rules")),
-        "the migration's constraints: {:?}",
-        check_constraints(&mut conn)
+        constraints.iter().all(|name| name.ends_with("_rules")),
+        "the migration's constraints: {constraints:?}"
     );
     let new = outcomes(&mut conn);
 
