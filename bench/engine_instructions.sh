@@ -5,10 +5,14 @@
 # time swings by 10–30 % between rounds on this shared machine.
 #
 # Usage:
-#   bench/engine_instructions.sh [--cycles "N1 N2"] [--batch B] [--keep DIR] [NAME=FILE.sql]...
+#   bench/engine_instructions.sh [--cycles "N1 N2"] [--batch B] [--keep DIR] [--base COMMIT]
+#                                [NAME=FILE.sql]...
 # Defaults: 100 and 300 cycles, lone operations (B = 1). --keep: callgrind's
 # files are copied to DIR (callgrind_annotate --inclusive=yes DIR/this.300.callgrind
-# says where the instructions go).
+# says where the instructions go). --base COMMIT: one more database,
+# "base", with the engine of COMMIT (its src/engine/sql) instead of this
+# checkout's, on this build's schema: what a change of the engine's SQL
+# saved.
 #
 # Each NAME gets a database of its own on a private cluster (port
 # ENGINE_INSTRUCTIONS_PORT, default 5482; initdb in a temporary directory,
@@ -31,14 +35,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-counts="100 300" batch=1 keep="" experiments=()
+counts="100 300" batch=1 keep="" base="" experiments=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --cycles) counts="$2"; shift ;;
     --batch) batch="$2"; shift ;;
     --keep) keep="$2"; shift ;;
+    --base) base="$(git rev-parse --verify "$2^{commit}")"; shift ;;
     *=*) experiments+=("$1") ;;
-    *) sed -n '7,11p' "$0" >&2; exit 2 ;;
+    *) sed -n '7,15p' "$0" >&2; exit 2 ;;
   esac
   shift
 done
@@ -118,6 +123,10 @@ SQL
 
 names=(this)
 files=("")
+if [ -n "$base" ]; then
+  names+=(base)
+  files+=("")
+fi
 for experiment in "${experiments[@]}"; do
   names+=("${experiment%%=*}")
   files+=("${experiment#*=}")
@@ -128,7 +137,11 @@ for i in "${!names[@]}"; do
   sql -d postgres -c "CREATE DATABASE \"$name\""
   RUST_LOG=warn "$binary" --database-url "postgres://postgres@127.0.0.1:$port/$name" migrate > /dev/null
   sql -d "$name" -v accounts=1000 -f bench/seed.sql
-  private_cluster_install_engine "$port" "$name" engine_bench
+  if [ "$name" = base ]; then
+    private_cluster_install_engine "$port" "$name" engine_bench "$base"
+  else
+    private_cluster_install_engine "$port" "$name" engine_bench
+  fi
   [ -z "${files[$i]}" ] || sql -d "$name" -f "${files[$i]}"
   { echo "SET search_path TO engine_bench, public; SET synchronous_commit = off;"
     block 3000 8 1000000

@@ -68,3 +68,22 @@ LANGUAGE sql IMMUTABLE AS $$
         ELSE 'forbidden'
     END
 $$;
+
+-- What a spending operation's key allows on `p_account`, written once for
+-- the lean paths (the batch statement, 68_lean.sql, and the lone path's
+-- reads, 66_lone.sql): one row, always — `may` whether the operation may
+-- spend there (the service authorised it, `p_authorized`, or the key
+-- `p_key_id` with the secret's hash `p_key_hash` is valid,
+-- engine_valid_key, and its scope allows the account,
+-- engine_spend_authority), and the valid key with its last use (NULL when
+-- authorised or not valid). Inlined where it is called.
+CREATE FUNCTION engine_key_may(p_authorized boolean, p_key_id uuid, p_key_hash bytea,
+    p_account uuid)
+RETURNS TABLE (may boolean, valid_key uuid, last_used_at timestamptz)
+LANGUAGE sql STABLE AS $$
+    SELECT (p_authorized OR engine_spend_authority(v.scope, v.account_id, p_account) = 'ok'),
+           v.key_id, v.last_used_at
+    FROM (SELECT 1) one
+    LEFT JOIN LATERAL (SELECT k.* FROM engine_valid_key(p_key_id, p_key_hash) k
+                       WHERE NOT p_authorized LIMIT 1) v ON true
+$$;

@@ -45,8 +45,9 @@
 -- in draw order) when it spends `p_committed` of its `p_held` tokens: the
 -- commit consumes the draws in draw order (draw i consumes
 -- clamp(committed - the draws before i, 0, its amount)) and the rest of
--- each draw goes back to its grant. One row per entry, in entry order:
--- every commit part, then every return part. A reservation without draws
+-- each draw goes back to its grant. One row per entry, in no particular
+-- order; `n` is the entry order (every commit part, then every return
+-- part; increasing, not consecutive). A reservation without draws
 -- (none should exist: reservations are made with their draws, and the
 -- upgrade to grants gave each held one its draw; the invariant checks
 -- report an account whose grants disagree with its balances) settles as
@@ -54,25 +55,23 @@
 CREATE FUNCTION engine_split_draws(p_draws jsonb, p_held bigint, p_committed bigint)
 RETURNS TABLE (n bigint, part text, grant_id uuid, amount bigint)
 LANGUAGE sql IMMUTABLE AS $$
-    WITH draws AS (
-        SELECT (x.draw->>'grant_id')::uuid AS grant_id, (x.draw->>'amount')::bigint AS amount, x.k
-        FROM jsonb_array_elements(
-                 CASE WHEN jsonb_array_length(p_draws) > 0 THEN p_draws
-                      ELSE jsonb_build_array(jsonb_build_object('grant_id', NULL, 'amount', p_held))
-                 END) WITH ORDINALITY AS x (draw, k)
-    ), split AS (
-        SELECT d.grant_id, d.k, d.amount,
-               GREATEST(LEAST(p_committed - (sum(d.amount) OVER w - d.amount), d.amount), 0)::bigint
-                   AS consumed
-        FROM draws d WINDOW w AS (ORDER BY d.k)
-    )
-    SELECT row_number() OVER (ORDER BY p.step, p.k), p.part, p.grant_id, p.amount
-    FROM (SELECT 1 AS step, s.k, 'commit' AS part, s.grant_id, s.consumed AS amount
-          FROM split s WHERE s.consumed > 0
-          UNION ALL
-          SELECT 2, s.k, 'return', s.grant_id, s.amount - s.consumed
-          FROM split s WHERE s.amount > s.consumed) p
-    ORDER BY p.step, p.k
+    -- Draw k (of c) consumes clamp(committed - the draws before it, 0, its
+    -- amount); its commit part is entry k, its return part entry c + k.
+    -- (One window and a two-row VALUES per draw: inlined into the callers'
+    -- statements, whose plans are started at every call.)
+    SELECT CASE p.part WHEN 'commit' THEN d.k ELSE d.c + d.k END, p.part, d.grant_id, p.amount
+    FROM (SELECT x.k, GREATEST(jsonb_array_length(p_draws), 1) AS c,
+                 (x.draw->>'grant_id')::uuid AS grant_id, (x.draw->>'amount')::bigint AS amount,
+                 GREATEST(LEAST(p_committed - (sum((x.draw->>'amount')::bigint) OVER (ORDER BY x.k)
+                                               - (x.draw->>'amount')::bigint),
+                                (x.draw->>'amount')::bigint), 0)::bigint AS consumed
+          FROM jsonb_array_elements(
+                   CASE WHEN jsonb_array_length(p_draws) > 0 THEN p_draws
+                        ELSE jsonb_build_array(jsonb_build_object('grant_id', NULL, 'amount', p_held))
+                   END) WITH ORDINALITY AS x (draw, k)) d
+    CROSS JOIN LATERAL (VALUES ('commit', d.consumed), ('return', d.amount - d.consumed))
+        AS p (part, amount)
+    WHERE p.amount > 0
 $$;
 
 -- Grant expiry dominates extension, written once: the expiry an extension
@@ -231,7 +230,7 @@ BEGIN
                                     WHEN g.expires_at <= settled_at THEN 'grant_expire'
                                     WHEN d.verdict IN ('expire', 'expired_on_access') THEN 'expire'
                                     ELSE 'release' END,
-                               x.amount, CASE WHEN x.n = count(*) OVER () THEN -1 ELSE 0 END,
+                               x.amount, CASE WHEN x.n = max(x.n) OVER () THEN -1 ELSE 0 END,
                                d.reservation, (d.changed).job_id, NULL,
                                CASE WHEN x.part = 'return' AND g.expires_at <= settled_at
                                     THEN 'grant_expired'

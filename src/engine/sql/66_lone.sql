@@ -219,24 +219,26 @@ BEGIN
         settle_amount := job_row.cost;
     END IF;
     -- What the decision reads besides the account (this statement's
-    -- snapshot is taken after the lock: 68_lean.sql).
-    SELECT (p_authorized OR engine_spend_authority(v.scope, v.account_id, p_account) = 'ok')
-               AS may,
-           v.key_id AS valid_key, v.last_used_at,
-           CASE WHEN spends THEN
+    -- snapshot is taken after the lock: 68_lean.sql): the key
+    -- (engine_key_may), and for a spend whether its request_id is taken or
+    -- a grant lapses, for a settlement its reservation — one statement per
+    -- kind, so that neither starts the other's look-ups.
+    IF spends THEN
+        SELECT k.may, k.valid_key, k.last_used_at,
                EXISTS (SELECT 1 FROM engine_request_taken(p_op, p_account, p_request))
-               OR EXISTS (SELECT 1 FROM engine_lapsing_grants(p_account, at))
-           END AS refused,
-           t.*
-    INTO seen
-    FROM (SELECT 1) one
-    LEFT JOIN LATERAL (SELECT k.* FROM engine_valid_key(p_key_id, p_key_hash) k
-                       WHERE NOT p_authorized LIMIT 1) v ON true
-    LEFT JOIN LATERAL (SELECT x.id, x.amount, x.draws, x.state, x.expires_at, x.job_id,
-                              EXISTS (SELECT 1 FROM engine_lapsed_draws(x.draws, at)) AS lapsed
-                       FROM reservations x
-                       WHERE NOT spends AND x.id = target AND x.account_id = p_account
-                       LIMIT 1) t ON true;
+               OR EXISTS (SELECT 1 FROM engine_lapsing_grants(p_account, at)) AS refused
+        INTO seen
+        FROM engine_key_may(p_authorized, p_key_id, p_key_hash, p_account) k;
+    ELSE
+        SELECT k.may, k.valid_key, k.last_used_at, t.*
+        INTO seen
+        FROM engine_key_may(p_authorized, p_key_id, p_key_hash, p_account) k
+        LEFT JOIN LATERAL (SELECT x.id, x.amount, x.draws, x.state, x.expires_at, x.job_id,
+                                  EXISTS (SELECT 1 FROM engine_lapsed_draws(x.draws, at)) AS lapsed
+                           FROM reservations x
+                           WHERE x.id = target AND x.account_id = p_account
+                           LIMIT 1) t ON true;
+    END IF;
     IF seen.may IS NOT TRUE THEN
         RETURN NULL;
     END IF;

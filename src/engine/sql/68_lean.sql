@@ -37,8 +37,9 @@
 -- counted.
 --
 -- The rules are not written again here: the key's validity and when its
--- use is written (engine_valid_key, engine_spend_authority,
--- engine_key_use_stale, engine_touch_keys), the draw order
+-- use is written (engine_key_may: engine_valid_key and
+-- engine_spend_authority; engine_key_use_stale, engine_touch_keys), the
+-- draw order
 -- (engine_grant_pools, engine_draws), a settlement's split over its draws
 -- (engine_split_draws), what a movement does to the account and to its
 -- grant (engine_deltas, engine_grant_deltas), the low-balance state
@@ -116,8 +117,7 @@ BEGIN
                r.id AS r_id, r.amount AS r_amount, r.draws AS r_draws, r.state AS r_state,
                r.expires_at AS r_expires_at, r.job_id AS r_job,
                engine_settle_committed(o.op, o.amount, r.amount) AS committed,
-               (o.authorized OR engine_spend_authority(v.scope, v.account_id, o.account) = 'ok')
-                   AS may, v.key_id AS valid_key, v.last_used_at,
+               v.may, v.valid_key, v.last_used_at,
                -- Tokens the batch's reserves on this account take, this one
                -- included; its reserves so far; whether a settlement before
                -- this operation returned tokens to it (one window: each
@@ -146,8 +146,7 @@ BEGIN
         LEFT JOIN LATERAL (SELECT r.* FROM reservations r
                            WHERE NOT o.spends AND r.id = o.reservation
                              AND r.account_id = o.account LIMIT 1) r ON true
-        LEFT JOIN LATERAL (SELECT k.* FROM engine_valid_key(o.key_id, o.key_hash) k
-                           WHERE NOT o.authorized LIMIT 1) v ON true
+        CROSS JOIN LATERAL engine_key_may(o.authorized, o.key_id, o.key_hash, o.account) v
         -- Whether the request_id is taken (a replay).
         LEFT JOIN LATERAL engine_request_taken(o.op, o.account, o.request) t ON true
         WINDOW upto AS (PARTITION BY o.account ORDER BY o.n)
