@@ -63,6 +63,35 @@ fn decoded(path: &str) -> Result<String, String> {
 /// The canonical form of a request path (without its query), or the
 /// reason it is refused. `Ok(None)`: the path is canonical already.
 pub fn canonical(path: &str) -> Result<Option<String>, String> {
+    if is_canonical(path) {
+        return Ok(None);
+    }
+    rewritten(path)
+}
+
+/// Whether `path` is canonical already — nothing escaped, no `.` or `..`
+/// segment, every id lower case and hyphenated — checked without
+/// allocating: what nearly every request sends. Where this says yes,
+/// [`rewritten`] would have answered `Ok(None)` (a test compares them).
+fn is_canonical(path: &str) -> bool {
+    path.is_ascii()
+        && !path.contains('%')
+        && path.split('/').all(|segment| {
+            segment != "."
+                && segment != ".."
+                && !(is_id(segment)
+                    && Uuid::try_parse(segment).is_ok()
+                    && (segment.len() != 36 || segment.bytes().any(|b| b.is_ascii_uppercase())))
+        })
+}
+
+/// A segment shaped like an id: 32 or 36 hex digits and hyphens.
+fn is_id(segment: &str) -> bool {
+    matches!(segment.len(), 32 | 36) && segment.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
+}
+
+/// [`canonical`], by decoding and rewriting every segment.
+fn rewritten(path: &str) -> Result<Option<String>, String> {
     // An `http::Uri` path is ASCII: anything else arrives escaped.
     let decoded = decoded(path)?;
     let mut segments = Vec::new();
@@ -70,9 +99,7 @@ pub fn canonical(path: &str) -> Result<Option<String>, String> {
         if segment == "." || segment == ".." {
             return Err("the path must not hold `.` or `..` segments".into());
         }
-        let is_id = matches!(segment.len(), 32 | 36)
-            && segment.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-');
-        match Uuid::try_parse(segment).ok().filter(|_| is_id) {
+        match Uuid::try_parse(segment).ok().filter(|_| is_id(segment)) {
             Some(id) => segments.push(id.hyphenated().to_string()),
             None => segments.push(segment.to_owned()),
         }
@@ -83,7 +110,43 @@ pub fn canonical(path: &str) -> Result<Option<String>, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::canonical;
+    use super::{canonical, is_canonical, rewritten};
+
+    #[test]
+    fn the_quick_check_says_canonical_only_where_the_rewrite_changes_nothing() {
+        let id = "0e2a3f5c-1b2c-4d5e-8f90-a1b2c3d4e5f6";
+        let paths = [
+            "/v1/me".to_owned(),
+            "/".to_owned(),
+            String::new(),
+            "/v1/accounts//x".to_owned(),
+            format!("/v1/accounts/{id}/jobs"),
+            format!("/v1/accounts/{}/jobs", id.to_ascii_uppercase()),
+            format!("/v1/accounts/{}", id.replace('-', "")),
+            format!("/v1/accounts/{}", &id[..35]),
+            format!("/v1/accounts/{id}x"),
+            "/v1/accounts/0e2a3f5c-1b2c-4d5e-8f90-a1b2c3d4e5fZ".to_owned(),
+            "/v1/accounts/------------------------------------".to_owned(),
+            "/static/ABCDEF".to_owned(),
+            "/v1/%61ccounts".to_owned(),
+            "/v1/../v1/me".to_owned(),
+            "/v1/./me".to_owned(),
+            "/v1/.../me".to_owned(),
+            "/v1/caf\u{e9}".to_owned(),
+        ];
+        let mut canonical_seen = 0;
+        for path in &paths {
+            let rewrite = rewritten(path);
+            if is_canonical(path) {
+                canonical_seen += 1;
+                assert_eq!(rewrite, Ok(None), "{path}");
+            } else {
+                assert_ne!(rewrite, Ok(None), "{path}: the quick check missed it");
+            }
+            assert_eq!(canonical(path), rewrite, "{path}");
+        }
+        assert!(canonical_seen >= 5, "{canonical_seen}");
+    }
 
     #[test]
     fn unreserved_escapes_are_decoded_and_ids_lower_cased() {

@@ -12,7 +12,9 @@
 //! by digits anywhere else (no dollar-quoted strings).
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::marker::PhantomData;
+use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 
 use diesel::pg::Pg;
 use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
@@ -45,15 +47,79 @@ where
 #[must_use = "queries run only when loaded or executed"]
 pub struct PreparedSql<'a> {
     sql: Cow<'static, str>,
+    /// The SQL split into text and placeholders once (diesel walks a
+    /// statement several times per execution: its cache key, its binds).
+    spans: Arc<[Span]>,
     binds: Vec<Box<dyn Bind + 'a>>,
+}
+
+/// A piece of `PreparedSql::sql` by position: a byte range of text, or
+/// placeholder `$n` (1-based).
+enum Span {
+    Text(std::ops::Range<usize>),
+    Placeholder(usize),
 }
 
 /// Starts a cached raw statement (see the module documentation).
 pub fn prepared<'a>(sql: impl Into<Cow<'static, str>>) -> PreparedSql<'a> {
+    let sql = sql.into();
+    let spans = match &sql {
+        // A constant's spans are split once per process.
+        Cow::Borrowed(text) => constant_spans(text),
+        Cow::Owned(text) => Arc::from(spans(text)),
+    };
+    let placeholders = spans
+        .iter()
+        .map(|span| match span {
+            Span::Placeholder(number) => *number,
+            Span::Text(_) => 0,
+        })
+        .max()
+        .unwrap_or(0);
     PreparedSql {
-        sql: sql.into(),
-        binds: Vec::new(),
+        sql,
+        spans,
+        binds: Vec::with_capacity(placeholders),
     }
+}
+
+/// `sql`'s pieces by position.
+fn spans(sql: &str) -> Vec<Span> {
+    let base = sql.as_ptr() as usize;
+    pieces(sql)
+        .into_iter()
+        .map(|piece| match piece {
+            Piece::Text(text) => {
+                let start = text.as_ptr() as usize - base;
+                Span::Text(start..start + text.len())
+            }
+            Piece::Placeholder(number) => Span::Placeholder(number),
+        })
+        .collect()
+}
+
+/// The spans of a `'static` SQL text, split the first time it is used
+/// (keyed by its address: the constants are few).
+fn constant_spans(sql: &'static str) -> Arc<[Span]> {
+    /// Spans by the text's (address, length).
+    type Split = RwLock<HashMap<(usize, usize), Arc<[Span]>>>;
+    static SPLIT: OnceLock<Split> = OnceLock::new();
+    let split = SPLIT.get_or_init(RwLock::default);
+    let key = (sql.as_ptr() as usize, sql.len());
+    if let Some(spans) = split
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&key)
+    {
+        return Arc::clone(spans);
+    }
+    Arc::clone(
+        split
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(key)
+            .or_insert_with(|| Arc::from(spans(sql))),
+    )
 }
 
 impl<'a> PreparedSql<'a> {
@@ -120,10 +186,11 @@ impl QueryFragment<Pg> for PreparedSql<'_> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         // Each `$n` becomes the query builder's own placeholder for bind n,
         // so a repeated placeholder binds its value again.
-        for piece in pieces(&self.sql) {
-            match piece {
-                Piece::Text(text) => out.push_sql(text),
-                Piece::Placeholder(number) => {
+        for span in self.spans.iter() {
+            match span {
+                Span::Text(range) => out.push_sql(&self.sql[range.clone()]),
+                Span::Placeholder(number) => {
+                    let number = *number;
                     let bind = number
                         .checked_sub(1)
                         .and_then(|index| self.binds.get(index))
@@ -137,6 +204,12 @@ impl QueryFragment<Pg> for PreparedSql<'_> {
             }
         }
         Ok(())
+    }
+
+    // The text is fixed and nothing in it depends on the binds' values:
+    // always safe to cache (diesel would walk the statement to ask).
+    fn is_safe_to_cache_prepared(&self, _backend: &Pg) -> QueryResult<bool> {
+        Ok(true)
     }
 }
 
@@ -169,6 +242,24 @@ mod tests {
             text.starts_with("SELECT $1, $2 + $3, '$' || $4 -- binds: [\"x\", 7, 7, \"x\"]"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_constant_and_the_same_text_built_at_run_time_bind_alike() {
+        const SQL: &str = "SELECT $2, $1 + $1, '$' || $2";
+        let built = || {
+            prepared(String::from(SQL))
+                .bind::<BigInt, _>(7_i64)
+                .bind::<Text, _>("x")
+        };
+        let constant = || prepared(SQL).bind::<BigInt, _>(7_i64).bind::<Text, _>("x");
+        // The constant twice: the second use reads the spans split by the first.
+        for _ in 0..2 {
+            assert_eq!(
+                debug_query::<Pg, _>(&constant()).to_string(),
+                debug_query::<Pg, _>(&built()).to_string()
+            );
+        }
     }
 
     #[test]

@@ -230,14 +230,16 @@ impl Answer {
         }
     }
 
-    fn object_field(&self, field: Option<&str>) -> Result<Value, ApiError> {
+    /// The engine's object (`field`: one field of it), moved out of the
+    /// answer: it is decoded once, never copied.
+    fn into_object(self, field: Option<&str>) -> Result<Value, ApiError> {
         let object = self
             .object
-            .as_ref()
             .ok_or_else(|| ApiError::Internal("the engine returned no object".into()))?;
-        Ok(match field {
-            Some(field) => object.get(field).cloned().unwrap_or(Value::Null),
-            None => object.clone(),
+        Ok(match (field, object) {
+            (Some(field), Value::Object(mut fields)) => fields.remove(field).unwrap_or(Value::Null),
+            (Some(_), _) => Value::Null,
+            (None, object) => object,
         })
     }
 
@@ -249,10 +251,8 @@ impl Answer {
         if let Some(error) = self.error(operation) {
             return Err(error);
         }
-        Ok((
-            decode(self.object_field(None)?, "engine object")?,
-            self.replay(),
-        ))
+        let replay = self.replay();
+        Ok((decode(self.into_object(None)?, "engine object")?, replay))
     }
 
     /// A job creation: the job, or the error.
@@ -260,10 +260,8 @@ impl Answer {
         if let Some(error) = self.error(operation) {
             return Err(error);
         }
-        Ok((
-            decode(self.object_field(None)?, "engine object")?,
-            self.replay(),
-        ))
+        let replay = self.replay();
+        Ok((decode(self.into_object(None)?, "engine object")?, replay))
     }
 
     /// A credit as the API shows it (`engine_credit_json`), or the error.
@@ -288,9 +286,10 @@ impl Answer {
         if let Some(error) = self.error(operation) {
             return Err(error);
         }
+        let replay = self.replay();
         Ok((
-            decode(self.object_field(Some(field))?, "engine object")?,
-            self.replay(),
+            decode(self.into_object(Some(field))?, "engine object")?,
+            replay,
         ))
     }
 }
