@@ -39,11 +39,10 @@
 -- The rules are not written again here: the key's validity and when its
 -- use is written (engine_key_may: engine_valid_key and
 -- engine_spend_authority; engine_key_use_stale, engine_touch_keys), the
--- draw order
--- (engine_grant_pools, engine_draws), a settlement's split over its draws
--- (engine_split_draws), what a movement does to the account and to its
--- grant (engine_deltas, engine_grant_deltas), the low-balance state
--- (engine_is_low) and a grant's lapse (engine_grant_lapse_due) are the
+-- draw order (engine_grant_pools, engine_draws), a settlement's split over
+-- its draws (engine_split_draws), what a movement does to the account
+-- and to its grant (engine_deltas, engine_grant_deltas), the low-balance
+-- state (engine_is_low) and a grant's lapse (engine_grant_lapse_due) are the
 -- functions the full machinery calls, inlined; what makes a case plain
 -- (engine_spend_plain, engine_settle_plain, engine_request_taken,
 -- engine_lapsing_grants, engine_lapsed_draws) is written once in
