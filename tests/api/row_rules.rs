@@ -1,12 +1,14 @@
 //! The rules of the tables a movement or a job writes, as the database
 //! enforces them since the migration row_rules: one CHECK per table that
-//! calls the table's rule function (`migrations/2026-12-04-000001_row_rules`).
+//! calls the table's rule function (`migrations/2026-12-04-000001_row_rules`;
+//! since `2026-12-04-000010_row_rules_whole_row` the function takes the
+//! whole row).
 //! They must refuse exactly what the constraints they replaced refused,
 //! with the same error: the same SQLSTATE, constraint name, table and
 //! message (the first broken rule by name, as PostgreSQL checks them).
 //!
-//! The old constraints are the migration's down.sql (which puts them back
-//! under their names), and PostgreSQL itself is the judge: every candidate
+//! The old constraints are the two migrations' down.sql, newest first
+//! (which put them back under their names), and PostgreSQL itself is the judge: every candidate
 //! row is written once under the rule functions and once, in a transaction
 //! that runs down.sql first and is rolled back, under the old constraints;
 //! the outcomes must be equal, and the candidates must make every old
@@ -25,7 +27,10 @@ use token_billing::engine::{CommitAmount, Op};
 
 use crate::helpers::{create_job, credit, engine, reserve, TestDatabase};
 
-const OLD_CONSTRAINTS: &str = include_str!("../../migrations/2026-12-04-000001_row_rules/down.sql");
+const OLD_CONSTRAINTS: &str = concat!(
+    include_str!("../../migrations/2026-12-04-000010_row_rules_whole_row/down.sql"),
+    include_str!("../../migrations/2026-12-04-000001_row_rules/down.sql"),
+);
 
 /// A table, the columns a candidate gets fresh values for (so that one
 /// passing every rule is written, not refused as a duplicate), and the

@@ -109,7 +109,12 @@ BEGIN
     ), steps AS MATERIALIZED (
         -- Each operation with its account, its reservation and its key,
         -- and the account as the batch's earlier operations leave it.
-        SELECT o.*, a.id AS a_id, a.status, a.available AS a_available,
+        -- (Only the columns the statement reads further on: every node
+        -- that passes a row on builds its row type, column by column, at
+        -- every batch.)
+        SELECT o.n, o.op, o.account, o.actor, o.request, o.amount, o.requested_ttl, o.ttl,
+               o.new_id, o.job, o.reservation, o.hash, o.kind, o.params, o.spends,
+               a.id AS a_id, a.status, a.available AS a_available,
                a.reserved AS a_reserved, a.used AS a_used,
                a.active_reservations, a.max_active_reservations, a.low_balance_threshold,
                a.balance_low, a.topup_threshold, a.topup_armed,
@@ -140,9 +145,14 @@ BEGIN
         -- here is planned, once for every batch size, as a scan of the
         -- whole table.)
         FROM o
-        LEFT JOIN LATERAL (SELECT a.* FROM accounts a WHERE a.id = o.account LIMIT 1) a ON true
+        LEFT JOIN LATERAL (SELECT a.id, a.status, a.available, a.reserved, a.used,
+                                  a.active_reservations, a.max_active_reservations,
+                                  a.low_balance_threshold, a.balance_low, a.topup_threshold,
+                                  a.topup_armed
+                           FROM accounts a WHERE a.id = o.account LIMIT 1) a ON true
         -- The reservation a settlement names, of its account only.
-        LEFT JOIN LATERAL (SELECT r.* FROM reservations r
+        LEFT JOIN LATERAL (SELECT r.id, r.amount, r.draws, r.state, r.expires_at, r.job_id
+                           FROM reservations r
                            WHERE NOT o.spends AND r.id = o.reservation
                              AND r.account_id = o.account LIMIT 1) r ON true
         CROSS JOIN LATERAL engine_key_may(o.authorized, o.key_id, o.key_hash, o.account) v
@@ -150,7 +160,11 @@ BEGIN
         LEFT JOIN LATERAL engine_request_taken(o.op, o.account, o.request) t ON true
         WINDOW upto AS (PARTITION BY o.account ORDER BY o.n)
     ), checked AS MATERIALIZED (
-        SELECT s.*,
+        SELECT s.n, s.op, s.account, s.actor, s.request, s.amount, s.requested_ttl, s.ttl,
+               s.new_id, s.job, s.reservation, s.hash, s.kind, s.params, s.spends,
+               s.a_available, s.a_reserved, s.a_used, s.r_amount, s.r_draws, s.r_job,
+               s.committed, s.spent,
+               CASE WHEN engine_key_use_stale(s.last_used_at) THEN s.valid_key END AS stale_key,
                -- (The rules of a plain spend and settlement: 66_lone.sql.)
                s.a_id IS NOT NULL AND s.may AND NOT s.repeated AND CASE WHEN s.spends THEN
                    engine_spend_plain(s.status, s.a_available - s.spent,
@@ -274,7 +288,7 @@ BEGIN
                                        WHERE j.id = g.job)
                ELSE (SELECT s.answer FROM settled s WHERE s.n = g.n)
            END AS answer,
-           CASE WHEN engine_key_use_stale(g.last_used_at) THEN g.valid_key END AS stale_key
+           g.stale_key
     FROM go g
     ORDER BY g.n
     LOOP
