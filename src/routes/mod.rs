@@ -245,17 +245,46 @@ pub fn bearer_key(request: &HttpRequest) -> Option<&str> {
         .filter(|key| !key.is_empty())
 }
 
+/// What a request's `Authorization` header presents: read (the key parsed,
+/// its secret and the bootstrap comparison hashed) once per request and
+/// kept in the request's extensions, for the address throttle and the
+/// credentials extractor both.
+#[derive(Clone)]
+enum Presentation {
+    Nothing,
+    /// The bootstrap admin key (compared in constant time).
+    Bootstrap,
+    /// A well-formed key.
+    Key(Credentials),
+    /// A key that can only fail.
+    Malformed,
+}
+
+fn presentation(state: &AppState, request: &HttpRequest) -> Presentation {
+    if let Some(read) = request.extensions().get::<Presentation>() {
+        return read.clone();
+    }
+    let read = match bearer_key(request) {
+        None => Presentation::Nothing,
+        Some(key) if state.is_bootstrap_key(key) => Presentation::Bootstrap,
+        Some(key) => Credentials::parse(key).map_or(Presentation::Malformed, Presentation::Key),
+    };
+    request.extensions_mut().insert(read.clone());
+    read
+}
+
 /// What a request presents, for the address throttle (before any lookup):
-/// nothing, the bootstrap key (compared in constant time), a well-formed
-/// key, or a key that can only fail.
+/// nothing, the bootstrap key, a well-formed key, or a key that can only
+/// fail.
 pub fn presented_to_the_guard(state: &AppState, request: &HttpRequest) -> rate_limit::Presented {
     use rate_limit::Presented;
-    match bearer_key(request) {
-        None => Presented::Nothing,
-        Some(key) if state.is_bootstrap_key(key) => Presented::Bootstrap,
-        Some(key) => Credentials::parse(key)
-            .and_then(|credentials| credentials.presented())
+    match presentation(state, request) {
+        Presentation::Nothing => Presented::Nothing,
+        Presentation::Bootstrap => Presented::Bootstrap,
+        Presentation::Key(credentials) => credentials
+            .presented()
             .map_or(Presented::Refused, Presented::Key),
+        Presentation::Malformed => Presented::Refused,
     }
 }
 
@@ -269,12 +298,14 @@ pub fn presented_to_the_guard(state: &AppState, request: &HttpRequest) -> rate_l
 /// 401 at once.
 fn presented_credentials(request: &HttpRequest) -> Result<(Credentials, Known), ApiError> {
     let state = state_of(request)?;
-    let presented = bearer_key(request).ok_or(ApiError::Unauthorized)?;
-    if state.is_bootstrap_key(presented) {
-        limit(state, "bootstrap-admin")?;
-        return Ok((Credentials::Bootstrap, Known::Verified));
-    }
-    let credentials = Credentials::parse(presented).ok_or(ApiError::Unauthorized)?;
+    let credentials = match presentation(state, request) {
+        Presentation::Nothing | Presentation::Malformed => return Err(ApiError::Unauthorized),
+        Presentation::Bootstrap => {
+            limit(state, "bootstrap-admin")?;
+            return Ok((Credentials::Bootstrap, Known::Verified));
+        }
+        Presentation::Key(credentials) => credentials,
+    };
     let Some(key) = credentials.presented() else {
         return Ok((credentials, Known::Verified));
     };
