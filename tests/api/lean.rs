@@ -24,8 +24,8 @@ struct Calls {
 
 /// Applies `operations` in a transaction of its own that counts its calls
 /// of the engine's functions: the answers, and how often the batch
-/// statement (one call for a batch's plain prefix), the lone path (a batch
-/// of one) and the full machinery were called, in that order.
+/// statement (one call for a batch's plain prefix), the lone path (once
+/// per operation of a batch of one or two) and the full machinery were called, in that order.
 fn apply_counted(conn: &mut PgConnection, operations: &[Operation]) -> (Vec<Answer>, [i64; 3]) {
     // The session's counts not yet reported (pg_stat_xact_user_functions
     // may still hold earlier transactions' calls): compare before and after.
@@ -276,20 +276,23 @@ fn grants_and_draws(conn: &mut PgConnection, account: Uuid) -> Value {
 /// and the second up to the reserve after the return; the answers, books,
 /// grants and draws are those of the full machinery alone.
 async fn two_batches(lean: bool) -> (Vec<Outcome>, Value, [i64; 3], [i64; 3]) {
-    two_batches_on(if lean { "on" } else { "off" }, false).await
+    two_batches_on(if lean { "on" } else { "off" }, None).await
 }
 
 /// [`two_batches`] on the engine's paths `path` (`token_billing.lean`),
-/// each operation a batch of its own when `alone` (the calls then summed).
-async fn two_batches_on(path: &str, alone: bool) -> (Vec<Outcome>, Value, [i64; 3], [i64; 3]) {
+/// in batches of `size` operations when given (the calls then summed).
+async fn two_batches_on(
+    path: &str,
+    size: Option<usize>,
+) -> (Vec<Outcome>, Value, [i64; 3], [i64; 3]) {
     let app = TestApp::spawn_engine_path(path).await;
     let apply = |conn: &mut PgConnection, operations: &[Operation]| {
-        if !alone {
+        let Some(size) = size else {
             return apply_counted(conn, operations);
-        }
+        };
         let (mut answers, mut calls) = (Vec::new(), [0, 0, 0]);
-        for operation in operations {
-            let (answer, counted) = apply_counted(conn, std::slice::from_ref(operation));
+        for batch in operations.chunks(size) {
+            let (answer, counted) = apply_counted(conn, batch);
             answers.extend(answer);
             calls = std::array::from_fn(|i| calls[i] + counted[i]);
         }
@@ -383,10 +386,10 @@ async fn a_batch_of_plain_operations_on_several_accounts_is_one_lean_call() {
 /// and draws must be the same on all three.
 #[actix_web::test]
 async fn a_lone_operation_ends_as_on_the_batch_statement_and_the_full_machinery() {
-    let (lone_outcomes, lone_state, lone_first, lone_second) = two_batches_on("on", true).await;
+    let (lone_outcomes, lone_state, lone_first, lone_second) = two_batches_on("on", Some(1)).await;
     let (batch_outcomes, batch_state, batch_first, batch_second) =
-        two_batches_on("batch", true).await;
-    let (full_outcomes, full_state, _, _) = two_batches_on("off", true).await;
+        two_batches_on("batch", Some(1)).await;
+    let (full_outcomes, full_state, _, _) = two_batches_on("off", Some(1)).await;
     assert_eq!(lone_outcomes, full_outcomes);
     assert_eq!(batch_outcomes, full_outcomes);
     assert_eq!(lone_state, full_state);
@@ -400,6 +403,86 @@ async fn a_lone_operation_ends_as_on_the_batch_statement_and_the_full_machinery(
         (batch_first, batch_second),
         ([5, 0, 0], [6, 0, 0]),
         "token_billing.lean = batch: the batch statement"
+    );
+}
+
+/// The same operations two at a time: each of a batch of two plain
+/// operations on the lone path, one after the other in the batch's
+/// transaction (`engine_apply`: for two, the lone path costs less than the
+/// batch statement's start-up), on the batch statement when the lone path is
+/// off, and on the full machinery alone — the same answers, books, grants
+/// and draws on all three.
+#[actix_web::test]
+async fn a_batch_of_two_takes_the_lone_path_for_each_and_ends_as_on_the_others() {
+    let (pair_outcomes, pair_state, pair_first, pair_second) = two_batches_on("on", Some(2)).await;
+    let (batch_outcomes, batch_state, batch_first, batch_second) =
+        two_batches_on("batch", Some(2)).await;
+    let (full_outcomes, full_state, _, _) = two_batches_on("off", Some(2)).await;
+    assert_eq!(pair_outcomes, full_outcomes);
+    assert_eq!(batch_outcomes, full_outcomes);
+    assert_eq!(pair_state, full_state);
+    assert_eq!(batch_state, full_state);
+    assert_eq!(
+        (pair_first, pair_second),
+        ([0, 5, 0], [0, 6, 0]),
+        "two at a time (and the last alone) every operation takes the lone path"
+    );
+    assert_eq!(
+        (batch_first, batch_second),
+        ([3, 0, 0], [3, 0, 0]),
+        "token_billing.lean = batch: one batch statement per batch"
+    );
+}
+
+/// Batches of two whose second or first operation is not plain: the lone
+/// path applies what comes before it, and the full machinery decides the
+/// rest in the same transaction — the answers and books of the full
+/// machinery alone.
+async fn pairs_not_plain(path: &str) -> (Vec<Outcome>, Books, Vec<[i64; 3]>) {
+    let app = TestApp::spawn_engine_path(path).await;
+    let account = app.funded_account(10).await;
+    let key = app.kiosk_key(account).await;
+    let mut conn = app.database.connect();
+    let request = Uuid::new_v4();
+    let (mut seen, mut calls) = (Vec::new(), Vec::new());
+    for pair in [
+        // A reserve and its replay in one batch.
+        [
+            reserve(account, &key, request, 2),
+            reserve(account, &key, request, 2),
+        ],
+        // A reserve the account cannot pay, then a plain one.
+        [
+            reserve(account, &key, Uuid::new_v4(), 9),
+            reserve(account, &key, Uuid::new_v4(), 1),
+        ],
+    ] {
+        let (answers, counted) = apply_counted(&mut conn, &pair);
+        seen.extend(outcomes(&answers));
+        calls.push(counted);
+    }
+    (seen, books(&mut conn, account), calls)
+}
+
+#[actix_web::test]
+async fn a_batch_of_two_leaves_the_lone_path_at_its_first_case_that_is_not_plain() {
+    let (pair_outcomes, pair_books, pair_calls) = pairs_not_plain("on").await;
+    let (full_outcomes, full_books, _) = pairs_not_plain("off").await;
+    assert_eq!(
+        pair_outcomes,
+        [
+            Outcome::Created,
+            Outcome::Replayed,
+            Outcome::InsufficientTokens,
+            Outcome::Created
+        ]
+    );
+    assert_eq!(pair_outcomes, full_outcomes);
+    assert_eq!(pair_books, full_books);
+    assert_eq!(
+        pair_calls,
+        [[0, 2, 1], [0, 1, 1]],
+        "the lone path up to the case that is not plain, the full machinery from it"
     );
 }
 

@@ -126,10 +126,11 @@ LANGUAGE sql AS $$
 $$;
 
 -- Whether an operation of kind `p_op` goes to the lone path: a reserve,
--- job creation, commit or release alone in its batch, and a job's finish
+-- job creation, commit or release alone in its batch or with one other
+-- (engine_apply), and a job's finish
 -- alone or in the run of finishes that ends a batch (engine_apply), unless
 -- the setting token_billing.lean sends it elsewhere (off: the full
--- machinery only; batch: the batch statement for lone operations too, and
+-- machinery only; batch: the batch statement for one or two operations too, and
 -- finishes to the full machinery).
 CREATE FUNCTION engine_lone_applies(p_op text) RETURNS boolean
 LANGUAGE sql STABLE AS $$
@@ -148,11 +149,12 @@ $$;
 -- token), its final status (engine_job_finish) and its event
 -- (engine_job_finished_events); and once a minute per key, its last use.
 -- The service calls it directly for a batch of one such operation
--- (src/engine/mod.rs: a statement of values, where engine_apply takes 26
--- arrays and answers as a set), and engine_apply sends such a batch here
--- too, and the run of job finishes that ends a batch (a batch statement's
--- plan is started whole for every batch: 110 nodes, where a lone
--- operation needs a tenth of them). Returns the answer's object (the
+-- (src/engine/mod.rs: a statement of values, where engine_apply takes an
+-- array of engine_request and answers as a set), and engine_apply sends
+-- such a batch here too, each operation of a batch of two such, and the
+-- run of job finishes that ends a batch (a batch statement's plan is
+-- started whole for every batch: 110 nodes, where a lone operation needs a
+-- tenth of them). Returns the answer's object (the
 -- reservation; the job as engine_job_view shows it; for a finish
 -- {job, reservation, resolved} as engine_apply_full answers it; the
 -- outcome is engine_plain_outcome's), or NULL when the operation is not

@@ -3,11 +3,11 @@
 -- together — applied as a set, in ONE statement for the whole batch
 -- (engine_apply in `70_apply.sql` calls engine_lean_batch with the batch's
 -- leading operations of these kinds; it takes the row locks of all the
--- batch's accounts first, in id order). A batch of one reserve, job
--- creation, commit or release takes the lone path instead
--- (engine_lean_one, `66_lone.sql`): this statement's plan is started whole
--- for every batch, which a batch of several pays once and a lone
--- operation would pay alone.
+-- batch's accounts first, in id order). A batch of one or two reserves,
+-- job creations, commits or releases takes the lone path instead
+-- (engine_lean_one, `66_lone.sql`, once per operation): this statement's
+-- plan is started whole for every batch, which a batch of three or more
+-- pays once and one or two operations would pay for little.
 --
 -- It decides only the plain case, where the answer is the success and no
 -- event is due: the key verifies and may spend here, the account is active
