@@ -10,6 +10,11 @@
 //! Placeholders are `$1`, `$2`, … naming the binds in the order they were
 //! given; a placeholder may repeat. The SQL must not contain a `$` followed
 //! by digits anywhere else (no dollar-quoted strings).
+//!
+//! diesel finds a connection's prepared statement by its SQL text, which it
+//! writes out and hashes at every execution; a statement of the hot path
+//! names a type of its own instead ([`StaticSql`], [`prepared_static`]),
+//! and is found by that type.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -43,14 +48,39 @@ where
     }
 }
 
+/// A statement's text as a type of its own: diesel's statement cache finds
+/// it by the type (`QueryId`), without writing the text out. One type,
+/// one text, so a type can never find another statement.
+pub trait StaticSql: 'static {
+    const SQL: &'static str;
+}
+
+/// How diesel's statement cache finds a [`PreparedSql`]: by its text
+/// ([`ByText`]), or by its [`StaticSql`] type.
+pub trait CacheKey: 'static {
+    const STATIC: bool;
+}
+
+/// A statement found by its text.
+pub struct ByText;
+
+impl CacheKey for ByText {
+    const STATIC: bool = false;
+}
+
+impl<K: StaticSql> CacheKey for K {
+    const STATIC: bool = true;
+}
+
 /// A raw SQL statement with binds, cached as a prepared statement.
 #[must_use = "queries run only when loaded or executed"]
-pub struct PreparedSql<'a> {
+pub struct PreparedSql<'a, K: CacheKey = ByText> {
     sql: Cow<'static, str>,
     /// The SQL split into text and placeholders once (diesel walks a
     /// statement several times per execution: its cache key, its binds).
     spans: Arc<[Span]>,
     binds: Vec<Box<dyn Bind + 'a>>,
+    key: PhantomData<fn() -> K>,
 }
 
 /// A piece of `PreparedSql::sql` by position: a byte range of text, or
@@ -62,7 +92,15 @@ enum Span {
 
 /// Starts a cached raw statement (see the module documentation).
 pub fn prepared<'a>(sql: impl Into<Cow<'static, str>>) -> PreparedSql<'a> {
-    let sql = sql.into();
+    start(sql.into())
+}
+
+/// Starts the cached statement `K::SQL`, found in the cache by `K`.
+pub fn prepared_static<'a, K: StaticSql>() -> PreparedSql<'a, K> {
+    start(Cow::Borrowed(K::SQL))
+}
+
+fn start<'a, K: CacheKey>(sql: Cow<'static, str>) -> PreparedSql<'a, K> {
     let spans = match &sql {
         // A constant's spans are split once per process.
         Cow::Borrowed(text) => constant_spans(text),
@@ -80,6 +118,7 @@ pub fn prepared<'a>(sql: impl Into<Cow<'static, str>>) -> PreparedSql<'a> {
         sql,
         spans,
         binds: Vec::with_capacity(placeholders),
+        key: PhantomData,
     }
 }
 
@@ -122,7 +161,7 @@ fn constant_spans(sql: &'static str) -> Arc<[Span]> {
     )
 }
 
-impl<'a> PreparedSql<'a> {
+impl<'a, K: CacheKey> PreparedSql<'a, K> {
     /// Binds the next placeholder (`$1` first).
     pub fn bind<ST, U>(mut self, value: U) -> Self
     where
@@ -182,7 +221,7 @@ pub fn substitute(sql: &str, mut replacement: impl FnMut(usize) -> String) -> St
         .collect()
 }
 
-impl QueryFragment<Pg> for PreparedSql<'_> {
+impl<K: CacheKey> QueryFragment<Pg> for PreparedSql<'_, K> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         // Each `$n` becomes the query builder's own placeholder for bind n,
         // so a repeated placeholder binds its value again.
@@ -213,17 +252,18 @@ impl QueryFragment<Pg> for PreparedSql<'_> {
     }
 }
 
-impl QueryId for PreparedSql<'_> {
-    // Not static: diesel's statement cache keys it by its SQL text.
-    type QueryId = ();
-    const HAS_STATIC_QUERY_ID: bool = false;
+impl<K: CacheKey> QueryId for PreparedSql<'_, K> {
+    // ByText: not static, diesel's statement cache keys it by its SQL text;
+    // a StaticSql type: by that type.
+    type QueryId = K;
+    const HAS_STATIC_QUERY_ID: bool = K::STATIC;
 }
 
-impl Query for PreparedSql<'_> {
+impl<K: CacheKey> Query for PreparedSql<'_, K> {
     type SqlType = Untyped;
 }
 
-impl<Conn> RunQueryDsl<Conn> for PreparedSql<'_> {}
+impl<Conn, K: CacheKey> RunQueryDsl<Conn> for PreparedSql<'_, K> {}
 
 #[cfg(test)]
 mod tests {
@@ -260,6 +300,35 @@ mod tests {
                 debug_query::<Pg, _>(&built()).to_string()
             );
         }
+    }
+
+    #[test]
+    fn a_static_statement_binds_as_its_text_and_is_found_by_its_type() {
+        use diesel::query_builder::QueryId;
+        struct Two;
+        impl super::StaticSql for Two {
+            const SQL: &'static str = "SELECT $2, $1 + $1, '$' || $2";
+        }
+        struct Other;
+        impl super::StaticSql for Other {
+            const SQL: &'static str = "SELECT $1";
+        }
+        let by_type = super::prepared_static::<Two>()
+            .bind::<BigInt, _>(7_i64)
+            .bind::<Text, _>("x");
+        let by_text = prepared(<Two as super::StaticSql>::SQL)
+            .bind::<BigInt, _>(7_i64)
+            .bind::<Text, _>("x");
+        assert_eq!(
+            debug_query::<Pg, _>(&by_type).to_string(),
+            debug_query::<Pg, _>(&by_text).to_string()
+        );
+        fn id<Q: QueryId>(_: &Q) -> Option<std::any::TypeId> {
+            Q::query_id()
+        }
+        assert_eq!(id(&by_text), None, "by text: diesel writes the text out");
+        assert_eq!(id(&by_type), Some(std::any::TypeId::of::<Two>()));
+        assert_ne!(id(&by_type), id(&super::prepared_static::<Other>()));
     }
 
     #[test]

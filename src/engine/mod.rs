@@ -36,7 +36,7 @@ use diesel::sql_types::{
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::db::prepared;
+use crate::db::prepared::{self, prepared_static, StaticSql};
 use crate::error::ApiError;
 use jobs::JobRequest;
 use types::{
@@ -193,6 +193,21 @@ pub const APPLY_SQL: &str = "SELECT op_position, outcome, detail, object \
 /// batch the lone path found not plain.
 pub const APPLY_FULL_SQL: &str = "SELECT op_position, outcome, detail, object \
      FROM engine_apply_full($1) ORDER BY op_position";
+
+/// The hot statements, each found in a connection's statement cache by a
+/// type of its own (`db::prepared::StaticSql`).
+struct ApplyStatement;
+impl StaticSql for ApplyStatement {
+    const SQL: &'static str = APPLY_SQL;
+}
+struct ApplyFullStatement;
+impl StaticSql for ApplyFullStatement {
+    const SQL: &'static str = APPLY_FULL_SQL;
+}
+struct LoneStatement;
+impl StaticSql for LoneStatement {
+    const SQL: &'static str = LONE_SQL;
+}
 
 /// The engine's composite type `engine_request` (`sql/00_types.sql`): one
 /// operation of a batch. Found by name on the connection's `search_path`,
@@ -488,7 +503,7 @@ pub fn engine_requests(
         request: Value,
     }
     let requests: Vec<Request> = operations.iter().map(Request::of).collect();
-    let rows: Vec<Echo> = prepared(
+    let rows: Vec<Echo> = prepared::prepared(
         "SELECT to_jsonb(r) - 'ordinality' AS request \
          FROM unnest($1) WITH ORDINALITY AS r ORDER BY r.ordinality",
     )
@@ -565,7 +580,7 @@ fn apply_lone(conn: &mut PgConnection, request: &Request) -> Result<Lone, ApiErr
         return Ok(Lone::NotTaken);
     }
     let fields = &request.fields;
-    let row: LoneRow = prepared(LONE_SQL)
+    let row: LoneRow = prepared_static::<LoneStatement>()
         .bind::<Text, _>(request.op)
         .bind::<SqlUuid, _>(request.account)
         .bind::<Text, _>(&request.actor)
@@ -607,7 +622,7 @@ pub fn apply_counted(
     // Each operation's fields (its new ids among them) are chosen once,
     // whichever path takes the batch.
     let requests: Vec<Request> = operations.iter().map(Request::of).collect();
-    let mut sql = APPLY_SQL;
+    let mut full = false;
     if let [request] = requests.as_slice() {
         match apply_lone(conn, request)? {
             Lone::Answered(answer) => {
@@ -617,13 +632,20 @@ pub fn apply_counted(
                     topup_credited: 0,
                 })
             }
-            Lone::NotPlain => sql = APPLY_FULL_SQL,
+            Lone::NotPlain => full = true,
             Lone::NotTaken => {}
         }
     }
-    let rows: Vec<Row> = prepared(sql)
-        .bind::<Array<EngineRequest>, _>(&requests)
-        .load(conn)?;
+    fn load<K: StaticSql>(conn: &mut PgConnection, requests: &[Request]) -> QueryResult<Vec<Row>> {
+        prepared_static::<K>()
+            .bind::<Array<EngineRequest>, _>(requests)
+            .load(conn)
+    }
+    let rows = if full {
+        load::<ApplyFullStatement>(conn, &requests)?
+    } else {
+        load::<ApplyStatement>(conn, &requests)?
+    };
     // Position 0 (first, by the ORDER BY): the batch's tallies.
     let (lapses, rows): (Vec<Row>, Vec<Row>) =
         rows.into_iter().partition(|row| row.op_position == 0);
