@@ -377,3 +377,13 @@ BEGIN
     RETURN answer;
 END;
 $$;
+
+-- engine_lean_one of one engine_request (engine_apply's lone loops; the
+-- service calls engine_lean_one with the values directly). Inlined where
+-- it is called.
+CREATE FUNCTION engine_lean_one_of(o engine_request) RETURNS jsonb
+LANGUAGE sql AS $$
+    SELECT engine_lean_one(o.op, o.account, o.actor, o.key_id, o.key_hash, o.authorized,
+        o.request, o.amount, o.requested_ttl, o.ttl, o.new_id, o.reservation, o.job, o.hash,
+        o.kind, o.params, o.lease_token, o.status, o.result, o.error, o.reason)
+$$;

@@ -315,10 +315,7 @@ BEGIN
             END IF;
             WHILE done < batch LOOP
                 o := p_ops[done + 1];
-                object := engine_lean_one(o.op, o.account, o.actor, o.key_id, o.key_hash,
-                    o.authorized, o.request, o.amount, o.requested_ttl, o.ttl, o.new_id,
-                    o.reservation, o.job, o.hash, o.kind, o.params, o.lease_token, o.status,
-                    o.result, o.error, o.reason);
+                object := engine_lean_one_of(o);
                 EXIT WHEN object IS NULL;
                 done := done + 1;
                 op_position := done; outcome := engine_plain_outcome(o.op); detail := NULL;
@@ -356,10 +353,7 @@ BEGIN
             ORDER BY g.id FOR UPDATE;
             WHILE done < batch AND p_ops[done + 1].op = 'finish_job' LOOP
                 o := p_ops[done + 1];
-                object := engine_lean_one(o.op, o.account, o.actor, o.key_id, o.key_hash,
-                    o.authorized, o.request, o.amount, o.requested_ttl, o.ttl, o.new_id,
-                    o.reservation, o.job, o.hash, o.kind, o.params, o.lease_token, o.status,
-                    o.result, o.error, o.reason);
+                object := engine_lean_one_of(o);
                 EXIT WHEN object IS NULL;
                 done := done + 1;
                 op_position := done; outcome := engine_plain_outcome('finish_job');
