@@ -252,10 +252,9 @@ pub fn bearer_key(request: &HttpRequest) -> Option<&str> {
 #[derive(Clone)]
 enum Presentation {
     Nothing,
-    /// The bootstrap admin key (compared in constant time).
-    Bootstrap,
-    /// A well-formed key.
-    Key(Credentials),
+    /// The bootstrap admin key (compared in constant time), or a
+    /// well-formed key.
+    Credentials(Credentials),
     /// A key that can only fail.
     Malformed,
 }
@@ -266,8 +265,12 @@ fn presentation(state: &AppState, request: &HttpRequest) -> Presentation {
     }
     let read = match bearer_key(request) {
         None => Presentation::Nothing,
-        Some(key) if state.is_bootstrap_key(key) => Presentation::Bootstrap,
-        Some(key) => Credentials::parse(key).map_or(Presentation::Malformed, Presentation::Key),
+        Some(key) if state.is_bootstrap_key(key) => {
+            Presentation::Credentials(Credentials::Bootstrap)
+        }
+        Some(key) => {
+            Credentials::parse(key).map_or(Presentation::Malformed, Presentation::Credentials)
+        }
     };
     request.extensions_mut().insert(read.clone());
     read
@@ -280,8 +283,8 @@ pub fn presented_to_the_guard(state: &AppState, request: &HttpRequest) -> rate_l
     use rate_limit::Presented;
     match presentation(state, request) {
         Presentation::Nothing => Presented::Nothing,
-        Presentation::Bootstrap => Presented::Bootstrap,
-        Presentation::Key(credentials) => credentials
+        Presentation::Credentials(Credentials::Bootstrap) => Presented::Bootstrap,
+        Presentation::Credentials(credentials) => credentials
             .presented()
             .map_or(Presented::Refused, Presented::Key),
         Presentation::Malformed => Presented::Refused,
@@ -300,13 +303,11 @@ fn presented_credentials(request: &HttpRequest) -> Result<(Credentials, Known), 
     let state = state_of(request)?;
     let credentials = match presentation(state, request) {
         Presentation::Nothing | Presentation::Malformed => return Err(ApiError::Unauthorized),
-        Presentation::Bootstrap => {
-            limit(state, "bootstrap-admin")?;
-            return Ok((Credentials::Bootstrap, Known::Verified));
-        }
-        Presentation::Key(credentials) => credentials,
+        Presentation::Credentials(credentials) => credentials,
     };
     let Some(key) = credentials.presented() else {
+        // The bootstrap key, recognised by its hash in memory.
+        limit(state, "bootstrap-admin")?;
         return Ok((credentials, Known::Verified));
     };
     match state.auth_guard.recognise(&key) {
