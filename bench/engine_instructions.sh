@@ -68,7 +68,7 @@ private_cluster_start "$dir" "$port"
 
 # The cycles as a DO block: `n` cycles of batches of `b`, numbered from
 # `first` (the ids and the account follow from the number). A batch of one
-# calls the lone path as the service does (src/engine/mod.rs, LONE_SQL:
+# calls the lone path as the service does (src/engine/mod.rs, LoneStatement:
 # engine_lean_one with the operation's values); a larger batch calls
 # engine_apply with one engine_request per operation, as the service does.
 block() { # n b first

@@ -183,30 +183,24 @@ struct Row {
     object: Option<Value>,
 }
 
+// The hot statements, each found in a connection's statement cache by a
+// type of its own (`db::prepared::StaticSql`), which holds its text.
+
 /// The one statement every batch is: one array of `engine_request`, one
 /// element per operation (see `sql/70_apply.sql` for which fields each
 /// operation sets).
-pub const APPLY_SQL: &str = "SELECT op_position, outcome, detail, object \
-     FROM engine_apply($1) ORDER BY op_position";
+struct ApplyStatement;
+impl StaticSql for ApplyStatement {
+    const SQL: &'static str = "SELECT op_position, outcome, detail, object \
+         FROM engine_apply($1) ORDER BY op_position";
+}
 
 /// The full machinery alone (`engine_apply_full`, the same array): for a
 /// batch the lone path found not plain.
-pub const APPLY_FULL_SQL: &str = "SELECT op_position, outcome, detail, object \
-     FROM engine_apply_full($1) ORDER BY op_position";
-
-/// The hot statements, each found in a connection's statement cache by a
-/// type of its own (`db::prepared::StaticSql`).
-struct ApplyStatement;
-impl StaticSql for ApplyStatement {
-    const SQL: &'static str = APPLY_SQL;
-}
 struct ApplyFullStatement;
 impl StaticSql for ApplyFullStatement {
-    const SQL: &'static str = APPLY_FULL_SQL;
-}
-struct LoneStatement;
-impl StaticSql for LoneStatement {
-    const SQL: &'static str = LONE_SQL;
+    const SQL: &'static str = "SELECT op_position, outcome, detail, object \
+         FROM engine_apply_full($1) ORDER BY op_position";
 }
 
 /// The engine's composite type `engine_request` (`sql/00_types.sql`): one
@@ -541,11 +535,14 @@ pub struct Applied {
 /// answered NULL, the full machinery decides (`engine_apply_full`, not
 /// `engine_apply`, which would try the lone path again); if not,
 /// `engine_apply`.
-pub const LONE_SQL: &str = "SELECT engine_plain_outcome($1) AS outcome, \
-     engine_lone_applies($1) AS applies, \
-     CASE WHEN engine_lone_applies($1) \
-          THEN engine_lean_one($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
-                               $16, $17, $18, $19, $20, $21) END AS object";
+struct LoneStatement;
+impl StaticSql for LoneStatement {
+    const SQL: &'static str = "SELECT engine_plain_outcome($1) AS outcome, \
+         engine_lone_applies($1) AS applies, \
+         CASE WHEN engine_lone_applies($1) \
+              THEN engine_lean_one($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, \
+                                   $14, $15, $16, $17, $18, $19, $20, $21) END AS object";
+}
 
 #[derive(QueryableByName)]
 struct LoneRow {
@@ -567,7 +564,7 @@ enum Lone {
     NotTaken,
 }
 
-/// The lone path's answer to `request` (see [`LONE_SQL`]).
+/// The lone path's answer to `request` (see [`LoneStatement`]).
 fn apply_lone(conn: &mut PgConnection, request: &Request) -> Result<Lone, ApiError> {
     // Which kinds the lone path takes is engine_lone_applies' to say; this
     // only spares the other kinds (credits, adjustments, extensions) a round
