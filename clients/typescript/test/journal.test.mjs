@@ -3,22 +3,17 @@
 // mode 0600, another body under the same request_id refused before sending.
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { appendFile, mkdtemp, readFile, stat, writeFile } from "node:fs/promises";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { appendFile, readFile, stat, writeFile } from "node:fs/promises";
 import { test } from "node:test";
 
 import { IdempotencyKeyReused, Journal, JournalError } from "../dist/index.js";
 import { FileJournalStore } from "../dist/node.js";
+import { scratchJournal } from "./scratch.mjs";
 
 const ACCOUNT = "7b7c5a52-2f43-4a2e-9a55-2f1d1c1e4b10";
 
-async function scratch() {
-  return join(await mkdtemp(join(tmpdir(), "tb-journal-")), "journal.jsonl");
-}
-
 test("entries survive a reopen; a refused one becomes pending again", async () => {
-  const path = await scratch();
+  const path = await scratchJournal("tb-journal-");
   let journal = new Journal(await FileJournalStore.open(path));
   const first = await journal.begin("11111111-1111-4111-8111-111111111111", "job", ACCOUNT, { kind: "standard", params: { a: 1, b: [1, 2] } });
   assert.equal(first.state, "pending");
@@ -43,7 +38,7 @@ test("entries survive a reopen; a refused one becomes pending again", async () =
 });
 
 test("a torn last line (a crash mid-append) is ignored; damage elsewhere is refused", async () => {
-  const path = await scratch();
+  const path = await scratchJournal("tb-journal-");
   const journal = new Journal(await FileJournalStore.open(path));
   await journal.begin("33333333-3333-4333-8333-333333333333", "job", ACCOUNT, { kind: "standard", params: {} });
   await journal.close();
@@ -57,7 +52,7 @@ test("a torn last line (a crash mid-append) is ignored; damage elsewhere is refu
 });
 
 test("one process at a time; a dead owner's lock is taken over", async () => {
-  const path = await scratch();
+  const path = await scratchJournal("tb-journal-");
   const store = await FileJournalStore.open(path);
   await assert.rejects(FileJournalStore.open(path), /already open in this process/);
   await store.close();

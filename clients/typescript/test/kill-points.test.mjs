@@ -6,11 +6,9 @@
 // (default 20261203), KILL_PARALLEL (default 4).
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { mkdtemp } from "node:fs/promises";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
 import { test } from "node:test";
 
+import { scratchJournal } from "./scratch.mjs";
 import { admin, funded } from "./service.mjs";
 
 const CHILD = new URL("./kiosk-process.mjs", import.meta.url).pathname;
@@ -50,7 +48,7 @@ function life(environment, randomKillMs) {
 
 async function run(index, draw) {
   const account = await funded(20, `kill run ${index}`);
-  const journal = join(await mkdtemp(join(tmpdir(), "tb-kill-")), "journal.jsonl");
+  const journal = await scratchJournal("tb-kill-");
   const delays = Array.from({ length: ACTIONS }, () => 100 + Math.floor(draw() * 700));
   const base = {
     ...process.env,

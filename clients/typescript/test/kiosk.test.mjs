@@ -2,9 +2,6 @@
 // a guest action charged once however often it is asked, a journaled
 // request that never left sent by resume(), typed refusals, and watch().
 import assert from "node:assert/strict";
-import { mkdtemp } from "node:fs/promises";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
 import { test } from "node:test";
 
 import {
@@ -16,6 +13,7 @@ import {
   isTerminal,
 } from "../dist/index.js";
 import { FileJournalStore } from "../dist/node.js";
+import { scratchJournal } from "./scratch.mjs";
 import { admin, funded, serviceUrl } from "./service.mjs";
 
 async function visible(accountId) {
@@ -27,16 +25,12 @@ async function visible(accountId) {
   throw new Error(`no event of ${accountId} in the feed after 10 s`);
 }
 
-async function journalPath() {
-  return join(await mkdtemp(join(tmpdir(), "tb-kiosk-")), "journal.jsonl");
-}
-
 async function kiosk(account, path, options = {}) {
   return Kiosk.open({
     baseUrl: serviceUrl,
     apiKey: account.key,
     accountId: account.id,
-    journal: await FileJournalStore.open(path ?? (await journalPath())),
+    journal: await FileJournalStore.open(path ?? (await scratchJournal("tb-kiosk-"))),
     timeoutMs: 30_000,
     retry: { baseDelayMs: 20, maxDelayMs: 200 },
     ...options,
@@ -65,7 +59,7 @@ test("generate: one job per request_id, charged once, its output and its journal
 
 test("resume: a request journaled but never sent is sent with its own id, charged once", async () => {
   const account = await funded(5, "ts resume");
-  const path = await journalPath();
+  const path = await scratchJournal("tb-kiosk-");
   // A process that died right after its journal write: the entry alone.
   const store = await FileJournalStore.open(path);
   const requestId = crypto.randomUUID();
@@ -122,7 +116,7 @@ test("refusals are typed and change nothing; the same request_id may be sent aga
 
 test("unreachable: pending, kept in the journal, finished by the next resume", async () => {
   const account = await funded(5, "ts unreachable");
-  const path = await journalPath();
+  const path = await scratchJournal("tb-kiosk-");
   const offline = await kiosk(account, path, {
     baseUrl: "http://127.0.0.1:9",
     timeoutMs: 500,
