@@ -25,10 +25,22 @@
 #     the service's Rust, the pool, the round trip and the commit: the
 #     most any engine could reach on this stack. (Its books line means
 #     nothing: nothing was booked.)
+#   - handwritten: the same, except that the engine is replaced by the
+#     reference's own two statements (generated here from
+#     bench/reference_cycle.pgbench.sql, never copied: the account, the
+#     key, the request_id, the new reservation's id and the reservation
+#     committed become the request's values): a reserve or a commit runs
+#     the hand-written statement and nothing else, a batch runs them one
+#     operation after another in its one transaction (after locking its
+#     accounts in id order, as the service's engine does). What an engine
+#     as lean as the hand-written SQL reaches behind this service's HTTP.
+#     (Its books line means nothing either: the statements move no grant.)
 # Printed: cycles/s medians per cell, and service / reference,
-# floor / reference, service / floor. When floor / reference is below a
-# target for service / reference, no engine reaches that target on this
-# stack and machine.
+# floor / reference, handwritten / reference, service / floor, service /
+# handwritten. When floor / reference is below a target for service /
+# reference, no engine reaches that target on this stack and machine; when
+# handwritten / reference is, no engine doing the reference's statements
+# per operation does.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -65,6 +77,75 @@ admin "CREATE DATABASE tb_floor_template"
 "$binary" --database-url "postgres://postgres@127.0.0.1:$port/tb_floor_template" migrate > /dev/null
 psql "${pg[@]}" -d tb_floor_template -v accounts=1000 -f bench/reference_seed.sql > /dev/null
 
+# The reference's two statements as the engine ("handwritten" above),
+# installed over engine_noop.sql's functions (whose object builder answers).
+{
+  cat <<'SQL'
+CREATE OR REPLACE FUNCTION engine_lean_one(p_op text, p_account uuid, p_actor text, p_key_id uuid,
+    p_key_hash bytea, p_authorized boolean, p_request uuid, p_amount bigint,
+    p_requested_ttl integer, p_ttl integer, p_new_id uuid, p_reservation uuid, p_job uuid,
+    p_hash bytea, p_kind text, p_params jsonb, p_lease_token bigint, p_status text,
+    p_result jsonb, p_error jsonb, p_reason text)
+RETURNS jsonb
+LANGUAGE plpgsql AS $handwritten$
+DECLARE
+    r uuid;
+    c bigint;
+BEGIN
+    IF p_op = 'reserve' THEN
+SQL
+  grep -v '^--\|^\\' bench/reference_cycle.pgbench.sql | sed -n 1p \
+    | sed -e 's/SELECT gen_random_uuid() AS id/SELECT p_request AS id/' \
+          -e 's/SELECT gen_random_uuid(), bench_uuid(:n), request.id/SELECT p_new_id, bench_uuid(:n), request.id/' \
+          -e "s/WHERE id = bench_uuid(:n) AND secret_hash = sha256('pgbench-secret'::bytea)/WHERE id = p_key_id AND secret_hash = p_key_hash/g" \
+          -e 's/bench_uuid(:n)/p_account/g' \
+          -e 's/ SELECT id FROM held \\gset r_$/ SELECT id INTO r FROM held;/'
+  cat <<'SQL'
+        IF r IS NULL THEN
+            RAISE EXCEPTION 'handwritten reserve refused on %', p_account;
+        END IF;
+    ELSIF p_op IN ('commit', 'commit_all') THEN
+SQL
+  grep -v '^--\|^\\' bench/reference_cycle.pgbench.sql | sed -n 2p \
+    | sed -e "s/WHERE id = bench_uuid(:n) AND secret_hash = sha256('pgbench-secret'::bytea)/WHERE id = p_key_id AND secret_hash = p_key_hash/g" \
+          -e 's/bench_uuid(:n)/p_account/g' -e 's/:r_id/p_reservation/g' \
+          -e 's/ SELECT count(\*) AS committed FROM settled \\gset c_$/ SELECT count(*) INTO c FROM settled;/'
+  cat <<'SQL'
+        IF c <> 1 THEN
+            RAISE EXCEPTION 'handwritten commit refused on % (key % authorized %)', p_reservation, p_key_id, p_authorized;
+        END IF;
+    ELSE
+        RAISE EXCEPTION 'handwritten engine: % is not a reserve or a commit', p_op;
+    END IF;
+    RETURN bench_noop_object(p_op, p_account, p_request, p_amount, p_ttl, p_new_id, p_reservation);
+END;
+$handwritten$;
+CREATE OR REPLACE FUNCTION engine_apply(p_ops engine_request[])
+RETURNS TABLE (op_position integer, outcome text, detail jsonb, object jsonb)
+LANGUAGE plpgsql AS $handwritten$
+DECLARE
+    o engine_request;
+BEGIN
+    -- The batch's accounts locked in id order first, as the service's
+    -- engine does: batches in flight side by side never deadlock.
+    PERFORM 1 FROM accounts
+    WHERE id = ANY (ARRAY(SELECT DISTINCT u.account FROM unnest(p_ops) u))
+    ORDER BY id FOR NO KEY UPDATE;
+    op_position := 0;
+    FOREACH o IN ARRAY p_ops LOOP
+        op_position := op_position + 1;
+        outcome := CASE WHEN o.op = 'reserve' THEN 'created' ELSE 'committed' END;
+        object := engine_lean_one_of(o);
+        RETURN NEXT;
+    END LOOP;
+END;
+$handwritten$;
+SQL
+} > "$dir/handwritten.sql"
+[ "$(grep -c ' INTO [rc] FROM \(settled\|held\);' "$dir/handwritten.sql")" = 2 ] \
+  && ! grep -q 'bench_uuid\|:r_id\|gen_random_uuid\|pgbench-secret\|gset' "$dir/handwritten.sql" \
+  || { echo "bench/reference_cycle.pgbench.sql: not the two statements expected" >&2; exit 1; }
+
 reference_run() { # kiosks
   admin "DROP DATABASE IF EXISTS tb_floor_reference WITH (FORCE)"
   admin "CREATE DATABASE tb_floor_reference TEMPLATE tb_floor_template"
@@ -76,7 +157,7 @@ reference_run() { # kiosks
   sed -n 's/^tps = \([0-9.]*\).*/\1/p' <<< "$output"
 }
 
-service_run() { # kiosks noop(0|1)
+service_run() { # kiosks engine(real|noop|handwritten)
   admin "DROP DATABASE IF EXISTS tb_floor_service WITH (FORCE)"
   local url="postgres://postgres@127.0.0.1:$port/tb_floor_service"
   DATABASE_URL="$url" BIND_ADDR="127.0.0.1:$http" ADMIN_API_KEY="$key" RATE_LIMIT_PER_SECOND=0 \
@@ -90,7 +171,7 @@ service_run() { # kiosks noop(0|1)
     --accounts 1000 --concurrency "$1" --seconds "$seconds" --service-pid "$service" \
     > "$dir/load.out" 2>&1 &
   local load=$!
-  if [ "$2" = 1 ]; then
+  if [ "$2" != real ]; then
     local held=0
     for _ in $(seq 1 1200); do
       held="$(psql "${pg[@]}" -d tb_floor_service -tAc "SELECT count(*) FROM reservations" 2> /dev/null || echo 0)"
@@ -100,11 +181,23 @@ service_run() { # kiosks noop(0|1)
     local schema
     schema="$(psql "${pg[@]}" -d tb_floor_service -tAc \
       "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'engine\\_%'")"
-    PGOPTIONS="-c search_path=$schema,public" psql "${pg[@]}" -d tb_floor_service \
-      -f bench/engine_noop.sql > /dev/null
+    local files=(-f bench/engine_noop.sql)
+    [ "$2" = noop ] || files+=(-f "$dir/handwritten.sql")
+    # One transaction: no operation meets the no-op engine on its way to
+    # the hand-written one.
+    PGOPTIONS="-c search_path=$schema,public" psql "${pg[@]}" -d tb_floor_service -1 \
+      "${files[@]}" > /dev/null
   fi
   wait "$load" || true
   kill -TERM "$service"; wait "$service" 2> /dev/null || true; service=""
+  if [ "$2" = handwritten ]; then
+    # Its books cannot reconcile (no grant moves), so the load generator
+    # reports 0 cycles/s: cycles from the requests of the measured seconds
+    # (a reserve and a commit each).
+    grep -o 'requests=[0-9]*' "$dir/load.out" | cut -d= -f2 | awk -v s="$seconds" '{ print $1 / 2 / s }' \
+      | grep . || { echo "bench load failed:" >&2; cat "$dir/load.out" "$dir/service.log" >&2; exit 1; }
+    return
+  fi
   grep -o 'cycles_per_s=[0-9.]*' "$dir/load.out" | cut -d= -f2 \
     || { echo "bench load failed:" >&2; cat "$dir/load.out" "$dir/service.log" >&2; exit 1; }
 }
@@ -112,13 +205,14 @@ service_run() { # kiosks noop(0|1)
 results="$dir/results"
 for kiosks in $kiosk_counts; do
   for round in $(seq 1 "$rounds"); do
-    order="reference service floor"
-    [ $((round % 2)) = 0 ] && order="floor service reference"
+    order="reference service floor handwritten"
+    [ $((round % 2)) = 0 ] && order="handwritten floor service reference"
     for what in $order; do
       case "$what" in
         reference) figure="$(reference_run "$kiosks")" ;;
-        service) figure="$(service_run "$kiosks" 0)" ;;
-        floor) figure="$(service_run "$kiosks" 1)" ;;
+        service) figure="$(service_run "$kiosks" real)" ;;
+        floor) figure="$(service_run "$kiosks" noop)" ;;
+        handwritten) figure="$(service_run "$kiosks" handwritten)" ;;
       esac
       echo "$kiosks $round $what $figure" | tee -a "$results" >&2
     done
@@ -131,9 +225,9 @@ rows = [line.split() for line in open(sys.argv[1])]
 cells = {}
 for kiosks, _, what, figure in rows:
     cells.setdefault(int(kiosks), {}).setdefault(what, []).append(float(figure))
-print("| kiosks | reference | service | floor (engine costs nothing) | service / reference | floor / reference | service / floor |")
-print("|---|---|---|---|---|---|---|")
+print("| kiosks | reference | service | floor (engine costs nothing) | handwritten (the reference's statements as the engine) | service / reference | floor / reference | handwritten / reference | service / floor | service / handwritten |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for kiosks, cell in sorted(cells.items()):
-    r, s, f = (statistics.median(cell[w]) for w in ("reference", "service", "floor"))
-    print(f"| {kiosks} | {r:,.0f} | {s:,.0f} | {f:,.0f} | **{s / r:.2f}** | **{f / r:.2f}** | {s / f:.2f} |")
+    r, s, f, h = (statistics.median(cell[w]) for w in ("reference", "service", "floor", "handwritten"))
+    print(f"| {kiosks} | {r:,.0f} | {s:,.0f} | {f:,.0f} | {h:,.0f} | **{s / r:.2f}** | **{f / r:.2f}** | **{h / r:.2f}** | {s / f:.2f} | {s / h:.2f} |")
 PY
