@@ -47,13 +47,21 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
+# Each NAME is a database of its own: a new one, never "this" or "base"
+# (which would be installed twice) or a NAME given before.
+taken=" this base "
+for experiment in "${experiments[@]}"; do
+  name="${experiment%%=*}"
+  [[ "$name" =~ ^[a-z_][a-z0-9_]*$ ]] \
+    || { echo "$name: a NAME is a lowercase identifier (the database's name)" >&2; exit 2; }
+  [[ "$taken" != *" $name "* ]] || { echo "$name: NAME taken (this, base, or given twice)" >&2; exit 2; }
+  taken+="$name "
+  [ -f "${experiment#*=}" ] || { echo "${experiment#*=}: no such file" >&2; exit 2; }
+done
 read -r n1 n2 <<< "$counts"
 command -v valgrind > /dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 1; }
 binary="${CARGO_TARGET_DIR:-target}/release/token-billing"
 [ -x "$binary" ] || { echo "build first: cargo build --release ($binary missing)" >&2; exit 1; }
-for experiment in "${experiments[@]}"; do
-  [ -f "${experiment#*=}" ] || { echo "${experiment#*=}: no such file" >&2; exit 2; }
-done
 
 . bench/private_cluster.sh
 port="${ENGINE_INSTRUCTIONS_PORT:-5482}"
