@@ -79,15 +79,19 @@ psql "${pg[@]}" -d tb_floor_template -v accounts=1000 -f bench/reference_seed.sq
 
 # The reference's two statements as the engine ("handwritten" above),
 # installed over engine_noop.sql's functions (whose object builder answers).
+# Each function keeps the signature the installed engine gives it (read
+# from the catalog: written once, in src/engine/sql); only its body is new.
 {
   cat <<'SQL'
-CREATE OR REPLACE FUNCTION engine_lean_one(p_op text, p_account uuid, p_actor text, p_key_id uuid,
-    p_key_hash bytea, p_authorized boolean, p_request uuid, p_amount bigint,
-    p_requested_ttl integer, p_ttl integer, p_new_id uuid, p_reservation uuid, p_job uuid,
-    p_hash bytea, p_kind text, p_params jsonb, p_lease_token bigint, p_status text,
-    p_result jsonb, p_error jsonb, p_reason text)
-RETURNS jsonb
-LANGUAGE plpgsql AS $handwritten$
+CREATE FUNCTION pg_temp.bench_replace_body(p_name text, p_body text) RETURNS void
+LANGUAGE plpgsql AS $replace$
+BEGIN
+    EXECUTE format('CREATE OR REPLACE FUNCTION %s(%s) RETURNS %s LANGUAGE plpgsql AS %L',
+                   p_name, pg_get_function_arguments(p_name::regproc),
+                   pg_get_function_result(p_name::regproc), p_body);
+END;
+$replace$;
+SELECT pg_temp.bench_replace_body('engine_lean_one', $handwritten$
 DECLARE
     r uuid;
     c bigint;
@@ -119,10 +123,8 @@ SQL
     END IF;
     RETURN bench_noop_object(p_op, p_account, p_request, p_amount, p_ttl, p_new_id, p_reservation);
 END;
-$handwritten$;
-CREATE OR REPLACE FUNCTION engine_apply(p_ops engine_request[])
-RETURNS TABLE (op_position integer, outcome text, detail jsonb, object jsonb)
-LANGUAGE plpgsql AS $handwritten$
+$handwritten$);
+SELECT pg_temp.bench_replace_body('engine_apply', $handwritten$
 DECLARE
     o engine_request;
 BEGIN
@@ -139,7 +141,7 @@ BEGIN
         RETURN NEXT;
     END LOOP;
 END;
-$handwritten$;
+$handwritten$);
 SQL
 } > "$dir/handwritten.sql"
 [ "$(grep -c ' INTO [rc] FROM \(settled\|held\);' "$dir/handwritten.sql")" = 2 ] \
