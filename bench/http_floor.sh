@@ -81,6 +81,17 @@ psql "${pg[@]}" -d tb_floor_template -v accounts=1000 -f bench/reference_seed.sq
 # installed over engine_noop.sql's functions (whose object builder answers).
 # Each function keeps the signature the installed engine gives it (read
 # from the catalog: written once, in src/engine/sql); only its body is new.
+# The statements, one per line, with the request's values for the
+# reference's (a reserve's `request.id` and new id, the key, the account,
+# the reservation committed):
+grep -v '^--\|^\\' bench/reference_cycle.pgbench.sql \
+  | sed -e 's/SELECT gen_random_uuid() AS id/SELECT p_request AS id/' \
+        -e 's/SELECT gen_random_uuid(), bench_uuid(:n), request.id/SELECT p_new_id, bench_uuid(:n), request.id/' \
+        -e "s/WHERE id = bench_uuid(:n) AND secret_hash = sha256('pgbench-secret'::bytea)/WHERE id = p_key_id AND secret_hash = p_key_hash/g" \
+        -e 's/bench_uuid(:n)/p_account/g' -e 's/:r_id/p_reservation/g' \
+        -e 's/ SELECT id FROM held \\gset r_$/ SELECT id INTO r FROM held;/' \
+        -e 's/ SELECT count(\*) AS committed FROM settled \\gset c_$/ SELECT count(*) INTO c FROM settled;/' \
+  > "$dir/reference.sql"
 {
   cat <<'SQL'
 CREATE FUNCTION pg_temp.bench_replace_body(p_name text, p_body text) RETURNS void
@@ -98,22 +109,14 @@ DECLARE
 BEGIN
     IF p_op = 'reserve' THEN
 SQL
-  grep -v '^--\|^\\' bench/reference_cycle.pgbench.sql | sed -n 1p \
-    | sed -e 's/SELECT gen_random_uuid() AS id/SELECT p_request AS id/' \
-          -e 's/SELECT gen_random_uuid(), bench_uuid(:n), request.id/SELECT p_new_id, bench_uuid(:n), request.id/' \
-          -e "s/WHERE id = bench_uuid(:n) AND secret_hash = sha256('pgbench-secret'::bytea)/WHERE id = p_key_id AND secret_hash = p_key_hash/g" \
-          -e 's/bench_uuid(:n)/p_account/g' \
-          -e 's/ SELECT id FROM held \\gset r_$/ SELECT id INTO r FROM held;/'
+  sed -n 1p "$dir/reference.sql"
   cat <<'SQL'
         IF r IS NULL THEN
             RAISE EXCEPTION 'handwritten reserve refused on %', p_account;
         END IF;
     ELSIF p_op IN ('commit', 'commit_all') THEN
 SQL
-  grep -v '^--\|^\\' bench/reference_cycle.pgbench.sql | sed -n 2p \
-    | sed -e "s/WHERE id = bench_uuid(:n) AND secret_hash = sha256('pgbench-secret'::bytea)/WHERE id = p_key_id AND secret_hash = p_key_hash/g" \
-          -e 's/bench_uuid(:n)/p_account/g' -e 's/:r_id/p_reservation/g' \
-          -e 's/ SELECT count(\*) AS committed FROM settled \\gset c_$/ SELECT count(*) INTO c FROM settled;/'
+  sed -n 2p "$dir/reference.sql"
   cat <<'SQL'
         IF c <> 1 THEN
             RAISE EXCEPTION 'handwritten commit refused on % (key % authorized %)', p_reservation, p_key_id, p_authorized;
