@@ -6,12 +6,12 @@
 //! the outcome of each.
 //!
 //! - [`apply`] sends a batch of operations on any accounts to
-//!   `engine_apply` (`sql/70_apply.sql`) in one statement: one transaction,
-//!   one WAL flush, accounts locked in id order, operations applied as if
-//!   one by one in order, set-based (one `engine_spend` and one
-//!   `engine_settle` per round). A lone request is a batch of one; the
-//!   coalescer (`crate::coalesce`) makes bigger batches of concurrent
-//!   requests.
+//!   `engine_apply` (`sql/70_apply.sql`), the one entry point, in one
+//!   statement: one transaction, one WAL flush, accounts locked in id
+//!   order, then each operation decided in order by the one function of
+//!   its kind and written by the one write path (`engine_record`). A
+//!   single request is a batch of one; the coalescer (`crate::coalesce`)
+//!   makes bigger batches of concurrent requests.
 //! - the worker (`domain::job_leases`) and the reaper (`domain::reaper`)
 //!   call the engine's other entry points (`sql/60_jobs.sql`: fenced job
 //!   finish, heartbeat, expiry, fix-ups), which reach the same rule
@@ -183,8 +183,8 @@ struct Row {
     object: Option<Value>,
 }
 
-// The hot statements, each found in a connection's statement cache by a
-// type of its own (`db::prepared::StaticSql`), which holds its text.
+// The hot statement, found in a connection's statement cache by a type of
+// its own (`db::prepared::StaticSql`), which holds its text.
 
 /// The one statement every batch is: one array of `engine_request`, one
 /// element per operation (see `sql/70_apply.sql` for which fields each
@@ -193,14 +193,6 @@ struct ApplyStatement;
 impl StaticSql for ApplyStatement {
     const SQL: &'static str = "SELECT op_position, outcome, detail, object \
          FROM engine_apply($1) ORDER BY op_position";
-}
-
-/// The full machinery alone (`engine_apply_full`, the same array): for a
-/// batch the lone path found not plain.
-struct ApplyFullStatement;
-impl StaticSql for ApplyFullStatement {
-    const SQL: &'static str = "SELECT op_position, outcome, detail, object \
-         FROM engine_apply_full($1) ORDER BY op_position";
 }
 
 /// The engine's composite type `engine_request` (`sql/00_types.sql`): one
@@ -524,125 +516,15 @@ pub struct Applied {
     pub topup_credited: i64,
 }
 
-/// A batch of one reserve, job creation, commit, release or job finish
-/// tries the engine's lone path first (`engine_lean_one`,
-/// `sql/66_lone.sql`), called directly: a statement of 21 values, where
-/// `engine_apply` takes an array of `engine_request` and answers as a set
-/// (about a quarter of a lone operation's cost in the database). The lone
-/// path answers only a plain operation; for any other it writes nothing
-/// and answers NULL. `applies` says whether the lone path took the
-/// operation at all (`engine_lone_applies`): if it did and
-/// answered NULL, the full machinery decides (`engine_apply_full`, not
-/// `engine_apply`, which would try the lone path again); if not,
-/// `engine_apply`.
-struct LoneStatement;
-impl StaticSql for LoneStatement {
-    const SQL: &'static str = "SELECT engine_plain_outcome($1) AS outcome, \
-         engine_lone_applies($1) AS applies, \
-         CASE WHEN engine_lone_applies($1) \
-              THEN engine_lean_one($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, \
-                                   $14, $15, $16, $17, $18, $19, $20, $21) END AS object";
-}
-
-#[derive(QueryableByName)]
-struct LoneRow {
-    #[diesel(sql_type = Text)]
-    outcome: String,
-    #[diesel(sql_type = Bool)]
-    applies: bool,
-    #[diesel(sql_type = Nullable<Jsonb>)]
-    object: Option<Value>,
-}
-
-/// What the lone path made of a batch of one.
-enum Lone {
-    /// Applied: the answer.
-    Answered(Answer),
-    /// Taken and found not plain (nothing written): the full machinery decides.
-    NotPlain,
-    /// Not the lone path's: `engine_apply` decides.
-    NotTaken,
-}
-
-/// The lone path's answer to `request` (see [`LoneStatement`]).
-fn apply_lone(conn: &mut PgConnection, request: &Request) -> Result<Lone, ApiError> {
-    // Which kinds the lone path takes is engine_lone_applies' to say; this
-    // only spares the other kinds (credits, adjustments, extensions) a round
-    // trip. Were the two to disagree, an operation would only take a
-    // slower path, never get another answer.
-    if !matches!(
-        request.op,
-        "reserve" | "create_job" | "commit" | "commit_all" | "release" | "finish_job"
-    ) {
-        return Ok(Lone::NotTaken);
-    }
-    let fields = &request.fields;
-    let row: LoneRow = prepared_static::<LoneStatement>()
-        .bind::<Text, _>(request.op)
-        .bind::<SqlUuid, _>(request.account)
-        .bind::<Text, _>(&request.actor)
-        .bind::<Nullable<SqlUuid>, _>(request.key_id)
-        .bind::<Nullable<Bytea>, _>(&request.key_hash)
-        .bind::<Bool, _>(request.authorized)
-        .bind::<Nullable<SqlUuid>, _>(fields.request)
-        .bind::<Nullable<BigInt>, _>(fields.amount)
-        .bind::<Nullable<Integer>, _>(fields.requested_ttl)
-        .bind::<Nullable<Integer>, _>(fields.ttl)
-        .bind::<Nullable<SqlUuid>, _>(fields.new_id)
-        .bind::<Nullable<SqlUuid>, _>(fields.reservation)
-        .bind::<Nullable<SqlUuid>, _>(fields.job)
-        .bind::<Nullable<Bytea>, _>(&fields.hash)
-        .bind::<Nullable<Text>, _>(&fields.kind)
-        .bind::<Nullable<Jsonb>, _>(&fields.params)
-        .bind::<Nullable<BigInt>, _>(fields.lease_token)
-        .bind::<Nullable<Text>, _>(fields.status)
-        .bind::<Nullable<Jsonb>, _>(&fields.result)
-        .bind::<Nullable<Jsonb>, _>(&fields.error)
-        .bind::<Nullable<Text>, _>(&fields.reason)
-        .get_result(conn)?;
-    Ok(match row.object {
-        Some(object) => Lone::Answered(Answer {
-            outcome: Outcome::parse(&row.outcome)?,
-            detail: Value::Null,
-            object: Some(object),
-        }),
-        None if row.applies => Lone::NotPlain,
-        None => Lone::NotTaken,
-    })
-}
-
 /// [`apply`], with the batch's tallies.
 pub fn apply_counted(
     conn: &mut PgConnection,
     operations: &[Operation],
 ) -> Result<Applied, ApiError> {
-    // Each operation's fields (its new ids among them) are chosen once,
-    // whichever path takes the batch.
     let requests: Vec<Request> = operations.iter().map(Request::of).collect();
-    let mut full = false;
-    if let [request] = requests.as_slice() {
-        match apply_lone(conn, request)? {
-            Lone::Answered(answer) => {
-                return Ok(Applied {
-                    answers: vec![answer],
-                    grant_expired: 0,
-                    topup_credited: 0,
-                })
-            }
-            Lone::NotPlain => full = true,
-            Lone::NotTaken => {}
-        }
-    }
-    fn load<K: StaticSql>(conn: &mut PgConnection, requests: &[Request]) -> QueryResult<Vec<Row>> {
-        prepared_static::<K>()
-            .bind::<Array<EngineRequest>, _>(requests)
-            .load(conn)
-    }
-    let rows = if full {
-        load::<ApplyFullStatement>(conn, &requests)?
-    } else {
-        load::<ApplyStatement>(conn, &requests)?
-    };
+    let rows: Vec<Row> = prepared_static::<ApplyStatement>()
+        .bind::<Array<EngineRequest>, _>(&requests)
+        .load(conn)?;
     // Position 0 (first, by the ORDER BY): the batch's tallies.
     let (lapses, rows): (Vec<Row>, Vec<Row>) =
         rows.into_iter().partition(|row| row.op_position == 0);

@@ -37,11 +37,10 @@
 //! it: the model sends the notices too). A removal sent with an expiry is
 //! refused.
 //!
-//! Every history runs twice: on the engine as deployed, where plain
-//! operations take the lean path (`src/engine/sql/68_lean.sql`), and with
-//! `token_billing.lean = off`, where every batch goes to the full
-//! machinery. Both must agree with the model at every step, so the two
-//! paths cannot drift apart unseen.
+//! The engine has one path (`engine_apply`, `src/engine/sql/70_apply.sql`):
+//! a single request is a batch of one, and a coalesced batch goes through
+//! the same functions, so the service must agree with the model at every
+//! step whatever the batching.
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use diesel::prelude::*;
@@ -1424,12 +1423,8 @@ async fn expired_key(app: &TestApp, account: Uuid, conn: &mut PgConnection) -> S
     created["key"].as_str().expect("key").to_owned()
 }
 
-/// Runs `steps` on the service and the model and compares them. `lean`:
-/// the engine as deployed (plain operations on its lean path); otherwise
-/// every batch goes to the full machinery (`token_billing.lean = off`).
-/// Every history runs both ways, so the two paths are held to the same
-/// model on every step.
-async fn run_history(steps: &[Step], lean: bool) {
+/// Runs `steps` on the service and the model and compares them.
+async fn run_history(steps: &[Step]) {
     let settings = |config: &mut token_billing::config::Config| {
         // Workers and the reaper act only as the history's own steps
         // (Finish, Reaper): a background pass (every 30 s by default) would
@@ -1439,11 +1434,7 @@ async fn run_history(steps: &[Step], lean: bool) {
         // Revoked and expired keys are refused on purpose, many times.
         config.auth_failure_burst = 1_000;
     };
-    let app = if lean {
-        TestApp::spawn_with(settings).await
-    } else {
-        TestApp::spawn_full_engine_with(settings).await
-    };
+    let app = TestApp::spawn_with(settings).await;
     let mut model = Model::default();
     let limits = [0, 2, 3];
     let mut accounts = Vec::new();
@@ -1555,8 +1546,7 @@ fn the_service_answers_every_history_as_the_model_does() {
     let mut runner = TestRunner::new(property_config(cases));
     runner
         .run(&prop::collection::vec(step(), 10..60), |steps| {
-            runtime.block_on(run_history(&steps, true));
-            runtime.block_on(run_history(&steps, false));
+            runtime.block_on(run_history(&steps));
             Ok(())
         })
         .expect("the service and the model agree");

@@ -270,27 +270,6 @@ impl TestDatabase {
     pub fn connect(&self) -> PgConnection {
         db::connect_session(&self.url).expect("connect test database")
     }
-
-    /// Every later session of this database sends every batch to the
-    /// engine's full machinery (`token_billing.lean = off`).
-    pub fn set_full_engine(&self) {
-        self.set_engine_path("off");
-    }
-
-    /// Every later session of this database takes these paths of the
-    /// engine (`token_billing.lean`): `off`, the full machinery only;
-    /// `batch`, no lone path (a lone operation too goes to the batch
-    /// statement, `src/engine/sql/68_lean.sql`).
-    pub fn set_engine_path(&self, path: &str) {
-        let mut admin =
-            PgConnection::establish(&format!("{}/postgres", server_url())).expect("connect");
-        admin
-            .batch_execute(&format!(
-                "ALTER DATABASE {} SET token_billing.lean = '{path}'",
-                self.name
-            ))
-            .expect("set token_billing.lean");
-    }
 }
 
 impl Drop for TestDatabase {
@@ -394,24 +373,6 @@ impl TestApp {
             *config = test_config_with(&database_url, flags);
         })
         .await
-    }
-
-    /// Like [`TestApp::spawn_with`], on a database whose sessions send
-    /// every batch to the engine's full machinery (`token_billing.lean =
-    /// off`, see `src/engine/sql/68_lean.sql`): the tests that compare the
-    /// lean path with the full one run the same steps on both.
-    pub async fn spawn_full_engine_with(adjust: impl FnOnce(&mut Config)) -> TestApp {
-        let database = TestDatabase::create();
-        database.set_full_engine();
-        Self::spawn_on(Arc::new(database), adjust).await
-    }
-
-    /// An app on a database whose sessions take these paths of the engine
-    /// (`TestDatabase::set_engine_path`).
-    pub async fn spawn_engine_path(path: &str) -> TestApp {
-        let database = TestDatabase::create();
-        database.set_engine_path(path);
-        Self::spawn_on(Arc::new(database), |_| {}).await
     }
 
     /// Another replica on the same database as `self`.

@@ -1057,12 +1057,6 @@ async fn a_writer_that_waited_for_a_lock_stamps_its_entries_after_it() {
     waited_for_a_lock_then_stamped(TestApp::spawn().await).await;
 }
 
-/// The same on the full machinery (every batch off the lean path).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_writer_that_waited_for_a_lock_stamps_after_it_on_the_full_machinery() {
-    waited_for_a_lock_then_stamped(TestApp::spawn_full_engine_with(|_| {}).await).await;
-}
-
 async fn waited_for_a_lock_then_stamped(app: TestApp) {
     let app = std::sync::Arc::new(app);
     let account = app.funded_account(10).await;

@@ -32,7 +32,6 @@ mod json_numbers;
 mod keys_audit;
 mod layers;
 mod leaks;
-mod lean;
 mod ledger_property;
 mod model;
 mod newcomer;

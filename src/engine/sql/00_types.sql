@@ -1,10 +1,10 @@
 -- The engine's typed contract: the rows its set-based functions take.
 --
--- A movement is what engine_record applies to an account and writes to the
--- ledger; a spend item asks for tokens (a reservation, or a job and its
--- reservation); a settle item moves a held reservation (commit, release,
--- extend, expire). Every field of an item is set; a field that may be
--- empty says so below. Callers never pass "missing means all".
+-- A movement is what engine_record (the one write path) applies to an
+-- account and writes to the ledger; a request is one operation of a batch
+-- (engine_apply, the one entry point). Every field of a movement is set; a
+-- field that may be empty says so below. Callers never pass "missing
+-- means all".
 --
 -- Plans. The functions a request or a job's worker calls run with
 -- `SET plan_cache_mode = force_generic_plan`: each statement is planned once
@@ -39,77 +39,16 @@ CREATE TYPE engine_movement AS (
                               -- credit or positive adjustment names the grant it made)
 );
 
-CREATE TYPE engine_spend_item AS (
-    pos           integer,     -- the operation's position in its batch (answers carry it)
-    op            text,        -- reserve, create_job
-    account       uuid,
-    actor         text,
-    request       uuid,        -- the client's request_id
-    amount        bigint,      -- the reservation's amount (a job's cost)
-    requested_ttl integer,     -- as the client sent it; NULL when it sent none
-    ttl           integer,     -- the TTL applied (seconds)
-    reservation   uuid,        -- the new reservation's id
-    job           uuid,        -- the new job's id (create_job), else NULL
-    hash          bytea,       -- the job's canonical request hash (create_job), else NULL
-    kind          text,        -- the job's kind (create_job), else NULL
-    params        jsonb        -- the job's params (create_job), else NULL
-);
-
-CREATE TYPE engine_settle_item AS (
-    pos         integer,
-    action      text,          -- commit (exactly amount), commit_all, release, extend, expire
-    account     uuid,
-    reservation uuid,
-    amount      bigint,        -- commit only; NULL otherwise
-    ttl         double precision, -- extend only (seconds); NULL otherwise
-    job         uuid,          -- the job acting (its worker or the reaper); NULL for the API
-    reason      text,          -- the ledger reason (may be NULL)
-    actor       text
-);
-
 -- One operation as the service sends it: engine_apply's batch is an array
 -- of these (element i is operation i; 70_apply.sql lists the fields each
 -- kind of operation sets, the others NULL). It crosses as one array
 -- parameter, bound by src/engine/mod.rs (`EngineRequest`) by position:
 -- its `EngineRequestFields` lists these fields' types in this order (a
--- test checks that every field arrives under its name).
+-- test checks that every field arrives under its name). Every function
+-- that decides an operation takes it whole: its fields are written here
+-- once.
 CREATE TYPE engine_request AS (
     op              text,
-    account         uuid,
-    actor           text,
-    key_id          uuid,
-    key_hash        bytea,
-    authorized      boolean,
-    request         uuid,
-    amount          bigint,
-    requested_ttl   integer,
-    ttl             integer,
-    new_id          uuid,
-    job             uuid,
-    reservation     uuid,
-    hash            bytea,
-    kind            text,
-    params          jsonb,
-    external_ref    text,
-    note            text,
-    reason          text,
-    http_request_id text,
-    lease_token     bigint,
-    status          text,
-    result          jsonb,
-    error           jsonb,
-    priority        integer,
-    expires_at      timestamptz
-);
-
--- One operation of an engine_apply batch, as engine_apply_full reads its
--- requests, with its place in the batch: `class` (spend, settle, external,
--- job) and `round` (see engine_apply).
-CREATE TYPE engine_op AS (
-    n               integer,
-    op              text,
-    class           text,
-    round           integer,
     account         uuid,
     actor           text,
     key_id          uuid,

@@ -4,7 +4,7 @@
 -- valid when it is known, the SHA-256 of the presented secret (`p_hash`)
 -- matches, and it is neither revoked nor expired. At most one row: the key.
 -- Inlined where it is called (one probe of the primary key): by
--- engine_verify_keys below, and by the lean path (`68_lean.sql`).
+-- engine_verify_keys and engine_key_refusal below.
 CREATE FUNCTION engine_valid_key(p_id uuid, p_hash bytea)
 RETURNS TABLE (key_id uuid, scope text, account_id uuid, last_used_at timestamptz)
 LANGUAGE sql STABLE AS $$
@@ -30,27 +30,26 @@ CREATE FUNCTION engine_verify_keys(p_ids uuid[], p_hashes bytea[])
 RETURNS TABLE (n integer, key_id uuid, scope text, account_id uuid)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
+DECLARE
+    valid record;
+    stale uuid[] := '{}';
 BEGIN
-    RETURN QUERY
-    WITH presented AS (
-        SELECT p.* FROM unnest(p_ids, p_hashes) WITH ORDINALITY AS p (id, hash, n)
-    ), valid AS (
-        -- One probe of the primary key per presented key (the rule is
-        -- inlined into this LATERAL).
-        SELECT p.n, k.key_id AS id, k.scope, k.account_id, k.last_used_at
-        FROM presented p
+    -- One probe of the primary key per presented key (the rule is inlined).
+    FOR valid IN
+        SELECT p.n::integer AS n, k.key_id, k.scope, k.account_id, k.last_used_at
+        FROM unnest(p_ids, p_hashes) WITH ORDINALITY AS p (id, hash, n)
         CROSS JOIN LATERAL engine_valid_key(p.id, p.hash) k
-    ), touched AS (
-        UPDATE api_keys SET last_used_at = now()
-        WHERE id IN (SELECT k.id FROM api_keys k
-                     WHERE k.id IN (SELECT v.id FROM valid v
-                                    WHERE engine_key_use_stale(v.last_used_at))
-                       AND engine_key_use_stale(k.last_used_at)
-                     ORDER BY k.id
-                     FOR UPDATE SKIP LOCKED)
-        RETURNING 1
-    )
-    SELECT v.n::integer, v.id, v.scope, v.account_id FROM valid v;
+    LOOP
+        IF engine_key_use_stale(valid.last_used_at) THEN
+            stale := stale || valid.key_id;
+        END IF;
+        n := valid.n; key_id := valid.key_id; scope := valid.scope;
+        account_id := valid.account_id;
+        RETURN NEXT;
+    END LOOP;
+    IF cardinality(stale) > 0 THEN
+        PERFORM engine_touch_keys(stale);
+    END IF;
 END;
 $$;
 
@@ -69,21 +68,40 @@ LANGUAGE sql IMMUTABLE AS $$
     END
 $$;
 
--- What a spending operation's key allows on `p_account`, written once for
--- the lean paths (the batch statement, 68_lean.sql, and the lone path's
--- reads, 66_lone.sql): one row, always — `may` whether the operation may
--- spend there (the service authorised it, `p_authorized`, or the key
--- `p_key_id` with the secret's hash `p_key_hash` is valid,
--- engine_valid_key, and its scope allows the account,
--- engine_spend_authority), and the valid key with its last use (NULL when
--- authorised or not valid). Inlined where it is called.
-CREATE FUNCTION engine_key_may(p_authorized boolean, p_key_id uuid, p_key_hash bytea,
+-- A spending operation's key refusal, written once: NULL when the
+-- service authorised the operation (`p_authorized`) or the key `p_key_id`
+-- with the secret's hash `p_key_hash` is valid (engine_valid_key) and may
+-- spend on `p_account` (engine_spend_authority); else unauthorized (no such
+-- valid key), not_found or forbidden. One row, always, with the valid key
+-- and its last use (NULL when authorised or not valid): engine_apply
+-- writes a stale use (engine_key_use_stale, engine_touch_keys). Inlined
+-- where it is called.
+CREATE FUNCTION engine_key_refusal(p_authorized boolean, p_key_id uuid, p_key_hash bytea,
     p_account uuid)
-RETURNS TABLE (may boolean, valid_key uuid, last_used_at timestamptz)
+RETURNS TABLE (refusal text, valid_key uuid, last_used_at timestamptz)
 LANGUAGE sql STABLE AS $$
-    SELECT (p_authorized OR engine_spend_authority(v.scope, v.account_id, p_account) = 'ok'),
+    SELECT CASE WHEN p_authorized THEN NULL
+                WHEN v.key_id IS NULL THEN 'unauthorized'
+                ELSE NULLIF(engine_spend_authority(v.scope, v.account_id, p_account), 'ok') END,
            v.key_id, v.last_used_at
     FROM (SELECT 1) one
     LEFT JOIN LATERAL (SELECT k.* FROM engine_valid_key(p_key_id, p_key_hash) k
                        WHERE NOT p_authorized LIMIT 1) v ON true
+$$;
+
+-- A verified key's last use, written once a minute at most
+-- (engine_key_use_stale): the keys `p_keys` whose last use is stale have
+-- it written; a key row another transaction holds is skipped, never
+-- waited for. PL/pgSQL, not SQL: its callers PERFORM it, and a SQL
+-- function called so is planned again at every call; PL/pgSQL keeps the
+-- statement's plan for the session.
+CREATE FUNCTION engine_touch_keys(p_keys uuid[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE api_keys SET last_used_at = now()
+    WHERE id = ANY (ARRAY(SELECT k.id FROM api_keys k
+                          WHERE k.id = ANY (p_keys) AND engine_key_use_stale(k.last_used_at)
+                          ORDER BY k.id
+                          FOR UPDATE SKIP LOCKED));
+END;
 $$;

@@ -1,5 +1,14 @@
 -- Credit grants: their draw order, their view, and their lapse.
 
+-- Whether a grant expiring at `p_expires_at` has lapsed at `p_at`, written
+-- once: its expiry has come (NULL: it never expires, never lapsed). Every
+-- other place asks this function (inlined where it is called, so a scan
+-- by expiry still uses its index).
+CREATE FUNCTION engine_grant_lapsed(p_expires_at timestamptz, p_at timestamptz) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT p_expires_at IS NOT NULL AND p_expires_at <= p_at
+$$;
+
 -- A grant's status at `p_at`: expired once its expiry has passed (whether
 -- or not its lapse is written yet), else active while it holds tokens
 -- (remaining or reserved), else depleted. (No engine function takes a
@@ -8,7 +17,7 @@
 CREATE FUNCTION engine_grant_status(p_expires_at timestamptz, p_remaining bigint,
     p_reserved bigint, p_at timestamptz) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN p_expires_at <= p_at THEN 'expired'
+    SELECT CASE WHEN engine_grant_lapsed(p_expires_at, p_at) THEN 'expired'
                 WHEN p_remaining + p_reserved > 0 THEN 'active'
                 ELSE 'depleted' END
 $$;
@@ -38,7 +47,18 @@ $$;
 CREATE FUNCTION engine_grant_lapse_due(p_drawable boolean, p_expired_at timestamptz,
     p_expires_at timestamptz, p_at timestamptz) RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT p_drawable AND p_expired_at IS NULL AND p_expires_at <= p_at
+    SELECT p_drawable AND p_expired_at IS NULL AND engine_grant_lapsed(p_expires_at, p_at)
+$$;
+
+-- The grants of `p_account` due to lapse at `p_at` (at most one row: a
+-- spend on the account lapses them first, engine_lapse_grants).
+CREATE FUNCTION engine_lapsing_grants(p_account uuid, p_at timestamptz)
+RETURNS TABLE (grant_id uuid)
+LANGUAGE sql STABLE AS $$
+    SELECT g.id FROM credit_grants g
+    WHERE g.account_id = p_account AND g.drawable
+      AND engine_grant_lapse_due(g.drawable, g.expired_at, g.expires_at, p_at)
+    LIMIT 1
 $$;
 
 -- The draw order, written once: the account's grants that hold tokens
@@ -64,6 +84,19 @@ LANGUAGE sql STABLE AS $$
     SELECT NULL::uuid, COALESCE(sum(g.remaining), 0)::bigint, 4611686018427387904
     FROM credit_grants g
     WHERE g.account_id = p_account AND g.drawable
+$$;
+
+-- The draws of a spend taking the account's drawable tokens [p_from, p_to)
+-- in draw order (engine_grant_pools): one row per grant it draws from
+-- (grant_id NULL: tokens no grant holds), with the start of its interval
+-- (`lo`, the draw order) and the tokens it takes.
+CREATE FUNCTION engine_draws(p_account uuid, p_from bigint, p_to bigint)
+RETURNS TABLE (grant_id uuid, lo bigint, amount bigint)
+LANGUAGE sql STABLE AS $$
+    SELECT p.grant_id, GREATEST(p_from, p.lo),
+           (LEAST(p_to, p.hi) - GREATEST(p_from, p.lo))::bigint
+    FROM engine_grant_pools(p_account) p
+    WHERE p.lo < p_to AND p.hi > p_from
 $$;
 
 -- The lapse, written once: every grant of `p_accounts` that still holds
@@ -121,7 +154,7 @@ DECLARE
 BEGIN
     SELECT array_agg(DISTINCT d.account_id) INTO due_accounts
     FROM (SELECT g.account_id FROM credit_grants g
-          WHERE g.expired_at IS NULL AND g.expires_at <= now()
+          WHERE g.expired_at IS NULL AND engine_grant_lapsed(g.expires_at, now())
           ORDER BY g.expires_at LIMIT p_limit) d;
     grants := 0; tokens := 0;
     IF due_accounts IS NULL THEN
@@ -131,7 +164,8 @@ BEGIN
     at := engine_now();
     SELECT l.grants, l.tokens INTO grants, tokens FROM engine_lapse_grants(due_accounts, at) l;
     UPDATE credit_grants g SET expired_at = at
-    WHERE g.account_id = ANY (due_accounts) AND g.expired_at IS NULL AND g.expires_at <= at;
+    WHERE g.account_id = ANY (due_accounts) AND g.expired_at IS NULL
+      AND engine_grant_lapsed(g.expires_at, at);
     GET DIAGNOSTICS marked = ROW_COUNT;
     grants := grants + marked;
 END;
@@ -150,8 +184,8 @@ BEGIN
     WITH due AS (
         SELECT g.id FROM credit_grants g
         WHERE g.expired_at IS NULL AND g.expiring_notified_at IS NULL
-          AND g.expires_at <= now() + make_interval(hours => p_notice_hours)
-          AND g.expires_at > now() AND g.remaining + g.reserved > 0
+          AND engine_grant_lapsed(g.expires_at, now() + make_interval(hours => p_notice_hours))
+          AND NOT engine_grant_lapsed(g.expires_at, now()) AND g.remaining + g.reserved > 0
         ORDER BY g.expires_at LIMIT p_limit
         FOR UPDATE SKIP LOCKED
     ), marked AS (

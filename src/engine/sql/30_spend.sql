@@ -27,221 +27,134 @@ LANGUAGE sql STABLE AS $$
     FROM reservations r WHERE r.id = p_job.reservation_id
 $$;
 
--- Spend items (reserve, create_job), decided as if one by one in `pos`
--- order, set-based. For each item, in this order:
+-- A spend's refusals, written once: what refuses `p_amount` tokens to an
+-- account in status `p_status` holding `p_available` tokens and
+-- `p_active` held reservations of at most `p_max_active` (0: no limit), in
+-- this order: account_suspended, insufficient_tokens,
+-- too_many_active_reservations; NULL when none does. (The key's refusal,
+-- asked before it, is engine_key_refusal.)
+CREATE FUNCTION engine_spend_refusal(p_status text, p_available bigint, p_amount bigint,
+    p_active integer, p_max_active integer) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN p_status <> 'active' THEN 'account_suspended'
+                WHEN p_available < p_amount THEN 'insufficient_tokens'
+                WHEN p_max_active > 0 AND p_active >= p_max_active
+                    THEN 'too_many_active_reservations'
+           END
+$$;
+
+-- One spend (`o`: a reserve or a job creation, engine_request), decided and
+-- applied. The caller (engine_apply) holds the account's row lock and has
+-- checked the key (engine_key_refusal). In this order:
 --   not_found {what: account}   the account does not exist;
 --   replayed / idempotency_key_reused
 --                               the request_id was seen before: a
 --                               reservation (reserve: same amount and
 --                               requested TTL = replayed) or a job
 --                               (create_job: same request hash = replayed);
---   account_suspended           the account is not active;
---   insufficient_tokens {available, reserved}
---                               fewer tokens available than the amount;
+--   account_suspended, insufficient_tokens {available, reserved},
 --   too_many_active_reservations {limit}
---                               the account holds its limit of reservations
---                               (max_active_reservations; 0 = no limit);
+--                               engine_spend_refusal;
 --   created                     the reservation (and job) is made and the
 --                               tokens move available → reserved, drawn
 --                               from the account's grants in draw order
---                               (grants lapsed by then left the account
---                               first: engine_lapse_grants)
---                               (the reservation's `draws`; one reserve
---                               entry per grant drawn).
--- The balance and the limit are checked against running sums per account:
--- every item sees the items before it. All items before an account's first
--- refusal are decided at once; the refusal is final (it saw exactly the
--- state its predecessors left), and the items after it are decided again
--- against the state it left, until none is left. The caller holds the
--- accounts' row locks and passes each request_id at most once per account.
--- Returns one row per item: outcome, detail, and the reservation (reserve)
--- or the job (create_job) as JSON.
-CREATE FUNCTION engine_spend(p_items engine_spend_item[])
-RETURNS TABLE (pos integer, outcome text, detail jsonb, object jsonb)
+--                               (engine_draws; grants lapsed by now leave
+--                               the account first, engine_lapse_grants):
+--                               one reserve entry per grant drawn
+--                               (engine_record), the reservation's `draws`.
+-- The object is the reservation (reserve) or the job as engine_job_view
+-- shows it (create_job): the earlier one of a replay.
+CREATE FUNCTION engine_spend(o engine_request, OUT outcome text, OUT detail jsonb,
+    OUT object jsonb)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
-    pending engine_spend_item[] := p_items;
-    later engine_spend_item[];
-    moves engine_movement[];
-    spenders uuid[];
-    at timestamptz;
-    d record;
-    m record;
+    at timestamptz := engine_now();
+    seen record;
+    job_row generation_jobs;
+    made record;
 BEGIN
-    WHILE cardinality(pending) > 0 LOOP
-        later := '{}';
-        moves := '{}';
-        at := engine_now();
-        -- Grants lapsed by now leave first (engine_lapse_grants), so the
-        -- decision sees the balance without them and never draws them. The
-        -- look-up alone (the accounts' grants that hold tokens, by
-        -- credit_grants_drawable_idx) is what most rounds cost: a call that
-        -- updates nothing costs several times more. (A lapsed grant that
-        -- holds none leaves nothing; the reaper marks it.)
-        spenders := ARRAY(SELECT DISTINCT i.account FROM unnest(pending) i);
-        IF EXISTS (SELECT 1 FROM credit_grants g
-                   WHERE g.account_id = ANY (spenders) AND g.drawable
-                     AND engine_grant_lapse_due(g.drawable, g.expired_at, g.expires_at, at)) THEN
-            PERFORM engine_lapse_grants(spenders, at);
+    -- The account, an earlier use of the request_id (one probe of the
+    -- (account_id, request_id) index) and whether a grant lapses, in one
+    -- statement.
+    SELECT a.id, a.status, a.available, a.reserved, a.active_reservations,
+           a.max_active_reservations,
+           (SELECT to_jsonb(x) FROM reservations x
+            WHERE o.op = 'reserve' AND x.account_id = o.account AND x.request_id = o.request
+              AND x.job_id IS NULL LIMIT 1) AS earlier,
+           (SELECT j FROM generation_jobs j
+            WHERE o.op = 'create_job' AND j.account_id = o.account AND j.request_id = o.request
+            LIMIT 1) AS earlier_job,
+           EXISTS (SELECT 1 FROM engine_lapsing_grants(o.account, at)) AS lapsing
+    INTO seen
+    FROM accounts a WHERE a.id = o.account;
+    IF seen.id IS NULL THEN
+        outcome := 'not_found'; detail := '{"what": "account"}';
+        RETURN;
+    END IF;
+    IF seen.lapsing THEN
+        PERFORM engine_lapse_grants(ARRAY[o.account], at);
+        SELECT a.available, a.reserved INTO seen.available, seen.reserved
+        FROM accounts a WHERE a.id = o.account;
+    END IF;
+    IF seen.earlier IS NOT NULL THEN
+        IF (seen.earlier->>'amount')::bigint = o.amount
+           AND (seen.earlier->>'requested_ttl_seconds')::integer IS NOT DISTINCT FROM o.requested_ttl THEN
+            outcome := 'replayed'; object := seen.earlier;
+        ELSE
+            outcome := 'idempotency_key_reused';
         END IF;
-        FOR d IN
-            WITH items AS (
-                SELECT i.* FROM unnest(pending) i
-            ), seen AS (
-                SELECT i.*, a.id IS NOT NULL AS account_found, a.status, a.available, a.reserved,
-                       a.active_reservations, a.max_active_reservations,
-                       x.found AS earlier_reservation,
-                       g.found AS earlier_job,
-                       CASE
-                           WHEN a.id IS NULL THEN 'not_found'
-                           WHEN i.op = 'reserve' AND (x.found).id IS NOT NULL THEN
-                               CASE WHEN (x.found).amount = i.amount
-                                         AND (x.found).requested_ttl_seconds
-                                             IS NOT DISTINCT FROM i.requested_ttl
-                                    THEN 'replayed' ELSE 'idempotency_key_reused' END
-                           WHEN i.op = 'create_job' AND (g.found).id IS NOT NULL THEN
-                               CASE WHEN (g.found).request_hash = i.hash
-                                    THEN 'replayed' ELSE 'idempotency_key_reused' END
-                           WHEN a.status <> 'active' THEN 'account_suspended'
-                       END AS early
-                FROM items i
-                -- The accounts by their primary key (= ANY of the batch's
-                -- keys): a plain join is planned as a scan of the whole
-                -- table.
-                LEFT JOIN accounts a
-                       ON a.id = i.account AND a.id = ANY (ARRAY(SELECT account FROM items))
-                -- An earlier reservation or job of the item's request_id:
-                -- one probe of the (account_id, request_id) index per
-                -- item. (`request_id = ANY` of the batch's requests walks
-                -- the whole index: request_id is its second column. LIMIT
-                -- keeps each look-up a subquery of its own, never
-                -- flattened into a join the planner could turn into a
-                -- scan.)
-                LEFT JOIN LATERAL (
-                    SELECT r AS found FROM reservations r
-                    WHERE i.op = 'reserve' AND r.account_id = i.account
-                      AND r.request_id = i.request AND r.job_id IS NULL
-                    LIMIT 1) x ON true
-                LEFT JOIN LATERAL (
-                    SELECT j AS found FROM generation_jobs j
-                    WHERE i.op = 'create_job' AND j.account_id = i.account
-                      AND j.request_id = i.request
-                    LIMIT 1) g ON true
-            ), summed AS (
-                SELECT s.*,
-                       sum(s.amount) OVER w AS through_amount,
-                       count(*) OVER w AS through_count
-                FROM seen s WHERE s.early IS NULL
-                WINDOW w AS (PARTITION BY s.account ORDER BY s.pos)
-            ), checked AS (
-                SELECT s.*,
-                       CASE WHEN s.available - s.through_amount < 0 THEN 'insufficient_tokens'
-                            WHEN s.max_active_reservations > 0
-                                 AND s.active_reservations + s.through_count > s.max_active_reservations
-                            THEN 'too_many_active_reservations'
-                       END AS refusal
-                FROM summed s
-            ), decided AS (
-                SELECT c.*,
-                       CASE WHEN c.pos < COALESCE(min(c.pos) FILTER (WHERE c.refusal IS NOT NULL)
-                                                      OVER (PARTITION BY c.account), 2147483647)
-                            THEN 'created'
-                            WHEN c.pos = min(c.pos) FILTER (WHERE c.refusal IS NOT NULL)
-                                             OVER (PARTITION BY c.account)
-                            THEN c.refusal
-                       END AS verdict
-                FROM checked c
-            ), draws AS (
-                -- Each created item with its draws: the spending account's
-                -- grants in draw order are intervals of their drawable
-                -- tokens (engine_grant_pools); item i takes the account's
-                -- tokens [through - amount, through) (through: its running
-                -- sum), and its draw from each grant is the overlap with
-                -- that grant's interval. One pass over `decided`, each
-                -- item's grants by their index: a join of two of the
-                -- batch's CTEs is planned as a nested loop (their sizes
-                -- are unknown to the planner), quadratic in the batch. (So
-                -- an account with several items in the batch has its
-                -- grants read once per item: one index probe each.)
-                SELECT d.pos, d.reservation, d.account, d.request, d.amount, d.requested_ttl,
-                       d.ttl, d.job,
-                       jsonb_agg(jsonb_build_object('grant_id', p.grant_id, 'amount',
-                           (LEAST(d.through_amount, p.hi) - GREATEST(d.through_amount - d.amount, p.lo))::bigint)
-                           ORDER BY p.lo) AS draws
-                FROM decided d
-                CROSS JOIN LATERAL engine_grant_pools(d.account) p
-                WHERE d.verdict = 'created'
-                  AND p.lo < d.through_amount AND p.hi > d.through_amount - d.amount
-                GROUP BY d.pos, d.reservation, d.account, d.request, d.amount, d.requested_ttl,
-                         d.ttl, d.job
-            ), new_reservations AS (
-                INSERT INTO reservations (id, account_id, request_id, amount, requested_ttl_seconds,
-                    state, expires_at, job_id, draws)
-                SELECT w.reservation, w.account, w.request, w.amount, w.requested_ttl, 'held',
-                       now() + make_interval(secs => w.ttl), w.job, w.draws
-                FROM draws w
-                ORDER BY w.pos
-                RETURNING *
-            ), new_jobs AS (
-                INSERT INTO generation_jobs (id, account_id, request_id, request_hash, kind, params,
-                    cost, reservation_id)
-                SELECT d.job, d.account, d.request, d.hash, d.kind, d.params, d.amount, d.reservation
-                FROM decided d WHERE d.verdict = 'created' AND d.op = 'create_job'
-                ORDER BY d.pos
-                RETURNING *
-            )
-            SELECT s.pos, s.op, s.account, s.actor, s.amount, s.reservation, s.job, nr.draws,
-                   COALESCE(s.early, d.verdict) AS verdict,
-                   CASE
-                       WHEN s.early = 'not_found' THEN '{"what": "account"}'::jsonb
-                       WHEN d.verdict = 'insufficient_tokens' THEN jsonb_build_object(
-                           'available', d.available - (d.through_amount - d.amount),
-                           'reserved', d.reserved + (d.through_amount - d.amount))
-                       WHEN d.verdict = 'too_many_active_reservations' THEN
-                           jsonb_build_object('limit', d.max_active_reservations)
-                   END AS detail,
-                   CASE
-                       WHEN s.early IN ('replayed', 'idempotency_key_reused') AND s.op = 'reserve'
-                            AND s.early = 'replayed' THEN to_jsonb(s.earlier_reservation)
-                       WHEN s.early = 'replayed' AND s.op = 'create_job'
-                            THEN engine_job_json(s.earlier_job)
-                       WHEN d.verdict = 'created' AND s.op = 'reserve' THEN to_jsonb(nr)
-                       WHEN d.verdict = 'created' THEN engine_job_view(nj, nr.state, nr.expires_at, nr.draws)
-                   END AS object
-            FROM seen s
-            LEFT JOIN decided d ON d.pos = s.pos
-            LEFT JOIN new_reservations nr ON nr.id = s.reservation AND d.verdict = 'created'
-            LEFT JOIN new_jobs nj ON nj.id = s.job AND d.verdict = 'created'
-            ORDER BY s.pos
-        LOOP
-            IF d.verdict IS NULL THEN
-                -- After its account's first refusal: decided in the next round.
-                later := later || ARRAY(SELECT i FROM unnest(pending) i WHERE i.pos = d.pos);
-                CONTINUE;
-            END IF;
-            IF d.verdict = 'created' THEN
-                -- One reserve entry per draw, in draw order; the first
-                -- counts the reservation. Appended one at a time (`moves
-                -- || ARRAY(...)` copies the whole array on every item:
-                -- quadratic in the batch).
-                FOR m IN
-                    SELECT ROW(d.account, 'reserve', (x.draw->>'amount')::bigint,
-                               CASE WHEN x.k = 1 THEN 1 ELSE 0 END, d.reservation, d.job, NULL, NULL,
-                               d.actor, at, (x.draw->>'grant_id')::uuid)::engine_movement AS move
-                    FROM jsonb_array_elements(d.draws) WITH ORDINALITY AS x (draw, k)
-                    ORDER BY x.k
-                LOOP
-                    moves := moves || m.move;
-                END LOOP;
-            END IF;
-            pos := d.pos; outcome := d.verdict; detail := d.detail; object := d.object;
-            RETURN NEXT;
-        END LOOP;
-        IF cardinality(moves) > 0 THEN
-            PERFORM engine_record(moves);
+        RETURN;
+    END IF;
+    IF (seen.earlier_job).id IS NOT NULL THEN
+        IF (seen.earlier_job).request_hash = o.hash THEN
+            outcome := 'replayed'; object := engine_job_json(seen.earlier_job);
+        ELSE
+            outcome := 'idempotency_key_reused';
         END IF;
-        pending := later;
-    END LOOP;
+        RETURN;
+    END IF;
+    outcome := engine_spend_refusal(seen.status, seen.available, o.amount,
+                                    seen.active_reservations, seen.max_active_reservations);
+    IF outcome IS NOT NULL THEN
+        detail := CASE outcome
+            WHEN 'insufficient_tokens' THEN
+                jsonb_build_object('available', seen.available, 'reserved', seen.reserved)
+            WHEN 'too_many_active_reservations' THEN
+                jsonb_build_object('limit', seen.max_active_reservations) END;
+        RETURN;
+    END IF;
+    IF o.op = 'create_job' THEN
+        -- The job first (its reservation_id's foreign key is checked at
+        -- commit).
+        INSERT INTO generation_jobs (id, account_id, request_id, request_hash, kind, params, cost,
+            reservation_id)
+        VALUES (o.job, o.account, o.request, o.hash, o.kind, o.params, o.amount, o.new_id)
+        RETURNING * INTO job_row;
+    END IF;
+    WITH draws AS MATERIALIZED (
+        SELECT d.grant_id, d.lo, d.amount FROM engine_draws(o.account, 0, o.amount) d
+    ), made AS (
+        INSERT INTO reservations (id, account_id, request_id, amount, requested_ttl_seconds, state,
+            expires_at, job_id, draws)
+        SELECT o.new_id, o.account, o.request, o.amount, o.requested_ttl, 'held',
+               now() + make_interval(secs => o.ttl), job_row.id,
+               (SELECT jsonb_agg(jsonb_build_object('grant_id', d.grant_id, 'amount', d.amount)
+                                 ORDER BY d.lo) FROM draws d)
+        RETURNING *
+    )
+    -- One reserve entry per draw, in draw order; the first counts the
+    -- reservation.
+    SELECT to_jsonb(m) AS answer, m.state, m.expires_at, m.draws,
+           ARRAY(SELECT ROW(o.account, 'reserve', d.amount, CASE WHEN d.lo = 0 THEN 1 ELSE 0 END,
+                            o.new_id, job_row.id, NULL, NULL, o.actor, at,
+                            d.grant_id)::engine_movement
+                 FROM draws d ORDER BY d.lo) AS moves
+    INTO made
+    FROM made m;
+    PERFORM engine_record(made.moves);
+    outcome := 'created';
+    object := CASE WHEN o.op = 'reserve' THEN made.answer
+                   ELSE engine_job_view(job_row, made.state, made.expires_at, made.draws) END;
 END;
 $$;

@@ -1,9 +1,8 @@
 -- When a reservation may leave `held` (commit, partial commit, release,
 -- expire) or be extended, and the settle arithmetic.
 --
--- Settle items are decided set-based, each against its own reservation
--- (row-locked in id order; the caller holds the accounts' locks and names
--- each reservation at most once). For each item, in this order:
+-- A settlement is decided against its reservation (row-locked under its
+-- account's lock, which the caller holds). In this order:
 --   not_found {what: reservation}  no such reservation on this account;
 --   owned_by_job                   the reservation belongs to a job and the
 --                                  item is not that job's (the API may not
@@ -88,166 +87,133 @@ LANGUAGE sql IMMUTABLE AS $$
                 ELSE LEAST(p_asked, GREATEST(p_cap, p_current)) END
 $$;
 
-CREATE FUNCTION engine_settle(p_items engine_settle_item[])
-RETURNS TABLE (pos integer, outcome text, detail jsonb, reservation reservations, resolved boolean,
-               at timestamptz)
+-- Whether a reservation expiring at `p_expires_at` has expired at `p_at`,
+-- written once: it can no longer be committed, released or extended, and
+-- the reaper may expire it. Inlined where it is called (the reaper's scan
+-- by expiry keeps its index).
+CREATE FUNCTION engine_reservation_expired(p_expires_at timestamptz, p_at timestamptz)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT p_expires_at <= p_at
+$$;
+
+-- A commit of `p_amount` tokens of a reservation holding `p_held` asks for
+-- more than is held (amount_exceeds_held), written once.
+CREATE FUNCTION engine_commit_exceeds(p_amount bigint, p_held bigint) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT p_amount > p_held
+$$;
+
+-- One settlement (`p_action` commit of exactly `p_amount`, commit_all,
+-- release, extend by `p_ttl` seconds, expire) of reservation
+-- `p_reservation` on `p_account`, by the job `p_job` (its worker or the
+-- reaper; NULL for the API), with the ledger `p_reason` (may be NULL).
+CREATE FUNCTION engine_settle(p_action text, p_account uuid, p_reservation uuid,
+    p_amount bigint, p_ttl double precision, p_job uuid, p_reason text, p_actor text,
+    OUT outcome text, OUT detail jsonb, OUT reservation reservations, OUT resolved boolean,
+    OUT at timestamptz)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
-    moves engine_movement[] := '{}';
-    settled_at timestamptz := engine_now();
+    found reservations;
+    verdict text;
+    asked timestamptz;
+    cap timestamptz;
     committed bigint;
-    d record;
-    m record;
 BEGIN
-    -- The reservations' row locks first, in id order (two batches never
-    -- deadlock); the decision then reads each locked row by its primary
-    -- key, one probe per item. (Joining the items with the locked rows in
-    -- one statement was planned as a nested loop over both: quadratic in
-    -- the batch.)
-    PERFORM 1 FROM reservations r
-    WHERE r.id = ANY (ARRAY(SELECT i.reservation FROM unnest(p_items) i))
-    ORDER BY r.id
-    FOR UPDATE;
-    FOR d IN
-        WITH decided AS (
-            SELECT i.*, l.found, (l.found).amount AS held,
-                   CASE
-                       WHEN l.found IS NULL OR (l.found).account_id <> i.account THEN 'not_found'
-                       WHEN (l.found).job_id IS DISTINCT FROM i.job THEN 'owned_by_job'
-                       WHEN (l.found).state <> 'held' THEN
-                           CASE WHEN (i.action IN ('commit', 'commit_all')
-                                      AND (l.found).state = 'committed'
-                                      AND (l.found).committed_amount
-                                          = COALESCE(i.amount, (l.found).amount))
-                                     OR (i.action = 'release' AND (l.found).state = 'released')
-                                THEN 'replayed' ELSE 'not_held' END
-                       WHEN i.action = 'commit' AND i.amount > (l.found).amount
-                           THEN 'amount_exceeds_held'
-                       WHEN i.action = 'expire' AND (l.found).expires_at > now() THEN 'not_due'
-                       WHEN i.action <> 'expire' AND (l.found).expires_at <= now()
-                           THEN 'expired_on_access'
-                       ELSE i.action
-                   END AS verdict,
-                   -- An extension: the expiry it asks for (a job's never
-                   -- earlier than it was), and the cap: the earliest
-                   -- expiry of the grants it drew from (NULL: none
-                   -- expires). Only for an extension (by the grants'
-                   -- primary key, one probe per draw).
-                   CASE WHEN i.action = 'extend' THEN
-                       CASE WHEN i.job IS NULL THEN now() + make_interval(secs => i.ttl)
-                            ELSE GREATEST((l.found).expires_at, now() + make_interval(secs => i.ttl))
-                       END
-                   END AS asked,
-                   CASE WHEN i.action = 'extend' THEN
-                       (SELECT min(g.expires_at)
-                        FROM jsonb_array_elements((l.found).draws) x
-                        CROSS JOIN LATERAL (SELECT g.expires_at FROM credit_grants g
-                                            WHERE g.id = (x->>'grant_id')::uuid LIMIT 1) g
-                        WHERE (x->>'amount')::bigint > 0)
-                   END AS cap
-            FROM unnest(p_items) i
-            LEFT JOIN LATERAL (SELECT r AS found FROM reservations r
-                               WHERE r.id = i.reservation LIMIT 1) l ON true
-        ), judged AS (
-            SELECT d.*, d.verdict IN ('commit', 'commit_all', 'release', 'extend', 'expire',
-                                      'expired_on_access') AS changes,
-                   -- Grant expiry dominates extension: an extension never
-                   -- carries drawn tokens past their grant's expiry
-                   -- (engine_extension_expiry, the one rule); one that
-                   -- gets less than it asked is capped.
-                   d.verdict = 'extend'
-                   AND engine_extension_expiry(d.asked, d.cap, (d.found).expires_at) < d.asked
-                       AS capped
-            FROM decided d
-        ), applied AS (
-            UPDATE reservations r
-            SET state = CASE d.verdict WHEN 'commit' THEN 'committed' WHEN 'commit_all' THEN 'committed'
-                                       WHEN 'release' THEN 'released' WHEN 'extend' THEN 'held'
-                                       ELSE 'expired' END,
-                committed_amount = CASE WHEN d.verdict IN ('commit', 'commit_all')
-                                        THEN COALESCE(d.amount, r.amount) ELSE 0 END,
-                resolved_at = CASE WHEN d.verdict = 'extend' THEN NULL ELSE now() END,
-                expires_at = CASE
-                    WHEN d.verdict <> 'extend' THEN r.expires_at
-                    ELSE engine_extension_expiry(d.asked, d.cap, r.expires_at) END
-            FROM judged d
-            WHERE r.id = d.reservation AND d.changes
-            RETURNING d.pos, d.action, d.account, d.reservation, d.amount, d.reason, d.actor,
-                      d.verdict, d.held, d.found, d.capped, r AS changed
-        )
-        -- The items that changed their reservation (as it is now), and
-        -- the others: no join of the two (see the locks above).
-        SELECT a.* FROM applied a
-        UNION ALL
-        SELECT d.pos, d.action, d.account, d.reservation, d.amount, d.reason, d.actor, d.verdict,
-               d.held, d.found, d.capped, NULL::reservations
-        FROM judged d
-        WHERE NOT d.changes
-        ORDER BY pos
-    LOOP
-        pos := d.pos;
-        at := settled_at;
-        detail := NULL;
-        resolved := (d.changed).id IS NOT NULL AND d.verdict <> 'extend';
-        reservation := CASE WHEN (d.changed).id IS NOT NULL THEN d.changed ELSE d.found END;
-        CASE d.verdict
-            WHEN 'not_found' THEN
-                outcome := 'not_found'; detail := '{"what": "reservation"}';
-            WHEN 'owned_by_job', 'not_due' THEN
-                outcome := d.verdict;
-            WHEN 'replayed', 'not_held' THEN
-                outcome := d.verdict; detail := jsonb_build_object('state', (d.found).state);
-            WHEN 'amount_exceeds_held' THEN
-                outcome := d.verdict; detail := jsonb_build_object('held', d.held, 'amount', d.amount);
-            WHEN 'extend' THEN
-                outcome := CASE WHEN d.capped THEN 'extended_capped' ELSE 'extended' END;
-            ELSE
-                -- A resolution: commit, commit_all, release, expire, or an
-                -- expiry on access.
-                outcome := CASE d.verdict WHEN 'commit_all' THEN 'committed'
-                                          WHEN 'commit' THEN 'committed'
-                                          WHEN 'release' THEN 'released'
-                                          WHEN 'expire' THEN 'expired'
-                                          ELSE 'not_held' END;
-                IF d.verdict = 'expired_on_access' THEN
-                    detail := jsonb_build_object('state', 'expired', 'resolved', true);
-                END IF;
-                committed := (d.changed).committed_amount;
-                -- The commit entries first (one per grant the commit
-                -- consumes), then the returns of the rest (one per grant
-                -- it goes back to), so a replay of the entries passes
-                -- through both balances; the held count drops on the last
-                -- entry.
-                -- A return to a grant that has lapsed by now expires at
-                -- once (grant_expire, reason grant_expired): it leaves
-                -- reserved and the account, and is never made available.
-                -- Appended one at a time (`moves || ARRAY(...)` copies the
-                -- whole array on every item: quadratic in the batch).
-                FOR m IN
-                    SELECT ROW(d.account,
-                               CASE WHEN x.part = 'commit' THEN 'commit'
-                                    WHEN g.expires_at <= settled_at THEN 'grant_expire'
-                                    WHEN d.verdict IN ('expire', 'expired_on_access') THEN 'expire'
-                                    ELSE 'release' END,
-                               x.amount, CASE WHEN x.n = max(x.n) OVER () THEN -1 ELSE 0 END,
-                               d.reservation, (d.changed).job_id, NULL,
-                               CASE WHEN x.part = 'return' AND g.expires_at <= settled_at
-                                    THEN 'grant_expired'
-                                    WHEN x.part = 'return' AND d.verdict = 'expired_on_access'
-                                    THEN 'expired_on_access' ELSE d.reason END,
-                               d.actor, settled_at, x.grant_id)::engine_movement AS move
-                    FROM engine_split_draws((d.changed).draws, d.held, committed) x
-                    LEFT JOIN credit_grants g ON g.id = x.grant_id
-                    ORDER BY x.n
-                LOOP
-                    moves := moves || m.move;
-                END LOOP;
-        END CASE;
-        RETURN NEXT;
-    END LOOP;
-    IF cardinality(moves) > 0 THEN
-        PERFORM engine_record(moves);
+    at := engine_now();
+    resolved := false;
+    SELECT * INTO found FROM reservations r WHERE r.id = p_reservation FOR UPDATE;
+    reservation := found;
+    verdict := CASE
+        WHEN found.id IS NULL OR found.account_id <> p_account THEN 'not_found'
+        WHEN found.job_id IS DISTINCT FROM p_job THEN 'owned_by_job'
+        WHEN found.state <> 'held' THEN
+            CASE WHEN (p_action IN ('commit', 'commit_all') AND found.state = 'committed'
+                       AND found.committed_amount = COALESCE(p_amount, found.amount))
+                      OR (p_action = 'release' AND found.state = 'released')
+                 THEN 'replayed' ELSE 'not_held' END
+        WHEN p_action = 'commit' AND engine_commit_exceeds(p_amount, found.amount)
+            THEN 'amount_exceeds_held'
+        WHEN p_action = 'expire' AND NOT engine_reservation_expired(found.expires_at, now())
+            THEN 'not_due'
+        WHEN p_action <> 'expire' AND engine_reservation_expired(found.expires_at, now())
+            THEN 'expired_on_access'
+        ELSE p_action
+    END;
+    CASE verdict
+        WHEN 'not_found' THEN
+            outcome := 'not_found'; detail := '{"what": "reservation"}'; reservation := NULL;
+            RETURN;
+        WHEN 'owned_by_job', 'not_due' THEN
+            outcome := verdict;
+            RETURN;
+        WHEN 'replayed', 'not_held' THEN
+            outcome := verdict; detail := jsonb_build_object('state', found.state);
+            RETURN;
+        WHEN 'amount_exceeds_held' THEN
+            outcome := verdict; detail := jsonb_build_object('held', found.amount, 'amount', p_amount);
+            RETURN;
+        WHEN 'extend' THEN
+            -- The expiry it asks for (a job's never earlier than it was),
+            -- and the cap: the earliest expiry of the grants it drew from
+            -- (NULL: none expires; by the grants' primary key). Grant expiry
+            -- dominates extension (engine_extension_expiry).
+            asked := CASE WHEN p_job IS NULL THEN now() + make_interval(secs => p_ttl)
+                          ELSE GREATEST(found.expires_at, now() + make_interval(secs => p_ttl)) END;
+            SELECT min(g.expires_at) INTO cap
+            FROM jsonb_array_elements(found.draws) x
+            CROSS JOIN LATERAL (SELECT g.expires_at FROM credit_grants g
+                                WHERE g.id = (x->>'grant_id')::uuid LIMIT 1) g
+            WHERE (x->>'amount')::bigint > 0;
+            UPDATE reservations r SET expires_at = engine_extension_expiry(asked, cap, r.expires_at)
+            WHERE r.id = p_reservation
+            RETURNING * INTO reservation;
+            outcome := CASE WHEN reservation.expires_at < asked THEN 'extended_capped'
+                            ELSE 'extended' END;
+            RETURN;
+        ELSE
+            NULL;
+    END CASE;
+    -- A resolution: commit, commit_all, release, expire, or an expiry on
+    -- access (expiry dominates).
+    committed := CASE verdict WHEN 'commit' THEN p_amount WHEN 'commit_all' THEN found.amount
+                              ELSE 0 END;
+    UPDATE reservations r
+    SET state = CASE verdict WHEN 'commit' THEN 'committed' WHEN 'commit_all' THEN 'committed'
+                             WHEN 'release' THEN 'released' ELSE 'expired' END,
+        committed_amount = committed, resolved_at = now()
+    WHERE r.id = p_reservation
+    RETURNING * INTO reservation;
+    resolved := true;
+    outcome := CASE verdict WHEN 'commit' THEN 'committed' WHEN 'commit_all' THEN 'committed'
+                            WHEN 'release' THEN 'released' WHEN 'expire' THEN 'expired'
+                            ELSE 'not_held' END;
+    IF verdict = 'expired_on_access' THEN
+        detail := jsonb_build_object('state', 'expired', 'resolved', true);
     END IF;
+    -- The commit entries first (one per grant the commit consumes), then
+    -- the returns of the rest (one per grant it goes back to), so a replay
+    -- of the entries passes through both balances; the held count drops on
+    -- the last entry. A return to a grant that has lapsed by now expires at
+    -- once (grant_expire, reason grant_expired): it leaves reserved and the
+    -- account, and is never made available.
+    PERFORM engine_record(ARRAY(
+        SELECT ROW(p_account,
+                   CASE WHEN x.part = 'commit' THEN 'commit'
+                        WHEN engine_grant_lapsed(g.expires_at, at) THEN 'grant_expire'
+                        WHEN verdict IN ('expire', 'expired_on_access') THEN 'expire'
+                        ELSE 'release' END,
+                   x.amount, CASE WHEN x.n = max(x.n) OVER () THEN -1 ELSE 0 END,
+                   p_reservation, reservation.job_id, NULL,
+                   CASE WHEN x.part = 'return' AND engine_grant_lapsed(g.expires_at, at)
+                        THEN 'grant_expired'
+                        WHEN x.part = 'return' AND verdict = 'expired_on_access'
+                        THEN 'expired_on_access' ELSE p_reason END,
+                   p_actor, at, x.grant_id)::engine_movement
+        FROM engine_split_draws(reservation.draws, found.amount, committed) x
+        LEFT JOIN LATERAL (SELECT g.expires_at FROM credit_grants g
+                           WHERE g.id = x.grant_id LIMIT 1) g ON true
+        ORDER BY x.n));
 END;
 $$;

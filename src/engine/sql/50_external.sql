@@ -9,6 +9,26 @@ LANGUAGE sql STABLE AS $$
         ELSE engine_adjustment_json(p_row, p_entry, p_grant) END)
 $$;
 
+-- One external_ref, one booking, written once: the booking (credit or
+-- adjustment, on any account) that holds `p_external_ref`, its own kind
+-- `p_kind` first (a reference booked as both before the namespace was one,
+-- which the migration external_ref_namespace reports, replays as its own
+-- kind); no row when it is free. engine_external takes the reference's
+-- own lock before it asks, and books it with ON CONFLICT DO NOTHING.
+CREATE FUNCTION engine_external_booking(p_external_ref text, p_kind text)
+RETURNS TABLE (kind text, id uuid, account_id uuid, amount bigint, said text, booking jsonb)
+LANGUAGE sql STABLE AS $$
+    SELECT x.kind, x.id, x.account_id, x.amount, x.said, x.booking
+    FROM (SELECT 'credit' AS kind, c.id, c.account_id, c.amount, c.note AS said,
+                 to_jsonb(c) AS booking
+          FROM credits c WHERE c.external_ref = p_external_ref
+          UNION ALL
+          SELECT 'adjustment', a.id, a.account_id, a.amount, a.reason, to_jsonb(a)
+          FROM adjustments a WHERE a.external_ref = p_external_ref) x
+    ORDER BY x.kind = p_kind DESC
+    LIMIT 1
+$$;
+
 -- Tokens from outside: credits (top-ups) and signed adjustments, one rule
 -- for both. Each is idempotent on its external_ref, which names one
 -- booking across all accounts and across credits and adjustments: one
@@ -101,19 +121,8 @@ BEGIN
     -- only makes them wait).
     PERFORM pg_advisory_xact_lock(hashtextextended('token_billing.external_ref:' || p_external_ref, 0));
     FOR attempt IN 1 .. 2 LOOP
-        -- The booking of this reference, of either kind (its own kind
-        -- first: a reference booked as both before the namespace was one,
-        -- which the migration external_ref_namespace reports, replays as
-        -- its own kind).
-        SELECT x.kind, x.id, x.account_id, x.amount, x.said, x.row INTO earlier
-        FROM (SELECT 'credit' AS kind, c.id, c.account_id, c.amount, c.note AS said,
-                     to_jsonb(c) AS row
-              FROM credits c WHERE c.external_ref = p_external_ref
-              UNION ALL
-              SELECT 'adjustment', a.id, a.account_id, a.amount, a.reason, to_jsonb(a)
-              FROM adjustments a WHERE a.external_ref = p_external_ref) x
-        ORDER BY x.kind = p_kind DESC
-        LIMIT 1;
+        -- The booking of this reference, of either kind.
+        SELECT * INTO earlier FROM engine_external_booking(p_external_ref, p_kind);
         IF FOUND THEN
             SELECT * INTO made_grant FROM credit_grants g WHERE g.id = earlier.id;
             IF earlier.kind = p_kind AND earlier.account_id = p_account AND earlier.amount = p_amount
@@ -126,7 +135,7 @@ BEGIN
                 WHERE external_ref = p_external_ref AND kind = p_kind
                 ORDER BY id DESC LIMIT 1;
                 outcome := 'replayed';
-                object := engine_external_json(p_kind, earlier.row, to_jsonb(entry),
+                object := engine_external_json(p_kind, earlier.booking, to_jsonb(entry),
                     CASE WHEN made_grant.id IS NOT NULL THEN to_jsonb(made_grant) END);
             ELSE
                 -- Another kind, account or body: refused, naming the
@@ -142,7 +151,7 @@ BEGIN
         END IF;
         -- After the replay check: a retry of a credit that landed is its
         -- replay, even once its expiry has passed.
-        IF p_expires_at IS NOT NULL AND p_expires_at <= at THEN
+        IF engine_grant_lapsed(p_expires_at, at) THEN
             outcome := 'expiry_passed';
             detail := jsonb_build_object('expires_at', p_expires_at);
             RETURN;

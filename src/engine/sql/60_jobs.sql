@@ -58,7 +58,7 @@ LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 -- A job's final status, written once for every path that finishes a job
--- (engine_finish_job, the lone path): `p_status` (succeeded with
+-- (engine_finish_job): `p_status` (succeeded with
 -- `p_result`, failed with `p_error`), finished at `p_at` (its ledger
 -- entries' time), the lease let go; `p_fence` moves the lease token on
 -- (the reaper fences off a worker that may still hold the job). Returns
@@ -126,10 +126,10 @@ BEGIN
         outcome := 'lease_lost';
         RETURN;
     END IF;
-    SELECT * INTO settled FROM engine_settle(ARRAY[ROW(1,
+    SELECT * INTO settled FROM engine_settle(
         CASE p_status WHEN 'succeeded' THEN 'commit' ELSE 'release' END, job.account_id,
         job.reservation_id, CASE p_status WHEN 'succeeded' THEN job.cost END, NULL, job.id,
-        p_reason, p_actor)::engine_settle_item]);
+        p_reason, p_actor);
     reservation := settled.reservation;
     resolved := settled.resolved;
     IF p_status = 'succeeded' AND settled.outcome <> 'committed' THEN
@@ -208,17 +208,14 @@ BEGIN
     IF cardinality(fenced) > 0 THEN
         -- (An extension capped at its grants' expiry is an extension: the
         -- job keeps its reservation until then, and its lease moves on.)
-        SELECT COALESCE(array_agg((fenced[s.pos]).id)
-                            FILTER (WHERE s.outcome IN ('extended', 'extended_capped')), '{}'),
-               array_agg((fenced[s.pos]).id)
-                   FILTER (WHERE s.outcome NOT IN ('extended', 'extended_capped')),
+        SELECT COALESCE(array_agg(f.id) FILTER (WHERE s.outcome IN ('extended', 'extended_capped')),
+                        '{}'),
+               array_agg(f.id) FILTER (WHERE s.outcome NOT IN ('extended', 'extended_capped')),
                max(s.at)
         INTO extended, lost, lost_at
-        FROM engine_settle(ARRAY(
-            SELECT ROW(f.ordinality::integer, 'extend', f.account_id, f.reservation_id, NULL,
-                       p_reservation_seconds, f.id, NULL, 'system')::engine_settle_item
-            FROM unnest(fenced) WITH ORDINALITY AS f
-            ORDER BY f.ordinality)) s;
+        FROM unnest(fenced) WITH ORDINALITY AS f
+        CROSS JOIN LATERAL engine_settle('extend', f.account_id, f.reservation_id, NULL,
+                                         p_reservation_seconds, f.id, NULL, 'system') s;
         IF lost IS NOT NULL THEN
             PERFORM engine_fail_unreserved_jobs(lost, lost_at);
         END IF;
@@ -314,10 +311,10 @@ BEGIN
         outcome := 'not_finished';
         RETURN;
     END IF;
-    SELECT * INTO settled FROM engine_settle(ARRAY[ROW(1,
+    SELECT * INTO settled FROM engine_settle(
         CASE job.status WHEN 'succeeded' THEN 'commit' ELSE 'release' END, job.account_id,
         job.reservation_id, CASE job.status WHEN 'succeeded' THEN job.cost END, NULL, job.id,
-        'fixup', 'system')::engine_settle_item]);
+        'fixup', 'system');
     outcome := settled.outcome;
     amount := job.cost;
 END;
@@ -359,25 +356,25 @@ RETURNS TABLE (reservation_id uuid, amount bigint, job_failed boolean)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    due engine_settle_item[];
+    due reservations[];
     expired reservations[] := '{}';
     failed uuid[];
     settled_at timestamptz;
     s record;
 BEGIN
-    SELECT array_agg(ROW(r.n, 'expire', r.account_id, r.id, NULL, NULL, r.job_id, 'expired',
-                         'system')::engine_settle_item ORDER BY r.n)
-    INTO due
-    FROM (SELECT id, account_id, job_id, row_number() OVER (ORDER BY account_id, id)::integer AS n
-          FROM reservations
-          WHERE state = 'held' AND expires_at <= now()
-          ORDER BY account_id, id LIMIT p_limit) r;
-    IF due IS NULL THEN
+    due := ARRAY(SELECT r FROM reservations r
+                 WHERE r.state = 'held' AND engine_reservation_expired(r.expires_at, now())
+                 ORDER BY r.account_id, r.id LIMIT p_limit);
+    IF cardinality(due) = 0 THEN
         RETURN;
     END IF;
-    PERFORM 1 FROM accounts WHERE id IN (SELECT d.account FROM unnest(due) d)
+    PERFORM 1 FROM accounts WHERE id IN (SELECT d.account_id FROM unnest(due) d)
     ORDER BY id FOR NO KEY UPDATE;
-    FOR s IN SELECT * FROM engine_settle(due) LOOP
+    FOR s IN
+        SELECT x.* FROM unnest(due) d
+        CROSS JOIN LATERAL engine_settle('expire', d.account_id, d.id, NULL, NULL, d.job_id,
+                                         'expired', 'system') x
+    LOOP
         CONTINUE WHEN s.outcome <> 'expired';
         expired := expired || s.reservation;
         settled_at := s.at;
@@ -444,7 +441,8 @@ BEGIN
         RETURNING j
     )
     SELECT c.j,
-           COALESCE((SELECT r.expires_at > now() + make_interval(secs => p_lease_seconds)
+           COALESCE((SELECT NOT engine_reservation_expired(r.expires_at,
+                                                            now() + make_interval(secs => p_lease_seconds))
                      FROM reservations r
                      WHERE r.id = (c.j).reservation_id AND r.state = 'held'), false),
            engine_attempts_exhausted((c.j).attempts - 1, p_max_attempts),
