@@ -375,6 +375,17 @@ impl TestApp {
         .await
     }
 
+    /// Lifts the database's guard of the books' identity on this test's
+    /// database (the accounts' row rules, whose `accounts_books_identity`
+    /// refuses a row that breaks it), so that a test can store the broken
+    /// books the audits must find. The accounts' other row rules go with
+    /// it.
+    pub fn allow_broken_books(&self) {
+        self.conn()
+            .batch_execute("ALTER TABLE accounts DROP CONSTRAINT accounts_rules")
+            .expect("drop the accounts' row rules");
+    }
+
     /// Another replica on the same database as `self`.
     pub async fn spawn_replica(&self, adjust: impl FnOnce(&mut Config)) -> TestApp {
         Self::spawn_on(Arc::clone(&self.database), adjust).await

@@ -8,6 +8,7 @@ mod accounts;
 mod auth;
 mod auth_throttle;
 mod backup;
+mod books_guard;
 mod bad_input;
 mod cli;
 mod coalescing;

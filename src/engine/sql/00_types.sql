@@ -75,3 +75,49 @@ CREATE TYPE engine_request AS (
     priority        integer,
     expires_at      timestamptz
 );
+
+-- A batch's own picture of the rows its operations decide on and write:
+-- an account as the batch leaves it, a reservation and a job as they are
+-- to be written (engine_run keeps them; engine_record writes them). The
+-- engine's own types, not the tables' row types: a table's row type in a
+-- function's signature would stop every migration that alters the table
+-- while a build's engine schema is installed. engine_reservation has every
+-- column of reservations, in its order (the API shows it whole).
+CREATE TYPE engine_account AS (
+    id                      uuid,
+    status                  text,
+    available               bigint,
+    reserved                bigint,
+    used                    bigint,
+    credited                bigint,
+    adjusted                bigint,
+    grant_expired           bigint,
+    active_reservations     integer,
+    max_active_reservations integer
+);
+
+CREATE TYPE engine_reservation AS (
+    id                    uuid,
+    account_id            uuid,
+    request_id            uuid,
+    amount                bigint,
+    requested_ttl_seconds integer,
+    state                 text,
+    committed_amount      bigint,
+    expires_at            timestamptz,
+    job_id                uuid,
+    created_at            timestamptz,
+    resolved_at           timestamptz,
+    draws                 jsonb
+);
+
+CREATE TYPE engine_job AS (
+    id             uuid,
+    account_id     uuid,
+    request_id     uuid,
+    request_hash   bytea,
+    kind           text,
+    params         jsonb,
+    cost           bigint,
+    reservation_id uuid
+);

@@ -9,10 +9,18 @@
 -- no instant falls between two entries of one transaction. Writers call it
 -- after taking their accounts' row locks, so an account's entries still
 -- carry times in the order they were written.
+-- (PL/pgSQL: an SQL function that cannot be inlined is planned again at
+-- every call, and every operation asks.)
 CREATE FUNCTION engine_now() RETURNS timestamptz
-LANGUAGE sql VOLATILE AS $$
-    SELECT COALESCE(NULLIF(current_setting('token_billing.at', true), '')::timestamptz,
-                    set_config('token_billing.at', clock_timestamp()::text, true)::timestamptz)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    stamp text := current_setting('token_billing.at', true);
+BEGIN
+    IF stamp IS NULL OR stamp = '' THEN
+        stamp := set_config('token_billing.at', clock_timestamp()::text, true);
+    END IF;
+    RETURN stamp::timestamptz;
+END;
 $$;
 
 -- What a movement of `kind` and `amount` does to each balance. A
@@ -167,7 +175,9 @@ LANGUAGE sql AS $$
     INSERT INTO events (type, account_id, data, created_at) VALUES (p_type, p_account, p_data, p_at)
 $$;
 
--- Applies movements in array order: each account's balances move by the
+-- The one write path: every movement of every operation, whatever the
+-- batch or the caller, is written here. Applies movements (of any
+-- accounts) in array order: each account's balances move by the
 -- sum of its movements (one UPDATE per account), each movement becomes a
 -- ledger entry carrying the balances after it (running sums in array
 -- order), and the movement's events are written next to it:
@@ -180,15 +190,22 @@ $$;
 -- crossings — account.balance_low / account.balance_recovered when the
 -- low-balance state (engine_is_low) changes from the one last reported
 -- (accounts.balance_low), account.balance_depleted when available reaches
--- 0. The caller holds the accounts' row locks. Returns the entries, in
--- order.
+-- 0. In the same statement, the operations' own rows: the reservations
+-- made (`p_made`) and changed (`p_changed`: state, committed_amount,
+-- resolved_at, expires_at) and the jobs made (`p_jobs`), as the deciding
+-- functions built them (engine_apply). Then each account whose threshold
+-- top-up rule the movements made due fires or re-arms it
+-- (engine_topup_due, engine_topup_evaluate). The caller holds the
+-- accounts' row locks. Returns the entries, in order.
 --
 -- Two statements: the balances and the entries, then the events — only
 -- when one of the batch's accounts can have one (a threshold set, a
 -- credit, adjustment or expiry, a balance reaching 0). Most movements
 -- write no event, and a smaller statement starts faster.
-CREATE FUNCTION engine_record(p_moves engine_movement[]) RETURNS SETOF ledger_entries
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+CREATE FUNCTION engine_record(p_moves engine_movement[], p_made engine_reservation[] DEFAULT '{}',
+    p_changed engine_reservation[] DEFAULT '{}', p_jobs engine_job[] DEFAULT '{}')
+RETURNS ledger_entries[]
+LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     written ledger_entries[];
@@ -197,6 +214,31 @@ DECLARE
     topups uuid[];
     topped uuid;
 BEGIN
+    -- The operations' own rows first, each table only when it has some.
+    IF cardinality(p_jobs) > 0 THEN
+        INSERT INTO generation_jobs (id, account_id, request_id, request_hash, kind, params, cost,
+            reservation_id)
+        SELECT j.id, j.account_id, j.request_id, j.request_hash, j.kind, j.params, j.cost,
+               j.reservation_id
+        FROM unnest(p_jobs) j;
+    END IF;
+    IF cardinality(p_made) > 0 THEN
+        INSERT INTO reservations (id, account_id, request_id, amount, requested_ttl_seconds, state,
+            committed_amount, expires_at, job_id, created_at, resolved_at, draws)
+        SELECT r.id, r.account_id, r.request_id, r.amount, r.requested_ttl_seconds, r.state,
+               r.committed_amount, r.expires_at, r.job_id, r.created_at, r.resolved_at, r.draws
+        FROM unnest(p_made) r;
+    END IF;
+    IF cardinality(p_changed) > 0 THEN
+        UPDATE reservations r
+        SET state = c.state, committed_amount = c.committed_amount, resolved_at = c.resolved_at,
+            expires_at = c.expires_at
+        FROM unnest(p_changed) c
+        WHERE r.id = c.id AND r.id = ANY (ARRAY(SELECT x.id FROM unnest(p_changed) x));
+    END IF;
+    IF cardinality(p_moves) = 0 THEN
+        RETURN '{}';
+    END IF;
     WITH moves AS (
         SELECT m.*, d.available AS d_available, d.reserved AS d_reserved, d.used AS d_used,
                d.credited AS d_credited, d.adjusted AS d_adjusted, d.grant_expired AS d_grant_expired
@@ -397,7 +439,7 @@ BEGIN
         END LOOP;
     END IF;
 
-    RETURN QUERY SELECT w.* FROM unnest(written) w;
+    RETURN written;
 END;
 $$;
 

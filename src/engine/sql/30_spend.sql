@@ -43,10 +43,21 @@ LANGUAGE sql IMMUTABLE AS $$
            END
 $$;
 
--- One spend (`o`: a reserve or a job creation, engine_request), decided and
--- applied. The caller (engine_apply) holds the account's row lock and has
--- checked the key (engine_key_refusal). In this order:
+-- One spend (`o`: a reserve or a job creation, engine_request), decided
+-- against the account as the batch has left it so far (`a`; its id NULL
+-- when there is none) at `p_at` (the batch's stamp). The caller
+-- (engine_run) holds the account's row lock and writes nothing of this
+-- batch's operations before their one write (engine_record), so the
+-- grants are read as they were when the batch began: a reserve takes the
+-- account's drawable tokens [p_from, p_from + amount) in draw order
+-- (engine_draws), p_from being what the batch's earlier reserves on the
+-- account took. In this order:
+--   unauthorized / not_found / forbidden
+--                               the key's refusal (engine_key_refusal);
 --   not_found {what: account}   the account does not exist;
+--   (lapsing)                   a grant of the account is due to lapse:
+--                               no outcome; the caller writes the lapse
+--                               (engine_lapse_grants) and asks again;
 --   replayed / idempotency_key_reused
 --                               the request_id was seen before: a
 --                               reservation (reserve: same amount and
@@ -55,51 +66,64 @@ $$;
 --   account_suspended, insufficient_tokens {available, reserved},
 --   too_many_active_reservations {limit}
 --                               engine_spend_refusal;
---   created                     the reservation (and job) is made and the
---                               tokens move available → reserved, drawn
---                               from the account's grants in draw order
---                               (engine_draws; grants lapsed by now leave
---                               the account first, engine_lapse_grants):
---                               one reserve entry per grant drawn
---                               (engine_record), the reservation's `draws`.
+--   created                     the reservation (and job) as they are to
+--                               be written (`made`, `job`), and the
+--                               movements: one reserve entry per grant
+--                               drawn, the first counting the reservation.
 -- The object is the reservation (reserve) or the job as engine_job_view
 -- shows it (create_job): the earlier one of a replay.
-CREATE FUNCTION engine_spend(o engine_request, OUT outcome text, OUT detail jsonb,
-    OUT object jsonb)
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+CREATE FUNCTION engine_spend(o engine_request, a engine_account, p_from bigint, p_at timestamptz,
+    OUT outcome text, OUT detail jsonb, OUT object jsonb, OUT lapsing boolean,
+    OUT made engine_reservation, OUT job engine_job, OUT moves engine_movement[],
+    OUT valid_key uuid, OUT last_used_at timestamptz)
+LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    at timestamptz := engine_now();
     seen record;
     job_row generation_jobs;
-    made record;
 BEGIN
-    -- The account, an earlier use of the request_id (one probe of the
-    -- (account_id, request_id) index) and whether a grant lapses, in one
-    -- statement.
-    SELECT a.id, a.status, a.available, a.reserved, a.active_reservations,
-           a.max_active_reservations,
+    lapsing := false;
+    -- The key's refusal, an earlier use of the request_id (one probe of the
+    -- (account_id, request_id) index), whether a grant lapses, and the
+    -- draws, in one statement.
+    SELECT k.refusal, k.valid_key, k.last_used_at,
            (SELECT to_jsonb(x) FROM reservations x
             WHERE o.op = 'reserve' AND x.account_id = o.account AND x.request_id = o.request
               AND x.job_id IS NULL LIMIT 1) AS earlier,
            (SELECT j FROM generation_jobs j
             WHERE o.op = 'create_job' AND j.account_id = o.account AND j.request_id = o.request
             LIMIT 1) AS earlier_job,
-           EXISTS (SELECT 1 FROM engine_lapsing_grants(o.account, at)) AS lapsing
+           EXISTS (SELECT 1 FROM engine_lapsing_grants(o.account, p_at)) AS lapsing,
+           dr.draws, dr.moves
     INTO seen
-    FROM accounts a WHERE a.id = o.account;
-    IF seen.id IS NULL THEN
+    FROM engine_key_refusal(o.authorized, o.key_id, o.key_hash, o.account) k
+    -- The draws once, as the reservation's `draws` and as its movements.
+    CROSS JOIN LATERAL (
+        SELECT jsonb_agg(jsonb_build_object('grant_id', d.grant_id, 'amount', d.amount)
+                         ORDER BY d.lo) AS draws,
+               array_agg(ROW(o.account, 'reserve', d.amount,
+                             CASE WHEN d.lo = p_from THEN 1 ELSE 0 END, o.new_id,
+                             CASE WHEN o.op = 'create_job' THEN o.job END, NULL, NULL, o.actor,
+                             p_at, d.grant_id)::engine_movement ORDER BY d.lo) AS moves
+        FROM engine_draws(o.account, p_from, p_from + o.amount) d) dr;
+    valid_key := seen.valid_key; last_used_at := seen.last_used_at;
+    IF seen.refusal IS NOT NULL THEN
+        outcome := seen.refusal;
+        detail := CASE WHEN seen.refusal = 'not_found' THEN '{"what": "account"}'::jsonb END;
+        RETURN;
+    END IF;
+    IF a.id IS NULL THEN
         outcome := 'not_found'; detail := '{"what": "account"}';
         RETURN;
     END IF;
     IF seen.lapsing THEN
-        PERFORM engine_lapse_grants(ARRAY[o.account], at);
-        SELECT a.available, a.reserved INTO seen.available, seen.reserved
-        FROM accounts a WHERE a.id = o.account;
+        lapsing := true;
+        RETURN;
     END IF;
     IF seen.earlier IS NOT NULL THEN
         IF (seen.earlier->>'amount')::bigint = o.amount
-           AND (seen.earlier->>'requested_ttl_seconds')::integer IS NOT DISTINCT FROM o.requested_ttl THEN
+           AND (seen.earlier->>'requested_ttl_seconds')::integer
+               IS NOT DISTINCT FROM o.requested_ttl THEN
             outcome := 'replayed'; object := seen.earlier;
         ELSE
             outcome := 'idempotency_key_reused';
@@ -114,47 +138,34 @@ BEGIN
         END IF;
         RETURN;
     END IF;
-    outcome := engine_spend_refusal(seen.status, seen.available, o.amount,
-                                    seen.active_reservations, seen.max_active_reservations);
+    outcome := engine_spend_refusal(a.status, a.available, o.amount, a.active_reservations,
+                                    a.max_active_reservations);
     IF outcome IS NOT NULL THEN
         detail := CASE outcome
             WHEN 'insufficient_tokens' THEN
-                jsonb_build_object('available', seen.available, 'reserved', seen.reserved)
+                jsonb_build_object('available', a.available, 'reserved', a.reserved)
             WHEN 'too_many_active_reservations' THEN
-                jsonb_build_object('limit', seen.max_active_reservations) END;
+                jsonb_build_object('limit', a.max_active_reservations) END;
         RETURN;
     END IF;
-    IF o.op = 'create_job' THEN
-        -- The job first (its reservation_id's foreign key is checked at
-        -- commit).
-        INSERT INTO generation_jobs (id, account_id, request_id, request_hash, kind, params, cost,
-            reservation_id)
-        VALUES (o.job, o.account, o.request, o.hash, o.kind, o.params, o.amount, o.new_id)
-        RETURNING * INTO job_row;
-    END IF;
-    WITH draws AS MATERIALIZED (
-        SELECT d.grant_id, d.lo, d.amount FROM engine_draws(o.account, 0, o.amount) d
-    ), made AS (
-        INSERT INTO reservations (id, account_id, request_id, amount, requested_ttl_seconds, state,
-            expires_at, job_id, draws)
-        SELECT o.new_id, o.account, o.request, o.amount, o.requested_ttl, 'held',
-               now() + make_interval(secs => o.ttl), job_row.id,
-               (SELECT jsonb_agg(jsonb_build_object('grant_id', d.grant_id, 'amount', d.amount)
-                                 ORDER BY d.lo) FROM draws d)
-        RETURNING *
-    )
-    -- One reserve entry per draw, in draw order; the first counts the
-    -- reservation.
-    SELECT to_jsonb(m) AS answer, m.state, m.expires_at, m.draws,
-           ARRAY(SELECT ROW(o.account, 'reserve', d.amount, CASE WHEN d.lo = 0 THEN 1 ELSE 0 END,
-                            o.new_id, job_row.id, NULL, NULL, o.actor, at,
-                            d.grant_id)::engine_movement
-                 FROM draws d ORDER BY d.lo) AS moves
-    INTO made
-    FROM made m;
-    PERFORM engine_record(made.moves);
     outcome := 'created';
-    object := CASE WHEN o.op = 'reserve' THEN made.answer
-                   ELSE engine_job_view(job_row, made.state, made.expires_at, made.draws) END;
+    made.id := o.new_id; made.account_id := o.account; made.request_id := o.request;
+    made.amount := o.amount; made.requested_ttl_seconds := o.requested_ttl; made.state := 'held';
+    made.committed_amount := 0; made.expires_at := now() + make_interval(secs => o.ttl);
+    made.created_at := now(); made.draws := seen.draws;
+    IF o.op = 'create_job' THEN
+        made.job_id := o.job;
+        job := ROW(o.job, o.account, o.request, o.hash, o.kind, o.params, o.amount,
+                   o.new_id)::engine_job;
+        -- The job as it will be written (its columns' defaults), for its view.
+        job_row.id := o.job; job_row.account_id := o.account; job_row.request_id := o.request;
+        job_row.kind := o.kind; job_row.params := o.params; job_row.cost := o.amount;
+        job_row.status := 'queued'; job_row.reservation_id := o.new_id; job_row.attempts := 0;
+        job_row.created_at := now(); job_row.updated_at := now();
+        object := engine_job_view(job_row, made.state, made.expires_at, made.draws);
+    ELSE
+        object := to_jsonb(made);
+    END IF;
+    moves := seen.moves;
 END;
 $$;

@@ -104,116 +104,142 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT p_amount > p_held
 $$;
 
--- One settlement (`p_action` commit of exactly `p_amount`, commit_all,
--- release, extend by `p_ttl` seconds, expire) of reservation
--- `p_reservation` on `p_account`, by the job `p_job` (its worker or the
--- reaper; NULL for the API), with the ledger `p_reason` (may be NULL).
-CREATE FUNCTION engine_settle(p_action text, p_account uuid, p_reservation uuid,
-    p_amount bigint, p_ttl double precision, p_job uuid, p_reason text, p_actor text,
-    OUT outcome text, OUT detail jsonb, OUT reservation reservations, OUT resolved boolean,
-    OUT at timestamptz)
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+-- A settlement's verdict, written once: what `p_action` (commit of exactly
+-- `p_amount`, commit_all, release, extend, expire) by the job `p_job` (NULL
+-- for the API) may do to the reservation `p_found` (locked; its id NULL
+-- when there is none) of `p_account` at `p_at` — in the order listed at
+-- the top of this file: not_found, owned_by_job, replayed / not_held,
+-- amount_exceeds_held, not_due, expired_on_access, or the action itself.
+CREATE FUNCTION engine_settle_verdict(p_action text, p_account uuid, p_amount bigint,
+    p_job uuid, p_found engine_reservation, p_at timestamptz) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE
+        WHEN p_found.id IS NULL OR p_found.account_id <> p_account THEN 'not_found'
+        WHEN p_found.job_id IS DISTINCT FROM p_job THEN 'owned_by_job'
+        WHEN p_found.state <> 'held' THEN
+            CASE WHEN (p_action IN ('commit', 'commit_all') AND p_found.state = 'committed'
+                       AND p_found.committed_amount = COALESCE(p_amount, p_found.amount))
+                      OR (p_action = 'release' AND p_found.state = 'released')
+                 THEN 'replayed' ELSE 'not_held' END
+        WHEN p_action = 'commit' AND engine_commit_exceeds(p_amount, p_found.amount)
+            THEN 'amount_exceeds_held'
+        WHEN p_action = 'expire' AND NOT engine_reservation_expired(p_found.expires_at, p_at)
+            THEN 'not_due'
+        WHEN p_action <> 'expire' AND engine_reservation_expired(p_found.expires_at, p_at)
+            THEN 'expired_on_access'
+        ELSE p_action
+    END
+$$;
+
+-- One settlement (`o`: commit, commit_all, release, extend, expire) of
+-- its reservation, decided at `p_at` (the batch's stamp). The caller
+-- (engine_run) holds the account's row lock; the reservation's is taken
+-- here. Nothing is written: the reservation as it becomes (`changed`) and
+-- the movements (`moves`) go to the batch's one write (engine_record).
+-- A resolution spends what is committed (commit: exactly the amount;
+-- commit_all: all held) and gives the rest back in the same transaction:
+-- the commit entries first (one per grant the commit consumes,
+-- engine_split_draws), then the returns of the rest (one per grant it
+-- goes back to), so a replay of the entries passes through both
+-- balances; the held count drops on the last entry. A return to a grant
+-- that has lapsed by then expires at once (grant_expire, reason
+-- grant_expired): it leaves reserved and the account, and is never made
+-- available. An extension sets expires_at to now + ttl (a job's never
+-- earlier than it was), capped by engine_extension_expiry.
+CREATE FUNCTION engine_settle(o engine_request, p_at timestamptz,
+    OUT outcome text, OUT detail jsonb, OUT object jsonb, OUT changed engine_reservation,
+    OUT moves engine_movement[], OUT valid_key uuid, OUT last_used_at timestamptz)
+LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    found reservations;
+    seen record;
+    existing engine_reservation;
     verdict text;
     asked timestamptz;
     cap timestamptz;
-    committed bigint;
 BEGIN
-    at := engine_now();
-    resolved := false;
-    SELECT * INTO found FROM reservations r WHERE r.id = p_reservation FOR UPDATE;
-    reservation := found;
-    verdict := CASE
-        WHEN found.id IS NULL OR found.account_id <> p_account THEN 'not_found'
-        WHEN found.job_id IS DISTINCT FROM p_job THEN 'owned_by_job'
-        WHEN found.state <> 'held' THEN
-            CASE WHEN (p_action IN ('commit', 'commit_all') AND found.state = 'committed'
-                       AND found.committed_amount = COALESCE(p_amount, found.amount))
-                      OR (p_action = 'release' AND found.state = 'released')
-                 THEN 'replayed' ELSE 'not_held' END
-        WHEN p_action = 'commit' AND engine_commit_exceeds(p_amount, found.amount)
-            THEN 'amount_exceeds_held'
-        WHEN p_action = 'expire' AND NOT engine_reservation_expired(found.expires_at, now())
-            THEN 'not_due'
-        WHEN p_action <> 'expire' AND engine_reservation_expired(found.expires_at, now())
-            THEN 'expired_on_access'
-        ELSE p_action
-    END;
+    -- The key's refusal and the reservation (its row lock), in one
+    -- statement.
+    SELECT k.refusal, k.valid_key, k.last_used_at, l.found
+    INTO seen
+    FROM engine_key_refusal(o.authorized, o.key_id, o.key_hash, o.account) k
+    LEFT JOIN LATERAL (
+        SELECT ROW(x.id, x.account_id, x.request_id, x.amount, x.requested_ttl_seconds, x.state,
+                   x.committed_amount, x.expires_at, x.job_id, x.created_at, x.resolved_at,
+                   x.draws)::engine_reservation AS found
+        FROM reservations x WHERE x.id = o.reservation FOR UPDATE) l ON true;
+    valid_key := seen.valid_key; last_used_at := seen.last_used_at;
+    IF seen.refusal IS NOT NULL THEN
+        outcome := seen.refusal;
+        detail := CASE WHEN seen.refusal = 'not_found' THEN '{"what": "account"}'::jsonb END;
+        RETURN;
+    END IF;
+    existing := seen.found;
+    verdict := engine_settle_verdict(o.op, o.account, o.amount, o.job, existing, now());
+    object := CASE WHEN existing.id IS NOT NULL AND verdict <> 'not_found' THEN to_jsonb(existing) END;
     CASE verdict
         WHEN 'not_found' THEN
-            outcome := 'not_found'; detail := '{"what": "reservation"}'; reservation := NULL;
+            outcome := 'not_found'; detail := '{"what": "reservation"}';
             RETURN;
         WHEN 'owned_by_job', 'not_due' THEN
             outcome := verdict;
             RETURN;
         WHEN 'replayed', 'not_held' THEN
-            outcome := verdict; detail := jsonb_build_object('state', found.state);
+            outcome := verdict; detail := jsonb_build_object('state', existing.state);
             RETURN;
         WHEN 'amount_exceeds_held' THEN
-            outcome := verdict; detail := jsonb_build_object('held', found.amount, 'amount', p_amount);
+            outcome := verdict; detail := jsonb_build_object('held', existing.amount, 'amount', o.amount);
             RETURN;
         WHEN 'extend' THEN
-            -- The expiry it asks for (a job's never earlier than it was),
-            -- and the cap: the earliest expiry of the grants it drew from
-            -- (NULL: none expires; by the grants' primary key). Grant expiry
-            -- dominates extension (engine_extension_expiry).
-            asked := CASE WHEN p_job IS NULL THEN now() + make_interval(secs => p_ttl)
-                          ELSE GREATEST(found.expires_at, now() + make_interval(secs => p_ttl)) END;
+            -- The expiry it asks for, and the cap: the earliest expiry of
+            -- the grants it drew from (NULL: none expires; by the grants'
+            -- primary key). Grant expiry dominates extension.
+            asked := CASE WHEN o.job IS NULL THEN now() + make_interval(secs => o.ttl)
+                          ELSE GREATEST(existing.expires_at, now() + make_interval(secs => o.ttl)) END;
             SELECT min(g.expires_at) INTO cap
-            FROM jsonb_array_elements(found.draws) x
+            FROM jsonb_array_elements(existing.draws) x
             CROSS JOIN LATERAL (SELECT g.expires_at FROM credit_grants g
                                 WHERE g.id = (x->>'grant_id')::uuid LIMIT 1) g
             WHERE (x->>'amount')::bigint > 0;
-            UPDATE reservations r SET expires_at = engine_extension_expiry(asked, cap, r.expires_at)
-            WHERE r.id = p_reservation
-            RETURNING * INTO reservation;
-            outcome := CASE WHEN reservation.expires_at < asked THEN 'extended_capped'
-                            ELSE 'extended' END;
+            changed := existing;
+            changed.expires_at := engine_extension_expiry(asked, cap, existing.expires_at);
+            outcome := CASE WHEN changed.expires_at < asked THEN 'extended_capped' ELSE 'extended' END;
+            object := to_jsonb(changed);
             RETURN;
         ELSE
             NULL;
     END CASE;
     -- A resolution: commit, commit_all, release, expire, or an expiry on
     -- access (expiry dominates).
-    committed := CASE verdict WHEN 'commit' THEN p_amount WHEN 'commit_all' THEN found.amount
-                              ELSE 0 END;
-    UPDATE reservations r
-    SET state = CASE verdict WHEN 'commit' THEN 'committed' WHEN 'commit_all' THEN 'committed'
-                             WHEN 'release' THEN 'released' ELSE 'expired' END,
-        committed_amount = committed, resolved_at = now()
-    WHERE r.id = p_reservation
-    RETURNING * INTO reservation;
-    resolved := true;
+    changed := existing;
+    changed.state := CASE verdict WHEN 'commit' THEN 'committed' WHEN 'commit_all' THEN 'committed'
+                                  WHEN 'release' THEN 'released' ELSE 'expired' END;
+    changed.committed_amount := CASE verdict WHEN 'commit' THEN o.amount
+                                             WHEN 'commit_all' THEN existing.amount ELSE 0 END;
+    changed.resolved_at := now();
     outcome := CASE verdict WHEN 'commit' THEN 'committed' WHEN 'commit_all' THEN 'committed'
                             WHEN 'release' THEN 'released' WHEN 'expire' THEN 'expired'
                             ELSE 'not_held' END;
     IF verdict = 'expired_on_access' THEN
         detail := jsonb_build_object('state', 'expired', 'resolved', true);
     END IF;
-    -- The commit entries first (one per grant the commit consumes), then
-    -- the returns of the rest (one per grant it goes back to), so a replay
-    -- of the entries passes through both balances; the held count drops on
-    -- the last entry. A return to a grant that has lapsed by now expires at
-    -- once (grant_expire, reason grant_expired): it leaves reserved and the
-    -- account, and is never made available.
-    PERFORM engine_record(ARRAY(
-        SELECT ROW(p_account,
+    object := to_jsonb(changed);
+    moves := ARRAY(
+        SELECT ROW(o.account,
                    CASE WHEN x.part = 'commit' THEN 'commit'
-                        WHEN engine_grant_lapsed(g.expires_at, at) THEN 'grant_expire'
+                        WHEN engine_grant_lapsed(g.expires_at, p_at) THEN 'grant_expire'
                         WHEN verdict IN ('expire', 'expired_on_access') THEN 'expire'
                         ELSE 'release' END,
                    x.amount, CASE WHEN x.n = max(x.n) OVER () THEN -1 ELSE 0 END,
-                   p_reservation, reservation.job_id, NULL,
-                   CASE WHEN x.part = 'return' AND engine_grant_lapsed(g.expires_at, at)
+                   o.reservation, existing.job_id, NULL,
+                   CASE WHEN x.part = 'return' AND engine_grant_lapsed(g.expires_at, p_at)
                         THEN 'grant_expired'
                         WHEN x.part = 'return' AND verdict = 'expired_on_access'
-                        THEN 'expired_on_access' ELSE p_reason END,
-                   p_actor, at, x.grant_id)::engine_movement
-        FROM engine_split_draws(reservation.draws, found.amount, committed) x
+                        THEN 'expired_on_access' ELSE o.reason END,
+                   o.actor, p_at, x.grant_id)::engine_movement
+        FROM engine_split_draws(existing.draws, existing.amount, changed.committed_amount) x
         LEFT JOIN LATERAL (SELECT g.expires_at FROM credit_grants g
                            WHERE g.id = x.grant_id LIMIT 1) g ON true
-        ORDER BY x.n));
+        ORDER BY x.n);
 END;
 $$;

@@ -84,13 +84,14 @@ CREATE FUNCTION engine_external(
     p_topup_rule uuid,
     OUT outcome text, OUT detail jsonb, OUT object jsonb
 )
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     account accounts;
     earlier record;
     made jsonb;
     entry ledger_entries;
+    written ledger_entries[];
     made_grant credit_grants;
     at timestamptz;
     rule uuid := p_topup_rule;
@@ -156,7 +157,8 @@ BEGIN
             detail := jsonb_build_object('expires_at', p_expires_at);
             RETURN;
         END IF;
-        IF account.available + p_amount < 0 THEN
+        IF p_amount < 0 AND engine_spend_refusal('active', account.available, -p_amount, 0, 0)
+                            = 'insufficient_tokens' THEN
             outcome := 'insufficient_tokens';
             detail := jsonb_build_object('available', account.available, 'reserved', account.reserved);
             RETURN;
@@ -192,21 +194,20 @@ BEGIN
         VALUES (p_id, p_account, p_kind, p_amount, p_amount, p_priority, p_external_ref, at,
             p_expires_at, true, rule)
         RETURNING * INTO made_grant;
-        SELECT * INTO entry FROM engine_record(ARRAY[ROW(p_account, p_kind, p_amount, 0, NULL, NULL,
+        written := engine_record(ARRAY[ROW(p_account, p_kind, p_amount, 0, NULL, NULL,
             p_external_ref, CASE p_kind WHEN 'adjustment' THEN p_reason END, p_actor, at,
             p_id)::engine_movement]);
     ELSE
         -- A removal draws the account's tokens [0, -amount) in draw order
-        -- (engine_grant_pools, as a reservation does): one entry per grant.
-        SELECT e.* INTO entry
-        FROM engine_record(ARRAY(
-            SELECT ROW(p_account, p_kind, -(LEAST(-p_amount, p.hi) - p.lo), 0, NULL, NULL,
-                       p_external_ref, p_reason, p_actor, at, p.grant_id)::engine_movement
-            FROM engine_grant_pools(p_account) p
-            WHERE p.lo < -p_amount
-            ORDER BY p.lo)) e
-        ORDER BY e.id DESC LIMIT 1;
+        -- (engine_draws, as a reservation does): one entry per grant.
+        written := engine_record(ARRAY(
+            SELECT ROW(p_account, p_kind, -d.amount, 0, NULL, NULL, p_external_ref, p_reason,
+                       p_actor, at, d.grant_id)::engine_movement
+            FROM engine_draws(p_account, 0, -p_amount) d
+            ORDER BY d.lo));
     END IF;
+    -- Its last entry: a removal writes one per grant it draws from.
+    entry := written[cardinality(written)];
     INSERT INTO audit_events (actor, action, target, before, after, request_id)
     VALUES (p_actor, p_kind || '.created', 'account:' || p_account, NULL,
         jsonb_build_object(p_kind || '_id', p_id, 'amount', p_amount, 'external_ref', p_external_ref)

@@ -82,6 +82,28 @@ BEGIN
 END;
 $$;
 
+-- A settlement the service makes itself (authorised): `p_action` of the
+-- reservation `p_reservation` of `p_account` by the job `p_job` (NULL: the
+-- reaper's expiry of an API reservation), as one engine_request for
+-- engine_run; `p_ttl` whole seconds (an extension; a fraction of a second
+-- is rounded up: a hold is never shortened).
+CREATE FUNCTION engine_settlement(p_action text, p_account uuid, p_reservation uuid,
+    p_amount bigint, p_ttl double precision, p_job uuid, p_reason text, p_actor text)
+RETURNS engine_request
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT ROW(p_action, p_account, p_actor, NULL, NULL, true, NULL, p_amount, NULL,
+               ceil(p_ttl)::integer, NULL, p_job, p_reservation, NULL, NULL, NULL, NULL, NULL,
+               p_reason, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::engine_request
+$$;
+
+-- Whether a settlement engine_run answered (`p_outcome`, `p_detail`)
+-- moved its reservation out of `held`.
+CREATE FUNCTION engine_settled(p_outcome text, p_detail jsonb) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT p_outcome IN ('committed', 'released', 'expired')
+           OR COALESCE((p_detail->>'resolved')::boolean, false)
+$$;
+
 -- A fenced job finish. Which claim may finish it:
 --   p_lease_token       the worker holding that lease (job running);
 --   p_exhausted_max     the reaper: running, lease expired, attempts
@@ -126,18 +148,19 @@ BEGIN
         outcome := 'lease_lost';
         RETURN;
     END IF;
-    SELECT * INTO settled FROM engine_settle(
-        CASE p_status WHEN 'succeeded' THEN 'commit' ELSE 'release' END, job.account_id,
-        job.reservation_id, CASE p_status WHEN 'succeeded' THEN job.cost END, NULL, job.id,
-        p_reason, p_actor);
-    reservation := settled.reservation;
+    SELECT r.outcome, r.object, engine_settled(r.outcome, r.detail) AS resolved INTO settled
+    FROM engine_run(ARRAY[engine_settlement(
+             CASE p_status WHEN 'succeeded' THEN 'commit' ELSE 'release' END, job.account_id,
+             job.reservation_id, CASE p_status WHEN 'succeeded' THEN job.cost END, NULL, job.id,
+             p_reason, p_actor)]) r;
+    reservation := jsonb_populate_record(NULL::reservations, settled.object);
     resolved := settled.resolved;
     IF p_status = 'succeeded' AND settled.outcome <> 'committed' THEN
-        PERFORM engine_fail_unreserved_jobs(ARRAY[p_job], settled.at);
+        PERFORM engine_fail_unreserved_jobs(ARRAY[p_job], engine_now());
         outcome := 'reservation_lost';
     ELSE
         -- The reaper fences off a worker that may still hold the job.
-        PERFORM engine_job_finish(p_job, p_status, p_result, p_error, settled.at,
+        PERFORM engine_job_finish(p_job, p_status, p_result, p_error, engine_now(),
                                   p_lease_token IS NULL);
         PERFORM engine_job_finished_events(ARRAY[p_job]);
         outcome := 'done';
@@ -211,11 +234,13 @@ BEGIN
         SELECT COALESCE(array_agg(f.id) FILTER (WHERE s.outcome IN ('extended', 'extended_capped')),
                         '{}'),
                array_agg(f.id) FILTER (WHERE s.outcome NOT IN ('extended', 'extended_capped')),
-               max(s.at)
+               engine_now()
         INTO extended, lost, lost_at
-        FROM unnest(fenced) WITH ORDINALITY AS f
-        CROSS JOIN LATERAL engine_settle('extend', f.account_id, f.reservation_id, NULL,
-                                         p_reservation_seconds, f.id, NULL, 'system') s;
+        FROM engine_run(ARRAY(
+                 SELECT engine_settlement('extend', f.account_id, f.reservation_id, NULL,
+                                          p_reservation_seconds, f.id, NULL, 'system')
+                 FROM unnest(fenced) WITH ORDINALITY AS f ORDER BY f.ordinality)) s
+        JOIN unnest(fenced) WITH ORDINALITY AS f ON f.ordinality = s.op_position;
         IF lost IS NOT NULL THEN
             PERFORM engine_fail_unreserved_jobs(lost, lost_at);
         END IF;
@@ -311,11 +336,11 @@ BEGIN
         outcome := 'not_finished';
         RETURN;
     END IF;
-    SELECT * INTO settled FROM engine_settle(
-        CASE job.status WHEN 'succeeded' THEN 'commit' ELSE 'release' END, job.account_id,
-        job.reservation_id, CASE job.status WHEN 'succeeded' THEN job.cost END, NULL, job.id,
-        'fixup', 'system');
-    outcome := settled.outcome;
+    SELECT r.outcome INTO outcome
+    FROM engine_run(ARRAY[engine_settlement(
+             CASE job.status WHEN 'succeeded' THEN 'commit' ELSE 'release' END, job.account_id,
+             job.reservation_id, CASE job.status WHEN 'succeeded' THEN job.cost END, NULL, job.id,
+             'fixup', 'system')]) r;
     amount := job.cost;
 END;
 $$;
@@ -357,10 +382,8 @@ LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     due reservations[];
-    expired reservations[] := '{}';
+    expired jsonb[];
     failed uuid[];
-    settled_at timestamptz;
-    s record;
 BEGIN
     due := ARRAY(SELECT r FROM reservations r
                  WHERE r.state = 'held' AND engine_reservation_expired(r.expires_at, now())
@@ -368,21 +391,20 @@ BEGIN
     IF cardinality(due) = 0 THEN
         RETURN;
     END IF;
-    PERFORM 1 FROM accounts WHERE id IN (SELECT d.account_id FROM unnest(due) d)
-    ORDER BY id FOR NO KEY UPDATE;
-    FOR s IN
-        SELECT x.* FROM unnest(due) d
-        CROSS JOIN LATERAL engine_settle('expire', d.account_id, d.id, NULL, NULL, d.job_id,
-                                         'expired', 'system') x
-    LOOP
-        CONTINUE WHEN s.outcome <> 'expired';
-        expired := expired || s.reservation;
-        settled_at := s.at;
-    END LOOP;
+    -- One batch through the one path (its accounts locked in id order).
+    expired := ARRAY(
+        SELECT s.object
+        FROM engine_run(ARRAY(SELECT engine_settlement('expire', d.account_id, d.id, NULL, NULL,
+                                                       d.job_id, 'expired', 'system')
+                              FROM unnest(due) WITH ORDINALITY AS d ORDER BY d.ordinality)) s
+        WHERE s.outcome = 'expired'
+        ORDER BY s.op_position);
     failed := ARRAY(SELECT engine_fail_unreserved_jobs(
-        ARRAY(SELECT e.job_id FROM unnest(expired) e WHERE e.job_id IS NOT NULL), settled_at));
+        ARRAY(SELECT (e->>'job_id')::uuid FROM unnest(expired) e WHERE e->>'job_id' IS NOT NULL),
+        engine_now()));
     RETURN QUERY
-    SELECT e.id, e.amount, e.job_id IS NOT NULL AND e.job_id = ANY (failed)
+    SELECT (e->>'id')::uuid, (e->>'amount')::bigint,
+           e->>'job_id' IS NOT NULL AND (e->>'job_id')::uuid = ANY (failed)
     FROM unnest(expired) e;
 END;
 $$;

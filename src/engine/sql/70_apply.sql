@@ -18,6 +18,7 @@ LANGUAGE sql IMMUTABLE AS $$
         WHEN 'commit_all' THEN o.reservation IS NOT NULL AND o.amount IS NULL
         WHEN 'release' THEN o.reservation IS NOT NULL
         WHEN 'extend' THEN o.reservation IS NOT NULL AND o.ttl IS NOT NULL
+        WHEN 'expire' THEN o.reservation IS NOT NULL
         WHEN 'credit' THEN o.new_id IS NOT NULL AND o.amount IS NOT NULL
                            AND o.external_ref IS NOT NULL AND o.priority IS NOT NULL
         WHEN 'adjust' THEN o.new_id IS NOT NULL AND o.amount IS NOT NULL
@@ -31,13 +32,58 @@ LANGUAGE sql IMMUTABLE AS $$
        OR o.authorized IS NULL
        -- Credits, adjustments and job finishes are the service's own
        -- (authorised); a spending operation's key is verified here.
-       OR (o.authorized = false AND (o.op IN ('credit', 'adjust', 'finish_job')
-                                     OR o.key_id IS NULL OR o.key_hash IS NULL))
+       OR (o.authorized = false AND (o.op IN ('credit', 'adjust', 'finish_job', 'expire')
+                                     OR o.key_id IS NULL OR o.key_hash IS NULL
+                                     -- (a settlement by a job is the service's)
+                                     OR (o.job IS NOT NULL AND o.op <> 'create_job')))
 $$;
 
--- A batch of operations on any accounts, in one statement (one
--- transaction, one WAL flush): each operation decided and written by the
--- same functions, whatever the batch's size or caller.
+-- The accounts `p_ids` that exist, locked (FOR NO KEY UPDATE) in id order
+-- — two batches never wait on each other crosswise — and read as they are
+-- once locked (a batch that waited reads what the one before it wrote).
+CREATE FUNCTION engine_lock_accounts(p_ids uuid[]) RETURNS engine_account[]
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN ARRAY(
+        SELECT ROW(x.id, x.status, x.available, x.reserved, x.used, x.credited, x.adjusted,
+                   x.grant_expired, x.active_reservations, x.max_active_reservations)::engine_account
+        FROM (SELECT * FROM accounts WHERE id = ANY (p_ids) ORDER BY id FOR NO KEY UPDATE) x
+        ORDER BY x.id);
+END;
+$$;
+
+-- The account `a` after the movements `p_moves` (engine_deltas, the
+-- arithmetic engine_record writes): the batch's own picture of an account
+-- whose movements are not written yet.
+CREATE FUNCTION engine_moved(a engine_account, p_moves engine_movement[]) RETURNS engine_account
+LANGUAGE plpgsql AS $$
+DECLARE
+    t record;
+BEGIN
+    SELECT COALESCE(sum(d.available), 0)::bigint AS available,
+           COALESCE(sum(d.reserved), 0)::bigint AS reserved,
+           COALESCE(sum(d.used), 0)::bigint AS used,
+           COALESCE(sum(d.credited), 0)::bigint AS credited,
+           COALESCE(sum(d.adjusted), 0)::bigint AS adjusted,
+           COALESCE(sum(d.grant_expired), 0)::bigint AS grant_expired,
+           COALESCE(sum(m.active_delta), 0)::integer AS active
+    INTO t
+    FROM unnest(p_moves) m CROSS JOIN LATERAL engine_deltas(m.kind, m.amount, m.reservation) d;
+    a.available := a.available + t.available;
+    a.reserved := a.reserved + t.reserved;
+    a.used := a.used + t.used;
+    a.credited := a.credited + t.credited;
+    a.adjusted := a.adjusted + t.adjusted;
+    a.grant_expired := a.grant_expired + t.grant_expired;
+    a.active_reservations := a.active_reservations + t.active;
+    RETURN a;
+END;
+$$;
+
+-- A batch of operations on any accounts, in one transaction: the one path
+-- every operation takes, whoever sends it (the API through engine_apply;
+-- the workers and the reaper through engine_finish_job, engine_heartbeat_jobs,
+-- engine_fixup and engine_expire_due).
 --
 -- The batch crosses as one array of engine_request (00_types.sql), one
 -- element per operation, in order. `op` names the operation; the fields
@@ -51,6 +97,7 @@ $$;
 --   commit_all   account, actor, reservation (all held; amount NULL)
 --   release      account, actor, reservation
 --   extend       account, actor, reservation, ttl
+--   expire       account, actor, reservation (the reaper: past its expiry)
 --   credit       account, actor, new_id, amount, external_ref, priority (of
 --                its grant); note and expires_at (its grant's; NULL: never)
 --                may be NULL
@@ -61,38 +108,61 @@ $$;
 --                worker's lease), status (succeeded or failed), result
 --                (succeeded) or error (failed; may be NULL), reason (the
 --                ledger reason of a release; may be NULL)
--- `authorized` says who vouches for the caller: true when the service has
--- authorised it already (the ADMIN_API_KEY bootstrap admin, an admin
--- request, a worker); false when the operation carries the caller's key —
--- key_id and key_hash (SHA-256 of its secret), both set — verified here in
--- the same statement (engine_key_refusal). Credits, adjustments and job
--- finishes are always authorised by the caller; http_request_id is the
--- audit event's request id. A missing field is an error (the whole batch
--- fails, nothing is written), never a default.
+-- A settlement (commit … expire) may name the job acting (`job`: its
+-- worker or the reaper; the API may not touch a job's reservation) and
+-- its ledger `reason`. `authorized` says who vouches for the caller: true
+-- when the service has authorised it already (the ADMIN_API_KEY bootstrap
+-- admin, an admin request, a worker, the reaper); false when the operation
+-- carries the caller's key — key_id and key_hash (SHA-256 of its secret),
+-- both set — verified here in the same statement (engine_key_refusal).
+-- Credits, adjustments, expiries, job finishes and a job's settlements are
+-- always the service's; http_request_id is the audit event's request id.
+-- A missing field is an error (the whole batch fails, nothing is written),
+-- never a default.
 --
 -- The batch's accounts are locked in id order first, then the jobs it
--- finishes in id order (a replica's heartbeat takes job rows in id order
+-- finishes, in id order (a replica's heartbeat takes job rows in id order
 -- too, without account locks, so the two never wait on each other
--- crosswise); two batches never deadlock. Then each operation, in array
--- order, is decided and written by its function — engine_spend (reserve,
--- create_job), engine_settle (commit, commit_all, release, extend),
--- engine_external (credit, adjust), engine_finish_job (finish_job) — each
--- seeing what the ones before it wrote, and every movement goes through
--- the one write path, engine_record. Returns one row per operation: its
--- position (1-based), outcome, detail and object (JSON); and, when the
--- batch left a tally (engine_tally: tokens of lapsed grants expired, or
--- tokens top-up rules credited), a row at position 0, outcome tallies,
--- detail {grant_expired, topup_credited}, for the caller's metrics.
-CREATE FUNCTION engine_apply(p_ops engine_request[])
+-- crosswise); two batches never deadlock. The transaction's stamp is taken
+-- after the locks (engine_now). Then each operation, in array order, is
+-- decided by the one function of its kind — engine_spend, engine_settle,
+-- engine_external, engine_finish_job — each seeing what the ones before
+-- it did: the batch keeps each account as its operations leave it
+-- (engine_moved), and what they write goes to the one write path,
+-- engine_record, once for the batch: every account's row once, every
+-- table in one statement. An operation that must see the database as the
+-- earlier ones left it — a credit, an adjustment or a job's finish (they
+-- write at once), a reserve after tokens went back to its account's
+-- grants (the draw order moved), the same request_id or reservation
+-- again, a lapse to write — has the pending writes written first.
+-- Returns one row per operation: its position (1-based), outcome, detail
+-- and object (JSON).
+CREATE FUNCTION engine_run(p_ops engine_request[])
 RETURNS TABLE (op_position integer, outcome text, detail jsonb, object jsonb)
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     batch integer := COALESCE(cardinality(p_ops), 0);
     o engine_request;
-    k record;
-    r record;
+    ids uuid[];               -- the batch's accounts that exist, in id order
+    accts engine_account[];   -- each as the batch has left it so far
+    last_op integer[];        -- each one's last operation in the batch
+    spent bigint[];           -- tokens the pending reserves drew from each
+    returned boolean[];       -- whether a pending movement gave tokens back to it
+    touched text[] := '{}';   -- the request_ids and reservations pending
+    moves engine_movement[] := '{}';
+    made engine_reservation[] := '{}';
+    changed engine_reservation[] := '{}';
+    jobs engine_job[] := '{}';
     stale uuid[] := '{}';
+    op_moves engine_movement[];
+    op_changed boolean;
+    at timestamptz;
+    a engine_account;
+    j integer;
+    r record;
+    mark text;
+    finishes boolean := false;
 BEGIN
     IF batch = 0 THEN
         RETURN;
@@ -103,47 +173,45 @@ BEGIN
                 i, COALESCE(p_ops[i].op, 'NULL')
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
+        finishes := finishes OR p_ops[i].op = 'finish_job';
     END LOOP;
-    PERFORM 1 FROM accounts WHERE id = ANY (ARRAY(SELECT u.account FROM unnest(p_ops) u))
-    ORDER BY id FOR NO KEY UPDATE;
-    PERFORM 1 FROM generation_jobs g
-    WHERE g.id = ANY (ARRAY(SELECT u.job FROM unnest(p_ops) u WHERE u.op = 'finish_job'))
-      AND g.account_id = ANY (ARRAY(SELECT u.account FROM unnest(p_ops) u))
-    ORDER BY g.id FOR UPDATE;
+    accts := engine_lock_accounts(ARRAY(SELECT u.account FROM unnest(p_ops) u));
+    ids := ARRAY(SELECT x.id FROM unnest(accts) x);
+    IF finishes THEN
+        PERFORM 1 FROM generation_jobs g
+        WHERE g.id = ANY (ARRAY(SELECT u.job FROM unnest(p_ops) u WHERE u.op = 'finish_job'))
+          AND g.account_id = ANY (ids)
+        ORDER BY g.id FOR UPDATE;
+    END IF;
+    at := engine_now();
+    spent := array_fill(0::bigint, ARRAY[cardinality(ids)]);
+    returned := array_fill(false, ARRAY[cardinality(ids)]);
+    last_op := array_fill(0, ARRAY[cardinality(ids)]);
+    FOR i IN 1 .. batch LOOP
+        j := array_position(ids, p_ops[i].account);
+        IF j IS NOT NULL THEN
+            last_op[j] := i;
+        END IF;
+    END LOOP;
     FOR i IN 1 .. batch LOOP
         o := p_ops[i];
-        op_position := i; detail := NULL; object := NULL;
-        IF NOT o.authorized THEN
-            -- A spending operation whose key does not verify, or may not
-            -- spend on this account, is answered here and goes no further.
-            SELECT * INTO k FROM engine_key_refusal(o.authorized, o.key_id, o.key_hash, o.account);
-            IF k.valid_key IS NOT NULL AND engine_key_use_stale(k.last_used_at)
-               AND NOT k.valid_key = ANY (stale) THEN
-                stale := stale || k.valid_key;
-            END IF;
-            IF k.refusal IS NOT NULL THEN
-                outcome := k.refusal;
-                detail := CASE WHEN k.refusal = 'not_found' THEN '{"what": "account"}'::jsonb END;
-                RETURN NEXT;
-                CONTINUE;
-            END IF;
+        j := array_position(ids, o.account);
+        op_position := i; outcome := NULL; detail := NULL; object := NULL;
+        mark := CASE WHEN o.op IN ('reserve', 'create_job') THEN o.op || ':' || o.request
+                     ELSE o.reservation::text END;
+        -- The pending writes first, when this operation must see them.
+        IF (cardinality(moves) > 0 OR cardinality(changed) > 0)
+           AND (o.op IN ('credit', 'adjust', 'finish_job') OR mark = ANY (touched)
+                OR (o.op IN ('reserve', 'create_job') AND returned[j])) THEN
+            PERFORM engine_record(moves, made, changed, jobs);
+            moves := '{}'; made := '{}'; changed := '{}'; jobs := '{}'; touched := '{}';
+            spent := array_fill(0::bigint, ARRAY[cardinality(ids)]);
+            returned := array_fill(false, ARRAY[cardinality(ids)]);
+            -- (A top-up may have moved an account meanwhile.)
+            accts := engine_lock_accounts(ids);
         END IF;
-        CASE
-            WHEN o.op IN ('reserve', 'create_job') THEN
-                SELECT * INTO r FROM engine_spend(o);
-                outcome := r.outcome; detail := r.detail; object := r.object;
-            WHEN o.op IN ('commit', 'commit_all', 'release', 'extend') THEN
-                SELECT * INTO r FROM engine_settle(o.op, o.account, o.reservation, o.amount,
-                                                   o.ttl, NULL, NULL, o.actor);
-                outcome := r.outcome; detail := r.detail;
-                object := CASE WHEN (r.reservation).id IS NOT NULL THEN to_jsonb(r.reservation) END;
-            WHEN o.op IN ('credit', 'adjust') THEN
-                SELECT * INTO r FROM engine_external(
-                    CASE o.op WHEN 'credit' THEN 'credit' ELSE 'adjustment' END, o.account,
-                    o.new_id, o.amount, o.external_ref, o.note, o.reason, o.actor,
-                    o.http_request_id, o.priority, o.expires_at, NULL);
-                outcome := r.outcome; detail := r.detail; object := r.object;
-            ELSE
+        IF o.op IN ('credit', 'adjust', 'finish_job') THEN
+            IF o.op = 'finish_job' THEN
                 -- A job of another account than the one named is refused
                 -- unread (only the named account is locked).
                 IF NOT EXISTS (SELECT 1 FROM generation_jobs g
@@ -156,12 +224,90 @@ BEGIN
                     object := jsonb_build_object('job', to_jsonb(r.job) - 'request_hash',
                         'reservation', to_jsonb(r.reservation), 'resolved', r.resolved);
                 END IF;
-        END CASE;
+            ELSE
+                SELECT * INTO r FROM engine_external(
+                    CASE o.op WHEN 'credit' THEN 'credit' ELSE 'adjustment' END, o.account,
+                    o.new_id, o.amount, o.external_ref, o.note, o.reason, o.actor,
+                    o.http_request_id, o.priority, o.expires_at, NULL);
+                outcome := r.outcome; detail := r.detail; object := r.object;
+            END IF;
+            IF j IS NOT NULL THEN
+                accts := engine_lock_accounts(ids);
+            END IF;
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        a := CASE WHEN j IS NOT NULL THEN accts[j] END;
+        IF o.op IN ('reserve', 'create_job') THEN
+            LOOP
+                SELECT * INTO r FROM engine_spend(o, a, COALESCE(spent[j], 0), at);
+                EXIT WHEN NOT r.lapsing;
+                -- A grant lapses first: written (after the pending writes),
+                -- and the decision is taken again.
+                IF cardinality(moves) > 0 OR cardinality(changed) > 0 THEN
+                    PERFORM engine_record(moves, made, changed, jobs);
+                    moves := '{}'; made := '{}'; changed := '{}'; jobs := '{}'; touched := '{}';
+                    spent := array_fill(0::bigint, ARRAY[cardinality(ids)]);
+                    returned := array_fill(false, ARRAY[cardinality(ids)]);
+                END IF;
+                PERFORM engine_lapse_grants(ARRAY[o.account], at);
+                accts := engine_lock_accounts(ids);
+                a := accts[j];
+            END LOOP;
+            op_moves := '{}';
+            op_changed := false;
+            IF r.outcome = 'created' THEN
+                op_moves := r.moves;
+                made := made || r.made;
+                IF o.op = 'create_job' THEN
+                    jobs := jobs || r.job;
+                END IF;
+                spent[j] := spent[j] + o.amount;
+            END IF;
+        ELSE
+            SELECT * INTO r FROM engine_settle(o, at);
+            op_moves := COALESCE(r.moves, '{}');
+            op_changed := (r.changed).id IS NOT NULL;
+            IF op_changed THEN
+                changed := changed || r.changed;
+            END IF;
+        END IF;
+        IF r.valid_key IS NOT NULL AND engine_key_use_stale(r.last_used_at)
+           AND NOT r.valid_key = ANY (stale) THEN
+            stale := stale || r.valid_key;
+        END IF;
+        IF cardinality(op_moves) > 0 OR op_changed THEN
+            moves := moves || op_moves;
+            touched := touched || mark;
+            IF last_op[j] > i AND cardinality(op_moves) > 0 THEN
+                -- Later operations of the batch on this account see it moved.
+                accts[j] := engine_moved(a, op_moves);
+                returned[j] := returned[j] OR (accts[j]).available > a.available;
+            END IF;
+        END IF;
+        outcome := r.outcome; detail := r.detail; object := r.object;
         RETURN NEXT;
     END LOOP;
+    IF cardinality(moves) > 0 OR cardinality(changed) > 0 THEN
+        PERFORM engine_record(moves, made, changed, jobs);
+    END IF;
     IF cardinality(stale) > 0 THEN
         PERFORM engine_touch_keys(stale);
     END IF;
+END;
+$$;
+
+-- The entry point of the API's money requests (src/engine/mod.rs): a
+-- batch (engine_run), then, when the batch left a tally (engine_tally:
+-- tokens of lapsed grants expired, or tokens top-up rules credited), a
+-- row at position 0, outcome tallies, detail {grant_expired,
+-- topup_credited}, for the caller's metrics.
+CREATE FUNCTION engine_apply(p_ops engine_request[])
+RETURNS TABLE (op_position integer, outcome text, detail jsonb, object jsonb)
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY SELECT r.op_position, r.outcome, r.detail, r.object FROM engine_run(p_ops) r;
     -- (engine_tally's test, inline: most batches leave no tally.)
     IF COALESCE(current_setting('token_billing.grant_expired', true), '') NOT IN ('', '0')
        OR COALESCE(current_setting('token_billing.topup_credited', true), '') NOT IN ('', '0') THEN
