@@ -75,33 +75,11 @@ trap cleanup EXIT
 private_cluster_start "$dir" "$port"
 
 # The cycles as a DO block: `n` cycles of batches of `b`, numbered from
-# `first` (the ids and the account follow from the number). A batch of one
-# calls the lone path as the service does (src/engine/mod.rs, LoneStatement:
-# engine_lean_one with the operation's values); a larger batch calls
-# engine_apply with one engine_request per operation, as the service does.
+# `first` (the ids and the account follow from the number). Every batch,
+# one operation or more, calls engine_apply with one engine_request per
+# operation, as the service does.
 block() { # n b first
   local key="sha256('pgbench-secret'::bytea), false"
-  if [ "$2" = 1 ]; then
-    cat <<SQL
-DO \$\$
-DECLARE acc uuid; answer jsonb;
-BEGIN
-  FOR i IN $3 .. $3 + $1 - 1 LOOP
-    acc := bench_uuid(1 + (i::bigint * 7919) % 1000);
-    answer := engine_lean_one('reserve', acc, 'bench', acc, $key,
-        md5('request ' || i)::uuid, 1, NULL, 300, md5('reservation ' || i)::uuid, NULL, NULL,
-        NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
-    IF answer IS NULL THEN RAISE 'reserve %: not plain', i; END IF;
-    COMMIT;
-    answer := engine_lean_one('commit_all', acc, 'bench', acc, $key, NULL, NULL, NULL, NULL,
-        NULL, (answer->>'id')::uuid, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
-    IF answer->>'state' IS DISTINCT FROM 'committed' THEN RAISE 'commit %: %', i, answer; END IF;
-    COMMIT;
-  END LOOP;
-END \$\$;
-SQL
-    return
-  fi
   cat <<SQL
 DO \$\$
 DECLARE ids uuid[]; acc uuid[]; answered integer;

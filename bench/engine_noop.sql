@@ -1,6 +1,5 @@
--- For bench/http_floor.sh only: an engine_apply, and a lone path
--- (engine_lean_one, which the service calls directly for a batch of one),
--- that decide nothing. They answer every reserve as created and every
+-- For bench/http_floor.sh only: an engine_apply (the engine's one entry
+-- point) that decides nothing. They answer every reserve as created and every
 -- commit as committed (the objects as the engine shows them, made up from
 -- the request), and write one row per batch so that the commit still
 -- flushes WAL. Installed over the real ones in a private benchmark
@@ -31,16 +30,4 @@ LANGUAGE sql AS $$
            CASE WHEN u.op = 'reserve' THEN 'created' ELSE 'committed' END, NULL::jsonb,
            bench_noop_object(u.op, u.account, u.request, u.amount, u.ttl, u.new_id, u.reservation)
     FROM unnest(p_ops) WITH ORDINALITY AS u
-$$;
--- The lone path's signature, parameter names included (CREATE OR REPLACE
--- keeps them); its SET clauses are dropped with its body.
-CREATE OR REPLACE FUNCTION engine_lean_one(p_op text, p_account uuid, p_actor text, p_key_id uuid,
-    p_key_hash bytea, p_authorized boolean, p_request uuid, p_amount bigint,
-    p_requested_ttl integer, p_ttl integer, p_new_id uuid, p_reservation uuid, p_job uuid,
-    p_hash bytea, p_kind text, p_params jsonb, p_lease_token bigint, p_status text,
-    p_result jsonb, p_error jsonb, p_reason text)
-RETURNS jsonb
-LANGUAGE sql AS $$
-    INSERT INTO public.bench_noop_batches DEFAULT VALUES;
-    SELECT bench_noop_object(p_op, p_account, p_request, p_amount, p_ttl, p_new_id, p_reservation)
 $$;

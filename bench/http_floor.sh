@@ -102,7 +102,10 @@ BEGIN
                    pg_get_function_result(p_name::regproc), p_body);
 END;
 $replace$;
-SELECT pg_temp.bench_replace_body('engine_lean_one', $handwritten$
+CREATE FUNCTION bench_handwritten_one(p_op text, p_account uuid, p_key_id uuid,
+    p_key_hash bytea, p_authorized boolean, p_request uuid, p_amount bigint, p_ttl integer,
+    p_new_id uuid, p_reservation uuid) RETURNS jsonb
+LANGUAGE plpgsql AS $handwritten$
 DECLARE
     r uuid;
     c bigint;
@@ -126,7 +129,7 @@ SQL
     END IF;
     RETURN bench_noop_object(p_op, p_account, p_request, p_amount, p_ttl, p_new_id, p_reservation);
 END;
-$handwritten$);
+$handwritten$;
 SELECT pg_temp.bench_replace_body('engine_apply', $handwritten$
 DECLARE
     o engine_request;
@@ -140,7 +143,8 @@ BEGIN
     FOREACH o IN ARRAY p_ops LOOP
         op_position := op_position + 1;
         outcome := CASE WHEN o.op = 'reserve' THEN 'created' ELSE 'committed' END;
-        object := engine_lean_one_of(o);
+        object := bench_handwritten_one(o.op, o.account, o.key_id, o.key_hash, o.authorized,
+                                        o.request, o.amount, o.ttl, o.new_id, o.reservation);
         RETURN NEXT;
     END LOOP;
 END;

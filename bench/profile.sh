@@ -118,12 +118,12 @@ psql_db -d tb_profile -F ' | ' -c "
   ORDER BY total_exec_time DESC LIMIT 15"
 echo
 # Statements per batch: every statement the engine ran inside PostgreSQL
-# (pg_stat_statements, track = all) per top-level engine_apply call (or
-# call of the lone path, engine_lean_one, which the service makes directly
-# for a batch of one), with
+# (pg_stat_statements, track = all) per top-level engine_apply call (older
+# builds called their lone path, engine_lean_one, directly for a batch of
+# one), with
 # the foreign-key checks PostgreSQL runs on its own (`SELECT 1 FROM ONLY …
 # FOR KEY SHARE`) counted apart. With one kiosk every batch is one request.
-echo "statements inside the engine, per batch (engine_apply, or the lone path the service calls directly; one request per batch at 1 kiosk)"
+echo "statements inside the engine, per batch (engine_apply; one request per batch at 1 kiosk)"
 psql_db -d tb_profile -F ' | ' -c "
   WITH s AS (
     SELECT sum(calls) FILTER (WHERE toplevel AND (query LIKE '%engine_apply(%'

@@ -265,10 +265,10 @@ impl Coalescer {
             accounts: Vec::new(),
         };
         while let Some(mut batch) = self.take(self.max_batch, Some(&mut held)) {
-            // A batch's job finishes go last, in arrival order: the engine
-            // applies the run of finishes that ends a batch on its lone
-            // path (engine_apply), and one in the middle would send
-            // everything after it to the full machinery. The requests of a
+            // A batch's job finishes go last, in arrival order: a finish
+            // writes at once, after the batch's pending writes
+            // (engine_apply), so finishes in the middle would split the
+            // rest of the batch into several writes. The requests of a
             // batch are concurrent (none waits for another's answer), so
             // any order of them is one their clients could have seen.
             batch.sort_by_key(|queued| matches!(queued.operation.op, engine::Op::FinishJob { .. }));

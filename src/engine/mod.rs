@@ -191,8 +191,9 @@ struct Row {
 /// operation sets).
 struct ApplyStatement;
 impl StaticSql for ApplyStatement {
-    const SQL: &'static str = "SELECT op_position, outcome, detail, object \
-         FROM engine_apply($1) ORDER BY op_position";
+    const SQL: &'static str = "SELECT op_position, outcome, detail, object FROM engine_apply($1) \
+         UNION ALL SELECT 0, 'tallies', t, NULL FROM engine_tallies() t \
+         ORDER BY op_position";
 }
 
 /// The engine's composite type `engine_request` (`sql/00_types.sql`): one

@@ -32,7 +32,10 @@ async fn a_movement_that_breaks_the_books_cannot_commit() {
         .await;
     assert_eq!(reserve.status(), StatusCode::CREATED);
     let reservation: Value = reserve.json().await.expect("json");
-    let id = reservation["reservation_id"].as_str().expect("id").to_owned();
+    let id = reservation["reservation_id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
 
     // The bug: engine_deltas (the arithmetic every movement's balances come
     // from) with a commit's `used` one too many.

@@ -1047,7 +1047,7 @@ async fn a_batch_of_two_credits_on_one_account_is_never_split_by_an_instant() {
 
 /// A writer that waited for an account's row lock stamps its entries after
 /// the transaction it waited for committed: the stamp (engine_now) is
-/// taken after the locks, on the lean path too. Otherwise an instant
+/// taken after the locks. Otherwise an instant
 /// closed by a transaction that held the account (a restore target, a
 /// closed period) would gain an entry stamped before it that committed
 /// after it (tests/backup/drill.sh: a restore to T missed two such

@@ -123,7 +123,7 @@ fn every_fixup_is_made_exactly_once_even_by_two_passes_at_once() {
     let orphan = job(&mut conn, account);
     // Released behind the job's back, by the engine's settle rule itself.
     diesel::sql_query(
-        "SELECT outcome FROM engine_run(ARRAY[engine_settlement('release', $1, $2, NULL, NULL, $3, \
+        "SELECT outcome FROM engine_apply(ARRAY[engine_settlement('release', $1, $2, NULL, NULL, $3, \
          'test', 'test')])",
     )
     .bind::<SqlUuid, _>(account.0)

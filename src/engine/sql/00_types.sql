@@ -78,7 +78,7 @@ CREATE TYPE engine_request AS (
 
 -- A batch's own picture of the rows its operations decide on and write:
 -- an account as the batch leaves it, a reservation and a job as they are
--- to be written (engine_run keeps them; engine_record writes them). The
+-- to be written (engine_apply keeps them; engine_record writes them). The
 -- engine's own types, not the tables' row types: a table's row type in a
 -- function's signature would stop every migration that alters the table
 -- while a build's engine schema is installed. engine_reservation has every

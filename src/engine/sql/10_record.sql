@@ -141,9 +141,8 @@ $$;
 -- threshold rule is armed and `available` went below the line (it fires),
 -- or it is not armed and `available` is back at or above the line (it
 -- re-arms). `p_line` is accounts.topup_threshold (0: no live threshold
--- rule, never due). The lean path sends no movement that makes this true;
--- engine_record calls engine_topup_evaluate for every account it makes
--- true.
+-- rule, never due). engine_record calls engine_topup_evaluate for every
+-- account its movements make this true.
 CREATE FUNCTION engine_topup_due(p_available bigint, p_line bigint, p_armed boolean)
 RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$
@@ -222,24 +221,28 @@ BEGIN
                j.reservation_id
         FROM unnest(p_jobs) j;
     END IF;
-    IF cardinality(p_made) > 0 THEN
+    IF cardinality(p_moves) = 0 THEN
+        -- (An extension: the reservation's row alone.)
+        UPDATE reservations r SET expires_at = c.expires_at
+        FROM unnest(p_changed) c
+        WHERE r.id = c.id AND r.id = ANY (ARRAY(SELECT x.id FROM unnest(p_changed) x));
+        RETURN '{}';
+    END IF;
+    WITH made AS (
         INSERT INTO reservations (id, account_id, request_id, amount, requested_ttl_seconds, state,
             committed_amount, expires_at, job_id, created_at, resolved_at, draws)
         SELECT r.id, r.account_id, r.request_id, r.amount, r.requested_ttl_seconds, r.state,
                r.committed_amount, r.expires_at, r.job_id, r.created_at, r.resolved_at, r.draws
-        FROM unnest(p_made) r;
-    END IF;
-    IF cardinality(p_changed) > 0 THEN
+        FROM unnest(p_made) r
+        RETURNING 1
+    ), changed AS (
         UPDATE reservations r
         SET state = c.state, committed_amount = c.committed_amount, resolved_at = c.resolved_at,
             expires_at = c.expires_at
         FROM unnest(p_changed) c
-        WHERE r.id = c.id AND r.id = ANY (ARRAY(SELECT x.id FROM unnest(p_changed) x));
-    END IF;
-    IF cardinality(p_moves) = 0 THEN
-        RETURN '{}';
-    END IF;
-    WITH moves AS (
+        WHERE r.id = c.id AND r.id = ANY (ARRAY(SELECT x.id FROM unnest(p_changed) x))
+        RETURNING 1
+    ), moves AS (
         SELECT m.*, d.available AS d_available, d.reserved AS d_reserved, d.used AS d_used,
                d.credited AS d_credited, d.adjusted AS d_adjusted, d.grant_expired AS d_grant_expired
         FROM unnest(p_moves) WITH ORDINALITY AS m (account, kind, amount, active_delta, reservation,
@@ -388,17 +391,15 @@ BEGIN
                    m.account_json
                        || CASE m.kind
                           WHEN 'credit' THEN jsonb_build_object('credit',
-                              (SELECT engine_credit_json(to_jsonb(c), to_jsonb(m.entry),
+                              (SELECT engine_credit_json(b.booking, to_jsonb(m.entry),
                                           (SELECT to_jsonb(g) FROM credit_grants g
-                                           WHERE g.id = c.id))
-                               FROM credits c
-                               WHERE c.external_ref = (m.entry).external_ref))
+                                           WHERE g.id = b.id))
+                               FROM engine_external_booking((m.entry).external_ref, 'credit') b))
                           ELSE jsonb_build_object('adjustment',
-                              (SELECT engine_adjustment_json(to_jsonb(a), to_jsonb(m.entry),
+                              (SELECT engine_adjustment_json(b.booking, to_jsonb(m.entry),
                                           (SELECT to_jsonb(g) FROM credit_grants g
-                                           WHERE g.id = a.id))
-                               FROM adjustments a
-                               WHERE a.external_ref = (m.entry).external_ref))
+                                           WHERE g.id = b.id))
+                               FROM engine_external_booking((m.entry).external_ref, 'adjustment') b))
                           END AS data,
                    m.created_at
             FROM notable m WHERE m.kind IN ('credit', 'adjustment') AND m.closes

@@ -46,7 +46,7 @@ $$;
 -- One spend (`o`: a reserve or a job creation, engine_request), decided
 -- against the account as the batch has left it so far (`a`; its id NULL
 -- when there is none) at `p_at` (the batch's stamp). The caller
--- (engine_run) holds the account's row lock and writes nothing of this
+-- (engine_apply) holds the account's row lock and writes nothing of this
 -- batch's operations before their one write (engine_record), so the
 -- grants are read as they were when the batch began: a reserve takes the
 -- account's drawable tokens [p_from, p_from + amount) in draw order

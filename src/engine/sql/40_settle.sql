@@ -133,7 +133,7 @@ $$;
 
 -- One settlement (`o`: commit, commit_all, release, extend, expire) of
 -- its reservation, decided at `p_at` (the batch's stamp). The caller
--- (engine_run) holds the account's row lock; the reservation's is taken
+-- (engine_apply) holds the account's row lock; the reservation's is taken
 -- here. Nothing is written: the reservation as it becomes (`changed`) and
 -- the movements (`moves`) go to the batch's one write (engine_record).
 -- A resolution spends what is committed (commit: exactly the amount;

@@ -85,7 +85,7 @@ $$;
 -- A settlement the service makes itself (authorised): `p_action` of the
 -- reservation `p_reservation` of `p_account` by the job `p_job` (NULL: the
 -- reaper's expiry of an API reservation), as one engine_request for
--- engine_run; `p_ttl` whole seconds (an extension; a fraction of a second
+-- engine_apply; `p_ttl` whole seconds (an extension; a fraction of a second
 -- is rounded up: a hold is never shortened).
 CREATE FUNCTION engine_settlement(p_action text, p_account uuid, p_reservation uuid,
     p_amount bigint, p_ttl double precision, p_job uuid, p_reason text, p_actor text)
@@ -96,7 +96,7 @@ LANGUAGE sql IMMUTABLE AS $$
                p_reason, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::engine_request
 $$;
 
--- Whether a settlement engine_run answered (`p_outcome`, `p_detail`)
+-- Whether a settlement engine_apply answered (`p_outcome`, `p_detail`)
 -- moved its reservation out of `held`.
 CREATE FUNCTION engine_settled(p_outcome text, p_detail jsonb) RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$
@@ -149,7 +149,7 @@ BEGIN
         RETURN;
     END IF;
     SELECT r.outcome, r.object, engine_settled(r.outcome, r.detail) AS resolved INTO settled
-    FROM engine_run(ARRAY[engine_settlement(
+    FROM engine_apply(ARRAY[engine_settlement(
              CASE p_status WHEN 'succeeded' THEN 'commit' ELSE 'release' END, job.account_id,
              job.reservation_id, CASE p_status WHEN 'succeeded' THEN job.cost END, NULL, job.id,
              p_reason, p_actor)]) r;
@@ -236,7 +236,7 @@ BEGIN
                array_agg(f.id) FILTER (WHERE s.outcome NOT IN ('extended', 'extended_capped')),
                engine_now()
         INTO extended, lost, lost_at
-        FROM engine_run(ARRAY(
+        FROM engine_apply(ARRAY(
                  SELECT engine_settlement('extend', f.account_id, f.reservation_id, NULL,
                                           p_reservation_seconds, f.id, NULL, 'system')
                  FROM unnest(fenced) WITH ORDINALITY AS f ORDER BY f.ordinality)) s
@@ -337,7 +337,7 @@ BEGIN
         RETURN;
     END IF;
     SELECT r.outcome INTO outcome
-    FROM engine_run(ARRAY[engine_settlement(
+    FROM engine_apply(ARRAY[engine_settlement(
              CASE job.status WHEN 'succeeded' THEN 'commit' ELSE 'release' END, job.account_id,
              job.reservation_id, CASE job.status WHEN 'succeeded' THEN job.cost END, NULL, job.id,
              'fixup', 'system')]) r;
@@ -394,7 +394,7 @@ BEGIN
     -- One batch through the one path (its accounts locked in id order).
     expired := ARRAY(
         SELECT s.object
-        FROM engine_run(ARRAY(SELECT engine_settlement('expire', d.account_id, d.id, NULL, NULL,
+        FROM engine_apply(ARRAY(SELECT engine_settlement('expire', d.account_id, d.id, NULL, NULL,
                                                        d.job_id, 'expired', 'system')
                               FROM unnest(due) WITH ORDINALITY AS d ORDER BY d.ordinality)) s
         WHERE s.outcome = 'expired'

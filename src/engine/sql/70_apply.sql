@@ -80,9 +80,11 @@ BEGIN
 END;
 $$;
 
--- A batch of operations on any accounts, in one transaction: the one path
--- every operation takes, whoever sends it (the API through engine_apply;
--- the workers and the reaper through engine_finish_job, engine_heartbeat_jobs,
+-- The one entry point: a batch of operations on any accounts, in one
+-- transaction — the one path every operation takes, whoever sends it (the
+-- API and the workers' finishes through the coalescer, src/engine/mod.rs,
+-- with engine_tallies after it; the heartbeat, the fix-ups and the
+-- reaper's expiries through engine_heartbeat_jobs, engine_finish_job,
 -- engine_fixup and engine_expire_due).
 --
 -- The batch crosses as one array of engine_request (00_types.sql), one
@@ -137,9 +139,9 @@ $$;
 -- again, a lapse to write — has the pending writes written first.
 -- Returns one row per operation: its position (1-based), outcome, detail
 -- and object (JSON).
-CREATE FUNCTION engine_run(p_ops engine_request[])
+CREATE FUNCTION engine_apply(p_ops engine_request[])
 RETURNS TABLE (op_position integer, outcome text, detail jsonb, object jsonb)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     batch integer := COALESCE(cardinality(p_ops), 0);
@@ -297,24 +299,18 @@ BEGIN
 END;
 $$;
 
--- The entry point of the API's money requests (src/engine/mod.rs): a
--- batch (engine_run), then, when the batch left a tally (engine_tally:
--- tokens of lapsed grants expired, or tokens top-up rules credited), a
--- row at position 0, outcome tallies, detail {grant_expired,
--- topup_credited}, for the caller's metrics.
-CREATE FUNCTION engine_apply(p_ops engine_request[])
-RETURNS TABLE (op_position integer, outcome text, detail jsonb, object jsonb)
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
-#variable_conflict use_column
+-- The tallies the transaction left for the caller's metrics (engine_tally:
+-- tokens of lapsed grants expired, tokens top-up rules credited), taken:
+-- one row {grant_expired, topup_credited} when there is one, else none.
+-- The service asks it in the statement that applies a batch, after it.
+CREATE FUNCTION engine_tallies() RETURNS SETOF jsonb
+LANGUAGE plpgsql AS $$
 BEGIN
-    RETURN QUERY SELECT r.op_position, r.outcome, r.detail, r.object FROM engine_run(p_ops) r;
     -- (engine_tally's test, inline: most batches leave no tally.)
     IF COALESCE(current_setting('token_billing.grant_expired', true), '') NOT IN ('', '0')
        OR COALESCE(current_setting('token_billing.topup_credited', true), '') NOT IN ('', '0') THEN
-        op_position := 0; outcome := 'tallies'; object := NULL;
-        detail := jsonb_build_object('grant_expired', engine_tally_take('grant_expired'),
-                                     'topup_credited', engine_tally_take('topup_credited'));
-        RETURN NEXT;
+        RETURN NEXT jsonb_build_object('grant_expired', engine_tally_take('grant_expired'),
+                                       'topup_credited', engine_tally_take('topup_credited'));
     END IF;
 END;
 $$;

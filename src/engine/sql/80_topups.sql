@@ -9,8 +9,7 @@
 -- went below the line, or it is not armed and `available` is back at or
 -- above it) and calls engine_topup_evaluate for each, under the account's
 -- row lock. So twenty kiosks crossing together are decided one after the
--- other, and only the first finds the rule armed: one top-up. The lean path
--- (68_lean.sql) applies no movement that makes a rule due.
+-- other, and only the first finds the rule armed: one top-up.
 --
 -- The line lives on the account row, which every spend reads anyway:
 -- accounts.topup_threshold is the rule's threshold less the tokens of its
@@ -104,6 +103,25 @@ LANGUAGE sql STABLE AS $$
                         ORDER BY f.created_at DESC, f.id DESC LIMIT 1))
 $$;
 
+-- Arms (`p_armed` true) or disarms the account's threshold rule, written
+-- once: every change of accounts.topup_armed is this function's. (When the
+-- rule is due to change is engine_topup_due; what it then does,
+-- engine_topup_evaluate.)
+CREATE FUNCTION engine_topup_arm(p_account uuid, p_armed boolean) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE accounts SET topup_armed = p_armed
+    WHERE id = p_account AND topup_armed IS DISTINCT FROM p_armed;
+END;
+$$;
+
+-- A top-up request expiring at `p_expires_at` has expired at `p_at`.
+CREATE FUNCTION engine_topup_request_expired(p_expires_at timestamptz, p_at timestamptz)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT p_expires_at <= p_at
+$$;
+
 -- Brings the account's line up to date (its live threshold rule's
 -- threshold less the tokens of the rule's open request; 0 without a live,
 -- enabled threshold rule, which also disarms) and answers it. The caller
@@ -122,10 +140,11 @@ BEGIN
     WHERE r.account_id = p_account AND r.trigger = 'threshold' AND r.deleted_at IS NULL
       AND r.enabled;
     line := COALESCE(line, 0);
-    UPDATE accounts
-    SET topup_threshold = line,
-        topup_armed = topup_armed AND line > 0
-    WHERE id = p_account AND (topup_threshold <> line OR (topup_armed AND line = 0));
+    UPDATE accounts SET topup_threshold = line
+    WHERE id = p_account AND topup_threshold <> line;
+    IF line = 0 THEN
+        PERFORM engine_topup_arm(p_account, false);
+    END IF;
     RETURN line;
 END;
 $$;
@@ -147,13 +166,11 @@ BEGIN
     END IF;
     SELECT * INTO account FROM accounts WHERE id = p_account;
     IF account.available >= line THEN
-        IF NOT account.topup_armed THEN
-            UPDATE accounts SET topup_armed = true WHERE id = p_account;
-        END IF;
+        PERFORM engine_topup_arm(p_account, true);
         RETURN;
     END IF;
     IF account.topup_armed THEN
-        UPDATE accounts SET topup_armed = false WHERE id = p_account;
+        PERFORM engine_topup_arm(p_account, false);
         SELECT r.id INTO rule FROM topup_rules r
         WHERE r.account_id = p_account AND r.trigger = 'threshold' AND r.deleted_at IS NULL
           AND r.enabled;
@@ -162,14 +179,15 @@ BEGIN
         -- the movement after the answer — still below — asks again.
         IF engine_topup_fire(rule, p_at, NULL, NULL) = 'skipped'
            AND EXISTS (SELECT 1 FROM topup_firings f WHERE f.rule_id = rule AND f.state = 'open') THEN
-            UPDATE accounts SET topup_armed = true WHERE id = p_account;
+            PERFORM engine_topup_arm(p_account, true);
         ELSE
             -- A request just opened counts toward the line from now on: at
             -- or above the new line, the rule re-arms at once (never left
             -- due for a later movement to skip past).
             line := engine_topup_line(p_account);
-            UPDATE accounts SET topup_armed = true
-            WHERE id = p_account AND line > 0 AND available >= line AND NOT topup_armed;
+            IF line > 0 AND (SELECT a.available FROM accounts a WHERE a.id = p_account) >= line THEN
+                PERFORM engine_topup_arm(p_account, true);
+            END IF;
         END IF;
     END IF;
 END;
@@ -350,7 +368,7 @@ CREATE FUNCTION engine_topup_rule_changed(p_account uuid, p_rearm boolean) RETUR
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     IF p_rearm THEN
-        UPDATE accounts SET topup_armed = true WHERE id = p_account AND NOT topup_armed;
+        PERFORM engine_topup_arm(p_account, true);
     END IF;
     PERFORM engine_topup_evaluate(p_account, engine_now());
 END;
@@ -419,7 +437,7 @@ DECLARE
 BEGIN
     FOR candidate IN
         SELECT f.id, f.account_id FROM topup_firings f
-        WHERE f.state = 'open' AND f.expires_at <= p_now
+        WHERE f.state = 'open' AND engine_topup_request_expired(f.expires_at, p_now)
         ORDER BY f.account_id, f.id
         LIMIT p_limit
     LOOP
@@ -430,8 +448,10 @@ BEGIN
         CONTINUE WHEN NOT FOUND;
         expired := expired + 1;
         line := engine_topup_line(candidate.account_id);
-        UPDATE accounts SET topup_armed = available >= line
-        WHERE id = candidate.account_id AND line > 0;
+        IF line > 0 THEN
+            PERFORM engine_topup_arm(candidate.account_id,
+                (SELECT a.available >= line FROM accounts a WHERE a.id = candidate.account_id));
+        END IF;
         PERFORM engine_emit_event('topup.request_expired', a.id,
             engine_event_account(a) || jsonb_build_object(
                 'rule', (SELECT engine_topup_rule_json(to_jsonb(r)) FROM topup_rules r
