@@ -121,6 +121,12 @@ async fn partial_commit_releases_the_rest_in_one_transaction() {
         .await
         .expect("json");
     let commit = reservation_path(account, &reservation, "commit");
+    // One token more than is held is refused, and changes nothing.
+    let (status, body) = problem(app.post(&commit, ADMIN_KEY, &json!({"amount": 6})).await).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("amount_exceeds_held"))
+    );
     let response: Value = app
         .post(&commit, ADMIN_KEY, &json!({"amount": 2}))
         .await
