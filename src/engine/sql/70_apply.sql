@@ -41,14 +41,15 @@ $$;
 -- The accounts `p_ids` that exist, locked (FOR NO KEY UPDATE) in id order
 -- — two batches never wait on each other crosswise — and read as they are
 -- once locked (a batch that waited reads what the one before it wrote).
-CREATE FUNCTION engine_lock_accounts(p_ids uuid[]) RETURNS engine_account[]
+CREATE FUNCTION engine_lock_accounts(p_ids uuid[], OUT ids uuid[], OUT accounts engine_account[])
 LANGUAGE plpgsql AS $$
 BEGIN
-    RETURN ARRAY(
-        SELECT ROW(x.id, x.status, x.available, x.reserved, x.used, x.credited, x.adjusted,
-                   x.grant_expired, x.active_reservations, x.max_active_reservations)::engine_account
-        FROM (SELECT * FROM accounts WHERE id = ANY (p_ids) ORDER BY id FOR NO KEY UPDATE) x
-        ORDER BY x.id);
+    SELECT COALESCE(array_agg(x.id ORDER BY x.id), '{}'),
+           COALESCE(array_agg(ROW(x.id, x.status, x.available, x.reserved, x.used, x.credited,
+                                  x.adjusted, x.grant_expired, x.active_reservations,
+                                  x.max_active_reservations)::engine_account ORDER BY x.id), '{}')
+    INTO ids, accounts
+    FROM (SELECT * FROM public.accounts WHERE id = ANY (p_ids) ORDER BY id FOR NO KEY UPDATE) x;
 END;
 $$;
 
@@ -177,8 +178,8 @@ BEGIN
         END IF;
         finishes := finishes OR p_ops[i].op = 'finish_job';
     END LOOP;
-    accts := engine_lock_accounts(ARRAY(SELECT u.account FROM unnest(p_ops) u));
-    ids := ARRAY(SELECT x.id FROM unnest(accts) x);
+    SELECT l.ids, l.accounts INTO ids, accts
+    FROM engine_lock_accounts(ARRAY(SELECT u.account FROM unnest(p_ops) u)) l;
     IF finishes THEN
         PERFORM 1 FROM generation_jobs g
         WHERE g.id = ANY (ARRAY(SELECT u.job FROM unnest(p_ops) u WHERE u.op = 'finish_job'))
@@ -210,7 +211,7 @@ BEGIN
             spent := array_fill(0::bigint, ARRAY[cardinality(ids)]);
             returned := array_fill(false, ARRAY[cardinality(ids)]);
             -- (A top-up may have moved an account meanwhile.)
-            accts := engine_lock_accounts(ids);
+            SELECT l.accounts INTO accts FROM engine_lock_accounts(ids) l;
         END IF;
         IF o.op IN ('credit', 'adjust', 'finish_job') THEN
             IF o.op = 'finish_job' THEN
@@ -234,7 +235,7 @@ BEGIN
                 outcome := r.outcome; detail := r.detail; object := r.object;
             END IF;
             IF j IS NOT NULL THEN
-                accts := engine_lock_accounts(ids);
+                SELECT l.accounts INTO accts FROM engine_lock_accounts(ids) l;
             END IF;
             RETURN NEXT;
             CONTINUE;
@@ -242,7 +243,7 @@ BEGIN
         a := CASE WHEN j IS NOT NULL THEN accts[j] END;
         IF o.op IN ('reserve', 'create_job') THEN
             LOOP
-                SELECT * INTO r FROM engine_spend(o, a, COALESCE(spent[j], 0), at);
+                r := engine_spend(o, a, COALESCE(spent[j], 0), at);
                 EXIT WHEN NOT r.lapsing;
                 -- A grant lapses first: written (after the pending writes),
                 -- and the decision is taken again.
@@ -253,7 +254,7 @@ BEGIN
                     returned := array_fill(false, ARRAY[cardinality(ids)]);
                 END IF;
                 PERFORM engine_lapse_grants(ARRAY[o.account], at);
-                accts := engine_lock_accounts(ids);
+                SELECT l.accounts INTO accts FROM engine_lock_accounts(ids) l;
                 a := accts[j];
             END LOOP;
             op_moves := '{}';
@@ -267,7 +268,7 @@ BEGIN
                 spent[j] := spent[j] + o.amount;
             END IF;
         ELSE
-            SELECT * INTO r FROM engine_settle(o, at);
+            r := engine_settle(o, at);
             op_moves := COALESCE(r.moves, '{}');
             op_changed := (r.changed).id IS NOT NULL;
             IF op_changed THEN
