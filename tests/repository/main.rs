@@ -1,0 +1,9 @@
+//! Repository checks: the docs, the compose files, the frozen files and the
+//! architecture page agree with the code. No database, no server: this
+//! binary runs in seconds (`cargo test --test repository`).
+
+mod books_identity;
+mod compose;
+mod deployment;
+mod docs_agree;
+mod frozen_files;
