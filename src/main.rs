@@ -377,7 +377,15 @@ fn ledger_digest_command(database_url: &str, until: &str, format: u8) -> anyhow:
     let mut conn = db::connect_prepared(database_url)?;
     let digest = ledger_digest(&mut conn, until, format)
         .map_err(|error| anyhow::anyhow!(cli_message(&error)))?;
-    print_json(&digest)
+    // On a terminal, indented for a person; anywhere else (a file, a pipe,
+    // the nightly `>> digests.jsonl`) one line per digest: JSON Lines.
+    use std::io::IsTerminal;
+    if std::io::stdout().is_terminal() {
+        print_json(&digest)
+    } else {
+        println!("{}", serde_json::to_string(&digest)?);
+        Ok(())
+    }
 }
 
 fn account_command(database_url: &str, action: AccountCommand) -> anyhow::Result<()> {
@@ -433,15 +441,18 @@ fn api_key_command(database_url: &str, action: ApiKeyCommand) -> anyhow::Result<
         ApiKeyCommand::Revoke { key_id } => {
             let mut conn = connect(database_url)?;
             let audit = token_billing::domain::audit::Audit::local();
-            api_keys::revoke_api_key(&mut conn, &audit, types::ApiKeyId(key_id)).map_err(
-                |error| match error {
-                    token_billing::error::ApiError::NotFound(_) => anyhow::anyhow!(
-                        "no key has the id {key_id} (`token-billing api-key list` shows them)"
-                    ),
-                    other => anyhow::anyhow!(cli_message(&other)),
-                },
-            )?;
-            return print_json(&serde_json::json!({"key_id": key_id, "revoked": true}));
+            let revoked_at = api_keys::revoke_api_key(&mut conn, &audit, types::ApiKeyId(key_id))
+                .map_err(|error| match error {
+                token_billing::error::ApiError::NotFound(_) => anyhow::anyhow!(
+                    "no key has the id {key_id} (`token-billing api-key list` shows them)"
+                ),
+                other => anyhow::anyhow!(cli_message(&other)),
+            })?;
+            return print_json(&serde_json::json!({
+                "key_id": key_id,
+                "revoked": true,
+                "revoked_at": token_billing::time::rfc3339(revoked_at),
+            }));
         }
     };
     let label =

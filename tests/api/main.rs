@@ -37,6 +37,7 @@ mod newcomer;
 mod no_secret_echoed;
 mod openapi;
 mod operate;
+mod operator_findings;
 mod read_replica;
 mod reaper;
 mod receiver;
