@@ -2,6 +2,7 @@
 //! architecture page agree with the code. No database, no server: this
 //! binary runs in seconds (`cargo test --test repository`).
 
+mod architecture;
 mod books_identity;
 mod compose;
 mod deployment;
