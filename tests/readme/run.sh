@@ -53,12 +53,17 @@ for path in sys.argv[2:]:
             marker = m.group(1)
             i += 1
             continue
-        if line.startswith("```"):
-            fence_info = line[3:].strip()
+        stripped = line.lstrip(" ")
+        if stripped.startswith("```"):
+            # A block inside a list item is indented: read it dedented.
+            indent = len(line) - len(stripped)
+            fence_info = stripped[3:].strip()
             j = i + 1
-            while j < len(lines) and not lines[j].startswith("```"):
+            while j < len(lines) and not lines[j].lstrip(" ").startswith("```"):
                 j += 1
-            body = "\n".join(lines[i + 1 : j]) + "\n"
+            body = "\n".join(
+                l[indent:] if l[:indent].strip() == "" else l for l in lines[i + 1 : j]
+            ) + "\n"
             kind = None
             if fence_info == "crontab" and marker == "cron":
                 kind = "cron"
