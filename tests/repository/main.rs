@@ -7,4 +7,5 @@ mod books_identity;
 mod compose;
 mod deployment;
 mod docs_agree;
+mod docs_blocks;
 mod frozen_files;
