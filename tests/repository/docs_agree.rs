@@ -227,7 +227,13 @@ fn the_readme_links_every_docs_page_and_the_project_files_exist() {
         unlinked.is_empty(),
         "docs pages the README does not link: {unlinked:?}"
     );
-    for file in ["LICENSE", "CHANGELOG.md", "SECURITY.md"] {
+    for file in [
+        "LICENSE",
+        "CHANGELOG.md",
+        "SECURITY.md",
+        "ARCHITECTURE.md",
+        "BENCHMARKS.md",
+    ] {
         assert!(
             readme.contains(&format!("({file})")),
             "the README links {file}"
