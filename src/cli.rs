@@ -12,6 +12,8 @@
 //! only. The test and operations tools (chaos run, load generators, fake
 //! provider) are another binary, `token-billing-tools`.
 
+pub mod commands;
+
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use crate::config::{Config, LogFormat, DEFAULT_DATABASE_URL};

@@ -26,8 +26,14 @@ tokio::task_local! {
     static REQUEST_ID: String;
 }
 
+/// The filter without `RUST_LOG`: INFO, but the scheduler crate's own INFO
+/// lines (its state machine's `Uninited` → `Inited` at every start) only
+/// from WARN up; the service logs its schedules itself.
+pub const DEFAULT_FILTER: &str = "info,tokio_cron_scheduler=warn";
+
 pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(|| crate::secrets::ScrubbingWriter)

@@ -273,10 +273,11 @@ pub fn with_advisory_lock<T>(
 pub fn create_database_if_missing(database_url: &str) -> anyhow::Result<bool> {
     check_multi_host(database_url).map_err(anyhow::Error::msg)?;
     let (name, maintenance_url) = split_database_url(database_url)?;
+    // Named as asked for: the maintenance database is how, not what.
     let mut conn = PgConnection::establish(&maintenance_url).map_err(|error| {
         anyhow::anyhow!(
-            "connecting to {}: {error}",
-            redact_database_url(&maintenance_url)
+            "connecting to database {name} ({}): {error}",
+            redact_database_url(database_url)
         )
     })?;
     let exists: bool = diesel::select(diesel::dsl::exists(

@@ -560,8 +560,13 @@ pub fn create_api_key_by(
 
 /// Revokes a key; revoking a revoked key again is a no-op (idempotent, and
 /// no second audit event). The audit event (`api_key.revoked`) is written
-/// in the revocation's transaction.
-pub fn revoke_api_key(conn: &mut PgConnection, by: &Audit, key: ApiKeyId) -> Result<(), ApiError> {
+/// in the revocation's transaction. Returns when the key was revoked
+/// (by this call or the one before it).
+pub fn revoke_api_key(
+    conn: &mut PgConnection,
+    by: &Audit,
+    key: ApiKeyId,
+) -> Result<DateTime<Utc>, ApiError> {
     let revoked = conn.transaction(|conn| {
         let revoked_at: Option<Option<DateTime<Utc>>> = diesel::update(api_keys::table.find(key.0))
             .set(
@@ -583,18 +588,18 @@ pub fn revoke_api_key(conn: &mut PgConnection, by: &Audit, key: ApiKeyId) -> Res
                 Some(serde_json::json!({"revoked_at": revoked_at})),
             )?;
         }
-        Ok::<_, ApiError>(revoked_at.is_some())
+        Ok::<_, ApiError>(revoked_at.flatten())
     })?;
-    if revoked {
-        return Ok(());
+    if let Some(revoked_at) = revoked {
+        return Ok(revoked_at);
     }
-    let exists: bool =
-        diesel::select(diesel::dsl::exists(api_keys::table.find(key.0))).get_result(conn)?;
-    if exists {
-        Ok(())
-    } else {
-        Err(ApiError::NotFound("api key"))
-    }
+    // Revoked before: the instant it was, unchanged.
+    let earlier: Option<Option<DateTime<Utc>>> = api_keys::table
+        .find(key.0)
+        .select(api_keys::revoked_at)
+        .first(conn)
+        .optional()?;
+    earlier.flatten().ok_or(ApiError::NotFound("api key"))
 }
 
 #[cfg(test)]

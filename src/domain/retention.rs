@@ -2,8 +2,9 @@
 //! deleted once older than their configured age (`RETENTION_*`), in
 //! bounded batches, one replica at a time (a session advisory lock).
 //!
-//! Pruned: `idempotency_keys`, `events` (only those already relayed to the
-//! webhooks and with no delivery left), finished `webhook_deliveries` with
+//! Pruned: `idempotency_keys`, `events` (only those no webhook endpoint
+//! waits for — relayed already, or wanted by no endpoint — and with no
+//! delivery left), finished `webhook_deliveries` with
 //! their `webhook_attempts`, and `audit_events`. Never pruned: the ledger,
 //! reservations, jobs, credits, adjustments, the daily closings.
 //!
@@ -112,11 +113,21 @@ const RULES: [Rule; 4] = [
         age_column: "created_at",
         also: "AND t.status <> 'pending'",
     },
-    // Only events the webhook relay has passed, with no delivery left.
+    // Only events no endpoint waits for, with no delivery left. An endpoint
+    // waits for an event the relay has not passed yet when the relay would
+    // fan it out to it (not deleted, subscribed to its type and account,
+    // made before it; a disabled one counts: it may be enabled before the
+    // relay gets there). Without such an endpoint an event is pruned at
+    // its age even where no replica relays (`WEBHOOK_CONCURRENCY=0` on
+    // every replica).
     Rule {
         table: "events",
         age_column: "created_at",
-        also: "AND (t.txid, t.seq) <= (SELECT after_txid, after_seq FROM webhook_relay) \
+        also: "AND ((t.txid, t.seq) <= (SELECT after_txid, after_seq FROM webhook_relay) \
+                    OR NOT EXISTS (SELECT 1 FROM webhook_endpoints w \
+                                   WHERE w.deleted_at IS NULL AND t.type = ANY (w.event_types) \
+                                     AND (w.account_id IS NULL OR w.account_id = t.account_id) \
+                                     AND w.created_at <= t.created_at)) \
                AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.event_id = t.id)",
     },
     Rule {

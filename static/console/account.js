@@ -236,9 +236,12 @@ export async function renderAccount(container, context, accountId) {
       return h(
         "tr",
         { "data-grant-id": grant.grant_id },
-        // The whole id: its first characters are a time prefix (UUIDv7),
-        // the same for grants made within a minute. One click selects it.
-        h("td", { "data-field": "grant" }, h("code", { class: "id" }, grant.grant_id)),
+        // The last 8 characters (the first are a time prefix, UUIDv7: the
+        // same for grants made within a minute), the whole id on hover: the
+        // table fits its card.
+        h("td", { "data-field": "grant" },
+          h("code", { class: "id short", title: grant.grant_id, "aria-label": `grant ${grant.grant_id}` },
+            `…${grant.grant_id.slice(-8)}`)),
         h("td", { class: "number", "data-field": "priority" }, grant.priority),
         h("td", { class: "number", "data-field": "amount" }, tokens(grant.amount)),
         h("td", { class: "number", "data-field": "remaining" }, tokens(grant.remaining)),

@@ -125,7 +125,10 @@ async fn partial_commit_releases_the_rest_in_one_transaction() {
     let (status, body) = problem(app.post(&commit, ADMIN_KEY, &json!({"amount": 6})).await).await;
     assert_eq!(
         (status, body["code"].as_str()),
-        (StatusCode::UNPROCESSABLE_ENTITY, Some("amount_exceeds_held"))
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Some("amount_exceeds_held")
+        )
     );
     let response: Value = app
         .post(&commit, ADMIN_KEY, &json!({"amount": 2}))

@@ -40,7 +40,7 @@ ADMIN_KEY = os.environ["TB_ADMIN_KEY"]
 SHOTS = os.environ["CONSOLE_SCREENSHOTS"]
 DOWNLOADS = os.environ["CONSOLE_DOWNLOADS"]
 STORAGE_KEY = "token-billing.console.api-key"
-SIZES = {"desktop": (1280, 800), "tablet": (820, 1180)}
+SIZES = {"wide": (1400, 900), "desktop": (1280, 800), "tablet": (820, 1180)}
 
 screenshots = []
 
@@ -130,11 +130,20 @@ def shot(driver, name):
 
 def check_layout(driver, page):
     """At both sizes: no horizontal overflow, every control labelled; a screenshot each."""
-    for size in ("desktop", "tablet"):
+    for size in ("wide", "desktop", "tablet"):
         set_size(driver, size)
         overflow = driver.execute_script(
             "return document.documentElement.scrollWidth - window.innerWidth")
         check(overflow <= 0, f"{page} at {size}: {overflow}px of horizontal overflow")
+        if size != "tablet":
+            # On a desktop screen the grants table fits its card (a table
+            # wider than its card scrolls inside it, hiding columns).
+            overflowing = driver.execute_script("""
+                return [...document.querySelectorAll('#grants-table')]
+                  .map(t => t.closest('.table-wrap'))
+                  .filter(w => w && w.scrollWidth > w.clientWidth)
+                  .map(w => w.scrollWidth - w.clientWidth)""")
+            check(not overflowing, f"{page} at {size}: the grants table overflows its card by {overflowing}px")
         unlabelled = driver.execute_script("""
             return [...document.querySelectorAll('input, select, textarea')]
               .filter(e => e.offsetParent !== null)
@@ -318,10 +327,12 @@ def scenario(driver):
     check(grant_rows[0].find_element(By.CSS_SELECTOR, "[data-field=expires]").text == "never",
           f"the 50's expiry {grant_rows[0].text!r}")
     promo_row = f"#grants-table tr[data-grant-id='{promo['grant_id']}']"
-    # The whole grant id, as the API names it (its first 8 characters are a
-    # time prefix, the same for grants made within a minute).
-    check(text_of(driver, f"{promo_row} [data-field=grant]") == promo["grant_id"],
+    # The last 8 characters of the grant id (its first 8 are a time prefix,
+    # the same for grants made within a minute), the whole id on hover.
+    check(text_of(driver, f"{promo_row} [data-field=grant]") == "…" + promo["grant_id"][-8:],
           f"promo grant id shown as {text_of(driver, f'{promo_row} [data-field=grant]')!r}")
+    check(driver.find_element(By.CSS_SELECTOR, f"{promo_row} [data-field=grant] code")
+          .get_attribute("title") == promo["grant_id"], "the whole grant id on hover")
     # No stray text anywhere on the rendered page (a null handed to the
     # DOM's own append once printed "null" under the grants table).
     page_text = driver.execute_script("return document.body.innerText")

@@ -3,7 +3,9 @@
 # freshly started service on a fresh database.
 #
 # Blocks: every ```sh block of README.md, in order, and the ```sh blocks of
-# docs/*.md marked `<!-- readme-test: run -->` (after the README's). A block
+# docs/*.md marked `<!-- readme-test: run -->` (after the README's; a block
+# inside a list item is read dedented; tests/repository/docs_blocks.rs holds
+# every block of docs/ to a marker, run or skip). A block
 # marked `<!-- readme-test: skip -->` is not run (installing packages, the
 # test command itself — CI runs it anyway); the block marked
 # `<!-- readme-test: serve -->` is started in the background, exactly as
@@ -53,12 +55,17 @@ for path in sys.argv[2:]:
             marker = m.group(1)
             i += 1
             continue
-        if line.startswith("```"):
-            fence_info = line[3:].strip()
+        stripped = line.lstrip(" ")
+        if stripped.startswith("```"):
+            # A block inside a list item is indented: read it dedented.
+            indent = len(line) - len(stripped)
+            fence_info = stripped[3:].strip()
             j = i + 1
-            while j < len(lines) and not lines[j].startswith("```"):
+            while j < len(lines) and not lines[j].lstrip(" ").startswith("```"):
                 j += 1
-            body = "\n".join(lines[i + 1 : j]) + "\n"
+            body = "\n".join(
+                l[indent:] if l[:indent].strip() == "" else l for l in lines[i + 1 : j]
+            ) + "\n"
             kind = None
             if fence_info == "crontab" and marker == "cron":
                 kind = "cron"
@@ -142,7 +149,13 @@ session="$scratch/session.sh"
   done
 } > "$session"
 output="$scratch/session.out"
-if ! bash "$session" 2>&1 | tee "$output"; then
+# The blocks run in a directory of their own, as a reader's shell would be
+# anywhere: files they write (a month-end CSV) stay out of the checkout.
+# The repository's scripts a block names (tests/backup/…) are linked in.
+workdir="$scratch/work"
+mkdir -p "$workdir"
+ln -s "$root/tests" "$workdir/tests"
+if ! (cd "$workdir" && bash "$session") 2>&1 | tee "$output"; then
   echo "readme: a block failed (see above)" >&2
   exit 1
 fi
@@ -190,6 +203,9 @@ PY
   [ -s "$records/ledger-digests.jsonl" ] \
     && jq -e '.format == "sha256-chain-v2"' "$records/ledger-digests.jsonl" > /dev/null \
     || { echo "readme: the cron block kept no ledger digest" >&2; exit 1; }
+  # JSON Lines: as many lines as digests.
+  [ "$(wc -l < "$records/ledger-digests.jsonl")" = "$(jq -c . "$records/ledger-digests.jsonl" | wc -l)" ] \
+    || { echo "readme: ledger-digests.jsonl is not one digest per line" >&2; exit 1; }
   csv="$(ls "$records"/reconciliation-*.csv)"
   head -n 1 "$csv" | grep -q '^account_id,name,status,' && tail -n 1 "$csv" | grep -q '^totals,' \
     || { echo "readme: the cron block's reconciliation CSV is not one: $csv" >&2; exit 1; }

@@ -227,7 +227,13 @@ fn the_readme_links_every_docs_page_and_the_project_files_exist() {
         unlinked.is_empty(),
         "docs pages the README does not link: {unlinked:?}"
     );
-    for file in ["LICENSE", "CHANGELOG.md", "SECURITY.md"] {
+    for file in [
+        "LICENSE",
+        "CHANGELOG.md",
+        "SECURITY.md",
+        "ARCHITECTURE.md",
+        "BENCHMARKS.md",
+    ] {
         assert!(
             readme.contains(&format!("({file})")),
             "the README links {file}"
@@ -328,4 +334,23 @@ fn no_doc_names_a_path_of_one_machine() {
             );
         }
     }
+}
+
+/// Beside its test command, the README says how to point the tests at
+/// another PostgreSQL server, by the variable the tests read.
+#[test]
+fn the_readme_says_how_to_point_the_tests_at_another_server() {
+    let readme = read("README.md");
+    let test_command = readme
+        .find("cargo test\n")
+        .expect("the README's test command");
+    let around = &readme[test_command.saturating_sub(800)..test_command];
+    assert!(
+        around.contains("TEST_DATABASE_SERVER="),
+        "the README's test section does not say TEST_DATABASE_SERVER=…"
+    );
+    assert!(
+        read("tests/api/helpers.rs").contains("std::env::var(\"TEST_DATABASE_SERVER\")"),
+        "the tests read TEST_DATABASE_SERVER"
+    );
 }
