@@ -125,10 +125,13 @@ async fn partial_commit_releases_the_rest_in_one_transaction() {
     let (status, body) = problem(app.post(&commit, ADMIN_KEY, &json!({"amount": 6})).await).await;
     assert_eq!(
         (status, body["code"].as_str()),
-        (
-            StatusCode::UNPROCESSABLE_ENTITY,
-            Some("amount_exceeds_held")
-        )
+        (StatusCode::BAD_REQUEST, Some("invalid_request"))
+    );
+    assert!(
+        body["detail"]
+            .as_str()
+            .is_some_and(|detail| detail.contains("exceeds the 5 tokens held")),
+        "{body}"
     );
     let response: Value = app
         .post(&commit, ADMIN_KEY, &json!({"amount": 2}))
