@@ -1,4 +1,4 @@
--- The engine's typed contract: the rows its set-based functions take.
+-- The engine's typed contract: the rows its functions take and keep.
 --
 -- A movement is what engine_record (the one write path) applies to an
 -- account and writes to the ledger; a request is one operation of a batch

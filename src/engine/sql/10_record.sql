@@ -166,7 +166,7 @@ LANGUAGE sql IMMUTABLE AS $$
         p_account.used, p_account.credited, p_account.adjusted, p_account.low_balance_threshold)
 $$;
 
--- The one place an event is written one at a time (the set-based writer,
+-- The one place an event is written one at a time (the movements' writer,
 -- engine_record, inserts its rows into the same table in the same shape).
 CREATE FUNCTION engine_emit_event(p_type text, p_account uuid, p_data jsonb, p_at timestamptz)
 RETURNS void
