@@ -295,7 +295,7 @@ pub fn build_server(state: Arc<AppState>, workers: usize) -> anyhow::Result<(Ser
                 let route = request
                     .match_pattern()
                     .unwrap_or_else(|| "unmatched".to_owned());
-                let method = request.method().to_string();
+                let method = telemetry::method_label(request.method());
                 let request_id = telemetry::request_id_from(
                     request
                         .headers()
@@ -306,7 +306,7 @@ pub fn build_server(state: Arc<AppState>, workers: usize) -> anyhow::Result<(Ser
                     .app_data::<web::Data<AppState>>()
                     .map(|state| Arc::clone(&state.metrics));
                 let header_value = header::HeaderValue::from_str(&request_id).ok();
-                let span = telemetry::request_span(&request_id, &method, &route);
+                let span = telemetry::request_span(&request_id, method, &route);
                 let response = telemetry::sync_scope(request_id.clone(), || match refused {
                     Some(error) => {
                         futures_util::future::Either::Left(std::future::ready(Ok(request
@@ -332,7 +332,7 @@ pub fn build_server(state: Arc<AppState>, workers: usize) -> anyhow::Result<(Ser
                         let status = status.to_string();
                         metrics
                             .http_requests_total
-                            .with_label_values(&[&method, &route, &status])
+                            .with_label_values(&[method, &route, &status])
                             .inc();
                         metrics
                             .http_request_duration_seconds

@@ -62,6 +62,26 @@ pub fn current_request_id() -> Option<String> {
 
 /// The client's id when it is 1–64 characters of `[A-Za-z0-9._-]`, else a
 /// new one: a client cannot inject anything into logs or headers.
+/// A request's method as the metrics and the access log name it: one of
+/// the methods HTTP defines, or `other`. The method is the client's to
+/// choose (any token is a method), so writing it as sent would let anyone
+/// without a key grow the metrics' label set and the log without bound.
+pub fn method_label(method: &actix_web::http::Method) -> &'static str {
+    use actix_web::http::Method;
+    match *method {
+        Method::GET => "GET",
+        Method::HEAD => "HEAD",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::PATCH => "PATCH",
+        Method::DELETE => "DELETE",
+        Method::OPTIONS => "OPTIONS",
+        Method::CONNECT => "CONNECT",
+        Method::TRACE => "TRACE",
+        _ => "other",
+    }
+}
+
 pub fn request_id_from(header: Option<&str>) -> String {
     header
         .filter(|id| {

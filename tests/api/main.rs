@@ -10,6 +10,7 @@ mod auth_throttle;
 mod backup;
 mod bad_input;
 mod books_guard;
+mod bounded_labels;
 mod cli;
 mod coalescing;
 mod concurrency;
