@@ -34,20 +34,9 @@ fn read(relative: &str) -> String {
 /// README, ARCHITECTURE, and every docs page, by path.
 fn pages() -> Vec<String> {
     let mut pages = vec!["README.md".to_owned(), "ARCHITECTURE.md".to_owned()];
-    let mut docs: Vec<String> =
-        std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs"))
-            .expect("docs/")
-            .map(|entry| {
-                entry
-                    .expect("entry")
-                    .file_name()
-                    .to_string_lossy()
-                    .into_owned()
-            })
-            .filter(|name| name.ends_with(".md"))
-            .map(|name| format!("docs/{name}"))
-            .collect();
-    docs.sort();
+    let docs = crate::docs_agree::docs_pages()
+        .into_iter()
+        .map(|name| format!("docs/{name}"));
     pages.extend(docs);
     pages
 }

@@ -14,7 +14,9 @@ fn read(relative: &str) -> String {
         .unwrap_or_else(|error| panic!("{relative}: {error}"))
 }
 
-fn docs_pages() -> Vec<String> {
+/// The pages of docs/ (`*.md`, their file names), in name order: every
+/// check of this binary that reads the docs reads these.
+pub(crate) fn docs_pages() -> Vec<String> {
     let mut pages: Vec<String> =
         std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs"))
             .expect("docs/")

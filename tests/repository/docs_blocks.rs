@@ -47,18 +47,7 @@ fn shell_blocks(text: &str) -> Vec<(usize, Option<String>)> {
 
 #[test]
 fn every_shell_block_of_the_docs_is_run_by_ci_or_says_why_not() {
-    let mut pages: Vec<String> = std::fs::read_dir(root().join("docs"))
-        .expect("docs/")
-        .map(|entry| {
-            entry
-                .expect("entry")
-                .file_name()
-                .to_string_lossy()
-                .into_owned()
-        })
-        .filter(|name| name.ends_with(".md"))
-        .collect();
-    pages.sort();
+    let pages = crate::docs_agree::docs_pages();
     let mut undecided = Vec::new();
     let mut run = 0;
     for page in pages {
