@@ -72,21 +72,25 @@ $$;
 -- service authorised the operation (`p_authorized`) or the key `p_key_id`
 -- with the secret's hash `p_key_hash` is valid (engine_valid_key) and may
 -- spend on `p_account` (engine_spend_authority); else unauthorized (no such
--- valid key), not_found or forbidden. One row, always, with the valid key
--- and its last use (NULL when authorised or not valid): engine_apply
--- writes a stale use (engine_key_use_stale, engine_touch_keys). Inlined
--- where it is called.
+-- valid key), not_found (another account's kiosk key: `detail` names the
+-- account as what is not found) or forbidden. One row, always, with the
+-- valid key and its last use (NULL when authorised or not valid):
+-- engine_apply writes a stale use (engine_key_use_stale, engine_touch_keys).
+-- Inlined where it is called.
 CREATE FUNCTION engine_key_refusal(p_authorized boolean, p_key_id uuid, p_key_hash bytea,
     p_account uuid)
-RETURNS TABLE (refusal text, valid_key uuid, last_used_at timestamptz)
+RETURNS TABLE (refusal text, detail jsonb, valid_key uuid, last_used_at timestamptz)
 LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN p_authorized THEN NULL
-                WHEN v.key_id IS NULL THEN 'unauthorized'
-                ELSE NULLIF(engine_spend_authority(v.scope, v.account_id, p_account), 'ok') END,
-           v.key_id, v.last_used_at
-    FROM (SELECT 1) one
-    LEFT JOIN LATERAL (SELECT k.* FROM engine_valid_key(p_key_id, p_key_hash) k
-                       WHERE NOT p_authorized LIMIT 1) v ON true
+    SELECT r.refusal, CASE WHEN r.refusal = 'not_found' THEN '{"what": "account"}'::jsonb END,
+           r.key_id, r.last_used_at
+    FROM (SELECT CASE WHEN p_authorized THEN NULL
+                      WHEN v.key_id IS NULL THEN 'unauthorized'
+                      ELSE NULLIF(engine_spend_authority(v.scope, v.account_id, p_account), 'ok')
+                 END AS refusal,
+                 v.key_id, v.last_used_at
+          FROM (SELECT 1) one
+          LEFT JOIN LATERAL (SELECT k.* FROM engine_valid_key(p_key_id, p_key_hash) k
+                             WHERE NOT p_authorized LIMIT 1) v ON true) r
 $$;
 
 -- A verified key's last use, written once a minute at most

@@ -86,7 +86,7 @@ BEGIN
     -- The key's refusal, an earlier use of the request_id (one probe of the
     -- (account_id, request_id) index), whether a grant lapses, and the
     -- draws, in one statement.
-    SELECT k.refusal, k.valid_key, k.last_used_at,
+    SELECT k.refusal, k.detail AS refusal_detail, k.valid_key, k.last_used_at,
            (SELECT to_jsonb(x) FROM reservations x
             WHERE o.op = 'reserve' AND x.account_id = o.account AND x.request_id = o.request
               AND x.job_id IS NULL LIMIT 1) AS earlier,
@@ -108,8 +108,7 @@ BEGIN
         FROM engine_draws(o.account, p_from, p_from + o.amount) d) dr;
     valid_key := seen.valid_key; last_used_at := seen.last_used_at;
     IF seen.refusal IS NOT NULL THEN
-        outcome := seen.refusal;
-        detail := CASE WHEN seen.refusal = 'not_found' THEN '{"what": "account"}'::jsonb END;
+        outcome := seen.refusal; detail := seen.refusal_detail;
         RETURN;
     END IF;
     IF a.id IS NULL THEN

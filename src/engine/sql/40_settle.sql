@@ -160,7 +160,7 @@ DECLARE
 BEGIN
     -- The key's refusal and the reservation (its row lock), in one
     -- statement.
-    SELECT k.refusal, k.valid_key, k.last_used_at, l.found
+    SELECT k.refusal, k.detail AS refusal_detail, k.valid_key, k.last_used_at, l.found
     INTO seen
     FROM engine_key_refusal(o.authorized, o.key_id, o.key_hash, o.account) k
     LEFT JOIN LATERAL (
@@ -170,8 +170,7 @@ BEGIN
         FROM reservations x WHERE x.id = o.reservation FOR UPDATE) l ON true;
     valid_key := seen.valid_key; last_used_at := seen.last_used_at;
     IF seen.refusal IS NOT NULL THEN
-        outcome := seen.refusal;
-        detail := CASE WHEN seen.refusal = 'not_found' THEN '{"what": "account"}'::jsonb END;
+        outcome := seen.refusal; detail := seen.refusal_detail;
         RETURN;
     END IF;
     existing := seen.found;
