@@ -28,6 +28,7 @@ mod finance_exports;
 mod grant_expiry;
 mod grants;
 mod history;
+mod id_spellings;
 mod jobs;
 mod json_numbers;
 mod keys_audit;
