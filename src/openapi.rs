@@ -117,6 +117,7 @@ use crate::webhooks::endpoints;
         topups::Period,
         topups::Method,
         topups::Mode,
+        topups::RuleStatus,
         system::DatabaseSummary,
         routes::system::SystemSummary,
         routes::system::ReplicaSummary,

@@ -26,6 +26,11 @@ const REQUEST_TTL_MIN_SECONDS: i64 = 60;
 const REQUEST_TTL_MAX_SECONDS: i64 = 30 * 86_400;
 const EXPIRES_AFTER_MIN_SECONDS: i64 = 60;
 const EXPIRES_AFTER_MAX_SECONDS: i64 = 3650 * 86_400;
+/// A new rule that names no cap may add at most this many firings' worth
+/// of tokens a day (`tokens`, or `target_tokens` for method target): ten
+/// refills cover a busy event day, and a rule gone wrong stops after ten
+/// card charges rather than none.
+pub const DEFAULT_DAILY_CAP_FIRINGS: i64 = 10;
 
 /// What makes a rule fire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -110,6 +115,10 @@ pub struct TopupRuleBody {
     pub max_tokens_per_day: Option<i64>,
     /// The same per month.
     pub max_tokens_per_month: Option<i64>,
+    /// A rule that names neither cap gets `max_tokens_per_day` of ten
+    /// firings' worth; `true` keeps it without any cap instead. A change
+    /// that removes a rule's last cap needs it too.
+    pub allow_uncapped: Option<bool>,
     /// Default true. A disabled rule never fires.
     pub enabled: Option<bool>,
 }
@@ -330,8 +339,15 @@ impl TryFrom<TopupRuleBody> for RuleSpec {
                 .map(|value| within(name, value, RULE_TOKENS_MAX))
                 .transpose()
         };
-        let max_tokens_per_day = cap("max_tokens_per_day", body.max_tokens_per_day)?;
+        let mut max_tokens_per_day = cap("max_tokens_per_day", body.max_tokens_per_day)?;
         let max_tokens_per_month = cap("max_tokens_per_month", body.max_tokens_per_month)?;
+        if max_tokens_per_day.is_none()
+            && max_tokens_per_month.is_none()
+            && body.allow_uncapped != Some(true)
+        {
+            let firing = tokens.or(target_tokens).unwrap_or(0);
+            max_tokens_per_day = Some(firing.saturating_mul(DEFAULT_DAILY_CAP_FIRINGS));
+        }
         if let Some(tokens) = tokens {
             for (name, max) in [
                 ("max_tokens_per_day", max_tokens_per_day),
@@ -405,6 +421,31 @@ pub struct TopupFiringView {
     pub resolved_at: Option<DateTime<Utc>>,
 }
 
+/// What a rule is doing (`engine_topup_status`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RuleStatus {
+    /// It never fires.
+    Disabled,
+    /// A schedule rule: once per period.
+    Scheduled,
+    /// Its request waits for the customer's credit.
+    RequestOpen,
+    /// It fires when `available` goes below its line (at the next movement
+    /// if it already is).
+    Armed,
+    /// Below its line, but what it added is not used yet
+    /// (`unconsumed_tokens`): it fires once that much is used (or credited
+    /// otherwise than by the rule).
+    WaitingForUse,
+    /// Below its line and stopped by a cap until the balance is back at
+    /// its line.
+    CapReached,
+    /// Below its line after a firing that did not lift it: it re-arms when
+    /// the balance is back at its line.
+    WaitingForBalance,
+}
+
 /// A rule as the API and the events show it (`engine_topup_rule_json`).
 #[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TopupRuleView {
@@ -434,6 +475,13 @@ pub struct TopupRuleView {
     /// when `available`, plus its open request, is back at or above the
     /// threshold); null for a schedule.
     pub armed: Option<bool>,
+    /// A threshold rule: the tokens it added (granted, or requested and
+    /// not expired) that nothing has used since (commits, and credits that
+    /// are not the rule's own, count as use). It fires only at 0: a rule
+    /// never adds tokens that nothing used. Null for a schedule.
+    pub unconsumed_tokens: Option<i64>,
+    /// What the rule is doing now.
+    pub status: RuleStatus,
     #[serde(with = "crate::time::micros")]
     pub created_at: DateTime<Utc>,
     #[serde(with = "crate::time::micros")]
@@ -590,8 +638,9 @@ fn audited(view: &TopupRuleView) -> Value {
     let mut value = serde_json::to_value(view).unwrap_or(Value::Null);
     if let Value::Object(object) = &mut value {
         // What the rule says, not what it did last.
-        object.remove("last_firing");
-        object.remove("armed");
+        for done in ["last_firing", "armed", "unconsumed_tokens", "status"] {
+            object.remove(done);
+        }
     }
     value
 }
@@ -666,6 +715,8 @@ fn body_of(view: &TopupRuleView) -> Map<String, Value> {
         "rule_id",
         "account_id",
         "armed",
+        "unconsumed_tokens",
+        "status",
         "created_at",
         "updated_at",
         "last_firing",
@@ -703,6 +754,23 @@ pub fn update_rule(
             } else {
                 merged.insert(name, value);
             }
+        }
+        let uncapped = before.max_tokens_per_day.is_none() && before.max_tokens_per_month.is_none();
+        let caps_kept = ["max_tokens_per_day", "max_tokens_per_month"]
+            .iter()
+            .any(|cap| merged.contains_key(*cap));
+        match merged.get("allow_uncapped") {
+            // A rule without caps stays so; one losing its last cap must say so.
+            None if uncapped => {
+                merged.insert("allow_uncapped".to_owned(), Value::Bool(true));
+            }
+            None if !caps_kept => {
+                return Err(bad(
+                    "this change leaves the rule without a cap: keep max_tokens_per_day or \
+                     max_tokens_per_month, or send allow_uncapped: true",
+                ))
+            }
+            _ => {}
         }
         let spec = RuleSpec::try_from(parse(merged)?)?;
         check_time_zone(conn, &spec.time_zone)?;

@@ -277,8 +277,17 @@ export async function renderAccount(container, context, accountId) {
     rule.max_tokens_per_day ? `${tokens(rule.max_tokens_per_day)}/day` : null,
     rule.max_tokens_per_month ? `${tokens(rule.max_tokens_per_month)}/month` : null,
   ].filter(Boolean).join(", ") || "none";
-  const describeState = (rule) => !rule.enabled ? "disabled"
-    : rule.trigger === "threshold" ? (rule.armed ? "armed" : "fired, re-arms at the threshold") : "enabled";
+  // What the rule is doing (its `status`), in words; a rule that waits or
+  // stopped says what it waits for.
+  const describeState = (rule) => ({
+    disabled: "disabled",
+    scheduled: "enabled",
+    request_open: "request open: waits for the customer's credit",
+    armed: "armed",
+    waiting_for_use: `waiting: fires again after ${tokens(rule.unconsumed_tokens)} more tokens are used or credited`,
+    cap_reached: "stopped: cap reached, re-arms at the threshold",
+    waiting_for_balance: "waiting: re-arms at the threshold",
+  })[rule.status] || rule.status;
   const describeFiring = (firing) => {
     if (!firing) return "never";
     const what = firing.outcome === "cap_reached" ? `cap reached (${firing.cap_period})`
@@ -295,7 +304,7 @@ export async function renderAccount(container, context, accountId) {
       h("td", { "data-field": "trigger" }, describeTrigger(rule)),
       h("td", { "data-field": "adds" }, describeAmount(rule)),
       h("td", { "data-field": "caps" }, describeCaps(rule)),
-      h("td", { "data-field": "state" }, describeState(rule)),
+      h("td", { "data-field": "state", "data-status": rule.status }, describeState(rule)),
       h("td", { "data-field": "last-firing" }, describeFiring(rule.last_firing)),
     ));
     fill(sections.topups,

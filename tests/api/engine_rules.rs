@@ -91,7 +91,16 @@ const RULES: &[Rule] = &[
     Rule {
         rule: "a top-up rule is due (fires below its line, re-arms at it)",
         function: "engine_topup_due",
-        spellings: &[r"available\s*<\s*[\w.]*(line|topup_threshold)"],
+        spellings: &[
+            r"available\s*<\s*[\w.]*(line|topup_threshold)",
+            r"unconsumed\s*=\s*0",
+        ],
+        shared_with: &[],
+    },
+    Rule {
+        rule: "a top-up rule fires only against consumption (its unused tokens)",
+        function: "engine_topup_unconsumed",
+        spellings: &[r"GREATEST\s*\(\s*[\w.]*(before|unconsumed)\s*-"],
         shared_with: &[],
     },
     Rule {

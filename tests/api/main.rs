@@ -51,6 +51,7 @@ mod row_rules;
 mod secrets;
 mod security;
 mod throttle_paths;
+mod topup_consumption;
 mod topups;
 mod webhook_durability;
 mod webhooks;

@@ -22,9 +22,23 @@ use uuid::Uuid;
 
 use token_billing::domain::topups::run_schedules;
 
-use crate::helpers::{events_of, problem, TestApp, ADMIN_KEY};
+use token_billing::domain::reaper::{run_pass, ReaperSettings};
 
-async fn call(app: &TestApp, method: &str, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+use crate::helpers::{events_of, json_rows, problem, TestApp, ADMIN_KEY};
+
+/// The reaper as the tests run it by hand.
+const REAPER: ReaperSettings = ReaperSettings {
+    batch: 100,
+    job_max_attempts: 3,
+    grant_expiring_notice_hours: 0,
+};
+
+pub(crate) async fn call(
+    app: &TestApp,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
     let request = match method {
         "POST" => app.client.post(app.url(path)),
         "PATCH" => app.client.patch(app.url(path)),
@@ -42,7 +56,7 @@ async fn call(app: &TestApp, method: &str, path: &str, body: Option<Value>) -> (
     (status, serde_json::from_str(&text).unwrap_or(Value::Null))
 }
 
-async fn rule(app: &TestApp, account: Uuid, body: Value) -> Value {
+pub(crate) async fn rule(app: &TestApp, account: Uuid, body: Value) -> Value {
     let (status, made) = call(
         app,
         "POST",
@@ -54,7 +68,7 @@ async fn rule(app: &TestApp, account: Uuid, body: Value) -> Value {
     made
 }
 
-fn count(conn: &mut PgConnection, sql: &str, account: Uuid) -> i64 {
+pub(crate) fn count(conn: &mut PgConnection, sql: &str, account: Uuid) -> i64 {
     #[derive(QueryableByName)]
     struct Count {
         #[diesel(sql_type = BigInt)]
@@ -92,9 +106,22 @@ async fn reserve(app: &TestApp, account: Uuid, key: &str, amount: i64) -> Uuid {
         .expect("uuid")
 }
 
-/// Twenty kiosks spread over three replicas reserve at once through the
-/// threshold: one top-up, one event; then, after the rule re-armed, once
-/// more.
+/// Reserves `amount` and commits it: tokens used.
+async fn spend(app: &TestApp, account: Uuid, key: &str, amount: i64) {
+    let id = reserve(app, account, key, amount).await;
+    let response = app
+        .post(
+            &format!("/v1/accounts/{account}/reservations/{id}/commit"),
+            key,
+            &json!({}),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
+/// Twenty kiosks spread over three replicas spend at once through the
+/// threshold: one top-up, one event; then, once the kiosks used what it
+/// added, once more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn twenty_kiosks_on_three_replicas_crossing_together_make_one_top_up() {
     let first = TestApp::spawn().await;
@@ -120,16 +147,25 @@ async fn twenty_kiosks_on_three_replicas_crossing_together_make_one_top_up() {
             kiosks.push(tokio::spawn(async move {
                 let app = &replicas[kiosk % 3];
                 let response = app.reserve(account, &key, Uuid::new_v4(), amount).await;
-                response.status()
+                assert_eq!(response.status(), StatusCode::CREATED);
+                let body: Value = response.json().await.expect("json");
+                let id = body["reservation_id"].as_str().expect("as the API answers");
+                app.post(
+                    &format!("/v1/accounts/{account}/reservations/{id}/commit"),
+                    &key,
+                    &json!({}),
+                )
+                .await
+                .status()
             }));
         }
         for kiosk in kiosks {
-            assert_eq!(kiosk.await.expect("kiosk"), StatusCode::CREATED);
+            assert_eq!(kiosk.await.expect("kiosk"), StatusCode::OK);
         }
         let app = &replicas[0];
         let mut conn = app.conn();
         // Round 1: 60 - 20 crosses 50 once (+100 → 140). Round 2: 140 - 100
-        // crosses it again once (+100).
+        // crosses it again, and the 100 it added are used: once (+100).
         assert_eq!(topup_credits(&mut conn, account), round, "round {round}");
         assert_eq!(
             events_of(&mut conn, account, "topup.granted").len(),
@@ -207,14 +243,14 @@ async fn target_tops_up_available_and_caps_stop_a_runaway_rule() {
     )
     .await;
     for _ in 0..3 {
-        reserve(&app, runaway, &key, 10).await; // 95 → +10 → 105
+        spend(&app, runaway, &key, 10).await; // 95 → +10 → 105
         assert_eq!(available(&app, runaway), 105);
     }
-    reserve(&app, runaway, &key, 10).await; // 95: over the cap
+    spend(&app, runaway, &key, 10).await; // 95: over the cap
     assert_eq!(available(&app, runaway), 95);
     // Back above (re-arms), below again: still capped, no second notice.
     app.credit(runaway, 10).await;
-    reserve(&app, runaway, &key, 10).await;
+    spend(&app, runaway, &key, 10).await;
     assert_eq!(available(&app, runaway), 95);
     let mut conn = app.conn();
     assert_eq!(topup_credits(&mut conn, runaway), 3);
@@ -365,12 +401,12 @@ async fn the_rule_fires_below_its_threshold_and_re_arms_at_it() {
     );
     let armed = |shown: &Value| shown["armed"].as_bool().expect("armed");
     assert!(armed(&made), "at the threshold a new rule is armed: {made}");
-    reserve(&app, account, &key, 1).await; // 9: fires, 19
+    spend(&app, account, &key, 1).await; // 9: fires, 19
     assert_eq!(available(&app, account), 19);
-    reserve(&app, account, &key, 9).await; // 10: at the line, nothing
+    spend(&app, account, &key, 9).await; // 10: at the line, nothing
     assert_eq!(available(&app, account), 10);
     assert!(armed(&call(&app, "GET", &rule_path, None).await.1));
-    reserve(&app, account, &key, 1).await; // 9: capped, disarmed
+    spend(&app, account, &key, 1).await; // 9: capped, disarmed
     assert_eq!(available(&app, account), 9);
     assert!(!armed(&call(&app, "GET", &rule_path, None).await.1));
     app.credit(account, 1).await; // 10: back at the line, re-armed
@@ -396,7 +432,7 @@ async fn a_crossing_while_a_request_is_open_asks_again_after_the_answer() {
     let mut conn = app.conn();
     let requested = events_of(&mut conn, account, "topup.requested");
     assert_eq!(requested.len(), 1, "below at creation: {requested:?}");
-    reserve(&app, account, &key, 30).await; // 65 + 30 requested < 100
+    spend(&app, account, &key, 30).await; // 65 + 30 requested < 100, 30 used
     assert_eq!(events_of(&mut conn, account, "topup.requested").len(), 1);
     let rule_path = format!(
         "/v1/accounts/{account}/topup-rules/{}",
@@ -425,8 +461,9 @@ async fn a_crossing_while_a_request_is_open_asks_again_after_the_answer() {
 
 /// `request` mode: the customer's credit with the request's id answers it
 /// (its grant names the rule), a replayed credit changes nothing, no
-/// second request while one is open, an unanswered request expires, and
-/// the next crossing opens a new one.
+/// second request while one is open, the next once the tokens asked for
+/// were used; an unanswered request expires, and the next movement below
+/// the line asks again.
 #[tokio::test]
 async fn a_request_is_answered_by_the_customers_credit_or_expires() {
     let app = TestApp::spawn().await;
@@ -439,8 +476,8 @@ async fn a_request_is_answered_by_the_customers_credit_or_expires() {
                "tokens": 50, "mode": "request", "request_ttl": "PT1M"}),
     )
     .await;
-    reserve(&app, account, &key, 5).await; // 7: a request
-    reserve(&app, account, &key, 3).await; // 4: no second one
+    spend(&app, account, &key, 5).await; // 7: a request
+    spend(&app, account, &key, 3).await; // 4: no second one
     let mut conn = app.conn();
     let requested = events_of(&mut conn, account, "topup.requested");
     assert_eq!(requested.len(), 1, "{requested:?}");
@@ -474,18 +511,16 @@ async fn a_request_is_answered_by_the_customers_credit_or_expires() {
     assert_eq!(shown["last_firing"]["state"], json!("fulfilled"), "{shown}");
     assert_eq!(shown["armed"], json!(true), "{shown}");
 
-    // 54 → 9: a second request; unanswered, it expires.
-    reserve(&app, account, &key, 45).await;
+    // 54 → 9, and 53 used (the 50 asked for): a second request;
+    // unanswered, it expires.
+    spend(&app, account, &key, 45).await;
     assert_eq!(events_of(&mut conn, account, "topup.requested").len(), 2);
     run_schedules(&mut conn, Utc::now() + Duration::minutes(2), 100).expect("pass");
     let expired = events_of(&mut conn, account, "topup.request_expired");
     assert_eq!(expired.len(), 1, "{expired:?}");
-    // Still below: not a crossing, no new request.
+    assert_eq!(expired[0]["next"], json!("ask_again"));
+    // Still below: the next movement asks again.
     reserve(&app, account, &key, 1).await;
-    assert_eq!(events_of(&mut conn, account, "topup.requested").len(), 2);
-    // Back above (re-arms), below again: a new request.
-    app.credit(account, 10).await;
-    reserve(&app, account, &key, 9).await;
     assert_eq!(events_of(&mut conn, account, "topup.requested").len(), 3);
     let states = count(
         &mut conn,
@@ -614,54 +649,119 @@ async fn rules_are_validated_one_threshold_per_account_and_audited() {
     );
 }
 
-/// The threshold rule as a model: a sequence of spends and returns on one
-/// account, the engine and the model in step after every operation (the
-/// balance, the top-ups made, whether the rule is armed).
+/// The threshold rule as a model: a sequence of spends, returns, commits,
+/// lapses, credits and (in request mode) answered and expired requests on
+/// one account, the engine and the model in step after every operation
+/// (the balance, the top-ups made, the caps, whether the rule is armed and
+/// what it added that is not used yet).
 #[derive(Clone, Debug)]
 enum Step {
     Reserve(i64),
     ReleaseLast,
+    CommitLast,
+    /// The last held reservation passes its expiry; the reaper expires it.
+    ExpireLast,
+    /// Another credit than the rule's own.
     Credit(i64),
+    /// Every grant of the account lapses (only while nothing is held).
+    Lapse,
+    /// Request mode: the customer's billing answers the open request.
+    Answer,
+    /// Request mode: the open request expires unanswered.
+    ExpireRequest,
 }
 
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
-        4 => (1_i64..=12).prop_map(Step::Reserve),
+        5 => (1_i64..=12).prop_map(Step::Reserve),
         2 => Just(Step::ReleaseLast),
+        2 => Just(Step::CommitLast),
+        1 => Just(Step::ExpireLast),
         1 => (1_i64..=15).prop_map(Step::Credit),
+        1 => Just(Step::Lapse),
+        1 => Just(Step::Answer),
+        1 => Just(Step::ExpireRequest),
     ]
 }
 
+/// The rule: threshold 20, fixed 15, at most 45 a day.
+const THRESHOLD: i64 = 20;
+const FIRING: i64 = 15;
+const DAY_CAP: i64 = 45;
+
 struct Model {
+    request_mode: bool,
     available: i64,
     armed: bool,
-    granted_today: i64,
+    /// Tokens the rule added (granted, or requested and not expired) that
+    /// nothing has used since: the rule fires only at 0.
+    unconsumed: i64,
+    /// The open request's tokens (request mode).
+    open: Option<i64>,
+    added_today: i64,
     topups: i64,
     capped: i64,
 }
 
 impl Model {
-    /// The rule after a movement: threshold 20, fixed 15, at most 45 a day.
+    /// The rule after a movement: it re-arms at or above its line; below
+    /// it, armed and with nothing unused, it fires.
     fn judge(&mut self) {
-        const THRESHOLD: i64 = 20;
-        if self.available >= THRESHOLD {
+        let line = THRESHOLD - self.open.unwrap_or(0);
+        if self.available >= line {
             self.armed = true;
-        } else if self.armed {
-            self.armed = false;
-            if self.granted_today + 15 > 45 {
-                self.capped = 1;
-            } else {
-                self.granted_today += 15;
-                self.topups += 1;
-                self.available += 15;
-                self.judge();
+            return;
+        }
+        if !self.armed || self.unconsumed > 0 {
+            return;
+        }
+        if self.open.is_some() {
+            // (no second request while one is open: stays armed)
+            return;
+        }
+        self.armed = false;
+        if self.added_today + FIRING > DAY_CAP {
+            self.capped = 1;
+            return;
+        }
+        self.added_today += FIRING;
+        self.unconsumed += FIRING;
+        if self.request_mode {
+            self.open = Some(FIRING);
+            if self.available >= THRESHOLD - FIRING {
+                self.armed = true;
             }
+        } else {
+            self.topups += 1;
+            self.available += FIRING;
+            self.judge();
         }
     }
 }
 
+/// Tokens the rule added so far (granted, or requested and not expired),
+/// and tokens used or credited otherwise so far.
+fn added_and_used(conn: &mut PgConnection, account: Uuid) -> (i64, i64) {
+    let added = count(
+        conn,
+        "SELECT COALESCE(sum(tokens), 0)::bigint AS n FROM topup_firings \
+         WHERE account_id = $1 AND outcome IN ('granted', 'requested') \
+           AND state IS DISTINCT FROM 'expired'",
+        account,
+    );
+    let used = count(
+        conn,
+        "SELECT (a.used + a.credited \
+           - COALESCE((SELECT sum(g.amount) FROM credit_grants g \
+                       WHERE g.account_id = a.id AND g.topup_rule_id IS NOT NULL), 0))::bigint \
+           AS n FROM accounts a WHERE a.id = $1",
+        account,
+    );
+    (added, used)
+}
+
 #[test]
-fn the_threshold_rule_follows_its_model() {
+fn the_threshold_rule_follows_its_model_and_adds_no_more_than_was_used() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -671,84 +771,207 @@ fn the_threshold_rule_follows_its_model() {
     let config = crate::helpers::property_config(40);
     let mut runner = proptest::test_runner::TestRunner::new(config);
     runner
-        .run(&proptest::collection::vec(step(), 1..25), |steps| {
-            runtime.block_on(async {
-                let account = app.funded_account(30).await;
-                let key = app.kiosk_key(account).await;
-                rule(
-                    &app,
-                    account,
-                    json!({"trigger": "threshold", "threshold_tokens": 20, "method": "fixed",
-                           "tokens": 15, "max_tokens_per_day": 45}),
-                )
-                .await;
-                let mut model = Model {
-                    available: 30,
-                    armed: true,
-                    granted_today: 0,
-                    topups: 0,
-                    capped: 0,
-                };
-                let mut held: Vec<(Uuid, i64)> = Vec::new();
-                for step in &steps {
-                    match *step {
-                        Step::Reserve(amount) => {
-                            let response = app.reserve(account, &key, Uuid::new_v4(), amount).await;
-                            if amount <= model.available {
-                                prop_assert_eq!(response.status(), StatusCode::CREATED);
-                                let body: Value = response.json().await.expect("json");
-                                let id = body["reservation_id"]
-                                    .as_str()
-                                    .expect("as the API answers")
-                                    .parse()
-                                    .expect("as the API answers");
-                                held.push((id, amount));
-                                model.available -= amount;
-                                model.judge();
-                            } else {
-                                prop_assert_eq!(response.status(), StatusCode::PAYMENT_REQUIRED);
+        .run(
+            &(any::<bool>(), proptest::collection::vec(step(), 1..25)),
+            |(request_mode, steps)| {
+                runtime.block_on(async {
+                    let account = app.funded_account(30).await;
+                    let key = app.kiosk_key(account).await;
+                    let mut body = json!({"trigger": "threshold", "threshold_tokens": THRESHOLD,
+                                          "method": "fixed", "tokens": FIRING,
+                                          "max_tokens_per_day": DAY_CAP});
+                    if request_mode {
+                        body["mode"] = json!("request");
+                        body["request_ttl"] = json!("PT1M");
+                    }
+                    rule(&app, account, body).await;
+                    let mut model = Model {
+                        request_mode,
+                        available: 30,
+                        armed: true,
+                        unconsumed: 0,
+                        open: None,
+                        added_today: 0,
+                        topups: 0,
+                        capped: 0,
+                    };
+                    let mut conn = app.conn();
+                    let mut timeline = vec![added_and_used(&mut conn, account)];
+                    let mut held: Vec<(Uuid, i64)> = Vec::new();
+                    for step in &steps {
+                        match *step {
+                            Step::Reserve(amount) => {
+                                let response =
+                                    app.reserve(account, &key, Uuid::new_v4(), amount).await;
+                                if amount <= model.available {
+                                    prop_assert_eq!(response.status(), StatusCode::CREATED);
+                                    let body: Value = response.json().await.expect("json");
+                                    let id = body["reservation_id"]
+                                        .as_str()
+                                        .expect("as the API answers")
+                                        .parse()
+                                        .expect("as the API answers");
+                                    held.push((id, amount));
+                                    model.available -= amount;
+                                    model.judge();
+                                } else {
+                                    prop_assert_eq!(
+                                        response.status(),
+                                        StatusCode::PAYMENT_REQUIRED
+                                    );
+                                }
                             }
-                        }
-                        Step::ReleaseLast => {
-                            if let Some((id, amount)) = held.pop() {
-                                let response = app
-                                    .post(
-                                        &format!(
-                                            "/v1/accounts/{account}/reservations/{id}/release"
-                                        ),
-                                        &key,
-                                        &json!({}),
+                            Step::ReleaseLast | Step::CommitLast => {
+                                if let Some((id, amount)) = held.pop() {
+                                    let verb = match step {
+                                        Step::ReleaseLast => "release",
+                                        _ => "commit",
+                                    };
+                                    let response = app
+                                        .post(
+                                            &format!(
+                                                "/v1/accounts/{account}/reservations/{id}/{verb}"
+                                            ),
+                                            &key,
+                                            &json!({}),
+                                        )
+                                        .await;
+                                    prop_assert_eq!(response.status(), StatusCode::OK);
+                                    if verb == "release" {
+                                        model.available += amount;
+                                    } else {
+                                        model.unconsumed = (model.unconsumed - amount).max(0);
+                                    }
+                                    model.judge();
+                                }
+                            }
+                            Step::ExpireLast => {
+                                if let Some((id, amount)) = held.pop() {
+                                    diesel::sql_query(
+                                        "UPDATE reservations \
+                                         SET expires_at = clock_timestamp() - interval '1 second' \
+                                         WHERE id = $1",
                                     )
-                                    .await;
-                                prop_assert_eq!(response.status(), StatusCode::OK);
+                                    .bind::<SqlUuid, _>(id)
+                                    .execute(&mut conn)
+                                    .expect("an expiry in the past");
+                                    let pass = run_pass(&mut conn, &REAPER, None).expect("pass");
+                                    prop_assert_eq!(pass.reservations_expired, 1);
+                                    model.available += amount;
+                                    model.judge();
+                                }
+                            }
+                            Step::Credit(amount) => {
+                                app.credit(account, amount).await;
+                                model.unconsumed = (model.unconsumed - amount).max(0);
                                 model.available += amount;
                                 model.judge();
                             }
+                            Step::Lapse => {
+                                if held.is_empty() {
+                                    diesel::sql_query(
+                                        "UPDATE credit_grants SET expires_at = clock_timestamp() \
+                                         WHERE account_id = $1 AND remaining > 0",
+                                    )
+                                    .bind::<SqlUuid, _>(account)
+                                    .execute(&mut conn)
+                                    .expect("grants due to lapse");
+                                    run_pass(&mut conn, &REAPER, None).expect("pass");
+                                    if model.available > 0 {
+                                        model.available = 0;
+                                        model.judge();
+                                    }
+                                }
+                            }
+                            Step::Answer => {
+                                if model.open.is_some() {
+                                    let open = json_rows(
+                                        &mut conn,
+                                        "SELECT jsonb_build_object('id', id) AS row \
+                                         FROM topup_firings WHERE account_id = $1 \
+                                           AND state = 'open'",
+                                        account,
+                                    );
+                                    prop_assert_eq!(open.len(), 1);
+                                    let (status, _) = call(
+                                        &app,
+                                        "POST",
+                                        &format!("/v1/accounts/{account}/credits"),
+                                        Some(json!({"amount": FIRING,
+                                                    "external_ref": open[0]["id"]})),
+                                    )
+                                    .await;
+                                    prop_assert_eq!(status, StatusCode::CREATED);
+                                    model.open = None;
+                                    model.topups += 1;
+                                    model.available += FIRING;
+                                    model.judge();
+                                }
+                            }
+                            Step::ExpireRequest => {
+                                if let Some(tokens) = model.open.take() {
+                                    run_schedules(
+                                        &mut conn,
+                                        Utc::now() + Duration::minutes(2),
+                                        100,
+                                    )
+                                    .expect("pass");
+                                    model.unconsumed = (model.unconsumed - tokens).max(0);
+                                    model.added_today -= tokens;
+                                    // Asks again at the next movement below the line.
+                                    model.armed = true;
+                                }
+                            }
                         }
-                        Step::Credit(amount) => {
-                            app.credit(account, amount).await;
-                            model.available += amount;
-                            model.judge();
+                        prop_assert_eq!(available(&app, account), model.available, "{:?}", steps);
+                        let topups = if request_mode {
+                            count(
+                                &mut conn,
+                                "SELECT count(*) AS n FROM topup_firings \
+                                 WHERE account_id = $1 AND state = 'fulfilled'",
+                                account,
+                            )
+                        } else {
+                            topup_credits(&mut conn, account)
+                        };
+                        prop_assert_eq!(topups, model.topups, "{:?}", steps);
+                        prop_assert_eq!(
+                            i64::try_from(events_of(&mut conn, account, "topup.cap_reached").len())
+                                .expect("as the API answers"),
+                            model.capped
+                        );
+                        let armed = count(
+                            &mut conn,
+                            "SELECT count(*) AS n FROM accounts WHERE id = $1 AND topup_armed",
+                            account,
+                        );
+                        prop_assert_eq!(armed == 1, model.armed, "{:?}", steps);
+                        let unconsumed = count(
+                            &mut conn,
+                            "SELECT topup_unconsumed AS n FROM accounts WHERE id = $1",
+                            account,
+                        );
+                        prop_assert_eq!(unconsumed, model.unconsumed, "{:?}", steps);
+                        // Whatever the sequence: the tokens the rule added
+                        // between any two instants are at most the tokens
+                        // used (or credited otherwise) between them, plus
+                        // one firing.
+                        let now = added_and_used(&mut conn, account);
+                        for (i, then) in timeline.iter().enumerate() {
+                            prop_assert!(
+                                now.0 - then.0 <= now.1 - then.1 + FIRING,
+                                "after step {i}: added {}, used {} ({:?})",
+                                now.0 - then.0,
+                                now.1 - then.1,
+                                steps
+                            );
                         }
+                        timeline.push(now);
                     }
-                    let mut conn = app.conn();
-                    prop_assert_eq!(available(&app, account), model.available, "{:?}", steps);
-                    prop_assert_eq!(topup_credits(&mut conn, account), model.topups);
-                    prop_assert_eq!(
-                        i64::try_from(events_of(&mut conn, account, "topup.cap_reached").len())
-                            .expect("as the API answers"),
-                        model.capped
-                    );
-                    let armed = count(
-                        &mut conn,
-                        "SELECT count(*) AS n FROM accounts WHERE id = $1 AND topup_armed",
-                        account,
-                    );
-                    prop_assert_eq!(armed == 1, model.armed, "{:?}", steps);
-                }
-                Ok(())
-            })
-        })
+                    Ok(())
+                })
+            },
+        )
         .expect("the engine follows the model");
 }
 

@@ -480,6 +480,32 @@ def scenario(driver):
     buttons = [b.text for b in driver.find_elements(By.TAG_NAME, "button")]
     check(set(buttons) <= {"Refresh", "Newer", "Older", "Sign out", "Sign in", ""}, f"finance buttons {buttons}")
     check_layout(driver, "06-account-finance")
+    # A top-up rule that waits: it fired once, and a kiosk holds the balance
+    # below its line again without using anything (docs/topups.md): the
+    # card says what it waits for.
+    status, waiting = api("POST", "/v1/accounts", ADMIN_KEY, {"name": f"Waiting rule {suffix}"})
+    check(status == 201, f"account {status} {waiting}")
+    waiting_id = waiting["account_id"]
+    status, _ = api("POST", f"/v1/accounts/{waiting_id}/credits", ADMIN_KEY,
+                    {"amount": 60, "external_ref": f"waiting-{suffix}"})
+    check(status == 201, f"credit {status}")
+    status, waiting_rule = api("POST", f"/v1/accounts/{waiting_id}/topup-rules", ADMIN_KEY,
+                               {"trigger": "threshold", "threshold_tokens": 50, "method": "fixed",
+                                "tokens": 100, "max_tokens_per_day": 1000})
+    check(status == 201, f"rule {status} {waiting_rule}")
+    status, booth = api("POST", f"/v1/accounts/{waiting_id}/api-keys", ADMIN_KEY,
+                        {"scope": "kiosk", "label": "booth"})
+    check(status == 201, f"kiosk key {status}")
+    for amount in (15, 100):  # 45: fires (+100); then 45 again, nothing used
+        status, held = api("POST", f"/v1/accounts/{waiting_id}/reservations", booth["key"],
+                           {"request_id": str(uuid.uuid4()), "amount": amount, "ttl_seconds": 600})
+        check(status == 201, f"reserve {status} {held}")
+    go(driver, f"#/accounts/{waiting_id}")
+    waiting_row = f"#topups-table tr[data-rule-id='{waiting_rule['rule_id']}']"
+    wait_text(driver, f"{waiting_row} [data-field=state]", "waiting: fires again after 100 more tokens")
+    check(driver.find_element(By.CSS_SELECTOR, f"{waiting_row} [data-field=state]")
+          .get_attribute("data-status") == "waiting_for_use", "the rule's status")
+    shot(driver, "06b-topup-waiting")
     go(driver, "#/accounts")
     wait_text(driver, "#accounts-table", account_name)
     check(not driver.find_elements(By.CSS_SELECTOR, write_controls), "finance sees write controls")

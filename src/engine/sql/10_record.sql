@@ -137,16 +137,36 @@ BEGIN
 END;
 $$;
 
+-- A threshold top-up rule fires only against consumption: the tokens it
+-- added (granted, or requested and not expired) that nothing has used
+-- since, accounts.topup_unconsumed, must be 0 before it fires again
+-- (engine_topup_due). This is that count after `p_less` tokens stop
+-- counting (used by commits, credited by something else than the rule,
+-- or the tokens of a request that expired unanswered; NULL: all, as a new
+-- or re-armed rule does) and the rule adds `p_more`. Never below 0. A
+-- release, an expiry or a lapse uses nothing, so it never lowers the
+-- count: tokens that came back, or lapsed, never make the rule fire
+-- again. So the tokens a rule adds in any period are at most the tokens
+-- used (or credited otherwise) in it, plus one firing.
+CREATE FUNCTION engine_topup_unconsumed(p_before bigint, p_less bigint, p_more bigint)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT GREATEST(p_before - COALESCE(p_less, p_before), 0) + p_more
+$$;
+
 -- Whether an account's top-up state must change (80_topups.sql): its
--- threshold rule is armed and `available` went below the line (it fires),
--- or it is not armed and `available` is back at or above the line (it
--- re-arms). `p_line` is accounts.topup_threshold (0: no live threshold
+-- threshold rule is armed, `available` went below the line and nothing
+-- the rule added is unused (`p_unconsumed` 0, engine_topup_unconsumed): it
+-- fires; or it is not armed and `available` is back at or above the line:
+-- it re-arms. `p_line` is accounts.topup_threshold (0: no live threshold
 -- rule, never due). engine_record calls engine_topup_evaluate for every
 -- account its movements make this true.
-CREATE FUNCTION engine_topup_due(p_available bigint, p_line bigint, p_armed boolean)
+CREATE FUNCTION engine_topup_due(p_available bigint, p_line bigint, p_armed boolean,
+    p_unconsumed bigint)
 RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT p_line > 0 AND (p_available < p_line) = p_armed
+    SELECT p_line > 0 AND CASE WHEN p_available < p_line THEN p_armed AND p_unconsumed = 0
+                               ELSE NOT p_armed END
 $$;
 
 -- The common part of an account's events: its id and balances.
@@ -276,6 +296,7 @@ BEGIN
             adjusted = a.adjusted + t.d_adjusted,
             grant_expired = a.grant_expired + t.d_grant_expired,
             active_reservations = a.active_reservations + t.d_active,
+            topup_unconsumed = engine_topup_unconsumed(a.topup_unconsumed, t.d_used, 0),
             version = a.version + t.moved,
             balance_low = engine_is_low(a.available + t.d_available, a.low_balance_threshold),
             updated_at = now()
@@ -324,7 +345,8 @@ BEGIN
            (SELECT sum(e.amount)::bigint FROM entries e WHERE e.kind = 'grant_expire'),
            -- Accounts whose threshold top-up rule must fire or re-arm.
            (SELECT array_agg(b.id ORDER BY b.id) FROM before b JOIN totals t ON t.account = b.id
-            WHERE engine_topup_due(b.available + t.d_available, b.topup_threshold, b.topup_armed))
+            WHERE engine_topup_due(b.available + t.d_available, b.topup_threshold, b.topup_armed,
+                                   engine_topup_unconsumed(b.topup_unconsumed, t.d_used, 0)))
     INTO written, watched, lapsed, topups;
 
     -- Tokens that left by a grant's lapse, added up for the caller's

@@ -188,6 +188,13 @@ BEGIN
         -- then judges.
         rule := engine_topup_answer(p_account, p_external_ref, p_id, at);
     END IF;
+    IF p_kind = 'credit' AND NOT EXISTS (SELECT 1 FROM topup_rules r
+                                         WHERE r.id = rule AND r.trigger = 'threshold') THEN
+        -- A credit that is not the threshold rule's own (the API's, or a
+        -- schedule's) was paid for elsewhere: its tokens count as used
+        -- against what the threshold rule added (engine_topup_consumption).
+        PERFORM engine_topup_consumption(p_account, p_amount, 0);
+    END IF;
     IF p_amount > 0 THEN
         INSERT INTO credit_grants (id, account_id, source, amount, remaining, priority, external_ref,
             created_at, expires_at, drawable, topup_rule_id)

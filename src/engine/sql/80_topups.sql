@@ -75,8 +75,42 @@ LANGUAGE sql STABLE AS $$
         'resolved_at', engine_time_of(p_firing->'resolved_at'))
 $$;
 
+-- What a rule is doing, as the API and the console show it:
+--   disabled          it never fires;
+--   scheduled         a schedule rule, firing once per period;
+--   request_open      (threshold) its request waits for the customer;
+--   armed             (threshold) it fires when `available` goes below
+--                     its line (or at the next movement, when it already
+--                     is below);
+--   waiting_for_use   (threshold) below its line, but what it added is
+--                     not used yet (unconsumed_tokens): it fires once
+--                     that much is used (or credited otherwise);
+--   cap_reached       (threshold) below its line, stopped by a cap until
+--                     the balance is back at its line;
+--   waiting_for_balance  (threshold) below its line after a firing that
+--                     did not lift it: it re-arms when the balance is
+--                     back at its line.
+CREATE FUNCTION engine_topup_status(p_rule jsonb, a accounts) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN NOT (p_rule->>'enabled')::boolean OR p_rule->>'deleted_at' IS NOT NULL
+            THEN 'disabled'
+        WHEN p_rule->>'trigger' = 'schedule' THEN 'scheduled'
+        WHEN EXISTS (SELECT 1 FROM topup_firings f
+                     WHERE f.rule_id = (p_rule->>'id')::uuid AND f.state = 'open')
+            THEN 'request_open'
+        WHEN a.topup_armed AND a.topup_unconsumed > 0
+             AND a.available < (p_rule->>'threshold_tokens')::bigint THEN 'waiting_for_use'
+        WHEN a.topup_armed OR a.available >= (p_rule->>'threshold_tokens')::bigint THEN 'armed'
+        WHEN (SELECT f.outcome FROM topup_firings f WHERE f.rule_id = (p_rule->>'id')::uuid
+              ORDER BY f.created_at DESC, f.id DESC LIMIT 1) = 'cap_reached' THEN 'cap_reached'
+        ELSE 'waiting_for_balance'
+    END
+$$;
+
 -- A rule as the API and the events show it, with whether a threshold
--- rule is armed and its last firing.
+-- rule is armed, how many of its tokens are not used yet, what it is
+-- doing (engine_topup_status) and its last firing.
 CREATE FUNCTION engine_topup_rule_json(p_rule jsonb) RETURNS jsonb
 LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object('rule_id', p_rule->'id', 'account_id', p_rule->'account_id',
@@ -93,14 +127,16 @@ LANGUAGE sql STABLE AS $$
         'max_tokens_per_day', p_rule->'max_tokens_per_day',
         'max_tokens_per_month', p_rule->'max_tokens_per_month',
         'enabled', p_rule->'enabled',
-        'armed', CASE WHEN p_rule->>'trigger' = 'threshold' THEN
-                     (SELECT a.topup_armed FROM accounts a
-                      WHERE a.id = (p_rule->>'account_id')::uuid) END,
+        'armed', CASE WHEN p_rule->>'trigger' = 'threshold' THEN a.topup_armed END,
+        'unconsumed_tokens', CASE WHEN p_rule->>'trigger' = 'threshold'
+                                  THEN a.topup_unconsumed END,
+        'status', engine_topup_status(p_rule, a),
         'created_at', engine_time_of(p_rule->'created_at'),
         'updated_at', engine_time_of(p_rule->'updated_at'),
         'last_firing', (SELECT engine_topup_firing_json(to_jsonb(f)) FROM topup_firings f
                         WHERE f.rule_id = (p_rule->>'id')::uuid
                         ORDER BY f.created_at DESC, f.id DESC LIMIT 1))
+    FROM accounts a WHERE a.id = (p_rule->>'account_id')::uuid
 $$;
 
 -- Arms (`p_armed` true) or disarms the account's threshold rule, written
@@ -112,6 +148,23 @@ LANGUAGE plpgsql AS $$
 BEGIN
     UPDATE accounts SET topup_armed = p_armed
     WHERE id = p_account AND topup_armed IS DISTINCT FROM p_armed;
+END;
+$$;
+
+-- Moves the count of the threshold rule's tokens that nothing has used
+-- yet (accounts.topup_unconsumed, engine_topup_unconsumed): every change
+-- outside engine_record's movements is this function's — a firing adds
+-- its tokens, an expired request takes its own back, a credit that is not
+-- the rule's own takes its amount, and a new or re-armed rule takes all
+-- (`p_less` NULL).
+CREATE FUNCTION engine_topup_consumption(p_account uuid, p_less bigint, p_more bigint)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE accounts
+    SET topup_unconsumed = engine_topup_unconsumed(topup_unconsumed, p_less, p_more)
+    WHERE id = p_account
+      AND topup_unconsumed <> engine_topup_unconsumed(topup_unconsumed, p_less, p_more);
 END;
 $$;
 
@@ -151,8 +204,9 @@ $$;
 
 -- The threshold rule's decision after a movement (engine_record) or a
 -- change of the rule (engine_topup_rule_changed): at or above the line it
--- re-arms; below it, an armed rule disarms and fires. The caller holds the
--- account's row lock.
+-- re-arms; below it, an armed rule whose tokens were all used
+-- (engine_topup_due) disarms and fires. The caller holds the account's
+-- row lock.
 CREATE FUNCTION engine_topup_evaluate(p_account uuid, p_at timestamptz) RETURNS void
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
@@ -169,7 +223,8 @@ BEGIN
         PERFORM engine_topup_arm(p_account, true);
         RETURN;
     END IF;
-    IF account.topup_armed THEN
+    IF engine_topup_due(account.available, line, account.topup_armed,
+                        account.topup_unconsumed) THEN
         PERFORM engine_topup_arm(p_account, false);
         SELECT r.id INTO rule FROM topup_rules r
         WHERE r.account_id = p_account AND r.trigger = 'threshold' AND r.deleted_at IS NULL
@@ -295,6 +350,9 @@ BEGIN
                     rule.id, made.outcome;
             END IF;
             fired := 'granted';
+            IF rule.trigger = 'threshold' THEN
+                PERFORM engine_topup_consumption(rule.account_id, 0, amount);
+            END IF;
             -- Added up for the callers' metrics (the tally topup_credited:
             -- engine_apply_full's position-0 row, the reaper, a rule's
             -- change count it in token_billing_tokens_total{movement="credited"}).
@@ -313,6 +371,9 @@ BEGIN
             VALUES (firing, rule.id, rule.account_id, 'requested', p_period_start, amount, 'open',
                 p_at + make_interval(secs => rule.request_ttl_seconds), p_at);
             fired := 'requested';
+            IF rule.trigger = 'threshold' THEN
+                PERFORM engine_topup_consumption(rule.account_id, 0, amount);
+            END IF;
             PERFORM engine_emit_event('topup.requested', rule.account_id,
                 engine_event_account(account) || jsonb_build_object(
                     'rule', engine_topup_rule_json(to_jsonb(rule)),
@@ -363,12 +424,14 @@ $$;
 -- After a rule was created, changed or deleted (the caller holds the
 -- account's row lock): the line is brought up to date and judged.
 -- `p_rearm` (a new rule, one enabled again, a new threshold) arms the rule
--- first, so an account already below the new line gets its top-up now.
+-- first, and counts nothing it added before as unused, so an account
+-- already below the new line gets its top-up now.
 CREATE FUNCTION engine_topup_rule_changed(p_account uuid, p_rearm boolean) RETURNS void
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     IF p_rearm THEN
         PERFORM engine_topup_arm(p_account, true);
+        PERFORM engine_topup_consumption(p_account, NULL, 0);
     END IF;
     PERFORM engine_topup_evaluate(p_account, engine_now());
 END;
@@ -422,10 +485,12 @@ END;
 $$;
 
 -- Open requests past their expiry at `p_now` expire (at most `p_limit`):
--- `topup.request_expired`, and the line no longer counts them. An expiry
--- is not a crossing: the rule re-arms only if `available` is at or above
--- the threshold; otherwise the next crossing (after the balance is back)
--- opens a new request. Answers how many expired.
+-- the line and the rule's unused tokens (engine_topup_consumption) no
+-- longer count them, and a live rule is armed again, so the next movement
+-- below the line asks again, within the caps (an expired request never
+-- ends the rule in silence). `topup.request_expired` says so: `next` is
+-- `ask_again` (the rule is live) or `none` (deleted or disabled). Answers
+-- how many expired.
 CREATE FUNCTION engine_topup_expire_requests(p_now timestamptz, p_limit integer) RETURNS integer
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -447,16 +512,17 @@ BEGIN
         RETURNING * INTO request;
         CONTINUE WHEN NOT FOUND;
         expired := expired + 1;
+        PERFORM engine_topup_consumption(candidate.account_id, request.tokens, 0);
         line := engine_topup_line(candidate.account_id);
         IF line > 0 THEN
-            PERFORM engine_topup_arm(candidate.account_id,
-                (SELECT a.available >= line FROM accounts a WHERE a.id = candidate.account_id));
+            PERFORM engine_topup_arm(candidate.account_id, true);
         END IF;
         PERFORM engine_emit_event('topup.request_expired', a.id,
             engine_event_account(a) || jsonb_build_object(
                 'rule', (SELECT engine_topup_rule_json(to_jsonb(r)) FROM topup_rules r
                          WHERE r.id = request.rule_id),
-                'request', engine_topup_firing_json(to_jsonb(request))),
+                'request', engine_topup_firing_json(to_jsonb(request)),
+                'next', CASE WHEN line > 0 THEN 'ask_again' ELSE 'none' END),
             engine_now())
         FROM accounts a WHERE a.id = candidate.account_id;
     END LOOP;
