@@ -253,11 +253,26 @@ fn seconds_until(until: Instant, now: Instant) -> u64 {
     wait.as_secs() + u64::from(wait.subsec_nanos() > 0)
 }
 
+/// What one hop of a forwarding header says about the client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Hop {
+    /// An address (a port, if any, left out).
+    Address(IpAddr),
+    /// A proxy's well-formed word that it will not or cannot name the
+    /// client (`unknown`, an obfuscated `_name`, an RFC 7239 element
+    /// without `for`): nothing left of it is believed.
+    Hidden,
+    /// Not a hop at all (garbage, a byte that is not ASCII): skipped, as if
+    /// it were not there.
+    Malformed,
+}
+
 /// One hop of `X-Forwarded-For`: an address, with or without a port
 /// (`192.0.2.1:4711`, `[2001:db8::1]:4711`, `[2001:db8::1]`).
-fn parse_hop(hop: &str) -> Option<IpAddr> {
+fn parse_hop(hop: &str) -> Hop {
     let hop = hop.trim();
-    hop.parse::<IpAddr>()
+    let address = hop
+        .parse::<IpAddr>()
         .ok()
         .or_else(|| hop.parse::<SocketAddr>().ok().map(|socket| socket.ip()))
         .or_else(|| {
@@ -265,7 +280,19 @@ fn parse_hop(hop: &str) -> Option<IpAddr> {
                 .and_then(|rest| rest.strip_suffix(']'))
                 .and_then(|inner| inner.parse::<Ipv6Addr>().ok())
                 .map(IpAddr::V6)
-        })
+        });
+    match address {
+        Some(address) => Hop::Address(address),
+        None if hop.eq_ignore_ascii_case("unknown")
+            || (hop.starts_with('_')
+                && hop[1..]
+                    .bytes()
+                    .all(|byte| byte.is_ascii_alphanumeric() || b"._-".contains(&byte))) =>
+        {
+            Hop::Hidden
+        }
+        None => Hop::Malformed,
+    }
 }
 
 impl AuthFailureGuard {
@@ -299,10 +326,11 @@ impl AuthFailureGuard {
     }
 
     /// The hops a forwarding header names, left (the client, as far as the
-    /// first proxy knew) to right (the proxy nearest to us); `None` for a
-    /// hop that names no address (`unknown`, an obfuscated name, garbage).
-    /// Every header line counts, joined in order (RFC 9110 §5.3).
-    fn hops(&self, lines: &[&str]) -> Vec<Option<IpAddr>> {
+    /// first proxy knew) to right (the proxy nearest to us), each parsed on
+    /// its own: a malformed hop (a byte that is not ASCII arrives here as
+    /// U+FFFD) spoils only itself. Every header line counts, joined in
+    /// order (RFC 9110 §5.3).
+    fn hops(&self, lines: &[&str]) -> Vec<Hop> {
         match self.settings.forwarded_header {
             ForwardedHeader::XForwardedFor => lines
                 .iter()
@@ -313,11 +341,12 @@ impl AuthFailureGuard {
             ForwardedHeader::Forwarded => lines
                 .iter()
                 .flat_map(|line| rfc7239::parse(line))
-                .map(|element| {
-                    element
-                        .ok()
-                        .and_then(|element| element.forwarded_for)
+                .map(|element| match element {
+                    Err(_) => Hop::Malformed,
+                    Ok(element) => element
+                        .forwarded_for
                         .and_then(|node| node.ip().copied())
+                        .map_or(Hop::Hidden, Hop::Address),
                 })
                 .collect(),
         }
@@ -326,8 +355,10 @@ impl AuthFailureGuard {
     /// The client's address: the peer's, or — when the peer is a trusted
     /// proxy — the right-most hop of the forwarding header that is not a
     /// trusted proxy. Hops left of it could be anything the client wrote,
-    /// so they are never believed; a hop that names no address stops the
-    /// walk at the last trusted proxy.
+    /// so they are never believed. A malformed hop is skipped (a client's
+    /// junk before the address its proxy appended never makes the proxy
+    /// the client); a proxy's `unknown` or obfuscated name stops the walk
+    /// at the last trusted proxy.
     pub fn client_address(&self, peer: Option<IpAddr>, lines: &[&str]) -> Option<IpAddr> {
         let peer = peer?.to_canonical();
         if !self.trusted(peer) {
@@ -335,12 +366,15 @@ impl AuthFailureGuard {
         }
         let mut client = peer;
         for hop in self.hops(lines).into_iter().rev() {
-            let Some(address) = hop else {
-                break;
-            };
-            client = address.to_canonical();
-            if !self.trusted(client) {
-                break;
+            match hop {
+                Hop::Malformed => continue,
+                Hop::Hidden => break,
+                Hop::Address(address) => {
+                    client = address.to_canonical();
+                    if !self.trusted(client) {
+                        break;
+                    }
+                }
             }
         }
         Some(client)
@@ -738,6 +772,31 @@ mod tests {
         assert_eq!(client(proxy, &["for=192.0.2.3:80"]), ip("192.0.2.3"));
         assert_eq!(client(proxy, &["for=\"192.0.2.3:80\""]), ip("192.0.2.3"));
         assert_eq!(client(proxy, &["for=unknown"]), proxy);
+        // A malformed element spoils only itself.
+        assert_eq!(
+            client(proxy, &["for=\"junk\u{FFFD}\", for=192.0.2.4"]),
+            ip("192.0.2.4")
+        );
+        assert_eq!(client(proxy, &["for=192.0.2.4, for=_hidden"]), proxy);
+    }
+
+    #[test]
+    fn a_malformed_hop_spoils_only_itself() {
+        let mut settings = GuardSettings::new(5, 6);
+        settings.trusted_proxies = vec!["10.0.0.0/8".parse().expect("cidr")];
+        let guard = AuthFailureGuard::new(settings);
+        let proxy: IpAddr = "10.1.2.3".parse().expect("ip");
+        let ip = |text: &str| text.parse::<IpAddr>().expect("ip");
+        let client = |lines: &[&str]| guard.client_address(Some(proxy), lines).expect("ip");
+        // nginx's append form after a client's junk (a byte that is not
+        // ASCII arrives as U+FFFD): the appended address is the client.
+        assert_eq!(client(&["j\u{FFFD}nk, 192.0.2.9"]), ip("192.0.2.9"));
+        assert_eq!(client(&["1.1.1.1, ###, 192.0.2.9"]), ip("192.0.2.9"));
+        // Between trusted hops: skipped, the walk goes on.
+        assert_eq!(client(&["192.0.2.9, %%, 10.0.0.7"]), ip("192.0.2.9"));
+        // A proxy's unknown or obfuscated word stops it.
+        assert_eq!(client(&["192.0.2.9, unknown"]), proxy);
+        assert_eq!(client(&["192.0.2.9, _proxy-a"]), proxy);
     }
 
     #[test]

@@ -156,11 +156,14 @@ where
         .filter(|_| request.path().starts_with("/v1/"))
         .and_then(|state| {
             let presented = routes::presented_to_the_guard(&state, request.request());
-            let lines: Vec<&str> = request
+            // Every line, each byte that is not ASCII as U+FFFD: a hop
+            // holding one is malformed, and spoils only itself.
+            let lines: Vec<std::borrow::Cow<str>> = request
                 .headers()
                 .get_all(state.auth_guard.forwarded_header().name())
-                .filter_map(|value| value.to_str().ok())
+                .map(|value| String::from_utf8_lossy(value.as_bytes()))
                 .collect();
+            let lines: Vec<&str> = lines.iter().map(AsRef::as_ref).collect();
             let client = state
                 .auth_guard
                 .client_address(request.peer_addr().map(|peer| peer.ip()), &lines)?;

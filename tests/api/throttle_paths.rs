@@ -371,3 +371,64 @@ async fn the_forwarded_header_is_read_the_same_way_when_configured() {
     ];
     assert_eq!(guesses_from(&app, 4, &same).await, [401, 401, 401, 429]);
 }
+
+/// Statuses of `n` made-up keys whose one forwarding header line is
+/// `line`, as bytes (a byte that is not ASCII included).
+async fn guesses_with_bytes(app: &TestApp, n: usize, name: &str, line: &[u8]) -> Vec<u16> {
+    let mut statuses = Vec::new();
+    for _ in 0..n {
+        let value = reqwest::header::HeaderValue::from_bytes(line).expect("obs-text is allowed");
+        let response = app
+            .client
+            .get(app.url("/v1/accounts"))
+            .bearer_auth(made_up_key())
+            .header(name, value)
+            .send()
+            .await
+            .expect("request sent");
+        statuses.push(response.status().as_u16());
+    }
+    statuses
+}
+
+/// nginx's `$proxy_add_x_forwarded_for` appends the address it saw to
+/// whatever the client sent. One byte that is not ASCII in the client's
+/// part once dropped the whole line, so the client was charged to the
+/// proxy: it escaped its own block, and the proxy's bucket blocked
+/// everyone behind it. A malformed hop now spoils only itself; the same
+/// with `FORWARDED_HEADER=forwarded`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_hop_never_makes_the_proxy_the_client() {
+    let app = TestApp::spawn_with_flags(BEHIND_THE_PROXY).await;
+    assert_eq!(
+        guesses_with_bytes(&app, 4, "x-forwarded-for", b"j\xffnk, 192.0.2.81").await,
+        [401, 401, 401, 429],
+        "the appended address is the client"
+    );
+    assert_eq!(
+        guesses_with_bytes(&app, 1, "x-forwarded-for", b"192.0.2.81").await,
+        [429],
+        "the client is blocked as itself, with or without junk"
+    );
+    assert_eq!(
+        guesses_with_bytes(&app, 1, "x-forwarded-for", b"j\xffnk, 192.0.2.82").await,
+        [401],
+        "another client behind the same proxy is not blocked"
+    );
+
+    let mut flags = BEHIND_THE_PROXY.to_vec();
+    flags.extend(["--forwarded-header", "forwarded"]);
+    let app = TestApp::spawn_with_flags(&flags).await;
+    assert_eq!(
+        guesses_with_bytes(&app, 4, "forwarded", b"for=\"j\xffnk\", for=192.0.2.83").await,
+        [401, 401, 401, 429]
+    );
+    assert_eq!(
+        guesses_with_bytes(&app, 1, "forwarded", b"for=192.0.2.83").await,
+        [429]
+    );
+    assert_eq!(
+        guesses_with_bytes(&app, 1, "forwarded", b"for=\"j\xffnk\", for=192.0.2.84").await,
+        [401]
+    );
+}
