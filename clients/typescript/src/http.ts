@@ -62,9 +62,19 @@ export interface CallOptions {
 
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
 
+/** How a key is shown anywhere it could be printed: never the key. */
+export const REDACTED_KEY = "tbk_…[redacted]";
+
+/** Node's hook for `util.inspect` and `console.log` (a plain symbol elsewhere). */
+export const INSPECT: unique symbol = Symbol.for("nodejs.util.inspect.custom");
+
 export class Http {
   private readonly base: string;
-  private readonly headers: Record<string, string>;
+  // The key lives only in this private field (`#`, not TypeScript's
+  // `private`: invisible to `console.log`, `util.inspect`, `JSON.stringify`,
+  // `Object.keys` and the debugger's property list): never logged, never
+  // journaled.
+  readonly #authorization: string;
   readonly requestTimeoutMs: number;
   private readonly retry: Required<RetryPolicy>;
 
@@ -76,14 +86,22 @@ export class Http {
     private readonly log: Logger = options.logger,
   ) {
     this.base = baseUrl.replace(/\/+$/, "");
-    // The key lives only here: never logged, never journaled.
-    this.headers = { Authorization: `Bearer ${apiKey}`, Accept: "application/json" };
+    this.#authorization = `Bearer ${apiKey}`;
     this.requestTimeoutMs = options.requestTimeoutMs;
     this.retry = {
       baseDelayMs: options.retry.baseDelayMs ?? 200,
       maxDelayMs: options.retry.maxDelayMs ?? 5000,
       serverErrors: options.retry.serverErrors ?? 3,
     };
+  }
+
+  /** What `JSON.stringify` and `util.inspect` show: the key redacted. */
+  toJSON(): Record<string, unknown> {
+    return { baseUrl: this.base, apiKey: REDACTED_KEY, requestTimeoutMs: this.requestTimeoutMs };
+  }
+
+  [INSPECT](): string {
+    return `Http ${JSON.stringify(this.toJSON())}`;
   }
 
   private backoff(attempt: number): number {
@@ -114,7 +132,10 @@ export class Http {
       let retryAfter: number | null = null;
       let reason: string;
       try {
-        const headers: Record<string, string> = { ...this.headers };
+        const headers: Record<string, string> = {
+          Authorization: this.#authorization,
+          Accept: "application/json",
+        };
         if (body !== undefined) headers["Content-Type"] = "application/json";
         const init: RequestInit = { method, headers, signal: abort.signal };
         if (body !== undefined) init.body = JSON.stringify(body);

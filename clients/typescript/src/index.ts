@@ -6,7 +6,7 @@
  */
 
 export * from "./errors.js";
-export { Http, RETRIED_STATUSES, type Fetch, type Logger, type RetryPolicy } from "./http.js";
+export { Http, REDACTED_KEY, RETRIED_STATUSES, type Fetch, type Logger, type RetryPolicy } from "./http.js";
 export {
   Journal,
   MemoryJournalStore,

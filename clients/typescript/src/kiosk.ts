@@ -5,7 +5,7 @@
  */
 
 import { ApiError, JobNotFinished, KioskError } from "./errors.js";
-import { Http, type Fetch, type Logger, type RetryPolicy } from "./http.js";
+import { Http, INSPECT, REDACTED_KEY, type Fetch, type Logger, type RetryPolicy } from "./http.js";
 import { Journal, type JournalEntry, type JournalStore } from "./journal.js";
 import { isTerminal, type Balance, type Event, type Job } from "./models.js";
 
@@ -102,6 +102,15 @@ export class Kiosk {
     const kiosk = new Kiosk(options);
     await kiosk.journal.prune((options.keepFinishedDays ?? 30) * 86_400_000);
     return kiosk;
+  }
+
+  /** What `JSON.stringify`, `console.log` and `util.inspect` show: never the key. */
+  toJSON(): Record<string, unknown> {
+    return { baseUrl: this.baseUrl, accountId: this.accountId, apiKey: REDACTED_KEY, timeoutMs: this.timeoutMs };
+  }
+
+  [INSPECT](): string {
+    return `Kiosk ${JSON.stringify(this.toJSON())}`;
   }
 
   /** Closes the journal (and releases its lock). */

@@ -37,8 +37,13 @@ export class FileJournalStore implements JournalStore {
       const entries = await readEntries(path);
       // Compact: one line per entry, written to a temp file made durable
       // before it replaces the journal.
+      // Created anew (O_EXCL, 0600): a leftover, or a link someone put
+      // there, is removed first, never written through or kept readable.
       const temporary = `${path}.tmp`;
-      const compact = await open(temporary, "w", 0o600);
+      await unlink(temporary).catch((error: NodeJS.ErrnoException) => {
+        if (error.code !== "ENOENT") throw error;
+      });
+      const compact = await open(temporary, "wx", 0o600);
       try {
         await compact.writeFile([...entries.values()].map((entry) => `${JSON.stringify(entry)}\n`).join(""));
         await compact.sync();
@@ -48,6 +53,7 @@ export class FileJournalStore implements JournalStore {
       await rename(temporary, path);
       await syncDirectory(dirname(path));
       const handle = await open(path, constants.O_WRONLY | constants.O_APPEND | constants.O_CREAT, 0o600);
+      await handle.chmod(0o600);
       return new FileJournalStore(path, handle, entries, lockPath);
     } catch (error) {
       await unlink(lockPath).catch(() => undefined);

@@ -54,6 +54,10 @@ class RetryPolicy:
         return rng.uniform(0.0, ceiling)
 
 
+#: How a key is shown anywhere it could be printed or serialised: never the key.
+REDACTED_KEY = "tbk_…[redacted]"
+
+
 class Http:
     def __init__(
         self,
@@ -77,6 +81,16 @@ class Http:
             "Accept": "application/json",
             "User-Agent": user_agent,
         }
+
+    def __repr__(self) -> str:
+        return f"Http(base_url={self._base_url!r}, api_key={REDACTED_KEY!r})"
+
+    def __getstate__(self) -> Dict[str, Any]:
+        """What pickle and copy take: the key redacted (a copy cannot
+        authenticate; make a new client with the key instead)."""
+        state = dict(self.__dict__)
+        state["_headers"] = {**self._headers, "Authorization": f"Bearer {REDACTED_KEY}"}
+        return state
 
     def close(self) -> None:
         self._client.close()

@@ -20,7 +20,7 @@ from ._errors import (
     KioskError,
     ReservationNotHeld,
 )
-from ._http import Http, RetryPolicy
+from ._http import REDACTED_KEY, Http, RetryPolicy
 from ._journal import Journal, JournalEntry
 from ._models import Balance, Event, Job, Reservation
 
@@ -103,8 +103,13 @@ class Kiosk:
     def __repr__(self) -> str:
         return (
             f"Kiosk(base_url={self.base_url!r}, account_id={self.account_id!r}, "
-            f"journal={self._journal.path!r})"
+            f"api_key={REDACTED_KEY!r}, journal={self._journal.path!r})"
         )
+
+    def __getstate__(self) -> Dict[str, Any]:
+        """What pickle and copy take: the key redacted (the Http's state
+        is its redacted state)."""
+        return {**self.__dict__, "_http": self._http.__getstate__()}
 
     def close(self) -> None:
         self._closed = True
