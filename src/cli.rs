@@ -212,7 +212,7 @@ pub enum AccountCommand {
         /// The account's name (1–200 characters, no control characters).
         #[arg(long)]
         name: String,
-        /// Held reservations allowed at once (0: unlimited; default 10).
+        /// Held reservations allowed at once (0: unlimited; default 50: about two per booth for 20 booths).
         #[arg(long, allow_negative_numbers = true)]
         max_active_reservations: Option<i64>,
     },

@@ -49,7 +49,11 @@ pub enum ApiError {
          {retry_after_seconds} s (requests with a key this service has verified are not blocked)"
     )]
     AddressThrottled { retry_after_seconds: u64 },
-    #[error("too many active reservations (limit {limit})")]
+    #[error(
+        "the account holds its limit of {limit} active reservations (max_active_reservations): \
+         commit or release one first, or an admin raises max_active_reservations with PATCH \
+         /v1/accounts/{{account_id}} (about two per booth)"
+    )]
     TooManyActiveReservations { limit: i32 },
     #[error(
         "the instant {at} is not closed yet: a transaction that began before it is still \

@@ -13,8 +13,12 @@ use crate::domain::states::{parse_param, AccountStatus};
 use crate::domain::types::{AccountId, Name};
 use crate::error::ApiError;
 
-/// Default `max_active_reservations` of a new account (docs/api.md).
-pub const DEFAULT_MAX_ACTIVE_RESERVATIONS: i32 = 10;
+/// Default `max_active_reservations` of a new account (docs/api.md): a
+/// fleet of 20 booths, each holding one reservation while a picture is
+/// made and a second while a retry or the next guest's press overlaps it,
+/// with room to spare. (10, the default before, refused a busy 20-booth
+/// fleet "busy" much of the time.)
+pub const DEFAULT_MAX_ACTIVE_RESERVATIONS: i32 = 50;
 /// Upper bound on `max_active_reservations` (0 means unlimited).
 pub const MAX_ACTIVE_RESERVATIONS_LIMIT: i32 = 100_000;
 /// Page sizes of the account list.

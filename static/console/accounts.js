@@ -130,7 +130,7 @@ export async function renderAccounts(container, context) {
 function createForm(context) {
   const name = field("Name", { name: "name", required: true, maxlength: 200, autocomplete: "off" });
   const limit = field("Max. held reservations (0 = unlimited)", {
-    name: "max_active_reservations", type: "number", min: 0, max: 100000, value: 10,
+    name: "max_active_reservations", type: "number", min: 0, max: 100000, value: 50,
   });
   const message = messageArea();
   const form = h(

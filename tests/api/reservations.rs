@@ -375,6 +375,13 @@ async fn limits_insufficient_tokens_and_unknown_ids() {
         )
     );
     assert_eq!(app.snapshot(account), before);
+    // It names the limit and the setting that raises it.
+    assert_eq!(body["max_active_reservations"], json!(2), "{body}");
+    let detail = body["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("limit of 2") && detail.contains("PATCH /v1/accounts/"),
+        "{body}"
+    );
     app.post(
         &reservation_path(account, &first, "release"),
         ADMIN_KEY,
@@ -501,4 +508,23 @@ async fn a_request_id_belongs_to_its_account() {
     let other: Value = other.json().await.expect("json");
     assert!(one["job_id"].is_string());
     assert_ne!(one["job_id"], other["job_id"]);
+}
+
+/// A new account's default fits a fleet of 20 booths: about two held
+/// reservations each (one per picture, one for an overlapping press).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_limit_fits_a_fleet_of_twenty_booths() {
+    let app = TestApp::spawn().await;
+    let account = app
+        .create_account_from(&json!({"name": "twenty booths"}))
+        .await;
+    app.credit(account, 100).await;
+    let shown = app.account(account).await;
+    assert_eq!(shown["max_active_reservations"], json!(50), "{shown}");
+    let booths: Vec<_> = (0..40)
+        .map(|_| app.reserve(account, ADMIN_KEY, Uuid::new_v4(), 1))
+        .collect();
+    for answer in futures_util::future::join_all(booths).await {
+        assert_eq!(answer.status(), StatusCode::CREATED);
+    }
 }
