@@ -49,6 +49,18 @@ export interface CallTimeout {
   timeoutMs?: number;
 }
 
+/** How long {@link Kiosk.resume} tries, for the whole journal, by default (ms). */
+export const RESUME_TIMEOUT_MS = 3_000;
+/** Each background attempt at a press resume() left pending gives up after this (ms). */
+const BACKGROUND_ATTEMPT_MS = 10_000;
+
+export interface ResumeOptions {
+  /** One deadline for the whole journal (ms). Default {@link RESUME_TIMEOUT_MS}. */
+  timeoutMs?: number;
+  /** Called once for each press settled in the background. */
+  onSettled?: (outcome: Outcome) => void;
+}
+
 export interface GenerateOptions extends CallTimeout {
   /** The guest action's id: made once per press, reused by every retry. */
   requestId?: string;
@@ -83,6 +95,8 @@ export class Kiosk {
   readonly timeoutMs: number;
   private readonly journal: Journal;
   private readonly http: Http;
+  private closed = false;
+  private background: Promise<Outcome[]> | null = null;
 
   private constructor(options: KioskOptions) {
     this.baseUrl = options.baseUrl.replace(/\/+$/, "");
@@ -113,9 +127,14 @@ export class Kiosk {
     return `Kiosk ${JSON.stringify(this.toJSON())}`;
   }
 
-  /** Closes the journal (and releases its lock). */
-  close(): Promise<void> {
-    return this.journal.close();
+  /**
+   * Closes the journal (and releases its lock), after the background
+   * settling of {@link resume} stops (within one attempt, at most 10 s).
+   */
+  async close(): Promise<void> {
+    this.closed = true;
+    await this.background?.catch(() => undefined);
+    await this.journal.close();
   }
 
   private deadline(timeoutMs?: number): number {
@@ -247,28 +266,70 @@ export class Kiosk {
    * Finishes what a crash, a reboot or a dead network left open, with the
    * same `request_id`s: pending requests are sent again (the service
    * replays what it had), accepted jobs are waited for. Call it on every
-   * start, before the first guest. Never throws for one entry: each
-   * outcome has its job or its error.
+   * start, before the first guest: it has **one deadline for the whole
+   * journal** (`timeoutMs`, default 3 s), so a booth that starts without
+   * network serves its first guest within seconds. The presses it could
+   * not settle by then (their outcome's `error.pending` is true) stay in
+   * the journal and are settled in the background, one at a time, with
+   * their own `request_id`s (so never charged twice), until each is
+   * answered; {@link settled} tells when, and `onSettled` each one. Never
+   * throws for one entry: each outcome has its job or its error.
    */
-  async resume(options: CallTimeout = {}): Promise<Outcome[]> {
+  async resume(options: ResumeOptions = {}): Promise<Outcome[]> {
+    const deadline = Date.now() + (options.timeoutMs ?? RESUME_TIMEOUT_MS);
     const outcomes: Outcome[] = [];
     for (const entry of await this.journal.open(this.accountId)) {
-      const deadline = this.deadline(options.timeoutMs);
-      const outcome: Outcome = { entry, requestId: entry.request_id, operation: entry.operation, job: null, error: null };
-      try {
-        const job =
-          entry.state === "accepted" && entry.answer !== null
-            ? (entry.answer as Job)
-            : await this.createJob(entry, deadline, true);
-        outcome.job = await this.waitFor(job, deadline);
-      } catch (error) {
-        if (!(error instanceof KioskError)) throw error;
-        outcome.error = error;
-        if (error instanceof JobNotFinished) outcome.job = error.job;
-      }
-      outcomes.push(outcome);
+      outcomes.push(await this.resumeOne(entry, deadline));
+    }
+    const left = outcomes.filter((outcome) => outcome.error?.pending === true).map((outcome) => outcome.requestId);
+    if (left.length > 0 && this.background === null) {
+      this.background = this.settleInBackground(left, options.onSettled);
     }
     return outcomes;
+  }
+
+  /**
+   * The outcomes of the presses {@link resume} left pending, once the
+   * background has settled every one (or the kiosk was closed); `[]` when
+   * nothing is left.
+   */
+  settled(): Promise<Outcome[]> {
+    return this.background ?? Promise.resolve([]);
+  }
+
+  private async resumeOne(entry: JournalEntry, deadline: number): Promise<Outcome> {
+    const outcome: Outcome = { entry, requestId: entry.request_id, operation: entry.operation, job: null, error: null };
+    try {
+      const job =
+        entry.state === "accepted" && entry.answer !== null
+          ? (entry.answer as Job)
+          : await this.createJob(entry, deadline, true);
+      outcome.job = await this.waitFor(job, deadline);
+    } catch (error) {
+      if (!(error instanceof KioskError)) throw error;
+      outcome.error = error;
+      if (error instanceof JobNotFinished) outcome.job = error.job;
+    }
+    return outcome;
+  }
+
+  /** One press at a time, each until it is answered (or the kiosk closes). */
+  private async settleInBackground(requestIds: string[], onSettled?: (outcome: Outcome) => void): Promise<Outcome[]> {
+    const settled: Outcome[] = [];
+    for (const requestId of requestIds) {
+      while (!this.closed) {
+        // The entry as the journal has it now (accepted meanwhile, or done).
+        const entry = (await this.journal.open(this.accountId)).find((open) => open.request_id === requestId);
+        if (entry === undefined) break;
+        const outcome = await this.resumeOne(entry, Date.now() + BACKGROUND_ATTEMPT_MS);
+        if (outcome.error?.pending !== true) {
+          settled.push(outcome);
+          onSettled?.(outcome);
+          break;
+        }
+      }
+    }
+    return settled;
   }
 
   // -- the event feed -------------------------------------------------------

@@ -48,7 +48,13 @@ const kiosk = await Kiosk.open({
   fetch: plannedFetch,
 });
 
-for (const outcome of await kiosk.resume()) {
+// resume() gives up after its one deadline; what it left pending settles
+// in the background, and settled() waits for that.
+const resumed = new Map();
+for (const outcome of [...(await kiosk.resume()), ...(await kiosk.settled())]) {
+  resumed.set(outcome.requestId, outcome);
+}
+for (const outcome of resumed.values()) {
   if (outcome.error !== null) {
     emit("resume_error", { request_id: outcome.requestId, error: String(outcome.error) });
     process.exit(3);
