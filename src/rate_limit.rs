@@ -386,7 +386,11 @@ fn parse_address(hop: &str) -> Option<IpAddr> {
 /// nothing).
 fn hop_text(hop: &[u8]) -> Option<&str> {
     let hop = hop.trim_ascii();
-    if hop.is_empty() || !hop.iter().all(|byte| byte.is_ascii_graphic() || *byte == b' ') {
+    if hop.is_empty()
+        || !hop
+            .iter()
+            .all(|byte| byte.is_ascii_graphic() || *byte == b' ')
+    {
         return None;
     }
     std::str::from_utf8(hop).ok()
@@ -968,7 +972,10 @@ mod tests {
                         b"for=_x;garbage, for=\"[2001:db8::2]:80\";proto=https, for=10.0.0.7",
                         "2001:db8::2",
                     ),
-                    (b"for=192.0.2.3, for=\xe2\x80\x8b, for=10.0.0.7", "192.0.2.3"),
+                    (
+                        b"for=192.0.2.3, for=\xe2\x80\x8b, for=10.0.0.7",
+                        "192.0.2.3",
+                    ),
                     (b"for=\"", "10.1.2.3"),
                     (b"for=192.0.2.4, for=_hidden, for=10.0.0.7", "10.0.0.7"),
                 ],
