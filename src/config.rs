@@ -265,10 +265,17 @@ pub struct Config {
     pub auth_failure_ipv6_prefix: u8,
 
     /// Most client addresses (or IPv6 networks) whose failures are tracked
-    /// at once; when full, the least active are forgotten first.
+    /// at once; an entry is forgotten only once its failures have drained,
+    /// and when full, the clients it does not hold share one count.
     #[arg(long, env = "AUTH_FAILURE_TRACKED_MAX", default_value_t = 100_000,
           value_parser = clap::value_parser!(u64).range(100..=10_000_000))]
     pub auth_failure_tracked_max: u64,
+
+    /// Most verified keys a replica remembers at once (a remembered key
+    /// passes a blocked address); when full, a new key is not remembered.
+    #[arg(long, env = "AUTH_VERIFIED_KEYS_MAX", default_value_t = 100_000,
+          value_parser = clap::value_parser!(u64).range(100..=10_000_000))]
+    pub auth_verified_keys_max: u64,
 
     /// How long this replica remembers a verified key after its last
     /// authenticated request (it passes a blocked address meanwhile).
@@ -365,6 +372,7 @@ impl Config {
             forwarded_header: self.forwarded_header,
             ipv6_prefix: self.auth_failure_ipv6_prefix,
             tracked_max: usize::try_from(self.auth_failure_tracked_max).unwrap_or(usize::MAX),
+            verified_keys_max: usize::try_from(self.auth_verified_keys_max).unwrap_or(usize::MAX),
             verified_key_memory: std::time::Duration::from_secs(
                 self.auth_verified_key_memory_seconds,
             ),

@@ -12,15 +12,18 @@
 //!   address, or an IPv6 network of `AUTH_FAILURE_IPV6_PREFIX` bits). A
 //!   client that keeps presenting unknown, wrong or revoked keys — the
 //!   bootstrap admin key's guesses included — is answered 429 before any
-//!   database lookup after `AUTH_FAILURE_BURST` failures; from a blocked
-//!   client only a key whose secret matches one this replica verified and
-//!   has seen in use since (a constant-time compare of the SHA-256 held in
-//!   memory, refreshed by each request with that secret) still gets
-//!   through. docs/security.md, "The address throttle", states the rules.
+//!   database lookup after `AUTH_FAILURE_BURST` failures; a request with
+//!   no key is never a failure. From a blocked client only a key whose
+//!   secret matches one this replica verified and has seen in use since (a
+//!   constant-time compare of the SHA-256 held in memory, refreshed by each
+//!   request with that secret) still gets through. docs/security.md, "The
+//!   address throttle", states the rules.
 //!
-//! Every map here is bounded: the failure table evicts its least active
-//! entries when full (so it never fails open), the key limiter forgets
-//! idle keys and past its bound lets new ones share one overflow entry.
+//! Every map here is bounded: the failure table forgets an entry only once
+//! its failures have drained (so no flood of addresses unblocks anyone),
+//! and past its bound new clients share one overflow entry; the memory of
+//! verified keys has a bound of its own; the key limiter forgets idle keys
+//! and past its bound lets new ones share one overflow entry.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
@@ -34,8 +37,12 @@ use ipnet::{IpNet, Ipv6Net};
 use subtle::ConstantTimeEq;
 use uuid::Uuid;
 
-/// Most entries any limiter or map here keeps.
+/// Most entries any limiter or map here keeps by default.
 pub const TRACKED_MAX: usize = 100_000;
+
+/// A full failure table is swept for drained entries at most this often
+/// (a sweep reads every entry).
+const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How long a verified key is remembered by default
 /// (`AUTH_VERIFIED_KEY_MEMORY_SECONDS`).
@@ -183,6 +190,8 @@ pub struct GuardSettings {
     pub ipv6_prefix: u8,
     /// Most addresses (or IPv6 networks) tracked at once.
     pub tracked_max: usize,
+    /// Most verified keys remembered at once.
+    pub verified_keys_max: usize,
     /// How long a verified key is remembered after its last proof.
     pub verified_key_memory: Duration,
 }
@@ -197,6 +206,7 @@ impl GuardSettings {
             forwarded_header: ForwardedHeader::XForwardedFor,
             ipv6_prefix: 64,
             tracked_max: TRACKED_MAX,
+            verified_keys_max: TRACKED_MAX,
             verified_key_memory: VERIFIED_KEY_MEMORY,
         }
     }
@@ -229,19 +239,108 @@ impl Offender {
     }
 }
 
+impl Default for Offender {
+    fn default() -> Offender {
+        Offender {
+            level: 0.0,
+            updated: Instant::now(),
+            blocked_until: None,
+        }
+    }
+}
+
+/// Where a client's failures are counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Slot {
+    /// Its own entry (held already, or there is room for it).
+    Own(IpAddr),
+    /// The table is full of clients whose failures have not drained: the
+    /// one entry every other client shares.
+    Overflow,
+}
+
+/// The failure table: one entry per client with failures that have not
+/// drained, at most `tracked_max`, and the entry shared by the clients
+/// that found it full.
+struct Offenders {
+    entries: HashMap<IpAddr, Offender>,
+    overflow: Offender,
+    /// When a full table was last swept for drained entries.
+    swept: Option<Instant>,
+}
+
+impl Offenders {
+    /// Where `subject`'s failures are counted at `now`. An entry is only
+    /// ever forgotten once its failures have drained — never to make room
+    /// — so a flood of new addresses can neither unblock a client nor
+    /// give it back its burst: past the bound, the newcomers share one
+    /// entry instead.
+    fn slot(&mut self, subject: IpAddr, now: Instant, per_second: f64, max: usize) -> Slot {
+        if self.entries.len() < max || self.entries.contains_key(&subject) {
+            return Slot::Own(subject);
+        }
+        if self
+            .swept
+            .is_none_or(|at| now.saturating_duration_since(at) >= SWEEP_INTERVAL)
+        {
+            self.entries
+                .retain(|_, offender| !offender.idle_at(now, per_second));
+            self.swept = Some(now);
+        }
+        if self.entries.len() < max {
+            Slot::Own(subject)
+        } else {
+            Slot::Overflow
+        }
+    }
+
+    /// The entry of `slot`, if it has one yet.
+    fn get(&self, slot: Slot) -> Option<&Offender> {
+        match slot {
+            Slot::Own(subject) => self.entries.get(&subject),
+            Slot::Overflow => Some(&self.overflow),
+        }
+    }
+
+    /// The entry of `slot`, made when missing.
+    fn get_mut(&mut self, slot: Slot) -> &mut Offender {
+        match slot {
+            Slot::Own(subject) => self.entries.entry(subject).or_default(),
+            Slot::Overflow => &mut self.overflow,
+        }
+    }
+}
+
+/// How the guard admitted a request, and what its answer still decides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admitted {
+    /// A certain failure, counted already (before its answer).
+    Counted,
+    /// A key or the bootstrap key: a 401 answer counts ([`record`]).
+    ///
+    /// [`record`]: AuthFailureGuard::record
+    ByTheAnswer,
+    /// No key: never a failure, whatever the answer (a web page on a
+    /// guest's phone sends such requests by the dozen).
+    NotCounted,
+}
+
 /// Authentication failures per client address, and the memory of keys
 /// this replica has verified.
 ///
-/// The failure table is bounded (`tracked_max`) and never fails open: when
-/// it is full, idle entries are dropped first, then the least active tenth
-/// (not blocked before blocked, fewest outstanding failures first, oldest
-/// first), so a new address always gets its own entry and the busiest
-/// offenders stay blocked.
+/// The failure table is bounded (`tracked_max`) and never fails open: an
+/// entry is forgotten only once its failures have drained, and when the
+/// table is full of entries that have not, every client it does not hold
+/// is counted in one shared entry (of the same burst), so those clients
+/// are the ones refused — unless they present a key this replica
+/// remembers. The memory of verified keys is bounded apart
+/// (`verified_keys_max`): failures from any number of addresses never
+/// crowd a key out of it.
 pub struct AuthFailureGuard {
     settings: GuardSettings,
     /// Failures drained per second.
     per_second: f64,
-    offenders: Mutex<HashMap<IpAddr, Offender>>,
+    offenders: Mutex<Offenders>,
     /// Keys this replica verified recently: they pass a blocked address,
     /// and only they are charged to their own rate bucket.
     verified: Mutex<HashMap<Uuid, Remembered>>,
@@ -253,26 +352,25 @@ fn seconds_until(until: Instant, now: Instant) -> u64 {
     wait.as_secs() + u64::from(wait.subsec_nanos() > 0)
 }
 
-/// What one hop of a forwarding header says about the client.
+/// One hop of a forwarding header, as the walk reads it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Hop {
-    /// An address (a port, if any, left out).
+    /// An address (with or without a port).
     Address(IpAddr),
-    /// A proxy's well-formed word that it will not or cannot name the
-    /// client (`unknown`, an obfuscated `_name`, an RFC 7239 element
-    /// without `for`): nothing left of it is believed.
+    /// A hop that says it hides the client: `unknown`, or an obfuscated
+    /// name (`_hidden`), or a `Forwarded` element without `for=`. The walk
+    /// stops there: a trusted proxy that hides its clients counts them as
+    /// one.
     Hidden,
-    /// Not a hop at all (garbage, a byte that is not ASCII): skipped, as if
-    /// it were not there.
+    /// Not a hop at all (a non-ASCII byte, garbage, a broken element):
+    /// skipped.
     Malformed,
 }
 
-/// One hop of `X-Forwarded-For`: an address, with or without a port
-/// (`192.0.2.1:4711`, `[2001:db8::1]:4711`, `[2001:db8::1]`).
-fn parse_hop(hop: &str) -> Hop {
-    let hop = hop.trim();
-    let address = hop
-        .parse::<IpAddr>()
+/// An address, with or without a port (`192.0.2.1:4711`,
+/// `[2001:db8::1]:4711`, `[2001:db8::1]`).
+fn parse_address(hop: &str) -> Option<IpAddr> {
+    hop.parse::<IpAddr>()
         .ok()
         .or_else(|| hop.parse::<SocketAddr>().ok().map(|socket| socket.ip()))
         .or_else(|| {
@@ -280,18 +378,46 @@ fn parse_hop(hop: &str) -> Hop {
                 .and_then(|rest| rest.strip_suffix(']'))
                 .and_then(|inner| inner.parse::<Ipv6Addr>().ok())
                 .map(IpAddr::V6)
-        });
-    match address {
-        Some(address) => Hop::Address(address),
-        None if hop.eq_ignore_ascii_case("unknown")
-            || (hop.starts_with('_')
-                && hop[1..]
-                    .bytes()
-                    .all(|byte| byte.is_ascii_alphanumeric() || b"._-".contains(&byte))) =>
-        {
-            Hop::Hidden
-        }
-        None => Hop::Malformed,
+        })
+}
+
+/// One hop's bytes as text: trimmed, and only when printable ASCII (a
+/// header value may carry any byte from 0x80 up; such a hop names
+/// nothing).
+fn hop_text(hop: &[u8]) -> Option<&str> {
+    let hop = hop.trim_ascii();
+    if hop.is_empty()
+        || !hop
+            .iter()
+            .all(|byte| byte.is_ascii_graphic() || *byte == b' ')
+    {
+        return None;
+    }
+    std::str::from_utf8(hop).ok()
+}
+
+/// One hop of `X-Forwarded-For`.
+fn parse_x_forwarded_for(hop: &[u8]) -> Hop {
+    let Some(hop) = hop_text(hop) else {
+        return Hop::Malformed;
+    };
+    if hop.eq_ignore_ascii_case("unknown") || hop.starts_with('_') {
+        return Hop::Hidden;
+    }
+    parse_address(hop).map_or(Hop::Malformed, Hop::Address)
+}
+
+/// One element of RFC 7239 `Forwarded` (`for=…;proto=…`).
+fn parse_forwarded(element: &[u8]) -> Hop {
+    let Some(element) = hop_text(element) else {
+        return Hop::Malformed;
+    };
+    match rfc7239::parse(element).next() {
+        Some(Ok(element)) => match element.forwarded_for {
+            Some(node) => node.ip().map_or(Hop::Hidden, |ip| Hop::Address(*ip)),
+            None => Hop::Hidden,
+        },
+        _ => Hop::Malformed,
     }
 }
 
@@ -304,7 +430,11 @@ impl AuthFailureGuard {
         AuthFailureGuard {
             settings,
             per_second,
-            offenders: Mutex::new(HashMap::new()),
+            offenders: Mutex::new(Offenders {
+                entries: HashMap::new(),
+                overflow: Offender::default(),
+                swept: None,
+            }),
             verified: Mutex::new(HashMap::new()),
         }
     }
@@ -326,46 +456,35 @@ impl AuthFailureGuard {
     }
 
     /// The hops a forwarding header names, left (the client, as far as the
-    /// first proxy knew) to right (the proxy nearest to us), each parsed on
-    /// its own: a malformed hop (a byte that is not ASCII arrives here as
-    /// U+FFFD) spoils only itself. Every header line counts, joined in
-    /// order (RFC 9110 §5.3).
-    fn hops(&self, lines: &[&str]) -> Vec<Hop> {
-        match self.settings.forwarded_header {
-            ForwardedHeader::XForwardedFor => lines
-                .iter()
-                .flat_map(|line| line.split(','))
-                .filter(|hop| !hop.trim().is_empty())
-                .map(parse_hop)
-                .collect(),
-            ForwardedHeader::Forwarded => lines
-                .iter()
-                .flat_map(|line| rfc7239::parse(line))
-                .map(|element| match element {
-                    Err(_) => Hop::Malformed,
-                    Ok(element) => element
-                        .forwarded_for
-                        .and_then(|node| node.ip().copied())
-                        .map_or(Hop::Hidden, Hop::Address),
-                })
-                .collect(),
-        }
+    /// first proxy knew) to right (the proxy nearest to us). Every header
+    /// line counts, joined in order (RFC 9110 §5.3), and each is split at
+    /// every comma, byte by byte: a hop is read alone, so one broken hop
+    /// (a non-ASCII byte, an unclosed quote) spoils nothing but itself.
+    fn hops<'a>(&self, lines: &'a [&'a [u8]]) -> impl DoubleEndedIterator<Item = Hop> + 'a {
+        let parse = match self.settings.forwarded_header {
+            ForwardedHeader::XForwardedFor => parse_x_forwarded_for,
+            ForwardedHeader::Forwarded => parse_forwarded,
+        };
+        lines
+            .iter()
+            .flat_map(|line| line.split(|byte| *byte == b','))
+            .filter(|hop| !hop.trim_ascii().is_empty())
+            .map(parse)
     }
 
     /// The client's address: the peer's, or — when the peer is a trusted
     /// proxy — the right-most hop of the forwarding header that is not a
     /// trusted proxy. Hops left of it could be anything the client wrote,
-    /// so they are never believed. A malformed hop is skipped (a client's
-    /// junk before the address its proxy appended never makes the proxy
-    /// the client); a proxy's `unknown` or obfuscated name stops the walk
-    /// at the last trusted proxy.
-    pub fn client_address(&self, peer: Option<IpAddr>, lines: &[&str]) -> Option<IpAddr> {
+    /// so they are never believed (nor parsed). A malformed hop is skipped;
+    /// a hop that hides the client (`unknown`, an obfuscated name) stops
+    /// the walk at the last trusted proxy, which hides its clients.
+    pub fn client_address(&self, peer: Option<IpAddr>, lines: &[&[u8]]) -> Option<IpAddr> {
         let peer = peer?.to_canonical();
         if !self.trusted(peer) {
             return Some(peer);
         }
         let mut client = peer;
-        for hop in self.hops(lines).into_iter().rev() {
+        for hop in self.hops(lines).rev() {
             match hop {
                 Hop::Malformed => continue,
                 Hop::Hidden => break,
@@ -417,9 +536,9 @@ impl AuthFailureGuard {
     pub fn remember(&self, (id, secret_hash): &PresentedKey) {
         let memory = self.settings.verified_key_memory;
         let mut verified = self.verified.lock().unwrap_or_else(PoisonError::into_inner);
-        if verified.len() >= self.settings.tracked_max && !verified.contains_key(id) {
+        if verified.len() >= self.settings.verified_keys_max && !verified.contains_key(id) {
             verified.retain(|_, remembered| remembered.at.elapsed() < memory);
-            if verified.len() >= self.settings.tracked_max {
+            if verified.len() >= self.settings.verified_keys_max {
                 return;
             }
         }
@@ -443,19 +562,21 @@ impl AuthFailureGuard {
     }
 
     /// Before any lookup. `Err(seconds to wait)` when the client is
-    /// blocked, unless it presents a key whose secret this replica verified
+    /// blocked (or, the table being full, the clients it does not hold
+    /// are), unless it presents a key whose secret this replica verified
     /// (memory only; a key id alone opens nothing, and the bootstrap key,
     /// whose secret may be short, is never remembered: it is blocked like
-    /// a guess). `Ok(true)` when the request was counted as a failure
-    /// here, before its answer — a key that is neither the bootstrap key
-    /// nor well formed, or a remembered id with another secret, is a
-    /// failure whatever the database holds — so concurrent guesses cannot
-    /// outrun the count; `Ok(false)`: the answer decides ([`record`]).
-    ///
-    /// [`record`]: AuthFailureGuard::record
-    pub fn admit(&self, client: IpAddr, presented: &Presented) -> Result<bool, u64> {
+    /// a guess). A key that is neither the bootstrap key nor well formed,
+    /// or a remembered id with another secret, is a failure whatever the
+    /// database holds: it is counted here, before its answer, so
+    /// concurrent guesses cannot outrun the count ([`Admitted::Counted`]).
+    pub fn admit(&self, client: IpAddr, presented: &Presented) -> Result<Admitted, u64> {
+        let by_the_answer = match presented {
+            Presented::Nothing => Admitted::NotCounted,
+            _ => Admitted::ByTheAnswer,
+        };
         if !self.enabled() {
-            return Ok(false);
+            return Ok(by_the_answer);
         }
         let verified = match presented {
             Presented::Key(key) => self.recognise(key),
@@ -467,48 +588,42 @@ impl AuthFailureGuard {
             .offenders
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if let Some(until) = offenders.get(&subject).and_then(|o| o.blocked_at(now)) {
+        let slot = offenders.slot(subject, now, self.per_second, self.settings.tracked_max);
+        if let Some(until) = offenders.get(slot).and_then(|o| o.blocked_at(now)) {
             if verified == Known::Verified {
-                return Ok(false);
+                return Ok(by_the_answer);
             }
             return Err(seconds_until(until, now));
         }
         let certain_failure =
             matches!(presented, Presented::Refused) || verified == Known::WrongSecret;
         if certain_failure {
-            self.count(&mut offenders, subject, now);
+            self.count(offenders.get_mut(slot), now);
+            return Ok(Admitted::Counted);
         }
-        Ok(certain_failure)
+        Ok(by_the_answer)
     }
 
-    /// After the answer: a 401 counts against the client's quota (unless
-    /// [`admit`] counted it already); the failure that uses its last
-    /// allowance blocks the client until the quota lets one more through
-    /// (so `burst` failures, then 429).
-    ///
-    /// [`admit`]: AuthFailureGuard::admit
+    /// After the answer of a request admitted [`Admitted::ByTheAnswer`]: a
+    /// 401 counts against the client's quota; the failure that uses its
+    /// last allowance blocks the client until the quota lets one more
+    /// through (so `burst` failures, then 429).
     pub fn record(&self, client: IpAddr, status: u16) {
         if !self.enabled() || status != 401 {
             return;
         }
         let subject = self.subject(client);
+        let now = Instant::now();
         let mut offenders = self
             .offenders
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        self.count(&mut offenders, subject, Instant::now());
+        let slot = offenders.slot(subject, now, self.per_second, self.settings.tracked_max);
+        self.count(offenders.get_mut(slot), now);
     }
 
-    /// One more failure for `subject`; blocks it at the burst.
-    fn count(&self, offenders: &mut HashMap<IpAddr, Offender>, subject: IpAddr, now: Instant) {
-        if !offenders.contains_key(&subject) && offenders.len() >= self.settings.tracked_max {
-            self.make_room(offenders, now);
-        }
-        let offender = offenders.entry(subject).or_insert(Offender {
-            level: 0.0,
-            updated: now,
-            blocked_until: None,
-        });
+    /// One more failure for `offender`; blocks it at the burst.
+    fn count(&self, offender: &mut Offender, now: Instant) {
         let level = offender.level_at(now, self.per_second) + 1.0;
         offender.level = level;
         offender.updated = now;
@@ -524,35 +639,6 @@ impl AuthFailureGuard {
         }
     }
 
-    /// The table is full: drop idle entries, then the least active tenth.
-    fn make_room(&self, offenders: &mut HashMap<IpAddr, Offender>, now: Instant) {
-        let per_second = self.per_second;
-        offenders.retain(|_, offender| !offender.idle_at(now, per_second));
-        if offenders.len() < self.settings.tracked_max {
-            return;
-        }
-        let mut ranked: Vec<(bool, f64, Instant, IpAddr)> = offenders
-            .iter()
-            .map(|(subject, offender)| {
-                (
-                    offender.blocked_at(now).is_some(),
-                    offender.level_at(now, per_second),
-                    offender.updated,
-                    *subject,
-                )
-            })
-            .collect();
-        let evict = (self.settings.tracked_max / 10).max(1).min(ranked.len());
-        ranked.select_nth_unstable_by(evict - 1, |a, b| {
-            (a.0, a.1, a.2)
-                .partial_cmp(&(b.0, b.1, b.2))
-                .unwrap_or(std::cmp::Ordering::Equal)
-        });
-        for (_, _, _, subject) in &ranked[..evict] {
-            offenders.remove(subject);
-        }
-    }
-
     /// Forgets what no longer matters (called periodically).
     pub fn forget_idle(&self) {
         let now = Instant::now();
@@ -561,8 +647,10 @@ impl AuthFailureGuard {
             .offenders
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        offenders.retain(|_, offender| !offender.idle_at(now, per_second));
-        offenders.shrink_to_fit();
+        offenders
+            .entries
+            .retain(|_, offender| !offender.idle_at(now, per_second));
+        offenders.entries.shrink_to_fit();
         drop(offenders);
         let memory = self.settings.verified_key_memory;
         self.verified
@@ -580,10 +668,11 @@ impl AuthFailureGuard {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
             let blocked = offenders
+                .entries
                 .values()
                 .filter(|offender| offender.blocked_at(now).is_some())
                 .count();
-            (offenders.len(), blocked)
+            (offenders.entries.len(), blocked)
         };
         let verified = self
             .verified
@@ -629,18 +718,30 @@ mod tests {
         let made_up = Presented::Key((Uuid::new_v4(), [9; 32]));
         guard.remember(&good);
         for failure in 0..5 {
-            assert_eq!(guard.admit(client, &made_up), Ok(false), "{failure}");
+            assert_eq!(
+                guard.admit(client, &made_up),
+                Ok(Admitted::ByTheAnswer),
+                "{failure}"
+            );
             guard.record(client, 401);
         }
         // Five failures (the burst) and the sixth request is refused.
         assert!(guard.admit(client, &made_up).is_err());
         assert!(guard.admit(client, &Presented::Nothing).is_err());
-        assert_eq!(guard.admit(client, &Presented::Key(good)), Ok(false));
+        assert_eq!(
+            guard.admit(client, &Presented::Key(good)),
+            Ok(Admitted::ByTheAnswer)
+        );
         // The id of a verified key with another secret opens nothing, and
         // the bootstrap key is blocked like a guess.
         assert!(guard.admit(client, &good_id_wrong_secret).is_err());
         assert!(guard.admit(client, &Presented::Bootstrap).is_err());
-        assert_eq!(guard.admit(other, &made_up), Ok(false));
+        assert_eq!(guard.admit(other, &made_up), Ok(Admitted::ByTheAnswer));
+        // A request with no key is never counted.
+        assert_eq!(
+            guard.admit(other, &Presented::Nothing),
+            Ok(Admitted::NotCounted)
+        );
     }
 
     #[test]
@@ -650,7 +751,10 @@ mod tests {
         // Three concurrent guesses are admitted and counted at once; the
         // fourth is refused before any of them is answered.
         for _ in 0..3 {
-            assert_eq!(guard.admit(client, &Presented::Refused), Ok(true));
+            assert_eq!(
+                guard.admit(client, &Presented::Refused),
+                Ok(Admitted::Counted)
+            );
         }
         assert!(guard.admit(client, &Presented::Refused).is_err());
         assert!(guard.admit(client, &Presented::Bootstrap).is_err());
@@ -689,27 +793,86 @@ mod tests {
         assert_eq!(guard.recognise(&key), Known::Unknown);
     }
 
+    fn v4(n: u32) -> IpAddr {
+        IpAddr::V4(std::net::Ipv4Addr::from(0x0a00_0000 + n))
+    }
+
+    /// `times` made-up keys from `client`, each admitted then answered 401.
+    fn fail(guard: &AuthFailureGuard, client: IpAddr, times: u32) {
+        for _ in 0..times {
+            let made_up = Presented::Key((Uuid::new_v4(), [9; 32]));
+            if guard.admit(client, &made_up) == Ok(Admitted::ByTheAnswer) {
+                guard.record(client, 401);
+            }
+        }
+    }
+
     #[test]
-    fn a_full_table_evicts_the_least_active_and_still_blocks() {
+    fn a_full_table_forgets_no_failure_and_newcomers_share_one_count() {
         let mut settings = GuardSettings::new(3, 1);
         settings.tracked_max = 100;
         let guard = AuthFailureGuard::new(settings);
-        let busy: IpAddr = "198.51.100.1".parse().expect("ip");
-        for _ in 0..3 {
-            guard.record(busy, 401);
+        let remembered: PresentedKey = (Uuid::new_v4(), [7; 32]);
+        guard.remember(&remembered);
+        // The first blocked, so the one that has drained the most.
+        let first: IpAddr = "198.51.100.1".parse().expect("ip");
+        fail(&guard, first, 3);
+        for n in 0..99 {
+            fail(&guard, v4(n), 3);
         }
-        for n in 0..1000_u32 {
-            let address = IpAddr::V4(std::net::Ipv4Addr::from(0x0a00_0000 + n));
-            guard.record(address, 401);
+        assert_eq!(guard.tracked().0, 100);
+        // A thousand new addresses: none gets an entry, none unblocks one.
+        for n in 1000..2000 {
+            fail(&guard, v4(n), 1);
         }
-        assert!(guard.tracked().0 <= 100, "{:?}", guard.tracked());
-        assert!(guard.admit(busy, &Presented::Nothing).is_err());
+        assert_eq!(guard.tracked(), (100, 100, 1));
+        assert!(guard.admit(first, &Presented::Nothing).is_err());
+        // The newcomers' shared count is blocked: a new address is refused,
+        // even with a key the database would take, but not with a key this
+        // replica remembers.
         let fresh: IpAddr = "192.0.2.200".parse().expect("ip");
-        for _ in 0..3 {
-            assert!(guard.admit(fresh, &Presented::Nothing).is_ok());
-            guard.record(fresh, 401);
+        let unknown = Presented::Key((Uuid::new_v4(), [8; 32]));
+        assert!(guard.admit(fresh, &unknown).is_err());
+        assert_eq!(
+            guard.admit(fresh, &Presented::Key(remembered)),
+            Ok(Admitted::ByTheAnswer)
+        );
+    }
+
+    #[test]
+    fn a_full_table_makes_room_once_failures_drain() {
+        // 600 a minute: one failure drains in 100 ms.
+        let mut settings = GuardSettings::new(3, 600);
+        settings.tracked_max = 100;
+        let guard = AuthFailureGuard::new(settings);
+        for n in 0..100 {
+            fail(&guard, v4(n), 1);
         }
+        let fresh: IpAddr = "192.0.2.201".parse().expect("ip");
+        fail(&guard, fresh, 3);
+        // Shared with nobody else yet, the overflow blocks at the burst.
         assert!(guard.admit(fresh, &Presented::Nothing).is_err());
+        std::thread::sleep(SWEEP_INTERVAL + Duration::from_millis(50));
+        // Drained entries are swept out; the next newcomer has its own.
+        let next: IpAddr = "192.0.2.202".parse().expect("ip");
+        assert!(guard.admit(next, &Presented::Nothing).is_ok());
+        guard.record(next, 401);
+        assert_eq!(guard.tracked().0, 1);
+    }
+
+    #[test]
+    fn the_key_memory_has_its_own_bound() {
+        let mut settings = GuardSettings::new(3, 1);
+        settings.tracked_max = 100;
+        settings.verified_keys_max = 150;
+        let guard = AuthFailureGuard::new(settings);
+        let keys: Vec<PresentedKey> = (0..200).map(|_| (Uuid::new_v4(), [3; 32])).collect();
+        for key in &keys {
+            guard.remember(key);
+        }
+        assert_eq!(guard.tracked().2, 150);
+        assert_eq!(guard.recognise(&keys[149]), Known::Verified);
+        assert_eq!(guard.recognise(&keys[150]), Known::Unknown);
     }
 
     #[test]
@@ -738,7 +901,10 @@ mod tests {
         let proxy: IpAddr = "10.1.2.3".parse().expect("ip");
         let stranger: IpAddr = "198.51.100.1".parse().expect("ip");
         let ip = |text: &str| text.parse::<IpAddr>().expect("ip");
-        let client = |peer, lines: &[&str]| guard.client_address(Some(peer), lines).expect("ip");
+        let client = |peer, lines: &[&str]| {
+            let lines: Vec<&[u8]> = lines.iter().map(|line| line.as_bytes()).collect();
+            guard.client_address(Some(peer), &lines).expect("ip")
+        };
         assert_eq!(client(stranger, &["192.0.2.1"]), stranger);
         assert_eq!(client(proxy, &[]), proxy);
         assert_eq!(client(proxy, &["192.0.2.1"]), ip("192.0.2.1"));
@@ -757,7 +923,10 @@ mod tests {
 
         settings.forwarded_header = ForwardedHeader::Forwarded;
         let guard = AuthFailureGuard::new(settings);
-        let client = |peer, lines: &[&str]| guard.client_address(Some(peer), lines).expect("ip");
+        let client = |peer, lines: &[&str]| {
+            let lines: Vec<&[u8]> = lines.iter().map(|line| line.as_bytes()).collect();
+            guard.client_address(Some(peer), &lines).expect("ip")
+        };
         assert_eq!(
             client(
                 proxy,
@@ -772,31 +941,57 @@ mod tests {
         assert_eq!(client(proxy, &["for=192.0.2.3:80"]), ip("192.0.2.3"));
         assert_eq!(client(proxy, &["for=\"192.0.2.3:80\""]), ip("192.0.2.3"));
         assert_eq!(client(proxy, &["for=unknown"]), proxy);
-        // A malformed element spoils only itself.
-        assert_eq!(
-            client(proxy, &["for=\"junk\u{FFFD}\", for=192.0.2.4"]),
-            ip("192.0.2.4")
-        );
-        assert_eq!(client(proxy, &["for=192.0.2.4, for=_hidden"]), proxy);
     }
 
     #[test]
-    fn a_malformed_hop_spoils_only_itself() {
+    fn a_malformed_hop_is_skipped_and_a_hidden_one_stops_the_walk() {
         let mut settings = GuardSettings::new(5, 6);
         settings.trusted_proxies = vec!["10.0.0.0/8".parse().expect("cidr")];
-        let guard = AuthFailureGuard::new(settings);
         let proxy: IpAddr = "10.1.2.3".parse().expect("ip");
         let ip = |text: &str| text.parse::<IpAddr>().expect("ip");
-        let client = |lines: &[&str]| guard.client_address(Some(proxy), lines).expect("ip");
-        // nginx's append form after a client's junk (a byte that is not
-        // ASCII arrives as U+FFFD): the appended address is the client.
-        assert_eq!(client(&["j\u{FFFD}nk, 192.0.2.9"]), ip("192.0.2.9"));
-        assert_eq!(client(&["1.1.1.1, ###, 192.0.2.9"]), ip("192.0.2.9"));
-        // Between trusted hops: skipped, the walk goes on.
-        assert_eq!(client(&["192.0.2.9, %%, 10.0.0.7"]), ip("192.0.2.9"));
-        // A proxy's unknown or obfuscated word stops it.
-        assert_eq!(client(&["192.0.2.9, unknown"]), proxy);
-        assert_eq!(client(&["192.0.2.9, _proxy-a"]), proxy);
+        for (header, cases) in [
+            (
+                ForwardedHeader::XForwardedFor,
+                [
+                    // nginx's append form: the client's junk, then the client.
+                    (&b"\xff\xfe, 192.0.2.1"[..], "192.0.2.1"),
+                    (b"caf\xc3\xa9, \"[::1, 192.0.2.2, 10.0.0.7", "192.0.2.2"),
+                    // Junk written right of the client is skipped too.
+                    (b"192.0.2.3, \xff, 10.0.0.7, garbage", "192.0.2.3"),
+                    // Nothing but junk: the request came from the proxy.
+                    (b"\xff", "10.1.2.3"),
+                    // A proxy that hides its client stops the walk there.
+                    (b"192.0.2.4, unknown, 10.0.0.7", "10.0.0.7"),
+                ],
+            ),
+            (
+                ForwardedHeader::Forwarded,
+                [
+                    (&b"for=\"\xff, for=192.0.2.1"[..], "192.0.2.1"),
+                    (
+                        b"for=_x;garbage, for=\"[2001:db8::2]:80\";proto=https, for=10.0.0.7",
+                        "2001:db8::2",
+                    ),
+                    (
+                        b"for=192.0.2.3, for=\xe2\x80\x8b, for=10.0.0.7",
+                        "192.0.2.3",
+                    ),
+                    (b"for=\"", "10.1.2.3"),
+                    (b"for=192.0.2.4, for=_hidden, for=10.0.0.7", "10.0.0.7"),
+                ],
+            ),
+        ] {
+            settings.forwarded_header = header;
+            let guard = AuthFailureGuard::new(settings.clone());
+            for (line, client) in cases {
+                assert_eq!(
+                    guard.client_address(Some(proxy), &[line]),
+                    Some(ip(client)),
+                    "{header:?} {}",
+                    line.escape_ascii()
+                );
+            }
+        }
     }
 
     #[test]

@@ -14,6 +14,7 @@ use actix_web::{web, App, HttpRequest, HttpServer, ResponseError};
 use crate::config::BODY_LIMIT_BYTES;
 use crate::error::ApiError;
 use crate::provider::AnyProvider;
+use crate::rate_limit::Admitted;
 use crate::routes;
 use crate::scheduler;
 use crate::telemetry;
@@ -137,7 +138,8 @@ fn cors(origins: &[String]) -> actix_cors::Cors {
 /// has verified. Every key is throttled, the bootstrap admin key included;
 /// a failure certain before any lookup (a key that is neither the
 /// bootstrap key nor well formed) is counted before the answer, every
-/// other `/v1` answer afterwards (a 401 counts against the address).
+/// other `/v1` answer with a key afterwards (a 401 counts against the
+/// address); a request with no key never counts.
 fn guard_authentication_failures<S>(
     request: actix_web::dev::ServiceRequest,
     service: &S,
@@ -156,14 +158,12 @@ where
         .filter(|_| request.path().starts_with("/v1/"))
         .and_then(|state| {
             let presented = routes::presented_to_the_guard(&state, request.request());
-            // Every line, each byte that is not ASCII as U+FFFD: a hop
-            // holding one is malformed, and spoils only itself.
-            let lines: Vec<std::borrow::Cow<str>> = request
+            // Bytes, not text: one non-ASCII byte must not drop the line.
+            let lines: Vec<&[u8]> = request
                 .headers()
                 .get_all(state.auth_guard.forwarded_header().name())
-                .map(|value| String::from_utf8_lossy(value.as_bytes()))
+                .map(|value| value.as_bytes())
                 .collect();
-            let lines: Vec<&str> = lines.iter().map(AsRef::as_ref).collect();
             let client = state
                 .auth_guard
                 .client_address(request.peer_addr().map(|peer| peer.ip()), &lines)?;
@@ -182,8 +182,8 @@ where
             })
             .boxed_local();
     };
-    let counted = match state.auth_guard.admit(client, &presented) {
-        Ok(counted) => counted,
+    let admitted = match state.auth_guard.admit(client, &presented) {
+        Ok(admitted) => admitted,
         Err(retry_after_seconds) => {
             state
                 .metrics
@@ -208,7 +208,7 @@ where
                 .with_label_values(&["unauthorized"])
                 .inc();
         }
-        if !counted {
+        if admitted == Admitted::ByTheAnswer {
             state.auth_guard.record(client, status);
         }
         routes::remember_verified_by_the_answer(&state, response.request(), status);

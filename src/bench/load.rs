@@ -77,7 +77,7 @@ async fn send(request: reqwest::RequestBuilder) -> anyhow::Result<(reqwest::Stat
     Ok((status, body))
 }
 
-async fn post_ok(
+pub(crate) async fn post_ok(
     client: &reqwest::Client,
     url: String,
     key: &str,

@@ -9,6 +9,7 @@ pub mod flood;
 pub mod history;
 pub mod load;
 pub mod sink;
+pub mod throttle;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

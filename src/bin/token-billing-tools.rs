@@ -79,6 +79,14 @@ enum BenchCommand {
         token-billing-tools bench auth-flood --requests 1000000 --service-pid $(pgrep -f 'token-billing serve')"
     )]
     AuthFlood(token_billing::bench::flood::FloodArgs),
+    /// The address throttle as an attacker meets it: guesses from many
+    /// addresses, anonymous requests and kiosks at a venue's address.
+    #[command(
+        after_help = "Example (the service started with TRUSTED_PROXIES=127.0.0.1/32):\n  \
+        BENCH_ADMIN_KEY=dev-admin-key-change-me token-billing-tools bench throttle-probe \\\n    \
+        --seconds 60 --addresses 1000 --anonymous-per-second 60 --kiosks"
+    )]
+    ThrottleProbe(token_billing::bench::throttle::ProbeArgs),
     /// Seed a scratch database (--database-url) and time reconciliation reports.
     Reconciliation(token_billing::bench::ReconciliationBenchArgs),
     /// Build a long history through the engine on a scratch database
@@ -127,6 +135,9 @@ async fn main() -> ExitCode {
         Tool::Bench {
             target: BenchCommand::AuthFlood(args),
         } => token_billing::bench::flood::run_flood(args).await,
+        Tool::Bench {
+            target: BenchCommand::ThrottleProbe(args),
+        } => token_billing::bench::throttle::run_probe(args).await,
         Tool::Bench {
             target: BenchCommand::Reconciliation(args),
         } => {

@@ -50,6 +50,7 @@ mod reservations;
 mod row_rules;
 mod secrets;
 mod security;
+mod throttle_aim;
 mod throttle_paths;
 mod topup_consumption;
 mod topups;

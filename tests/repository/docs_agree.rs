@@ -1,7 +1,8 @@
 //! The documentation agrees with the code: every public field (a property
 //! of a schema of the OpenAPI document) and every metric is named in the
 //! docs, every docs page is linked from the README, every field of the
-//! finance report is described in the document, and the promised files
+//! finance report is described in the document, every variable has its
+//! row in docs/configuration.md, and the promised files
 //! (LICENSE, CHANGELOG.md, SECURITY.md) exist.
 
 use std::collections::BTreeSet;
@@ -315,6 +316,35 @@ fn the_readme_says_how_to_change_the_port_and_the_database() {
             "the README's serve section does not say --{flag} / {variable}"
         );
     }
+}
+
+/// Every variable the service reads (every command's, `serve`'s included)
+/// has its row in docs/configuration.md, by its name in backticks.
+#[test]
+fn every_variable_is_in_the_configuration_table() {
+    use clap::CommandFactory;
+    fn variables(command: &clap::Command, found: &mut BTreeSet<String>) {
+        found.extend(command.get_arguments().filter_map(|argument| {
+            argument
+                .get_env()
+                .map(|env| env.to_string_lossy().into_owned())
+        }));
+        for subcommand in command.get_subcommands() {
+            variables(subcommand, found);
+        }
+    }
+    let mut found = BTreeSet::new();
+    variables(&token_billing::cli::Cli::command(), &mut found);
+    assert!(found.contains("AUTH_FAILURE_TRACKED_MAX"), "{found:?}");
+    let table = read("docs/configuration.md");
+    let missing: Vec<&String> = found
+        .iter()
+        .filter(|variable| !table.contains(&format!("`{variable}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "not in docs/configuration.md: {missing:?}"
+    );
 }
 
 /// The docs speak of any machine, never of the one they were written on.
