@@ -34,7 +34,7 @@ async fn account_has_balances_etag_and_304() {
         ("credited", json!(0)),
         ("adjusted", json!(0)),
         ("active_reservations", json!(0)),
-        ("max_active_reservations", json!(10)),
+        ("max_active_reservations", json!(50)),
         ("status", json!("active")),
         ("name", json!("Hochzeit Müller")),
     ] {
