@@ -39,8 +39,12 @@ fn a_failing_restart_command_fails_the_chaos_run() {
         .output()
         .expect("run the chaos run");
     let report = String::from_utf8_lossy(&output.stdout);
+    let faults = report
+        .lines()
+        .find(|line| line.starts_with("faults: "))
+        .unwrap_or_default();
     assert!(
-        report.contains(r#"faults: {"postgres_restart": 1}"#),
+        faults.contains(r#""postgres_restart": "#),
         "seed 1 no longer draws a restart first: pick another seed\n{report}"
     );
     assert!(
