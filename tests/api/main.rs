@@ -51,6 +51,7 @@ mod reservations;
 mod row_rules;
 mod secrets;
 mod security;
+mod service_role;
 mod storage;
 mod throttle_paths;
 mod topups;
