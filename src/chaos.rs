@@ -913,6 +913,24 @@ fn summary(seed: u64, journal: &Journal, violations: &[String], elapsed: Duratio
     }
 }
 
+/// Connects to the database just created. With several hosts, libpq
+/// stops at the first server that refuses the connection after it
+/// answered, and a standby that has not yet replayed `CREATE DATABASE`
+/// refuses it ("database … does not exist"): try again for up to 30 s.
+fn connect_once_created(database_url: &str) -> anyhow::Result<PgConnection> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match PgConnection::establish(database_url) {
+            Err(error)
+                if error.to_string().contains("does not exist") && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            connected => return Ok(connected?),
+        }
+    }
+}
+
 /// Runs the chaos run against `database_url` (a scratch database it
 /// recreates). `Ok(false)` when a check failed.
 pub async fn run(database_url: &str, args: ChaosArgs) -> anyhow::Result<bool> {
@@ -931,7 +949,7 @@ pub async fn run(database_url: &str, args: ChaosArgs) -> anyhow::Result<bool> {
     }
     let restart_command = postgres_restart_command(&maintenance, &args)?;
     crate::db::create_database_if_missing(database_url)?;
-    let mut conn = PgConnection::establish(database_url)?;
+    let mut conn = connect_once_created(database_url)?;
     crate::db::run_migrations(&mut conn)?;
     crate::engine::install::install(&mut conn)?;
     drop(conn);

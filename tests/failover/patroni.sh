@@ -54,12 +54,12 @@ now() { date +%s.%N; }
 since() { awk -v start="$1" -v end="$(now)" 'BEGIN { printf "%.1f", end - start }'; }
 say() { echo "patroni: $*" >&2; }
 
-# The nodes run as postgres; setpriv execs (no fork), so $! is the process.
-as_postgres() { setpriv --reuid=postgres --regid=postgres --init-groups -- "$@"; }
+# The nodes run as postgres: setpriv execs (no fork, unlike runuser), so
+# the $! of `setpriv … &` is the node's own process.
 
 start_etcd() {
     local i=$1
-    as_postgres etcd --name "e$i" --data-dir "$dir/etcd$i" \
+    setpriv --reuid=postgres --regid=postgres --init-groups -- etcd --name "e$i" --data-dir "$dir/etcd$i" \
         --listen-client-urls "http://127.0.0.1:$(etcd_client "$i")" \
         --advertise-client-urls "http://127.0.0.1:$(etcd_client "$i")" \
         --listen-peer-urls "http://127.0.0.1:$(etcd_peer "$i")" \
@@ -217,6 +217,8 @@ step() {
             say "SIGKILL to etcd members e${members[0]} and e${members[1]}: no quorum"
             wait_for 90 "the primary to demote itself" no_leader
             say "node$old stopped taking writes $(since "$started") s after the quorum's loss"
+            # Kiosks meet a cluster without a primary for a while (503).
+            sleep 10
             local demoted
             demoted=$(now)
             for m in "${members[@]}"; do start_etcd "$m"; done
