@@ -88,6 +88,16 @@ pub struct ChaosArgs {
     /// from the seed, and replaces the other faults.
     #[arg(long)]
     pub failover_command: Option<String>,
+    /// With `--failover-command`: the failover is one fault among the
+    /// others (SIGKILL, SIGSTOP, restarts), every tenth from the fifth on,
+    /// instead of the run's only fault. A failover command that fails is a
+    /// violation, like a restart command.
+    #[arg(long, requires = "failover_command")]
+    pub failover_among_faults: bool,
+    /// The shortest pause between two faults, in milliseconds; each pause
+    /// is drawn between it and twice it.
+    #[arg(long, default_value_t = 3_000)]
+    pub fault_gap_ms: u64,
 }
 
 /// How long the final recovery may take: every job terminal and every
@@ -585,30 +595,47 @@ async fn top_up(
     }
 }
 
-/// Injects faults on the seed's schedule until `stop`. A restart command
-/// that fails is a violation, and no fault follows it.
+/// What `inject_faults` does to PostgreSQL: the commands that restart it
+/// and fail it over (every tenth fault from the fifth on), and the
+/// shortest pause between two faults.
+struct DatabaseFaults {
+    restart_command: Option<String>,
+    failover_command: Option<String>,
+    gap_ms: u64,
+}
+
+/// Injects faults on the seed's schedule until `stop`. A restart or
+/// failover command that fails is a violation, and no fault follows it.
 async fn inject_faults(
     cluster: Arc<Cluster>,
     journal: Shared,
     client: reqwest::Client,
     mut rng: StdRng,
-    restart_command: Option<String>,
+    database: DatabaseFaults,
     stop: Arc<AtomicBool>,
 ) -> anyhow::Result<()> {
+    let restart_command = database.restart_command;
+    let gap_ms = database.gap_ms.max(1);
+    let mut number = 0u64;
     while !stop.load(Ordering::Relaxed) {
-        tokio::time::sleep(Duration::from_millis(rng.gen_range(3_000..6_000))).await;
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(gap_ms..gap_ms * 2))).await;
         if stop.load(Ordering::Relaxed) {
             break;
         }
+        number += 1;
         let index = rng.gen_range(0..cluster.replicas.len());
         let kinds: &[&'static str] = if restart_command.is_some() {
             &["sigkill", "sigstop", "postgres_restart"]
         } else {
             &["sigkill", "sigstop"]
         };
-        let kind = kinds[rng.gen_range(0..kinds.len())];
+        let drawn = kinds[rng.gen_range(0..kinds.len())];
+        let (kind, command) = match &database.failover_command {
+            Some(failover) if number % 10 == 5 => ("primary_failover", Some(failover)),
+            _ => (drawn, restart_command.as_ref()),
+        };
         *lock(&journal).faults.entry(kind).or_insert(0) += 1;
-        let fault_end = match (kind, &restart_command) {
+        let fault_end = match (kind, command) {
             ("sigkill", _) => {
                 cluster.signal(index, "-KILL");
                 tokio::time::sleep(Duration::from_millis(rng.gen_range(200..1_500))).await;
@@ -626,15 +653,20 @@ async fn inject_faults(
                 let status = run_shell(command).await?;
                 if !status.success() {
                     // The command is not printed: it may hold a password.
+                    let what = if kind == "primary_failover" {
+                        "failover"
+                    } else {
+                        "restart"
+                    };
                     lock(&journal).violations.push(format!(
-                        "the PostgreSQL restart command failed ({status}): the run \
+                        "the PostgreSQL {what} command failed ({status}): the run \
                          injected no fault after it"
                     ));
                     return Ok(());
                 }
                 Instant::now()
             }
-            (_, None) => unreachable!("postgres_restart is drawn only with a command"),
+            (_, None) => unreachable!("a database fault is drawn only with its command"),
         };
         let recovered = await_ready(&client, &cluster, Duration::from_secs(60)).await?;
         let since_fault = fault_end.elapsed().as_secs_f64() * 1000.0;
@@ -873,13 +905,23 @@ fn summary(seed: u64, journal: &Journal, violations: &[String], elapsed: Duratio
     for (kind, ms) in &journal.recoveries_ms {
         by_kind.entry(kind).or_default().push(*ms);
     }
+    let mut worst_of_all: Option<(f64, &str)> = None;
     for (kind, times) in by_kind {
         let worst = times.iter().copied().fold(0.0, f64::max);
         println!(
             "recovery after {kind}: {} faults, worst {worst:.0} ms",
             times.len()
         );
+        if worst_of_all.is_none_or(|(most, _)| worst > most) {
+            worst_of_all = Some((worst, kind));
+        }
     }
+    if let Some((worst, kind)) = worst_of_all {
+        println!("worst recovery: {worst:.0} ms (after {kind})");
+    }
+    let operations: u64 = journal.outcomes.values().sum();
+    let faults: u64 = journal.faults.values().sum();
+    println!("totals: {operations} operations, {faults} faults");
     for ((kind, outcome), count) in &journal.outcomes {
         println!("operations {kind}/{outcome}: {count}");
     }
@@ -1000,10 +1042,12 @@ pub async fn run(database_url: &str, args: ChaosArgs) -> anyhow::Result<bool> {
     // The failover probe's own account: its reservations never compete
     // with the kiosks' few tokens.
     let probe_account = match args.failover_command {
-        Some(_) => set_up_accounts(&client, &cluster.url(0), 1, &mut rng)
-            .await?
-            .pop(),
-        None => None,
+        Some(_) if !args.failover_among_faults => {
+            set_up_accounts(&client, &cluster.url(0), 1, &mut rng)
+                .await?
+                .pop()
+        }
+        _ => None,
     };
     let faults = match (args.failover_command.clone(), probe_account) {
         (Some(command), Some(probe_account)) => tokio::spawn(failover::fail_over_once(
@@ -1022,7 +1066,11 @@ pub async fn run(database_url: &str, args: ChaosArgs) -> anyhow::Result<bool> {
             Arc::clone(&journal),
             client.clone(),
             StdRng::seed_from_u64(seed ^ 0xFA17),
-            restart_command,
+            DatabaseFaults {
+                restart_command,
+                failover_command: args.failover_command.clone(),
+                gap_ms: args.fault_gap_ms,
+            },
             Arc::clone(&stop),
         )),
     };
@@ -1082,12 +1130,10 @@ pub async fn run(database_url: &str, args: ChaosArgs) -> anyhow::Result<bool> {
     );
     let journal = std::mem::take(&mut *lock(&journal));
     let mut violations = check_books(&mut conn, &journal)?;
-    if args.failover_command.is_some() {
-        violations.extend(failover::failover_violations(
-            &journal,
-            SERVER_ERRORS.load(Ordering::Relaxed),
-        ));
-    }
+    violations.extend(failover::failover_violations(
+        &journal,
+        SERVER_ERRORS.load(Ordering::Relaxed),
+    ));
     cluster.stop_all();
     provider_handle.stop(false).await;
     summary(seed, &journal, &violations, started.elapsed());
