@@ -957,14 +957,18 @@ fn summary(seed: u64, journal: &Journal, violations: &[String], elapsed: Duratio
 
 /// Connects to the database just created. With several hosts, libpq
 /// stops at the first server that refuses the connection after it
-/// answered, and a standby that has not yet replayed `CREATE DATABASE`
-/// refuses it ("database … does not exist"): try again for up to 30 s.
+/// answered, and a standby that has not yet replayed the `DROP DATABASE`
+/// and `CREATE DATABASE` refuses it ("database … does not exist", "cannot
+/// connect to invalid database"): try again for up to 30 s.
 fn connect_once_created(database_url: &str) -> anyhow::Result<PgConnection> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         match PgConnection::establish(database_url) {
             Err(error)
-                if error.to_string().contains("does not exist") && Instant::now() < deadline =>
+                if ["does not exist", "invalid database"]
+                    .iter()
+                    .any(|refusal| error.to_string().contains(refusal))
+                    && Instant::now() < deadline =>
             {
                 std::thread::sleep(Duration::from_millis(100));
             }

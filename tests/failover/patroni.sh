@@ -24,6 +24,7 @@
 #                so do writes
 #
 #   tests/failover/patroni.sh [--runs N] [--seconds S] [--seed N] [--steps "host-kill …"]
+#   tests/failover/patroni.sh --scale [--seconds S] [--seed N]   (chaos at scale, below)
 #
 # It fails unless every step's chaos run passes, the first reservation
 # after a host loss is accepted within 30 s, a switchover costs at most 5 s
@@ -226,6 +227,15 @@ step() {
             say "node$(leader) leads again $(since "$demoted") s after the quorum came back"
             wait_for 120 "a synchronous cluster after the quorum's return" synchronous
             ;;
+        pg-restart)
+            # PostgreSQL restarted under Patroni on the primary (fast
+            # shutdown; the leader key stays): the chaos run's restart fault.
+            old=$(leader)
+            [[ -n "$old" ]] || { say "no leader before $name"; return 1; }
+            patronictl_ restart token-billing "node$old" --force >/dev/null
+            wait_for 60 "a leader after the restart" has_leader
+            wait_for 120 "a synchronous cluster after the restart" synchronous
+            ;;
         *) say "unknown step $name"; return 2 ;;
     esac
 }
@@ -240,8 +250,10 @@ runs=1
 seconds=50
 seed=""
 steps="host-kill host-stop switchover etcd-member etcd-quorum"
+scale=0
 while [[ $# -gt 0 ]]; do
     case "$1" in
+        --scale) scale=1; shift ;;
         --runs) runs=$2; shift 2 ;;
         --seconds) seconds=$2; shift 2 ;;
         --seed) seed=$2; shift 2 ;;
@@ -309,7 +321,45 @@ build_cluster() {
     wait_for 180 "a leader, a synchronous standby and an asynchronous replica" synchronous
     say "cluster up in $(since "$started") s: 3 etcd members, node$(leader) leads"
     patronictl_ list
+    # The alerts read metrics this Patroni exports.
+    local exported name
+    exported=$(curl -fsS "http://127.0.0.1:$(rest_port "$(leader)")/metrics")
+    for name in $(grep -o 'patroni_[a-z_]*' "$here/../../prometheus/patroni-alerts.yml" | sort -u); do
+        grep -q "^$name{" <<<"$exported" || { say "Patroni exports no $name (prometheus/patroni-alerts.yml)"; return 1; }
+    done
 }
+
+# Chaos at scale: one seeded chaos run on the cluster, with every fault
+# at once — SIGKILL and SIGSTOP of three replicas (one with its clock 5
+# minutes ahead), PostgreSQL restarts under Patroni, and a host loss of the
+# primary every tenth fault — then its books checked. It fails unless the
+# run passes with at least 10,000 operations, 50 faults and one failover.
+if (( scale )); then
+    build_cluster
+    # shellcheck source=/dev/null
+    source "$dir/secrets"
+    hosts="127.0.0.1:$(pg_port 1),127.0.0.1:$(pg_port 2),127.0.0.1:$(pg_port 3)"
+    url="postgres://postgres:$superuser_password@$hosts/tb_chaos_patroni?target_session_attrs=read-write&connect_timeout=2"
+    set +e
+    RUST_LOG=error "$tools" --database-url "$url" chaos --seed "${seed:-$RANDOM$RANDOM}" \
+        --seconds "$seconds" --replicas 3 --kiosks 16 --accounts 4 --skewed-clock --fault-gap-ms 1000 \
+        --postgres-restart-command "$script --step pg-restart $dir" \
+        --failover-command "$script --step host-kill $dir" --failover-among-faults \
+        2>&1 | grep -v 'simulated drop after success' | tee "$dir/scale.txt"
+    status=${PIPESTATUS[0]}
+    set -e
+    report=$(cat "$dir/scale.txt")
+    operations=$(sed -n 's/^totals: \([0-9]*\) operations, \([0-9]*\) faults$/\1/p' <<<"$report")
+    faults=$(sed -n 's/^totals: \([0-9]*\) operations, \([0-9]*\) faults$/\2/p' <<<"$report")
+    verdict=ok
+    (( status == 0 )) || verdict="chaos run failed (exit $status)"
+    (( ${operations:-0} >= 10000 )) || verdict="only ${operations:-0} operations"
+    (( ${faults:-0} >= 50 )) || verdict="only ${faults:-0} faults"
+    grep -q '"primary_failover": ' <<<"$report" || verdict="no failover"
+    echo "patroni: chaos at scale: ${operations:-?} operations, ${faults:-?} faults, $(grep '^faults: ' <<<"$report"), $(grep '^worst recovery: ' <<<"$report"); $verdict"
+    [[ "$verdict" == ok ]]
+    exit
+fi
 
 failed=0
 summary=()
@@ -319,6 +369,8 @@ for run in $(seq 1 "$runs"); do
     source "$dir/secrets"
     hosts="127.0.0.1:$(pg_port 1),127.0.0.1:$(pg_port 2),127.0.0.1:$(pg_port 3)"
     url="postgres://postgres:$superuser_password@$hosts/tb_chaos_patroni?target_session_attrs=read-write&connect_timeout=2"
+    # The replicas (which inherit it) read reports from a replica.
+    export DATABASE_READ_URL="postgres://postgres:$superuser_password@$hosts/tb_chaos_patroni?target_session_attrs=prefer-standby&connect_timeout=2"
     for name in $steps; do
         run_seed=${seed:-$RANDOM$RANDOM}
         echo "== patroni run $run/$runs, step $name: seed=$run_seed"
