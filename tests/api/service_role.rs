@@ -172,7 +172,7 @@ async fn the_service_runs_as_the_role_the_script_makes_without_superuser() {
         assert_eq!(answer.status(), StatusCode::OK, "{path}");
     }
     let balances: serde_json::Value = client
-        .get(format!("{accounts}"))
+        .get(&accounts)
         .bearer_auth(crate::helpers::ADMIN_KEY)
         .send()
         .await
