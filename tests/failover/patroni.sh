@@ -273,6 +273,14 @@ if (( ${#missing[@]} > 0 )); then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+# The nodes' logs of a failed step, kept for a look afterwards.
+logs=${PATRONI_LOGS:-$here/../../ci-output/patroni}
+keep_logs() {
+    mkdir -p "$logs/$1"
+    cp "$dir"/*.log "$dir"/*.txt "$logs/$1/" 2>/dev/null || true
+    say "the nodes' logs are in $logs/$1"
+}
+
 dir=""
 cleanup() {
     [[ -n "$dir" && -d "$dir" ]] || return 0
@@ -357,7 +365,7 @@ if (( scale )); then
     (( ${faults:-0} >= 50 )) || verdict="only ${faults:-0} faults"
     grep -q '"primary_failover": ' <<<"$report" || verdict="no failover"
     echo "patroni: chaos at scale: ${operations:-?} operations, ${faults:-?} faults, $(grep '^faults: ' <<<"$report"), $(grep '^worst recovery: ' <<<"$report"); $verdict"
-    [[ "$verdict" == ok ]]
+    [[ "$verdict" == ok ]] || { keep_logs scale; exit 1; }
     exit
 fi
 
@@ -401,7 +409,10 @@ for run in $(seq 1 "$runs"); do
                 [[ -z "$others" ]] || verdict="one etcd member lost: kiosks saw {$others}"
                 ;;
         esac
-        [[ "$verdict" == ok ]] || failed=1
+        if [[ "$verdict" != ok ]]; then
+            failed=1
+            keep_logs "run$run-$name"
+        fi
         line="run $run $name: first reserve after the fault ${gap} ms; probe refusals {${others}}; 500s ${errors:-?}; $acknowledged; $verdict"
         summary+=("$line")
         echo "patroni: $line"
