@@ -61,9 +61,19 @@ pub struct ChaosArgs {
     /// Accounts, each with few tokens, shared by the kiosks.
     #[arg(long, default_value_t = 3)]
     pub accounts: usize,
-    /// Also restart PostgreSQL (`pg_ctlcluster … restart -m immediate`).
+    /// Also restart PostgreSQL among the faults: with
+    /// `--postgres-restart-command`, or else the cluster of this machine
+    /// that the database URL reaches (the `pg_lsclusters` entry with its data
+    /// directory: `pg_ctlcluster … restart -m immediate`). A URL that reaches
+    /// no such cluster needs the command.
     #[arg(long)]
     pub restart_postgres: bool,
+    /// The shell command that restarts the PostgreSQL the database URL
+    /// reaches (for example `pg_ctl restart -m immediate -D /srv/pg`); it
+    /// implies `--restart-postgres`. A command that exits non-zero fails the
+    /// run.
+    #[arg(long)]
+    pub postgres_restart_command: Option<String>,
     /// Run the first replica under `faketime` with its clock 5 minutes
     /// ahead: expiry decisions must use the database clock.
     #[arg(long)]
@@ -78,7 +88,22 @@ pub struct ChaosArgs {
     /// from the seed, and replaces the other faults.
     #[arg(long)]
     pub failover_command: Option<String>,
+    /// With `--failover-command`: the failover is one fault among the
+    /// others (SIGKILL, SIGSTOP, restarts), every tenth from the fifth on,
+    /// instead of the run's only fault. A failover command that fails is a
+    /// violation, like a restart command.
+    #[arg(long, requires = "failover_command")]
+    pub failover_among_faults: bool,
+    /// The shortest pause between two faults, in milliseconds; each pause
+    /// is drawn between it and twice it.
+    #[arg(long, default_value_t = 3_000)]
+    pub fault_gap_ms: u64,
 }
+
+/// How long the final recovery may take: every job terminal and every
+/// hold settled, the last abandoned ones expired by a reaper after their
+/// TTL.
+const FINAL_RECOVERY_LIMIT: Duration = Duration::from_secs(90);
 
 /// How long a stopped replica's process group gets between SIGTERM and SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(3);
@@ -570,65 +595,78 @@ async fn top_up(
     }
 }
 
-/// Injects faults on the seed's schedule until `stop`.
+/// What `inject_faults` does to PostgreSQL: the commands that restart it
+/// and fail it over (every tenth fault from the fifth on), and the
+/// shortest pause between two faults.
+struct DatabaseFaults {
+    restart_command: Option<String>,
+    failover_command: Option<String>,
+    gap_ms: u64,
+}
+
+/// Injects faults on the seed's schedule until `stop`. A restart or
+/// failover command that fails is a violation, and no fault follows it.
 async fn inject_faults(
     cluster: Arc<Cluster>,
     journal: Shared,
     client: reqwest::Client,
     mut rng: StdRng,
-    restart_postgres: bool,
+    database: DatabaseFaults,
     stop: Arc<AtomicBool>,
 ) -> anyhow::Result<()> {
+    let restart_command = database.restart_command;
+    let gap_ms = database.gap_ms.max(1);
+    let mut number = 0u64;
     while !stop.load(Ordering::Relaxed) {
-        tokio::time::sleep(Duration::from_millis(rng.gen_range(3_000..6_000))).await;
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(gap_ms..gap_ms * 2))).await;
         if stop.load(Ordering::Relaxed) {
             break;
         }
+        number += 1;
         let index = rng.gen_range(0..cluster.replicas.len());
-        let kinds: &[&'static str] = if restart_postgres {
+        let kinds: &[&'static str] = if restart_command.is_some() {
             &["sigkill", "sigstop", "postgres_restart"]
         } else {
             &["sigkill", "sigstop"]
         };
-        let kind = kinds[rng.gen_range(0..kinds.len())];
+        let drawn = kinds[rng.gen_range(0..kinds.len())];
+        let (kind, command) = match &database.failover_command {
+            Some(failover) if number % 10 == 5 => ("primary_failover", Some(failover)),
+            _ => (drawn, restart_command.as_ref()),
+        };
         *lock(&journal).faults.entry(kind).or_insert(0) += 1;
-        let fault_end = match kind {
-            "sigkill" => {
+        let fault_end = match (kind, command) {
+            ("sigkill", _) => {
                 cluster.signal(index, "-KILL");
                 tokio::time::sleep(Duration::from_millis(rng.gen_range(200..1_500))).await;
                 cluster.restart(index)?;
                 Instant::now()
             }
-            "sigstop" => {
+            ("sigstop", _) => {
                 // Longer than the lease and the TTL: its late writes must be fenced off.
                 cluster.signal(index, "-STOP");
                 tokio::time::sleep(Duration::from_secs(TTL_SECONDS + 2)).await;
                 cluster.signal(index, "-CONT");
                 Instant::now()
             }
-            _ => {
-                let version = std::fs::read_dir("/etc/postgresql")?
-                    .filter_map(|entry| {
-                        entry
-                            .ok()
-                            .map(|entry| entry.file_name().to_string_lossy().into_owned())
-                    })
-                    .max()
-                    .unwrap_or_else(|| "15".into());
-                Command::new("pg_ctlcluster")
-                    .args([
-                        "--skip-systemctl-redirect",
-                        &version,
-                        "main",
-                        "restart",
-                        "-m",
-                        "immediate",
-                    ])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .status()?;
+            (_, Some(command)) => {
+                let status = run_shell(command).await?;
+                if !status.success() {
+                    // The command is not printed: it may hold a password.
+                    let what = if kind == "primary_failover" {
+                        "failover"
+                    } else {
+                        "restart"
+                    };
+                    lock(&journal).violations.push(format!(
+                        "the PostgreSQL {what} command failed ({status}): the run \
+                         injected no fault after it"
+                    ));
+                    return Ok(());
+                }
                 Instant::now()
             }
+            (_, None) => unreachable!("a database fault is drawn only with its command"),
         };
         let recovered = await_ready(&client, &cluster, Duration::from_secs(60)).await?;
         let since_fault = fault_end.elapsed().as_secs_f64() * 1000.0;
@@ -637,6 +675,81 @@ async fn inject_faults(
             .push((kind, recovered.max(since_fault)));
     }
     Ok(())
+}
+
+/// Runs `command` with `sh -c` (its output goes to stderr); its status.
+async fn run_shell(command: &str) -> anyhow::Result<std::process::ExitStatus> {
+    let command = command.to_owned();
+    Ok(tokio::task::spawn_blocking(move || {
+        Command::new("sh")
+            .arg("-c")
+            .arg(&command)
+            .stdout(Stdio::null())
+            .status()
+    })
+    .await??)
+}
+
+/// The command that restarts PostgreSQL for the run's `postgres_restart`
+/// faults: `--postgres-restart-command`; else, with `--restart-postgres`,
+/// `pg_ctlcluster … restart -m immediate` of the cluster of this machine
+/// whose data directory is the one the database URL reaches (asked of the
+/// server itself, so that the URL is honoured); else none.
+fn postgres_restart_command(
+    maintenance_url: &str,
+    args: &ChaosArgs,
+) -> anyhow::Result<Option<String>> {
+    if let Some(command) = &args.postgres_restart_command {
+        return Ok(Some(command.clone()));
+    }
+    if !args.restart_postgres {
+        return Ok(None);
+    }
+    #[derive(QueryableByName)]
+    struct Setting {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        setting: String,
+    }
+    let mut conn = PgConnection::establish(maintenance_url)?;
+    let data_directory = diesel::sql_query("SELECT current_setting('data_directory') AS setting")
+        .get_result::<Setting>(&mut conn)
+        .map_err(|error| {
+            anyhow::anyhow!(
+                "--restart-postgres: cannot ask the server for its data directory ({error}); \
+                 say how to restart it with --postgres-restart-command"
+            )
+        })?
+        .setting;
+    let listed = Command::new("pg_lsclusters")
+        .arg("--no-header")
+        .output()
+        .map(|output| String::from_utf8_lossy(&output.stdout).into_owned())
+        .unwrap_or_default();
+    cluster_restart_command(&listed, &data_directory)
+        .map(Some)
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "--restart-postgres: the database URL reaches the server of {data_directory}, \
+                 which is no cluster of this machine's pg_lsclusters; say how to restart it \
+                 with --postgres-restart-command"
+            )
+        })
+}
+
+/// The `pg_ctlcluster` restart of the cluster with `data_directory` among
+/// `pg_lsclusters --no-header` lines (version, name, port, status, owner,
+/// data directory, log file).
+fn cluster_restart_command(listed: &str, data_directory: &str) -> Option<String> {
+    let wanted = data_directory.trim_end_matches('/');
+    listed.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        (fields.len() >= 6 && fields[5].trim_end_matches('/') == wanted).then(|| {
+            format!(
+                "pg_ctlcluster --skip-systemctl-redirect {} {} restart -m immediate",
+                fields[0], fields[1]
+            )
+        })
+    })
 }
 
 #[derive(QueryableByName)]
@@ -666,6 +779,9 @@ fn check_books(conn: &mut PgConnection, journal: &Journal) -> anyhow::Result<Vec
         // charged twice is more committed in the ledger than on the row.
         ("jobs charged twice", "SELECT count(*) AS count FROM (SELECT e.reservation_id FROM ledger_entries e JOIN reservations r ON r.id = e.reservation_id WHERE e.kind = 'commit' GROUP BY e.reservation_id HAVING sum(e.amount) > max(r.committed_amount)) twice"),
         ("held reservations past their expiry", "SELECT count(*) AS count FROM reservations WHERE state = 'held' AND expires_at < now()"),
+        // Nothing holds tokens once the workload has stopped and every TTL
+        // has run out (`FINAL_RECOVERY_LIMIT` is longer than the TTL).
+        ("reservations still held after the final recovery", "SELECT count(*) AS count FROM reservations WHERE state = 'held'"),
         ("jobs not terminal", "SELECT count(*) AS count FROM generation_jobs WHERE status IN ('queued', 'running')"),
         ("succeeded jobs without a committed reservation", "SELECT count(*) AS count FROM generation_jobs j JOIN reservations r ON r.id = j.reservation_id WHERE j.status = 'succeeded' AND r.state <> 'committed'"),
         ("failed jobs with a committed reservation", "SELECT count(*) AS count FROM generation_jobs j JOIN reservations r ON r.id = j.reservation_id WHERE j.status = 'failed' AND r.state = 'committed'"),
@@ -789,13 +905,23 @@ fn summary(seed: u64, journal: &Journal, violations: &[String], elapsed: Duratio
     for (kind, ms) in &journal.recoveries_ms {
         by_kind.entry(kind).or_default().push(*ms);
     }
+    let mut worst_of_all: Option<(f64, &str)> = None;
     for (kind, times) in by_kind {
         let worst = times.iter().copied().fold(0.0, f64::max);
         println!(
             "recovery after {kind}: {} faults, worst {worst:.0} ms",
             times.len()
         );
+        if worst_of_all.is_none_or(|(most, _)| worst > most) {
+            worst_of_all = Some((worst, kind));
+        }
     }
+    if let Some((worst, kind)) = worst_of_all {
+        println!("worst recovery: {worst:.0} ms (after {kind})");
+    }
+    let operations: u64 = journal.outcomes.values().sum();
+    let faults: u64 = journal.faults.values().sum();
+    println!("totals: {operations} operations, {faults} faults");
     for ((kind, outcome), count) in &journal.outcomes {
         println!("operations {kind}/{outcome}: {count}");
     }
@@ -829,6 +955,28 @@ fn summary(seed: u64, journal: &Journal, violations: &[String], elapsed: Duratio
     }
 }
 
+/// Connects to the database just created. With several hosts, libpq
+/// stops at the first server that refuses the connection after it
+/// answered, and a standby that has not yet replayed the `DROP DATABASE`
+/// and `CREATE DATABASE` refuses it ("database … does not exist", "cannot
+/// connect to invalid database"): try again for up to 30 s.
+fn connect_once_created(database_url: &str) -> anyhow::Result<PgConnection> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match PgConnection::establish(database_url) {
+            Err(error)
+                if ["does not exist", "invalid database"]
+                    .iter()
+                    .any(|refusal| error.to_string().contains(refusal))
+                    && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            connected => return Ok(connected?),
+        }
+    }
+}
+
 /// Runs the chaos run against `database_url` (a scratch database it
 /// recreates). `Ok(false)` when a check failed.
 pub async fn run(database_url: &str, args: ChaosArgs) -> anyhow::Result<bool> {
@@ -845,8 +993,9 @@ pub async fn run(database_url: &str, args: ChaosArgs) -> anyhow::Result<bool> {
         diesel::sql_query(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
             .execute(&mut admin)?;
     }
+    let restart_command = postgres_restart_command(&maintenance, &args)?;
     crate::db::create_database_if_missing(database_url)?;
-    let mut conn = PgConnection::establish(database_url)?;
+    let mut conn = connect_once_created(database_url)?;
     crate::db::run_migrations(&mut conn)?;
     crate::engine::install::install(&mut conn)?;
     drop(conn);
@@ -897,10 +1046,12 @@ pub async fn run(database_url: &str, args: ChaosArgs) -> anyhow::Result<bool> {
     // The failover probe's own account: its reservations never compete
     // with the kiosks' few tokens.
     let probe_account = match args.failover_command {
-        Some(_) => set_up_accounts(&client, &cluster.url(0), 1, &mut rng)
-            .await?
-            .pop(),
-        None => None,
+        Some(_) if !args.failover_among_faults => {
+            set_up_accounts(&client, &cluster.url(0), 1, &mut rng)
+                .await?
+                .pop()
+        }
+        _ => None,
     };
     let faults = match (args.failover_command.clone(), probe_account) {
         (Some(command), Some(probe_account)) => tokio::spawn(failover::fail_over_once(
@@ -919,7 +1070,11 @@ pub async fn run(database_url: &str, args: ChaosArgs) -> anyhow::Result<bool> {
             Arc::clone(&journal),
             client.clone(),
             StdRng::seed_from_u64(seed ^ 0xFA17),
-            args.restart_postgres,
+            DatabaseFaults {
+                restart_command,
+                failover_command: args.failover_command.clone(),
+                gap_ms: args.fault_gap_ms,
+            },
             Arc::clone(&stop),
         )),
     };
@@ -951,8 +1106,9 @@ pub async fn run(database_url: &str, args: ChaosArgs) -> anyhow::Result<bool> {
     faults.await??;
     finance.await?;
 
-    // Recovery: every replica up; every job terminal; no held reservation
-    // past its expiry (the reapers run every 2 s).
+    // Recovery: every replica up; every job terminal; every reservation
+    // settled or expired, the last abandoned holds included: their TTL runs
+    // past the workload, and the reapers (every 2 s) must expire them too.
     for index in 0..args.replicas {
         cluster.signal(index, "-CONT");
     }
@@ -960,9 +1116,14 @@ pub async fn run(database_url: &str, args: ChaosArgs) -> anyhow::Result<bool> {
     let recovery_started = Instant::now();
     let mut conn = PgConnection::establish(database_url)?;
     loop {
-        let open = count(&mut conn, "SELECT count(*) AS count FROM generation_jobs WHERE status IN ('queued', 'running')")?
-            + count(&mut conn, "SELECT count(*) AS count FROM reservations WHERE state = 'held' AND expires_at < now()")?;
-        if open == 0 || recovery_started.elapsed() > Duration::from_secs(90) {
+        let open = count(
+            &mut conn,
+            "SELECT count(*) AS count FROM generation_jobs WHERE status IN ('queued', 'running')",
+        )? + count(
+            &mut conn,
+            "SELECT count(*) AS count FROM reservations WHERE state = 'held'",
+        )?;
+        if open == 0 || recovery_started.elapsed() > FINAL_RECOVERY_LIMIT {
             break;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -973,14 +1134,32 @@ pub async fn run(database_url: &str, args: ChaosArgs) -> anyhow::Result<bool> {
     );
     let journal = std::mem::take(&mut *lock(&journal));
     let mut violations = check_books(&mut conn, &journal)?;
-    if args.failover_command.is_some() {
-        violations.extend(failover::failover_violations(
-            &journal,
-            SERVER_ERRORS.load(Ordering::Relaxed),
-        ));
-    }
+    violations.extend(failover::failover_violations(
+        &journal,
+        SERVER_ERRORS.load(Ordering::Relaxed),
+    ));
     cluster.stop_all();
     provider_handle.stop(false).await;
     summary(seed, &journal, &violations, started.elapsed());
     Ok(violations.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cluster_restart_command;
+
+    #[test]
+    fn the_restart_command_is_the_cluster_with_the_servers_data_directory() {
+        let listed = "15 main  5432 online postgres /var/lib/postgresql/15/main /var/log/postgresql/postgresql-15-main.log\n\
+                      15 other 5433 online postgres /srv/pg/other /var/log/postgresql/postgresql-15-other.log\n";
+        assert_eq!(
+            cluster_restart_command(listed, "/srv/pg/other/").as_deref(),
+            Some("pg_ctlcluster --skip-systemctl-redirect 15 other restart -m immediate")
+        );
+        assert_eq!(
+            cluster_restart_command(listed, "/var/lib/postgresql/15/main").as_deref(),
+            Some("pg_ctlcluster --skip-systemctl-redirect 15 main restart -m immediate")
+        );
+        assert_eq!(cluster_restart_command(listed, "/tmp/private"), None);
+    }
 }

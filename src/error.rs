@@ -140,7 +140,8 @@ impl ApiError {
                 format!("not enough available tokens ({available} available)")
             }
             ApiError::Unavailable(_) => {
-                "the database is unreachable or switching to a new primary; retry later: a retry \
+                "the database is unreachable, switching to a new primary or unable to write its \
+                 files (a full disk); retry later: a retry \
                  of the same request (same request_id, external_ref or Idempotency-Key) is \
                  answered as the first attempt would have been and never applies anything twice"
                     .to_owned()
@@ -291,6 +292,16 @@ impl From<diesel::result::Error> for ApiError {
             {
                 ApiError::Unavailable(info.message().to_owned())
             }
+            // The server cannot write its files (a full disk or tablespace,
+            // a file system gone read-only, an I/O error): the statement was
+            // rolled back, the connection is sound, and writes come back
+            // when the storage does. Like every "the server takes no writes"
+            // state, a 503 to retry, never a 500 a kiosk gives up on.
+            Error::DatabaseError(DatabaseErrorKind::Unknown, ref info)
+                if is_storage_message(info.message()) =>
+            {
+                ApiError::Unavailable(info.message().to_owned())
+            }
             // COMMIT failed and so did the ROLLBACK after it: what counts is
             // why the commit failed (a lost connection, typically).
             Error::RollbackErrorOnCommit { commit_error, .. } => ApiError::from(*commit_error),
@@ -320,6 +331,22 @@ fn is_connection_lost_message(message: &str) -> bool {
         "read-only transaction",
     ];
     LOST.iter().any(|needle| message.contains(needle))
+}
+
+/// Messages of a server that cannot write (or read) its files: the
+/// operating system's words for ENOSPC, EDQUOT, EROFS and EIO, which
+/// PostgreSQL puts after the file it could not extend, write or open
+/// (`could not extend file "…": No space left on device`). The server's
+/// `lc_messages` must be English (`C`, the default of `initdb` without a
+/// locale, or `en_*`) for these and the other messages here to be read.
+fn is_storage_message(message: &str) -> bool {
+    const STORAGE: [&str; 4] = [
+        "No space left on device",
+        "Disk quota exceeded",
+        "Read-only file system",
+        "Input/output error",
+    ];
+    STORAGE.iter().any(|needle| message.contains(needle))
 }
 
 fn is_transient_message(message: &str) -> bool {
@@ -611,6 +638,28 @@ mod tests {
         assert!(matches!(api, ApiError::Unavailable(_)) && !marked);
         let (api, marked) = classify(database(DatabaseErrorKind::Unknown, "division by zero"));
         assert!(matches!(api, ApiError::Internal(_)) && !marked, "{api:?}");
+    }
+
+    /// A server that cannot write its files answers 503 (retry), not 500,
+    /// and the connection stays in the pool: it is sound. The messages are
+    /// PostgreSQL 15's.
+    #[test]
+    fn storage_errors_are_unavailable_and_keep_the_connection() {
+        use diesel::result::{DatabaseErrorKind, Error};
+        for message in [
+            "could not extend file \"pg_tblspc/16385/PG_15_202209061/16386/16390\": No space left on device",
+            "could not write to file \"base/pgsql_tmp/pgsql_tmp4242.0\": No space left on device",
+            "could not extend file \"base/16384/16390\": Disk quota exceeded",
+            "could not open file \"pg_tblspc/16385/PG_15_202209061/16386/16390\": Read-only file system",
+            "could not read block 3 in file \"base/16384/16390\": Input/output error",
+        ] {
+            let error = Error::DatabaseError(DatabaseErrorKind::Unknown, Box::new(message.to_owned()));
+            let (api, marked) = std::thread::spawn(move || (ApiError::from(error), lost_on_this_thread()))
+                .join()
+                .expect("thread");
+            assert!(matches!(api, ApiError::Unavailable(_)), "{message} → {api:?}");
+            assert!(!marked, "{message} marked a sound connection");
+        }
     }
 
     fn schema_json<T: PartialSchema>() -> Value {

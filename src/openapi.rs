@@ -210,7 +210,7 @@ impl Modify for BearerScheme {
             ),
             (
                 "503",
-                problem("Database unreachable or switching to a new primary; retry the same request (idempotent)")
+                problem("Database unreachable, switching to a new primary or unable to write (a full disk); retry the same request (idempotent)")
                     .header("Retry-After", retry_after())
                     .build(),
             ),

@@ -182,8 +182,9 @@ fn missing(conn: &mut PgConnection, sql: &str, seen: &[Uuid]) -> anyhow::Result<
     Ok(i64::try_from(distinct.len())? - found)
 }
 
-/// What only a failover run requires: no 500 answer, and the service took
-/// reservations again after the kill.
+/// What every run requires of the answers: no 500 (a database that is
+/// away, restarting, failing over or full is a 503); and, after a
+/// failover run's kill, that the service took reservations again.
 pub(super) fn failover_violations(journal: &Journal, server_errors: u64) -> Vec<String> {
     let mut violations = Vec::new();
     if server_errors > 0 {

@@ -23,7 +23,7 @@ use crate::error::ApiError;
 mod failover;
 pub mod read_replica;
 
-pub use failover::{connection_lost, lost_on_this_thread, FailoverAwareManager};
+pub use failover::{connection_lost, lost_on_this_thread, FailoverAwareManager, IDLE_CHECK};
 
 pub type DbPool = Pool<FailoverAwareManager>;
 
@@ -100,7 +100,8 @@ pub fn build_pool_with(
         .min_idle(Some(size.min(2)))
         .connection_timeout(checkout_timeout)
         // r2d2 calls `is_valid` on every checkout; the manager's costs
-        // nothing (no `SELECT 1`) except shortly after a lost connection.
+        // nothing (no `SELECT 1`) except shortly after a lost connection
+        // and for a connection idle for `IDLE_CHECK` or longer.
         .test_on_check_out(true)
         .connection_customizer(Box::new(SessionLimits))
         .build_unchecked(manager)

@@ -144,6 +144,28 @@ async fn workers_resume_after_their_connections_die() {
     );
 }
 
+/// A pooled connection that sat idle while its server process went away
+/// (a fast restart that no request saw: the pool was quiet) is checked
+/// before it is handed out, so the first request after the lull gets a
+/// live connection. Only this test uses the pool: no other request can
+/// find the loss first and warn the pool.
+#[test]
+fn a_dead_idle_connection_is_checked_before_it_is_handed_out() {
+    let database = TestDatabase::create();
+    let pool = token_billing::db::build_pool(&database.url, 2);
+    diesel::sql_query("SELECT 1")
+        .execute(&mut pool.get().expect("a connection"))
+        .expect("a first statement");
+    let mut admin = PgConnection::establish(&database.url).expect("connect");
+    let killed = terminate_backends(&mut admin, &database.name);
+    assert!(killed >= 1, "no pooled connection to kill");
+    // The connections must be idle for the bound itself: nothing to poll.
+    std::thread::sleep(token_billing::db::IDLE_CHECK + std::time::Duration::from_millis(500));
+    diesel::sql_query("SELECT 1")
+        .execute(&mut pool.get().expect("a connection"))
+        .expect("the pool handed out a dead connection");
+}
+
 /// The service and the CLI take libpq's multi-host form: the first host
 /// is down, the second is the primary.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,3 +9,4 @@ mod deployment;
 mod docs_agree;
 mod docs_blocks;
 mod frozen_files;
+mod patroni;
