@@ -612,7 +612,18 @@ fn for_generators(document: &mut serde_json::Value) {
             .and_then(|properties| properties.get_mut(property))
         {
             let description = slot.get("description").cloned();
-            let mut reference = json!({"$ref": format!("#/components/schemas/{state}")});
+            let nullable = slot
+                .get("type")
+                .and_then(Value::as_array)
+                .is_some_and(|kinds| kinds.iter().any(|kind| kind == "null"));
+            let state = json!({"$ref": format!("#/components/schemas/{state}")});
+            // An optional member stays nullable: a PATCH's `"status": null`
+            // leaves the status as it is, as for its other members.
+            let mut reference = if nullable {
+                json!({"oneOf": [state, {"type": "null"}]})
+            } else {
+                state
+            };
             if let Some(description) = description {
                 // OpenAPI 3.1: a $ref may have a description beside it.
                 reference["description"] = description;
