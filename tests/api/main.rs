@@ -53,6 +53,7 @@ mod secrets;
 mod security;
 mod service_role;
 mod storage;
+mod sync_commit;
 mod throttle_aim;
 mod throttle_paths;
 mod topup_consumption;

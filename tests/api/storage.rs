@@ -26,7 +26,7 @@ use crate::helpers::{assert_account_invariants, FakeProvider};
 const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
 
 /// A PostgreSQL cluster of the test's own, removed (with its mounts) on drop.
-struct PrivateCluster {
+pub(crate) struct PrivateCluster {
     dir: PathBuf,
     port: u16,
     mounts: Vec<PathBuf>,
@@ -48,7 +48,7 @@ fn as_postgres(program: &str) -> Command {
 }
 
 impl PrivateCluster {
-    fn start() -> PrivateCluster {
+    pub(crate) fn start() -> PrivateCluster {
         let dir = std::env::temp_dir().join(format!("tb-storage-{}", Uuid::new_v4().simple()));
         std::fs::create_dir(&dir).expect("a temporary directory");
         let cluster = PrivateCluster {
@@ -81,7 +81,7 @@ impl PrivateCluster {
         cluster
     }
 
-    fn url(&self, database: &str) -> String {
+    pub(crate) fn url(&self, database: &str) -> String {
         format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
     }
 
