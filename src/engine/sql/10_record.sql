@@ -217,10 +217,13 @@ $$;
 -- (engine_topup_due, engine_topup_evaluate). The caller holds the
 -- accounts' row locks. Returns the entries, in order.
 --
--- Two statements: the balances and the entries, then the events — only
--- when one of the batch's accounts can have one (a threshold set, a
--- credit, adjustment or expiry, a balance reaching 0). Most movements
--- write no event, and a smaller statement starts faster.
+-- A statement per table that has rows to write: the reservations made,
+-- those changed, then the balances, grants and entries in one, then the
+-- events — only when one of the batch's accounts can have one (a threshold
+-- set, a credit, adjustment or expiry, a balance reaching 0). A statement
+-- starts (ExecutorStart) every table it names, rows or none: a reserve
+-- never starts the reservations' UPDATE, a commit never their INSERT
+-- (about 10 % of a lone cycle, docs/decisions/0001-one-engine.md).
 CREATE FUNCTION engine_record(p_moves engine_movement[], p_made engine_reservation[] DEFAULT '{}',
     p_changed engine_reservation[] DEFAULT '{}', p_jobs engine_job[] DEFAULT '{}')
 RETURNS ledger_entries[]
@@ -241,28 +244,24 @@ BEGIN
                j.reservation_id
         FROM unnest(p_jobs) j;
     END IF;
-    IF cardinality(p_moves) = 0 THEN
-        -- (An extension: the reservation's row alone.)
-        UPDATE reservations r SET expires_at = c.expires_at
-        FROM unnest(p_changed) c
-        WHERE r.id = c.id AND r.id = ANY (ARRAY(SELECT x.id FROM unnest(p_changed) x));
-        RETURN '{}';
-    END IF;
-    WITH made AS (
+    IF cardinality(p_made) > 0 THEN
         INSERT INTO reservations (id, account_id, request_id, amount, requested_ttl_seconds, state,
             committed_amount, expires_at, job_id, created_at, resolved_at, draws)
         SELECT r.id, r.account_id, r.request_id, r.amount, r.requested_ttl_seconds, r.state,
                r.committed_amount, r.expires_at, r.job_id, r.created_at, r.resolved_at, r.draws
-        FROM unnest(p_made) r
-        RETURNING 1
-    ), changed AS (
+        FROM unnest(p_made) r;
+    END IF;
+    IF cardinality(p_changed) > 0 THEN
         UPDATE reservations r
         SET state = c.state, committed_amount = c.committed_amount, resolved_at = c.resolved_at,
             expires_at = c.expires_at
         FROM unnest(p_changed) c
-        WHERE r.id = c.id AND r.id = ANY (ARRAY(SELECT x.id FROM unnest(p_changed) x))
-        RETURNING 1
-    ), moves AS (
+        WHERE r.id = c.id AND r.id = ANY (ARRAY(SELECT x.id FROM unnest(p_changed) x));
+    END IF;
+    IF cardinality(p_moves) = 0 THEN
+        RETURN '{}'; -- (an extension: the reservation's row alone)
+    END IF;
+    WITH moves AS (
         SELECT m.*, d.available AS d_available, d.reserved AS d_reserved, d.used AS d_used,
                d.credited AS d_credited, d.adjusted AS d_adjusted, d.grant_expired AS d_grant_expired
         FROM unnest(p_moves) WITH ORDINALITY AS m (account, kind, amount, active_delta, reservation,
