@@ -222,8 +222,7 @@ $$;
 -- events — only when one of the batch's accounts can have one (a threshold
 -- set, a credit, adjustment or expiry, a balance reaching 0). A statement
 -- starts (ExecutorStart) every table it names, rows or none: a reserve
--- never starts the reservations' UPDATE, a commit never their INSERT
--- (about 10 % of a lone cycle, docs/decisions/0001-one-engine.md).
+-- never starts the reservations' UPDATE, a commit never their INSERT.
 CREATE FUNCTION engine_record(p_moves engine_movement[], p_made engine_reservation[] DEFAULT '{}',
     p_changed engine_reservation[] DEFAULT '{}', p_jobs engine_job[] DEFAULT '{}')
 RETURNS ledger_entries[]
