@@ -166,6 +166,11 @@ DECLARE
     r record;
     mark text;
     finishes boolean := false;
+    named uuid[] := '{}';     -- the accounts the operations name
+    locked record;
+    -- (What engine_record wrote: assigned, not PERFORMed — a function call
+    -- assigned to a variable skips the executor's start-up.)
+    written ledger_entries[];
 BEGIN
     IF batch = 0 THEN
         RETURN;
@@ -177,9 +182,11 @@ BEGIN
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
         finishes := finishes OR p_ops[i].op = 'finish_job';
+        named := named || p_ops[i].account;
     END LOOP;
-    SELECT l.ids, l.accounts INTO ids, accts
-    FROM engine_lock_accounts(ARRAY(SELECT u.account FROM unnest(p_ops) u)) l;
+    locked := engine_lock_accounts(named);
+    ids := locked.ids;
+    accts := locked.accounts;
     IF finishes THEN
         PERFORM 1 FROM generation_jobs g
         WHERE g.id = ANY (ARRAY(SELECT u.job FROM unnest(p_ops) u WHERE u.op = 'finish_job'))
@@ -206,12 +213,12 @@ BEGIN
         IF (cardinality(moves) > 0 OR cardinality(changed) > 0)
            AND (o.op IN ('credit', 'adjust', 'finish_job') OR mark = ANY (touched)
                 OR (o.op IN ('reserve', 'create_job') AND returned[j])) THEN
-            PERFORM engine_record(moves, made, changed, jobs);
+            written := engine_record(moves, made, changed, jobs);
             moves := '{}'; made := '{}'; changed := '{}'; jobs := '{}'; touched := '{}';
             spent := array_fill(0::bigint, ARRAY[cardinality(ids)]);
             returned := array_fill(false, ARRAY[cardinality(ids)]);
             -- (A top-up may have moved an account meanwhile.)
-            SELECT l.accounts INTO accts FROM engine_lock_accounts(ids) l;
+            accts := (engine_lock_accounts(ids)).accounts;
         END IF;
         IF o.op IN ('credit', 'adjust', 'finish_job') THEN
             IF o.op = 'finish_job' THEN
@@ -235,7 +242,7 @@ BEGIN
                 outcome := r.outcome; detail := r.detail; object := r.object;
             END IF;
             IF j IS NOT NULL THEN
-                SELECT l.accounts INTO accts FROM engine_lock_accounts(ids) l;
+                accts := (engine_lock_accounts(ids)).accounts;
             END IF;
             RETURN NEXT;
             CONTINUE;
@@ -248,13 +255,13 @@ BEGIN
                 -- A grant lapses first: written (after the pending writes),
                 -- and the decision is taken again.
                 IF cardinality(moves) > 0 OR cardinality(changed) > 0 THEN
-                    PERFORM engine_record(moves, made, changed, jobs);
+                    written := engine_record(moves, made, changed, jobs);
                     moves := '{}'; made := '{}'; changed := '{}'; jobs := '{}'; touched := '{}';
                     spent := array_fill(0::bigint, ARRAY[cardinality(ids)]);
                     returned := array_fill(false, ARRAY[cardinality(ids)]);
                 END IF;
                 PERFORM engine_lapse_grants(ARRAY[o.account], at);
-                SELECT l.accounts INTO accts FROM engine_lock_accounts(ids) l;
+                accts := (engine_lock_accounts(ids)).accounts;
                 a := accts[j];
             END LOOP;
             op_moves := '{}';
@@ -292,7 +299,7 @@ BEGIN
         RETURN NEXT;
     END LOOP;
     IF cardinality(moves) > 0 OR cardinality(changed) > 0 THEN
-        PERFORM engine_record(moves, made, changed, jobs);
+        written := engine_record(moves, made, changed, jobs);
     END IF;
     IF cardinality(stale) > 0 THEN
         PERFORM engine_touch_keys(stale);
