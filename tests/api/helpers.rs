@@ -16,7 +16,7 @@ use token_billing::db;
 use token_billing::db::models::{JobRow, ReservationRow};
 use token_billing::domain::jobs::JobRequest;
 use token_billing::domain::ledger::{replay, Balances};
-use token_billing::domain::types::{AccountId, ExternalRef, RequestId, Tokens};
+use token_billing::engine::types::{AccountId, ExternalRef, RequestId, Tokens};
 use token_billing::engine::{Authority, Op, Operation};
 use token_billing::error::ApiError;
 use token_billing::provider::fake::FakeBackend;
