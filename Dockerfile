@@ -8,13 +8,16 @@ WORKDIR /src
 # stand-ins for the project's sources, so that this layer is reused from
 # Docker's cache until Cargo.toml or Cargo.lock change, and a source change
 # rebuilds only the project itself (seconds, not minutes).
+# The workspace also names the tools' package (tools/): cargo reads its
+# manifest, but the image never builds it.
 COPY Cargo.toml Cargo.lock ./
-# (Every binary target Cargo.toml names needs a stand-in for cargo to read it.)
-RUN mkdir -p src/bin \
-    && for target in src/main.rs $(grep -o 'src/bin/[A-Za-z0-9_-]*\.rs' Cargo.toml); do \
+COPY tools/Cargo.toml ./tools/
+# (Every target the manifests name needs a stand-in for cargo to read them.)
+RUN mkdir -p src tools/src \
+    && for target in src/main.rs tools/src/main.rs; do \
          echo 'fn main() {}' > "$target"; \
        done \
-    && touch src/lib.rs \
+    && touch src/lib.rs tools/src/lib.rs \
     && cargo build --release --locked --bin token-billing \
     && rm -rf src
 # The project. `touch` makes its files newer than the stand-ins', so cargo

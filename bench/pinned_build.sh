@@ -86,8 +86,13 @@ for attempt in 1 2 3; do
   copied=0
   for name in $names; do
     main_source=src/main.rs
-    [ "$name" = token-billing-tools ] && main_source=src/bin/token-billing-tools.rs
-    ours "$name" "$main_source" || continue
+    # The tools' binary: tools/src/main.rs since the workspace, before it
+    # src/bin/token-billing-tools.rs.
+    if [ "$name" = token-billing-tools ]; then
+      ours "$name" tools/src/main.rs || ours "$name" src/bin/token-billing-tools.rs || continue
+    else
+      ours "$name" "$main_source" || continue
+    fi
     if [ "$status" -ne 0 ]; then # a failed build: put back what it linked
       restore_uplifted "$name"
       continue

@@ -1,7 +1,5 @@
 //! token-billing: prepaid token billing for AI photo kiosks.
 
-pub mod bench;
-pub mod chaos;
 pub mod cli;
 pub mod coalesce;
 pub mod config;

@@ -17,7 +17,8 @@ use utoipa::{Modify, OpenApi};
 use crate::domain::{
     accounts, api_keys, audit, checks, credits, events, history, idempotency, jobs, ledger,
 };
-use crate::domain::{grants, reconciliation, reservations, system, topups, types};
+use crate::domain::{grants, reconciliation, reservations, system, topups};
+use crate::engine::types;
 use crate::error::{ApiError, ExistingBooking, Problem, ProblemCode};
 use crate::routes;
 use crate::webhooks::endpoints;

@@ -27,10 +27,10 @@ use crate::config::{
     PROVIDER_POLL_MAX, WORKER_IDLE_POLL,
 };
 use crate::db::models::JobRow;
+use crate::db::states::JobStatus;
 use crate::db::DbPool;
 use crate::domain::job_leases::{self, Fenced, JobError};
 use crate::domain::jobs::terminal_among;
-use crate::domain::states::JobStatus;
 use crate::error::ApiError;
 use crate::job_watch::JobSignals;
 use crate::metrics::Metrics;

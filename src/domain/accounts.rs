@@ -7,10 +7,10 @@ use uuid::Uuid;
 
 use crate::db::models::{AccountRow, NewAccount};
 use crate::db::schema::accounts;
+use crate::db::states::{parse_param, AccountStatus};
 use crate::domain::audit::{self, Audit};
 use crate::domain::paging::{page_limit, page_of};
-use crate::domain::states::{parse_param, AccountStatus};
-use crate::domain::types::{AccountId, Name};
+use crate::engine::types::{AccountId, Name};
 use crate::error::ApiError;
 
 /// Default `max_active_reservations` of a new account (docs/api.md): a

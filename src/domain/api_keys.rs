@@ -22,7 +22,7 @@ use crate::db::models::{ApiKeyRow, NewApiKey};
 use crate::db::schema::{accounts, api_keys};
 use crate::domain::audit::{self, Audit};
 use crate::domain::paging::{page_limit, page_of};
-use crate::domain::types::{AccountId, ApiKeyId, Label};
+use crate::engine::types::{AccountId, ApiKeyId, Label};
 use crate::error::ApiError;
 
 const KEY_PREFIX: &str = "tbk_";

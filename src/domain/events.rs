@@ -12,9 +12,9 @@ use diesel::sql_types::{BigInt, Integer, Jsonb, Nullable, Text, Timestamptz, Uui
 use serde::Serialize;
 use uuid::Uuid;
 
+use crate::db::states::{parse_param, EventType};
 use crate::domain::api_keys;
 use crate::domain::paging::page_limit;
-use crate::domain::states::{parse_param, EventType};
 use crate::error::ApiError;
 
 /// Page sizes of the feed.

@@ -14,7 +14,7 @@ use uuid::Uuid;
 use crate::db::schema::credit_grants;
 pub use crate::db::states::GrantStatus;
 use crate::domain::paging::page_of;
-use crate::domain::types::AccountId;
+use crate::engine::types::AccountId;
 use crate::error::ApiError;
 
 /// Grants per page by default, and at most.

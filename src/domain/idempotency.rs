@@ -23,7 +23,7 @@ use uuid::Uuid;
 use crate::db::models::ApiKeyRow;
 use crate::db::schema::api_keys;
 use crate::domain::api_keys::sha256;
-use crate::domain::types::{AccountId, ApiKeyId};
+use crate::engine::types::{AccountId, ApiKeyId};
 use crate::error::ApiError;
 
 /// The request header.

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::domain::paging::page_of;
-use crate::domain::types::AccountId;
+use crate::engine::types::AccountId;
 use crate::error::ApiError;
 
 /// The three places a token can be.

@@ -20,8 +20,3 @@ pub mod reservations;
 pub mod retention;
 pub mod system;
 pub mod topups;
-
-// The value types and states live below the domain (the engine's contract
-// and the stored states); their old paths keep working.
-pub use crate::db::states;
-pub use crate::engine::types;

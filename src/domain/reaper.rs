@@ -15,8 +15,8 @@ use uuid::Uuid;
 
 use crate::db::models::ReservationRow;
 use crate::db::schema::{generation_jobs, reservations};
+use crate::db::states::{JobStatus, ReservationState};
 use crate::domain::checks::{find_violations, Discrepancy};
-use crate::domain::states::{JobStatus, ReservationState};
 use crate::engine::Outcome;
 use crate::error::ApiError;
 use crate::metrics::Metrics;

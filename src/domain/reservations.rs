@@ -11,9 +11,9 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::db::models::ReservationRow;
+use crate::db::states::ReservationState;
 use crate::domain::paging::page_of;
-use crate::domain::states::ReservationState;
-use crate::domain::types::{AccountId, RequestId, ReservationId};
+use crate::engine::types::{AccountId, RequestId, ReservationId};
 use crate::error::ApiError;
 
 /// A reservation as the API and `reservation.expired` show it: the engine

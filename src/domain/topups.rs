@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use crate::config::AMOUNT_MAX;
 use crate::domain::audit::{self, Audit};
-use crate::domain::types::AccountId;
+use crate::engine::types::AccountId;
 use crate::error::ApiError;
 
 /// Live rules an account may have (threshold: at most one).

@@ -6,10 +6,10 @@
 //!   `GET /predictions/{id}`), `Idempotency-Key: <job_id>`;
 //! - `simulated`: in-process, the default, so the service runs out of the box;
 //! - `fake`: the shared fault-injection backend of `simulated` and of the
-//!   stand-alone `token-billing-tools fake-provider` server.
+//!   stand-alone fake provider server of `token-billing-tools`
+//!   (`tools/src/fake_provider.rs`).
 
 pub mod fake;
-pub mod fake_server;
 pub mod http;
 pub mod simulated;
 

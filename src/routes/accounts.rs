@@ -23,7 +23,7 @@ use crate::domain::idempotency::{self, Claim, Created, ReplayedApiKey};
 use crate::domain::ledger::{self, LedgerPage};
 use crate::domain::paging::page_limit;
 use crate::domain::reconciliation::InstantParam;
-use crate::domain::types::{AccountId, Label, Name};
+use crate::engine::types::{AccountId, Label, Name};
 use crate::error::{ApiError, Problem};
 
 pub fn configure(config: &mut web::ServiceConfig) {

@@ -12,8 +12,8 @@ use crate::domain::api_keys::{
 };
 use crate::domain::audit::Audit;
 use crate::domain::idempotency::{self, Claim, Created, ReplayedApiKey};
-use crate::domain::types::AccountId;
-use crate::domain::types::{ApiKeyId, Label};
+use crate::engine::types::AccountId;
+use crate::engine::types::{ApiKeyId, Label};
 use crate::error::{ApiError, Problem};
 
 pub fn configure(config: &mut web::ServiceConfig) {

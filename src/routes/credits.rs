@@ -7,7 +7,7 @@ use uuid::Uuid;
 use super::{created, replayed, JsonObject, State};
 use crate::domain::api_keys::Caller;
 use crate::domain::credits::{AdjustmentView, CreditView};
-use crate::domain::types::{
+use crate::engine::types::{
     AccountId, ExternalRef, GrantExpiry, Note, Priority, Reason, SignedTokens, Tokens,
 };
 use crate::engine::{Authority, Op, Operation, Replay};

@@ -12,7 +12,7 @@ use crate::config::{JOB_WAIT_SECONDS_MAX, JOB_WATCH_POLL};
 use crate::db::run_blocking;
 use crate::domain::api_keys::{Caller, Scope};
 use crate::domain::events::{self, EventFilter, EventPage};
-use crate::domain::types::AccountId;
+use crate::engine::types::AccountId;
 use crate::error::{ApiError, Problem};
 
 pub fn configure(config: &mut web::ServiceConfig) {

@@ -11,11 +11,11 @@ use uuid::Uuid;
 use super::{after_key_check, created, replayed, JsonObject, State};
 use crate::config::{JOB_PAGE_DEFAULT, JOB_PAGE_MAX, JOB_WAIT_SECONDS_MAX};
 use crate::db::run_blocking;
+use crate::db::states::{parse_param, JobStatus};
 use crate::domain::api_keys::{Caller, Credentials};
 use crate::domain::jobs::{self, JobPage, JobRequest, JobView};
 use crate::domain::paging::page_limit;
-use crate::domain::states::{parse_param, JobStatus};
-use crate::domain::types::{AccountId, RequestId};
+use crate::engine::types::{AccountId, RequestId};
 use crate::engine::{Authority, Op, Operation, Replay};
 use crate::error::{ApiError, Problem};
 

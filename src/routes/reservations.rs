@@ -9,11 +9,11 @@ use super::{after_key_check, created, optional_json_body, replayed, JsonObject, 
 use crate::config::{RESERVATION_PAGE_DEFAULT, RESERVATION_PAGE_MAX};
 use crate::db::models::ReservationRow;
 use crate::db::run_blocking;
+use crate::db::states::{parse_param, ReservationState};
 use crate::domain::api_keys::{Caller, Credentials};
 use crate::domain::paging::page_limit;
 use crate::domain::reservations::{self, ReservationPage, ReservationView};
-use crate::domain::states::{parse_param, ReservationState};
-use crate::domain::types::{AccountId, RequestId, ReservationId, Tokens, TtlSeconds};
+use crate::engine::types::{AccountId, RequestId, ReservationId, Tokens, TtlSeconds};
 use crate::engine::{Answer, Authority, CommitAmount, Op, Operation, Outcome, Replay};
 use crate::error::{ApiError, Problem};
 

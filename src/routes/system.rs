@@ -10,7 +10,7 @@ use super::State;
 use crate::db::{migrations_applied, run_blocking};
 use crate::domain::api_keys::{Caller, Scope};
 use crate::domain::system::{database_summary, DatabaseSummary};
-use crate::domain::types::{AccountId, ApiKeyId};
+use crate::engine::types::{AccountId, ApiKeyId};
 use crate::error::{ApiError, Problem};
 
 pub fn configure(config: &mut web::ServiceConfig) {

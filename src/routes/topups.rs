@@ -10,7 +10,7 @@ use crate::db::run_blocking;
 use crate::domain::api_keys::Caller;
 use crate::domain::audit::Audit;
 use crate::domain::topups::{self, RuleSpec, TopupRuleBody, TopupRulePage, TopupRuleView};
-use crate::domain::types::AccountId;
+use crate::engine::types::AccountId;
 use crate::error::{ApiError, Problem};
 
 pub fn configure(config: &mut web::ServiceConfig) {

@@ -7,9 +7,9 @@ use uuid::Uuid;
 
 use super::{created, JsonObject, State};
 use crate::db::run_blocking;
+use crate::db::states::EventType;
 use crate::domain::api_keys::Caller;
 use crate::domain::audit::Audit;
-use crate::domain::states::EventType;
 use crate::error::{ApiError, Problem};
 use crate::webhooks::endpoints::{
     self, parse_description, parse_event_types, parse_limit, AttemptPage, DeliveryView,

@@ -10,9 +10,9 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::Serialize;
 use uuid::Uuid;
 
+use crate::db::states::EventType;
 use crate::domain::audit::{self, Audit};
 use crate::domain::paging::{page_limit, page_of};
-use crate::domain::states::EventType;
 use crate::error::ApiError;
 
 use super::signing::new_secret;

@@ -29,7 +29,7 @@ impl Drop for DropDatabase {
 fn a_failing_restart_command_fails_the_chaos_run() {
     let name = format!("tb_chaos_restart_fails_{}", std::process::id());
     let _dropper = DropDatabase(name.clone());
-    let output = Command::new(env!("CARGO_BIN_EXE_token-billing-tools"))
+    let output = Command::new(crate::helpers::tools_binary())
         .args(["--database-url", &format!("{}/{name}", server_url())])
         .args(["chaos", "--seed", "1", "--seconds", "8"])
         .args(["--replicas", "1", "--kiosks", "2", "--accounts", "1"])

@@ -241,7 +241,7 @@ fn each_command_has_its_own_help_and_no_test_tools() {
     );
 
     // The tools live in their own binary, which the image does not ship.
-    let tools = Command::new(env!("CARGO_BIN_EXE_token-billing-tools"))
+    let tools = Command::new(crate::helpers::tools_binary())
         .arg("--help")
         .output()
         .expect("the tools binary runs");
@@ -280,7 +280,8 @@ fn help_describes_every_option_without_empty_env_markers() {
         assert!(output.status.success(), "{args:?}");
         text(&output.stdout)
     };
-    let tools = env!("CARGO_BIN_EXE_token-billing-tools");
+    let tools = crate::helpers::tools_binary();
+    let tools = tools.as_str();
     let mut screens = Vec::new();
     for args in [
         &["--help"][..],

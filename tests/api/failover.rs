@@ -246,7 +246,7 @@ fn failover_script(mode: &str) -> (bool, String) {
     .args(["--mode", mode, "--runs", "1", "--seconds", "20"])
     // The standby falls 1.5 s behind just before the kill.
     .args(["--standby-lag-ms", "1500"])
-    .env("TOOLS", env!("CARGO_BIN_EXE_token-billing-tools"))
+    .env("TOOLS", crate::helpers::tools_binary())
     .stderr(Stdio::inherit())
     .output()
     .expect("run tests/failover/run.sh");

@@ -8,7 +8,7 @@ use serde_json::json;
 use token_billing::db::schema::{accounts, generation_jobs, reservations};
 use token_billing::domain::accounts::create_account;
 use token_billing::domain::job_leases::{self, Fenced, JobError};
-use token_billing::domain::types::{AccountId, Name};
+use token_billing::engine::types::{AccountId, Name};
 
 use crate::helpers::{assert_account_invariants, create_job, credit, TestDatabase};
 

@@ -16,17 +16,33 @@ use token_billing::db;
 use token_billing::db::models::{JobRow, ReservationRow};
 use token_billing::domain::jobs::JobRequest;
 use token_billing::domain::ledger::{replay, Balances};
-use token_billing::domain::types::{AccountId, ExternalRef, RequestId, Tokens};
+use token_billing::engine::types::{AccountId, ExternalRef, RequestId, Tokens};
 use token_billing::engine::{Authority, Op, Operation};
 use token_billing::error::ApiError;
 use token_billing::provider::fake::FakeBackend;
-use token_billing::provider::fake_server::build_fake_provider;
 use token_billing::provider::simulated::SimulatedProvider;
 use token_billing::provider::AnyProvider;
 use token_billing::startup::{start_replica, AppState};
 use token_billing::worker::Background;
+use token_billing_tools::fake_provider::build_fake_provider;
 
 pub const ADMIN_KEY: &str = "test-admin-key-0123456789";
+
+/// The tools' binary, `token-billing-tools` (the tools package, `tools/`):
+/// cargo leaves it beside the service's binary. `cargo test` and `cargo
+/// build` at the root build it; a run of one test target (`cargo test
+/// --test api …`) builds only the service's binary, so build the tools
+/// first (`cargo build`) when they changed.
+pub fn tools_binary() -> String {
+    let service = std::path::Path::new(env!("CARGO_BIN_EXE_token-billing"));
+    let tools = service.with_file_name("token-billing-tools");
+    assert!(
+        tools.is_file(),
+        "{} is missing: build it (`cargo build` at the root)",
+        tools.display()
+    );
+    tools.to_string_lossy().into_owned()
+}
 
 pub fn server_url() -> String {
     std::env::var("TEST_DATABASE_SERVER")

@@ -893,7 +893,7 @@ async fn the_scheduled_pass_and_prune_honour_the_configured_pause() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instant_is_answered_only_once_no_writer_can_write_into_it() {
     use std::sync::mpsc;
-    use token_billing::domain::types::Tokens;
+    use token_billing::engine::types::Tokens;
     use token_billing::engine::{apply, Authority, Operation};
 
     let app = TestApp::spawn().await;
@@ -994,7 +994,7 @@ async fn an_instant_is_answered_only_once_no_writer_can_write_into_it() {
 /// without the other: just before it neither counts, at it both do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_of_two_credits_on_one_account_is_never_split_by_an_instant() {
-    use token_billing::domain::types::Tokens;
+    use token_billing::engine::types::Tokens;
     use token_billing::engine::{apply, Authority, Operation};
 
     let app = TestApp::spawn().await;

@@ -24,7 +24,7 @@ const LAYERS: &[&[&str]] = &[
     &["webhooks"],
     &["routes", "openapi"],
     &["worker", "scheduler", "startup"],
-    &["cli", "chaos", "bench", "lib", "main", "bin"],
+    &["cli", "lib", "main"],
 ];
 
 fn layer(module: &str) -> Option<usize> {

@@ -14,7 +14,6 @@ use uuid::Uuid;
 use crate::helpers::{problem, TestApp, ADMIN_KEY};
 
 const BINARY: &str = env!("CARGO_BIN_EXE_token-billing");
-const TOOLS: &str = env!("CARGO_BIN_EXE_token-billing-tools");
 
 /// The cells a spreadsheet makes of one CSV line when it splits at
 /// `separator`: a cell that starts with `"` is quoted (doubled quotes
@@ -282,7 +281,7 @@ fn no_help_text_prints_a_secrets_value() {
         .expect("serve --help")];
     for bench in ["jobs", "load", "history"] {
         runs.push(
-            Command::new(TOOLS)
+            Command::new(crate::helpers::tools_binary())
                 .args(["bench", bench, "--help"])
                 .env("BENCH_ADMIN_KEY", bench_secret)
                 .output()

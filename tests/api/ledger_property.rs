@@ -8,7 +8,7 @@ use proptest::test_runner::TestRunner;
 use uuid::Uuid;
 
 use token_billing::domain::accounts::create_account;
-use token_billing::domain::types::{
+use token_billing::engine::types::{
     AccountId, ExternalRef, Name, Reason, RequestId, ReservationId, SignedTokens, Tokens,
 };
 use token_billing::error::ApiError;

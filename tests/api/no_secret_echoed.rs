@@ -160,7 +160,8 @@ fn the_argument_parser_does_not_echo_a_misplaced_url() {
     ];
     for url in &urls {
         let service = env!("CARGO_BIN_EXE_token-billing");
-        let tools = env!("CARGO_BIN_EXE_token-billing-tools");
+        let tools = crate::helpers::tools_binary();
+        let tools = tools.as_str();
         for (binary, args) in [
             (service, vec!["migrate", url]),
             (service, vec!["account", "list", url]),

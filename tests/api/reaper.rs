@@ -15,7 +15,7 @@ use token_billing::db::models::JobRow;
 use token_billing::db::schema::{generation_jobs, ledger_entries, reservations};
 use token_billing::domain::accounts::create_account;
 use token_billing::domain::reaper::{run_pass, PassReport, ReaperSettings};
-use token_billing::domain::types::{AccountId, Name};
+use token_billing::engine::types::{AccountId, Name};
 use token_billing::scheduler::{reaper_pass, settings};
 
 use crate::crash::start_service_with;

@@ -22,7 +22,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::{json, Map, Value};
 use uuid::Uuid;
 
-use token_billing::domain::types::{AccountId, ReservationId};
+use token_billing::engine::types::{AccountId, ReservationId};
 use token_billing::engine::{CommitAmount, Op};
 
 use crate::helpers::{create_job, credit, engine, reserve, TestDatabase};

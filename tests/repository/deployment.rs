@@ -180,7 +180,7 @@ fn no_tool_listens_on_a_port_compose_publishes() {
             }
         }
     }
-    let fake_provider_port = token_billing::provider::fake_server::DEFAULT_BIND
+    let fake_provider_port = token_billing_tools::fake_provider::DEFAULT_BIND
         .rsplit(':')
         .next()
         .expect("port");

@@ -28,8 +28,8 @@ use rand::Rng;
 use uuid::Uuid;
 
 use super::percentile;
-use crate::engine::types::{AccountId, ExternalRef, RequestId, ReservationId, Tokens};
-use crate::engine::{apply, Authority, CommitAmount, Op, Operation};
+use token_billing::engine::types::{AccountId, ExternalRef, RequestId, ReservationId, Tokens};
+use token_billing::engine::{apply, Authority, CommitAmount, Op, Operation};
 
 #[derive(Debug, clap::Args)]
 pub struct HistoryBenchArgs {
@@ -96,7 +96,7 @@ pub fn build(database_url: &str, args: &HistoryBenchArgs) -> anyhow::Result<()> 
              - COALESCE(NULLIF(current_setting('bench_clock.shift', true), ''), '0')::interval $$; \
          SET search_path TO bench_clock, pg_catalog, public, {}; \
          SET statement_timeout = 0",
-        crate::engine::install::SCHEMA
+        token_billing::engine::install::SCHEMA
     ))?;
     let span_seconds = span(args).num_seconds();
     diesel::sql_query(
@@ -182,7 +182,7 @@ pub fn build(database_url: &str, args: &HistoryBenchArgs) -> anyhow::Result<()> 
         entries as f64 / built
     );
     let closing = Instant::now();
-    let closed = crate::domain::history::close_days(&mut conn, Utc::now(), usize::MAX)?;
+    let closed = token_billing::domain::history::close_days(&mut conn, Utc::now(), usize::MAX)?;
     println!(
         "closed days={} closing_rows={} in {:.1} s",
         closed.days.len(),
@@ -199,7 +199,7 @@ fn shifted_connection(database_url: &str) -> anyhow::Result<PgConnection> {
     let mut conn = PgConnection::establish(database_url)?;
     conn.batch_execute(&format!(
         "SET search_path TO bench_clock, pg_catalog, public, {}; SET statement_timeout = 0",
-        crate::engine::install::SCHEMA
+        token_billing::engine::install::SCHEMA
     ))?;
     Ok(conn)
 }

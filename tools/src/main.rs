@@ -10,9 +10,9 @@ use clap::{Parser, Subcommand};
 
 use token_billing::config::{LogFormat, DEFAULT_DATABASE_URL};
 use token_billing::provider::fake::FakeBackend;
-use token_billing::provider::fake_server::build_fake_provider;
 use token_billing::startup::shutdown_signal;
 use token_billing::telemetry;
+use token_billing_tools::fake_provider::build_fake_provider;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -43,7 +43,7 @@ enum Tool {
     #[command(after_help = "Example:\n  \
         token-billing-tools --database-url postgres://postgres@127.0.0.1:5432/tb_chaos \\\n    \
         chaos --seed 42 --seconds 60 --restart-postgres --skewed-clock")]
-    Chaos(token_billing::chaos::ChaosArgs),
+    Chaos(token_billing_tools::chaos::ChaosArgs),
     /// Load generators against a running service.
     Bench {
         #[command(subcommand)]
@@ -54,7 +54,7 @@ enum Tool {
         token-billing-tools fake-provider --bind 127.0.0.1:8090")]
     FakeProvider {
         /// Address to listen on (not 9090: compose gives that to Prometheus).
-        #[arg(long, default_value = token_billing::provider::fake_server::DEFAULT_BIND)]
+        #[arg(long, default_value = token_billing_tools::fake_provider::DEFAULT_BIND)]
         bind: String,
         /// Mean latency of a generation, in milliseconds (±50 %).
         #[arg(long, env = "SIMULATED_LATENCY_MS", default_value_t = 500)]
@@ -70,15 +70,15 @@ enum BenchCommand {
     /// Job pipeline overhead beyond provider time.
     #[command(after_help = "Example:\n  \
         BENCH_ADMIN_KEY=dev-admin-key-change-me token-billing-tools bench jobs --jobs 500 --concurrency 8")]
-    Jobs(token_billing::bench::JobBenchArgs),
+    Jobs(token_billing_tools::bench::JobBenchArgs),
     /// Kiosk fleets: reserve→commit cycles (spread, hot) or jobs.
-    Load(token_billing::bench::load::LoadArgs),
+    Load(token_billing_tools::bench::load::LoadArgs),
     /// A flood of made-up keys from new addresses; the service's RSS before and after.
     #[command(
         after_help = "Example (the service started with TRUSTED_PROXIES=127.0.0.1/32):\n  \
         token-billing-tools bench auth-flood --requests 1000000 --service-pid $(pgrep -f 'token-billing serve')"
     )]
-    AuthFlood(token_billing::bench::flood::FloodArgs),
+    AuthFlood(token_billing_tools::bench::flood::FloodArgs),
     /// The address throttle as an attacker meets it: guesses from many
     /// addresses, anonymous requests and kiosks at a venue's address.
     #[command(
@@ -86,9 +86,9 @@ enum BenchCommand {
         BENCH_ADMIN_KEY=dev-admin-key-change-me token-billing-tools bench throttle-probe \\\n    \
         --seconds 60 --addresses 1000 --anonymous-per-second 60 --kiosks"
     )]
-    ThrottleProbe(token_billing::bench::throttle::ProbeArgs),
+    ThrottleProbe(token_billing_tools::bench::throttle::ProbeArgs),
     /// Seed a scratch database (--database-url) and time reconciliation reports.
-    Reconciliation(token_billing::bench::ReconciliationBenchArgs),
+    Reconciliation(token_billing_tools::bench::ReconciliationBenchArgs),
     /// Build a long history through the engine on a scratch database
     /// (--database-url), then measure a service's history reads over it.
     #[command(after_help = "Example:\n  \
@@ -97,7 +97,7 @@ enum BenchCommand {
         BENCH_ADMIN_KEY=dev-admin-key-change-me token-billing-tools \\\n    \
         --database-url postgres://postgres@127.0.0.1:5432/tb_history \\\n    \
         bench history --skip-build --url http://127.0.0.1:8080")]
-    History(token_billing::bench::history::HistoryBenchArgs),
+    History(token_billing_tools::bench::history::HistoryBenchArgs),
     /// A webhook receiver that answers 204 and counts (`GET /count`).
     #[command(after_help = "Example:\n  \
         token-billing-tools bench webhook-sink --bind 127.0.0.1:18099")]
@@ -122,7 +122,7 @@ async fn main() -> ExitCode {
         // On SIGINT / SIGTERM the run is dropped: its replicas (each in its
         // own process group) are killed by the cluster's guard.
         Tool::Chaos(args) => tokio::select! {
-            outcome = token_billing::chaos::run(&cli.database_url, args) => match outcome {
+            outcome = token_billing_tools::chaos::run(&cli.database_url, args) => match outcome {
                 Ok(true) => Ok(()),
                 Ok(false) => return ExitCode::FAILURE,
                 Err(error) => Err(error),
@@ -131,19 +131,19 @@ async fn main() -> ExitCode {
         },
         Tool::Bench {
             target: BenchCommand::Load(args),
-        } => token_billing::bench::load::run_load(args).await,
+        } => token_billing_tools::bench::load::run_load(args).await,
         Tool::Bench {
             target: BenchCommand::AuthFlood(args),
-        } => token_billing::bench::flood::run_flood(args).await,
+        } => token_billing_tools::bench::flood::run_flood(args).await,
         Tool::Bench {
             target: BenchCommand::ThrottleProbe(args),
-        } => token_billing::bench::throttle::run_probe(args).await,
+        } => token_billing_tools::bench::throttle::run_probe(args).await,
         Tool::Bench {
             target: BenchCommand::Reconciliation(args),
         } => {
             let url = cli.database_url.clone();
             tokio::task::spawn_blocking(move || {
-                token_billing::bench::run_reconciliation_bench(&url, &args)
+                token_billing_tools::bench::run_reconciliation_bench(&url, &args)
             })
             .await
             .map_err(anyhow::Error::from)
@@ -159,23 +159,23 @@ async fn main() -> ExitCode {
             } else {
                 let (url, args) = (url.clone(), std::sync::Arc::clone(&args));
                 tokio::task::spawn_blocking(move || {
-                    token_billing::bench::history::build(&url, &args)
+                    token_billing_tools::bench::history::build(&url, &args)
                 })
                 .await
                 .map_err(anyhow::Error::from)
                 .and_then(|result| result)
             };
             match build {
-                Ok(()) => token_billing::bench::history::measure(&url, &args).await,
+                Ok(()) => token_billing_tools::bench::history::measure(&url, &args).await,
                 Err(error) => Err(error),
             }
         }
         Tool::Bench {
             target: BenchCommand::WebhookSink { bind },
-        } => token_billing::bench::sink::run_sink(&bind).await,
+        } => token_billing_tools::bench::sink::run_sink(&bind).await,
         Tool::Bench {
             target: BenchCommand::Jobs(args),
-        } => token_billing::bench::run_job_bench(args).await,
+        } => token_billing_tools::bench::run_job_bench(args).await,
         Tool::FakeProvider {
             bind,
             latency_ms,

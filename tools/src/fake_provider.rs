@@ -10,7 +10,7 @@ use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::fake::{prediction_json, FakeBackend, SubmitOutcome};
+use token_billing::provider::fake::{prediction_json, FakeBackend, SubmitOutcome};
 
 /// Where `token-billing-tools fake-provider` listens by default: a port
 /// that neither the service (8080) nor compose's Prometheus (9090) and

@@ -37,8 +37,8 @@ use uuid::Uuid;
 
 mod failover;
 
-use crate::provider::fake::FakeBackend;
-use crate::provider::fake_server::build_fake_provider;
+use crate::fake_provider::build_fake_provider;
+use token_billing::provider::fake::FakeBackend;
 
 const ADMIN_KEY: &str = "chaos-admin-key-0123456789";
 /// Short lifetimes so that faults longer than them happen within minutes.
@@ -765,13 +765,13 @@ fn count(conn: &mut PgConnection, sql: &str) -> anyhow::Result<i64> {
 /// The end-of-run checks, straight against the database.
 fn check_books(conn: &mut PgConnection, journal: &Journal) -> anyhow::Result<Vec<String>> {
     let mut violations = journal.violations.clone();
-    for discrepancy in crate::domain::checks::find_violations(conn)? {
+    for discrepancy in token_billing::domain::checks::find_violations(conn)? {
         violations.push(format!("invariant: {discrepancy:?}"));
     }
-    for disagreement in crate::domain::checks::events_disagreeing_with_books(conn)? {
+    for disagreement in token_billing::domain::checks::events_disagreeing_with_books(conn)? {
         violations.push(format!("events: {disagreement}"));
     }
-    for discrepancy in crate::domain::checks::grants_disagreeing_with_ledger(conn)? {
+    for discrepancy in token_billing::domain::checks::grants_disagreeing_with_ledger(conn)? {
         violations.push(format!("grant: {discrepancy:?}"));
     }
     let checks = [
@@ -839,7 +839,7 @@ fn check_books(conn: &mut PgConnection, journal: &Journal) -> anyhow::Result<Vec
             ));
         }
     }
-    let report = crate::domain::reconciliation::reconcile(
+    let report = token_billing::domain::reconciliation::reconcile(
         conn,
         chrono::Utc::now() - chrono::Duration::days(1),
         chrono::Utc::now() + chrono::Duration::seconds(1),
@@ -983,7 +983,7 @@ pub async fn run(database_url: &str, args: ChaosArgs) -> anyhow::Result<bool> {
     let seed = args.seed.unwrap_or_else(rand::random);
     println!("chaos seed={seed} (rerun with --seed {seed})");
     let mut rng = StdRng::seed_from_u64(seed);
-    let (name, maintenance) = crate::db::split_database_url(database_url)?;
+    let (name, maintenance) = token_billing::db::split_database_url(database_url)?;
     anyhow::ensure!(
         name.starts_with("tb_chaos"),
         "the chaos run recreates its database: name it tb_chaos…"
@@ -994,10 +994,10 @@ pub async fn run(database_url: &str, args: ChaosArgs) -> anyhow::Result<bool> {
             .execute(&mut admin)?;
     }
     let restart_command = postgres_restart_command(&maintenance, &args)?;
-    crate::db::create_database_if_missing(database_url)?;
+    token_billing::db::create_database_if_missing(database_url)?;
     let mut conn = connect_once_created(database_url)?;
-    crate::db::run_migrations(&mut conn)?;
-    crate::engine::install::install(&mut conn)?;
+    token_billing::db::run_migrations(&mut conn)?;
+    token_billing::engine::install::install(&mut conn)?;
     drop(conn);
 
     let backend = Arc::new(FakeBackend::new(500, 0.0));

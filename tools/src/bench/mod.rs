@@ -191,11 +191,11 @@ pub struct ReconciliationBenchArgs {
 pub fn scratch_database(database_url: &str) -> anyhow::Result<diesel::PgConnection> {
     use diesel::prelude::*;
 
-    crate::db::create_database_if_missing(database_url)?;
+    token_billing::db::create_database_if_missing(database_url)?;
     let mut conn = PgConnection::establish(database_url)?;
-    crate::db::run_migrations(&mut conn)?;
-    crate::engine::install::install(&mut conn)?;
-    let existing: i64 = crate::db::schema::accounts::table
+    token_billing::db::run_migrations(&mut conn)?;
+    token_billing::engine::install::install(&mut conn)?;
+    let existing: i64 = token_billing::db::schema::accounts::table
         .count()
         .get_result(&mut conn)?;
     anyhow::ensure!(
@@ -269,7 +269,7 @@ pub fn run_reconciliation_bench(
     let mut status = "";
     for _ in 0..args.runs {
         let started = Instant::now();
-        let report = crate::domain::reconciliation::reconcile(&mut conn, from, to, None)?;
+        let report = token_billing::domain::reconciliation::reconcile(&mut conn, from, to, None)?;
         timings.push(started.elapsed().as_secs_f64() * 1000.0);
         status = report.status;
         anyhow::ensure!(
