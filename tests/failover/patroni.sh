@@ -344,6 +344,7 @@ build_cluster() {
 # run passes with at least 10,000 operations, 50 faults and one failover.
 if (( scale )); then
     build_cluster
+    export CHAOS_REPLICA_LOGS="$dir"
     # shellcheck source=/dev/null
     source "$dir/secrets"
     hosts="127.0.0.1:$(pg_port 1),127.0.0.1:$(pg_port 2),127.0.0.1:$(pg_port 3)"
@@ -379,6 +380,8 @@ for run in $(seq 1 "$runs"); do
     url="postgres://postgres:$superuser_password@$hosts/tb_chaos_patroni?target_session_attrs=read-write&connect_timeout=2"
     # The replicas (which inherit it) read reports from a replica.
     export DATABASE_READ_URL="postgres://postgres:$superuser_password@$hosts/tb_chaos_patroni?target_session_attrs=prefer-standby&connect_timeout=2"
+    # The service replicas' logs (errors only) beside the nodes'.
+    export CHAOS_REPLICA_LOGS="$dir"
     for name in $steps; do
         run_seed=${seed:-$RANDOM$RANDOM}
         echo "== patroni run $run/$runs, step $name: seed=$run_seed"
@@ -411,6 +414,8 @@ for run in $(seq 1 "$runs"); do
         esac
         if [[ "$verdict" != ok ]]; then
             failed=1
+            keep_logs "run$run-$name"
+        elif [[ -n "${PATRONI_KEEP_LOGS:-}" ]]; then
             keep_logs "run$run-$name"
         fi
         line="run $run $name: first reserve after the fault ${gap} ms; probe refusals {${others}}; 500s ${errors:-?}; $acknowledged; $verdict"

@@ -162,6 +162,20 @@ struct Cluster {
     skewed: Option<usize>,
 }
 
+/// Where replica `index` writes its log: appended to
+/// `$CHAOS_REPLICA_LOGS/replica<index>.log` when that directory is set (the
+/// failover scripts keep it with the nodes' logs), else nowhere.
+fn replica_log(index: usize) -> anyhow::Result<Stdio> {
+    match std::env::var_os("CHAOS_REPLICA_LOGS") {
+        Some(dir) => Ok(std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(std::path::Path::new(&dir).join(format!("replica{index}.log")))?
+            .into()),
+        None => Ok(Stdio::null()),
+    }
+}
+
 fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
@@ -204,7 +218,7 @@ impl Cluster {
             .env("SHUTDOWN_GRACE_SECONDS", "2")
             .env("RUST_LOG", "error")
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(replica_log(index)?)
             .spawn()?)
     }
 
