@@ -21,7 +21,7 @@ from ._errors import (
 )
 from ._http import RetryPolicy
 from ._journal import JournalEntry
-from ._kiosk import Heartbeat, Kiosk, Outcome, __version__
+from ._kiosk import RESUME_TIMEOUT_SECONDS, Heartbeat, Kiosk, Outcome, __version__
 from ._models import Balance, Event, Job, JobReservation, Reservation
 
 __all__ = [
@@ -40,6 +40,7 @@ __all__ = [
     "Kiosk",
     "KioskError",
     "Outcome",
+    "RESUME_TIMEOUT_SECONDS",
     "RateLimited",
     "Reservation",
     "ReservationNotHeld",

@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 import math
 import os
+import random
 import threading
 import time
 import uuid
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Collection, Dict, Iterator, List, Mapping, Optional, Type, Union
+from typing import Any, Callable, Collection, Dict, Iterator, List, Mapping, Optional, Type, Union
 
 import httpx
 
@@ -19,6 +20,7 @@ from ._errors import (
     JobNotFinished,
     KioskError,
     ReservationNotHeld,
+    Unreachable,
 )
 from ._http import REDACTED_KEY, Http, RetryPolicy
 from ._journal import Journal, JournalEntry
@@ -33,6 +35,12 @@ LONG_POLL_MAX_SECONDS = 30
 
 #: The longest page of the event feed.
 EVENT_PAGE_MAX = 1000
+
+#: How long :meth:`Kiosk.resume` tries, for the whole journal, by default.
+RESUME_TIMEOUT_SECONDS = 3.0
+
+#: Each background attempt at a request resume() left pending gives up after this.
+BACKGROUND_ATTEMPT_SECONDS = 10.0
 
 ReservationRef = Union[str, Reservation]
 
@@ -87,6 +95,11 @@ class Kiosk:
         self.account_id = str(uuid.UUID(str(account_id)))
         self.timeout = timeout
         self._closed = False
+        self._stop = threading.Event()
+        self._rng = random.Random()
+        self._background_lock = threading.Lock()
+        self._background: Optional[threading.Thread] = None
+        self._settled: List[Outcome] = []
         self._journal = Journal(journal)
         self._http = Http(
             self.base_url,
@@ -112,7 +125,16 @@ class Kiosk:
         return {**self.__dict__, "_http": self._http.__getstate__()}
 
     def close(self) -> None:
+        """Stops the background settling of :meth:`resume` (at its next
+        retry: an HTTP request in flight ends first), then closes the HTTP
+        client and the journal."""
         self._closed = True
+        self._stop.set()
+        self._http.stop()
+        with self._background_lock:
+            background = self._background
+        if background is not None and background is not threading.current_thread():
+            background.join(BACKGROUND_ATTEMPT_SECONDS + 5.0)
         self._http.close()
         self._journal.close()
 
@@ -481,35 +503,125 @@ class Kiosk:
 
     # -- recovery ------------------------------------------------------------
 
-    def resume(self, *, timeout: Optional[float] = None) -> List[Outcome]:
+    def resume(
+        self,
+        *,
+        timeout: Optional[float] = None,
+        on_settled: Optional[Callable[[Outcome], None]] = None,
+    ) -> List[Outcome]:
         """Finishes every open request of the journal, oldest first, with its
         own ``request_id``: sends again what may not have arrived (the
         service answers a replay as it answered the first), waits for
         accepted jobs, and re-reads held reservations. Call it when the kiosk
-        starts. Never raises for one request: its ``Outcome.error`` says.
+        starts, before the first guest. Never raises for one request: its
+        ``Outcome.error`` says.
+
+        ``timeout`` (default :data:`RESUME_TIMEOUT_SECONDS`, 3 s) is **one
+        deadline for the whole journal**, so a booth that starts without
+        network serves its first guest within seconds. The requests it
+        could not settle by then (``error.pending`` true; those not tried
+        before the deadline are :class:`Unreachable`) stay in the journal
+        and are settled in a background thread, one at a time, each with
+        its own ``request_id`` (so never charged twice), until each is
+        answered or the kiosk is closed; :meth:`settled` waits for them and
+        ``on_settled`` is called once for each (in that thread).
 
         Commits, releases and extensions come first, so that a reservation
         returned ``held`` is really still held: yours to commit (if the work
         it paid for is done) or release."""
-        outcomes = []
+        deadline = time.monotonic() + (RESUME_TIMEOUT_SECONDS if timeout is None else timeout)
+        outcomes = [
+            self._resume_or_outcome(entry, deadline, tried_late=False)
+            for entry in self._open_in_resume_order()
+        ]
+        left = [o.request_id for o in outcomes if o.error is not None and o.error.pending]
+        with self._background_lock:
+            running = self._background is not None and self._background.is_alive()
+            if left and not running and not self._closed:
+                self._settled = []
+                self._background = threading.Thread(
+                    target=self._settle_in_background,
+                    args=(left, on_settled),
+                    name="token-billing-resume",
+                    daemon=True,
+                )
+                self._background.start()
+        return outcomes
+
+    def settled(self, timeout: Optional[float] = None) -> List[Outcome]:
+        """Waits (at most ``timeout`` seconds; ``None``: as long as it takes)
+        for the background settling that :meth:`resume` started, and returns
+        the outcomes it settled so far, in order (``[]`` when nothing was
+        left)."""
+        with self._background_lock:
+            background = self._background
+        if background is not None:
+            background.join(timeout)
+        with self._background_lock:
+            return list(self._settled)
+
+    def _open_in_resume_order(self) -> List[JournalEntry]:
         entries = self._journal.open_entries(self.account_id)
         # Commits, releases and extensions first: a held reservation is read
         # again only after the resolution that was on its way, so it is not
         # handed back as held when it was in fact committed.
         entries.sort(key=lambda entry: entry.operation not in ("commit", "release", "extend"))
-        for entry in entries:
-            deadline = self._deadline(timeout)
-            log.info("resuming %s %s (%s)", entry.operation, entry.request_id, entry.state)
-            try:
-                outcomes.append(self._resume_one(entry, deadline))
-            except KioskError as error:
-                if isinstance(error, ReservationNotHeld) and entry.operation == "extend":
-                    outcomes.append(Outcome(entry))
-                    continue
-                outcomes.append(
-                    Outcome(entry, job=getattr(error, "job", None), error=error)
+        return entries
+
+    def _resume_or_outcome(self, entry: JournalEntry, deadline: float, tried_late: bool) -> Outcome:
+        if not tried_late and time.monotonic() >= deadline:
+            # The deadline passed on an earlier entry: this one waits for
+            # the background, untried (no answer is not a refusal).
+            return Outcome(
+                entry,
+                error=Unreachable(
+                    f"{entry.operation} {entry.request_id}: not tried before resume()'s deadline",
+                    request_id=entry.request_id,
+                    pending=True,
+                ),
+            )
+        log.info("resuming %s %s (%s)", entry.operation, entry.request_id, entry.state)
+        try:
+            return self._resume_one(entry, deadline)
+        except KioskError as error:
+            if isinstance(error, ReservationNotHeld) and entry.operation == "extend":
+                return Outcome(entry)
+            return Outcome(entry, job=getattr(error, "job", None), error=error)
+
+    def _settle_in_background(
+        self, request_ids: List[str], on_settled: Optional[Callable[[Outcome], None]]
+    ) -> None:
+        """One request at a time, each until it is answered (or the kiosk
+        closes); the retries of one attempt are spaced by the retry policy."""
+        attempt = 0
+        for request_id in request_ids:
+            while not self._closed:
+                entry = next(
+                    (e for e in self._journal.open_entries(self.account_id)
+                     if e.request_id == request_id),
+                    None,
                 )
-        return outcomes
+                if entry is None:  # settled meanwhile (a resume() or the guest's own call)
+                    break
+                try:
+                    outcome = self._resume_or_outcome(
+                        entry, time.monotonic() + BACKGROUND_ATTEMPT_SECONDS, tried_late=True
+                    )
+                except Exception:  # the journal closed under it
+                    if self._closed:
+                        return
+                    raise
+                if outcome.error is None or not outcome.error.pending:
+                    with self._background_lock:
+                        self._settled.append(outcome)
+                    log.info("settled %s %s in the background", entry.operation, request_id)
+                    if on_settled is not None:
+                        on_settled(outcome)
+                    break
+                if self._closed:
+                    return
+                attempt += 1
+                self._stop.wait(self._http.retry.backoff(attempt, self._rng))
 
     def _resume_one(self, entry: JournalEntry, deadline: float) -> Outcome:
         if entry.operation == "job":
