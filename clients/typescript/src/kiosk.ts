@@ -4,7 +4,7 @@
  * `wait`, `job`, `balance`, `pending`, `history`, `resume`, `watch`.
  */
 
-import { ApiError, JobNotFinished, KioskError } from "./errors.js";
+import { ApiError, CorsRefused, JobNotFinished, KioskError } from "./errors.js";
 import { Http, INSPECT, REDACTED_KEY, type Fetch, type Logger, type RetryPolicy } from "./http.js";
 import { Journal, type JournalEntry, type JournalStore } from "./journal.js";
 import { isTerminal, type Balance, type Event, type Job } from "./models.js";
@@ -32,6 +32,22 @@ export interface KioskOptions {
   logger?: Logger;
   /** Finished journal entries are forgotten after this many days. Default 30. */
   keepFinishedDays?: number;
+  /**
+   * Tell a CORS refusal from a dead network ({@link CorsRefused}): at
+   * `open` and after a fetch that throws, a `cors` and a `no-cors` probe of
+   * `/readyz`. Default: on in a web page whose origin is not the service's,
+   * off elsewhere (Node, Electron's main process).
+   */
+  corsProbe?: boolean;
+}
+
+/** How long each CORS probe of `/readyz` waits (ms). */
+export const CORS_PROBE_TIMEOUT_MS = 1_500;
+
+/** The page's origin when this runs in a web page (a window or a worker), else null. */
+function pageOrigin(): string | null {
+  const location = (globalThis as { location?: { origin?: unknown } }).location;
+  return typeof location?.origin === "string" && location.origin !== "null" ? location.origin : null;
 }
 
 /** What {@link Kiosk.resume} made of one open journal entry. */
@@ -97,25 +113,83 @@ export class Kiosk {
   private readonly http: Http;
   private closed = false;
   private background: Promise<Outcome[]> | null = null;
+  private readonly fetcher: Fetch;
+  /** True once a `cors` probe was answered: CORS is fine, no more probes. */
+  private corsFine: boolean;
 
   private constructor(options: KioskOptions) {
     this.baseUrl = options.baseUrl.replace(/\/+$/, "");
     this.accountId = uuid(options.accountId);
     this.timeoutMs = options.timeoutMs ?? 120_000;
     this.journal = new Journal(options.journal);
+    this.fetcher = options.fetch ?? ((input, init) => fetch(input, init));
+    const origin = pageOrigin();
+    let crossOrigin = false;
+    try {
+      crossOrigin = origin !== null && new URL(this.baseUrl).origin !== origin;
+    } catch {
+      crossOrigin = false;
+    }
+    this.corsFine = !(options.corsProbe ?? crossOrigin);
     this.http = new Http(this.baseUrl, options.apiKey, {
       requestTimeoutMs: options.requestTimeoutMs ?? 15_000,
       retry: options.retry ?? {},
-      fetch: options.fetch ?? ((input, init) => fetch(input, init)),
+      fetch: this.fetcher,
       logger: options.logger ?? silent,
+      diagnose: async () => this.probeCors(),
     });
   }
 
-  /** A kiosk on its journal (finished entries older than `keepFinishedDays` are forgotten). */
+  /**
+   * A kiosk on its journal (finished entries older than `keepFinishedDays`
+   * are forgotten). In a web page on another origin than the service's it
+   * first probes CORS (`corsProbe`): rejects with {@link CorsRefused} when
+   * the service refuses this origin, within about 1.5 s; offline it goes on.
+   */
   static async open(options: KioskOptions): Promise<Kiosk> {
     const kiosk = new Kiosk(options);
+    const refused = await kiosk.probeCors();
+    if (refused !== null) {
+      await kiosk.journal.close();
+      throw refused;
+    }
     await kiosk.journal.prune((options.keepFinishedDays ?? 30) * 86_400_000);
     return kiosk;
+  }
+
+  /**
+   * Two probes of `/readyz` at once: a `cors` one (what every call needs)
+   * and a `no-cors` one (answered opaquely whenever the service is
+   * reachable, whatever its CORS setting). The first refused while the
+   * second is answered: a CORS refusal. Both refused: no network (retried
+   * as usual). Null unless CORS is refused.
+   */
+  private async probeCors(): Promise<CorsRefused | null> {
+    if (this.corsFine) return null;
+    const probe = async (mode: RequestMode): Promise<boolean> => {
+      const abort = new AbortController();
+      const timer = setTimeout(() => abort.abort(), CORS_PROBE_TIMEOUT_MS);
+      try {
+        await this.fetcher(`${this.baseUrl}/readyz`, { method: "GET", mode, signal: abort.signal, cache: "no-store" });
+        return true;
+      } catch {
+        return false;
+      } finally {
+        clearTimeout(timer);
+      }
+    };
+    const [cors, opaque] = await Promise.all([probe("cors"), probe("no-cors")]);
+    if (cors) {
+      this.corsFine = true;
+      return null;
+    }
+    if (!opaque) return null;
+    const origin = pageOrigin();
+    return new CorsRefused(
+      `the service at ${this.baseUrl} answers, but the browser refuses its answers to this page ` +
+        `(origin ${origin ?? "unknown"}): add the origin to the service's CORS_ALLOWED_ORIGINS`,
+      { origin, baseUrl: this.baseUrl },
+    );
   }
 
   /** What `JSON.stringify`, `console.log` and `util.inspect` show: never the key. */
@@ -322,6 +396,9 @@ export class Kiosk {
         const entry = (await this.journal.open(this.accountId)).find((open) => open.request_id === requestId);
         if (entry === undefined) break;
         const outcome = await this.resumeOne(entry, Date.now() + BACKGROUND_ATTEMPT_MS);
+        // A configuration error: retrying cannot help; the entry stays
+        // pending for the next start, once the setting is fixed.
+        if (outcome.error instanceof CorsRefused) return settled;
         if (outcome.error?.pending !== true) {
           settled.push(outcome);
           onSettled?.(outcome);
