@@ -7,7 +7,7 @@
 import { ApiError, CorsRefused, JobNotFinished, KioskError } from "./errors.js";
 import { Http, INSPECT, REDACTED_KEY, type Fetch, type Logger, type RetryPolicy } from "./http.js";
 import { Journal, type JournalEntry, type JournalStore } from "./journal.js";
-import { isTerminal, type Balance, type Event, type Job } from "./models.js";
+import { isTerminal, topupStateOf, type Balance, type Event, type Job, type TopupRule, type TopupState } from "./models.js";
 
 /** The service waits at most this long in one long poll (`wait_seconds`). */
 export const LONG_POLL_MAX_SECONDS = 30;
@@ -87,6 +87,8 @@ export interface WatchOptions extends CallTimeout {
   types?: readonly string[];
   /** Start after this event id. Default: the end of the feed (from now on). */
   after?: string;
+  /** Start after the last event created before this instant (a Date or RFC 3339). */
+  since?: Date | string;
   /** Start at the beginning of the feed instead of its end. */
   fromStart?: boolean;
   /** Long poll length, 0…30 s. Default 30. */
@@ -236,6 +238,26 @@ export class Kiosk {
       requestId,
     });
     return data as unknown as Job;
+  }
+
+  /**
+   * The account's top-up rules (`GET …/topup-rules`, at most 20), oldest
+   * first, each with `status`, `unconsumed_tokens` and `last_firing`.
+   */
+  async topupRules(options: CallTimeout = {}): Promise<TopupRule[]> {
+    const [, data] = await this.http.call("GET", `/v1/accounts/${this.accountId}/topup-rules`, {
+      deadline: this.deadline(options.timeoutMs),
+    });
+    return (data.rules as TopupRule[] | undefined) ?? [];
+  }
+
+  /**
+   * What a sold-out booth asks on {@link InsufficientTokens}: is a top-up on
+   * its way (`openRequest`: the rule whose request waits for the customer,
+   * and the request; `armed`), or stopped by a cap (`capped`)?
+   */
+  async topupState(options: CallTimeout = {}): Promise<TopupState> {
+    return topupStateOf(await this.topupRules(options));
   }
 
   /** This account's open journal entries (pending, accepted), oldest first. */
@@ -412,7 +434,9 @@ export class Kiosk {
   // -- the event feed -------------------------------------------------------
 
   /**
-   * The account's events as they commit, oldest first, for ever: a long
+   * The account's events as they commit, oldest first, for ever (from now,
+   * without reading the history; or `after` an event id, `since` an
+   * instant, or `fromStart`): a long
    * poll that holds no connection on the service while nothing happens, so
    * a top-up (`credit.created`) reaches a sold-out booth within a second.
    * "From now on" is decided when `watch` is called (it reads the end of
@@ -424,8 +448,16 @@ export class Kiosk {
    */
   async watch(options: WatchOptions = {}): Promise<AsyncIterableIterator<Event>> {
     const wanted = options.types === undefined ? null : new Set(options.types);
+    const given = [options.after !== undefined, options.since !== undefined, options.fromStart === true];
+    if (given.filter(Boolean).length > 1) throw new TypeError("give at most one of after, since and fromStart");
     let cursor: string | null = options.after ?? null;
-    if (cursor === null && options.fromStart !== true) cursor = await this.endOfFeed(options.timeoutMs);
+    const start =
+      options.since === undefined
+        ? null
+        : options.since instanceof Date
+          ? options.since.toISOString()
+          : options.since;
+    if (cursor === null && start === null && options.fromStart !== true) cursor = await this.endOfFeed(options.timeoutMs);
     const wait = Math.max(0, Math.min(LONG_POLL_MAX_SECONDS, Math.floor(options.waitSeconds ?? LONG_POLL_MAX_SECONDS)));
     const only = wanted !== null && wanted.size === 1 ? [...wanted][0] : undefined;
     const self = this;
@@ -433,6 +465,7 @@ export class Kiosk {
       while (options.signal?.aborted !== true) {
         const query: Record<string, string | number> = { account_id: self.accountId, wait_seconds: wait };
         if (cursor !== null) query.after = cursor;
+        else if (start !== null) query.start = start; // until the feed gives a cursor
         if (only !== undefined) query.type = only;
         const [, page] = await self.http.call("GET", "/v1/events", {
           deadline: self.deadline(options.timeoutMs),
@@ -449,15 +482,12 @@ export class Kiosk {
     return events();
   }
 
+  /** The account's latest listed event (null: none yet): `start=now`, one request, no history. */
   private async endOfFeed(timeoutMs?: number): Promise<string | null> {
-    let cursor: string | null = null;
-    for (;;) {
-      const query: Record<string, string | number> = { account_id: this.accountId, limit: EVENT_PAGE_MAX };
-      if (cursor !== null) query.after = cursor;
-      const [, page] = await this.http.call("GET", "/v1/events", { deadline: this.deadline(timeoutMs), query });
-      const events = (page.events as unknown[] | undefined) ?? [];
-      if (typeof page.next_after === "string") cursor = page.next_after;
-      if (events.length < EVENT_PAGE_MAX) return cursor;
-    }
+    const [, page] = await this.http.call("GET", "/v1/events", {
+      deadline: this.deadline(timeoutMs),
+      query: { account_id: this.accountId, start: "now", limit: 1 },
+    });
+    return typeof page.next_after === "string" ? page.next_after : null;
   }
 }

@@ -22,7 +22,16 @@ from ._errors import (
 from ._http import RetryPolicy
 from ._journal import JournalEntry
 from ._kiosk import RESUME_TIMEOUT_SECONDS, Heartbeat, Kiosk, Outcome, __version__
-from ._models import Balance, Event, Job, JobReservation, Reservation
+from ._models import (
+    Balance,
+    Event,
+    Job,
+    JobReservation,
+    Reservation,
+    TopupFiring,
+    TopupRule,
+    TopupState,
+)
 
 __all__ = [
     "AccountSuspended",
@@ -46,6 +55,9 @@ __all__ = [
     "ReservationNotHeld",
     "RetryPolicy",
     "TooManyActiveReservations",
+    "TopupFiring",
+    "TopupRule",
+    "TopupState",
     "Unauthorized",
     "Unreachable",
     "__version__",

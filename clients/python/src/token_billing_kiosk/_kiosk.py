@@ -10,6 +10,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Callable, Collection, Dict, Iterator, List, Mapping, Optional, Type, Union
 
@@ -24,7 +25,7 @@ from ._errors import (
 )
 from ._http import REDACTED_KEY, Http, RetryPolicy
 from ._journal import Journal, JournalEntry
-from ._models import Balance, Event, Job, Reservation
+from ._models import Balance, Event, Job, Reservation, TopupRule, TopupState
 
 log = logging.getLogger("token_billing_kiosk")
 
@@ -165,6 +166,23 @@ class Kiosk:
         )
         return Job.from_json(data)
 
+    def topup_rules(self, *, timeout: Optional[float] = None) -> List[TopupRule]:
+        """The account's top-up rules (``GET …/topup-rules``, at most 20),
+        oldest first, each with its ``status``, ``unconsumed_tokens`` and
+        ``last_firing``."""
+        _, data = self._http.call(
+            "GET",
+            f"/v1/accounts/{self.account_id}/topup-rules",
+            deadline=self._deadline(timeout),
+        )
+        return [TopupRule.from_json(rule) for rule in data.get("rules") or []]
+
+    def topup_state(self, *, timeout: Optional[float] = None) -> TopupState:
+        """What a sold-out booth asks on :class:`InsufficientTokens`: is a
+        top-up on its way (``open_request``: the rule whose request waits for
+        the customer; ``armed``), or stopped by a cap (``capped``)."""
+        return TopupState(tuple(self.topup_rules(timeout=timeout)))
+
     def pending(self) -> List[JournalEntry]:
         """Journaled requests of this account without a final answer yet:
         ``pending`` (may or may not have reached the service), ``accepted``
@@ -183,6 +201,7 @@ class Kiosk:
         types: Optional[Collection[str]] = None,
         *,
         after: Optional[str] = None,
+        since: Optional[datetime] = None,
         from_start: bool = False,
         wait_seconds: int = LONG_POLL_MAX_SECONDS,
         timeout: Optional[float] = None,
@@ -193,9 +212,11 @@ class Kiosk:
         booth within a second instead of at the next guest's press.
 
         ``types`` keeps only those event types (all when ``None``). The feed
-        starts after the event ``after``; without it, at the end of the feed
-        (only what commits from now on), or at its start with
-        ``from_start``. Each poll is retried like every read within
+        starts after the event ``after``; or after the last event created
+        before ``since`` (an aware ``datetime``); without either, at the end
+        of the feed (only what commits from now on: one request, the
+        service's ``start=now``, whatever the account's history), or at its
+        start with ``from_start``. Each poll is retried like every read within
         ``timeout`` (the kiosk's default); past it :class:`Unreachable` (or
         the typed refusal) is raised and the iterator ends: call ``watch``
         again with ``after`` = the last event's ``id`` to go on without a
@@ -207,16 +228,24 @@ class Kiosk:
         threads); ``close()`` of the kiosk ends it quietly.
         """
         wanted = None if types is None else frozenset(types)
+        if sum((after is not None, since is not None, from_start)) > 1:
+            raise ValueError("give at most one of after, since and from_start")
         cursor = after
-        if cursor is None and not from_start:
+        start: Optional[str] = None
+        if since is not None:
+            if since.tzinfo is None:
+                raise ValueError("since must be an aware datetime")
+            start = since.isoformat()
+        elif cursor is None and not from_start:
             cursor = self._end_of_feed(timeout)
         wait = max(0, min(LONG_POLL_MAX_SECONDS, int(wait_seconds)))
-        return self._watch(wanted, cursor, wait, timeout)
+        return self._watch(wanted, cursor, start, wait, timeout)
 
     def _watch(
         self,
         wanted: "Optional[frozenset[str]]",
         cursor: Optional[str],
+        start: Optional[str],
         wait: int,
         timeout: Optional[float],
     ) -> Iterator[Event]:
@@ -224,7 +253,8 @@ class Kiosk:
         only = next(iter(wanted)) if wanted is not None and len(wanted) == 1 else None
         while not self._closed:
             try:
-                page = self._events(cursor, only, wait, timeout)
+                # `start` until the feed gives a cursor.
+                page = self._events(cursor, start if cursor is None else None, only, wait, timeout)
             except Exception:
                 if self._closed:  # closed while the poll was in flight
                     return
@@ -239,11 +269,18 @@ class Kiosk:
                 cursor = str(next_after)
 
     def _events(
-        self, after: Optional[str], only: Optional[str], wait: int, timeout: Optional[float]
+        self,
+        after: Optional[str],
+        start: Optional[str],
+        only: Optional[str],
+        wait: int,
+        timeout: Optional[float],
     ) -> Dict[str, Any]:
         params: Dict[str, Any] = {"account_id": self.account_id, "wait_seconds": wait}
         if after is not None:
             params["after"] = after
+        elif start is not None:
+            params["start"] = start
         if only is not None:
             params["type"] = only
         _, data = self._http.call(
@@ -256,25 +293,16 @@ class Kiosk:
         return data
 
     def _end_of_feed(self, timeout: Optional[float]) -> Optional[str]:
-        """The id of the account's latest event (``None``: no event yet)."""
-        cursor: Optional[str] = None
-        while True:
-            _, page = self._http.call(
-                "GET",
-                "/v1/events",
-                params={
-                    "account_id": self.account_id,
-                    "limit": EVENT_PAGE_MAX,
-                    **({} if cursor is None else {"after": cursor}),
-                },
-                deadline=self._deadline(timeout),
-            )
-            events = page.get("events") or []
-            next_after = page.get("next_after")
-            if next_after is not None:
-                cursor = str(next_after)
-            if len(events) < EVENT_PAGE_MAX:
-                return cursor
+        """The id of the account's latest listed event (``None``: no event
+        yet), from the service's ``start=now``: one request, no history."""
+        _, page = self._http.call(
+            "GET",
+            "/v1/events",
+            params={"account_id": self.account_id, "start": "now", "limit": 1},
+            deadline=self._deadline(timeout),
+        )
+        next_after = page.get("next_after")
+        return None if next_after is None else str(next_after)
 
     # -- jobs --------------------------------------------------------------
 
