@@ -415,6 +415,19 @@ static DOCUMENT: LazyLock<Result<String, String>> = LazyLock::new(|| {
         serde_json::to_value(ApiDoc::openapi()).map_err(|error| error.to_string())?;
     camel_case_links(&mut document);
     for_generators(&mut document);
+    always_sent_required(&mut document);
+    if let Some(document) = document.as_object_mut() {
+        // Relative: the service that serves this document. Generators
+        // (hey-api) type the client's base URL from it.
+        document.insert(
+            "servers".to_owned(),
+            serde_json::json!([{
+                "url": "/",
+                "description": "The service that serves this document; a client is given its \
+                    deployment's base URL (such as http://127.0.0.1:8080)"
+            }]),
+        );
+    }
     // An adjustment is never 0; utoipa's schema builder has no `not`.
     if let Some(signed) = document
         .pointer_mut("/components/schemas/SignedTokens")
@@ -683,7 +696,12 @@ fn for_generators(document: &mut serde_json::Value) {
             }
         }
     }
-    let integer_header = |description: &str| json!({"description": description, "schema": {"type": "integer", "minimum": 0}});
+    // As the wire has it (a header is text): a string of digits, seconds.
+    let seconds_header = |description: &str| {
+        json!({"description": description, "schema": {
+            "type": "string", "pattern": "^[0-9]+$", "examples": ["1"]
+        }})
+    };
     for item in paths.values_mut().filter_map(Value::as_object_mut) {
         for (method, operation) in item.iter_mut() {
             let Some(responses) = operation
@@ -716,11 +734,130 @@ fn for_generators(document: &mut serde_json::Value) {
                 if status == "429" || status == "503" {
                     headers.insert(
                         "Retry-After".to_owned(),
-                        integer_header("Seconds to wait before retrying the same request."),
+                        seconds_header(
+                            "Seconds to wait before retrying the same request (digits).",
+                        ),
                     );
                 }
                 if headers.is_empty() {
                     response.remove("headers");
+                }
+            }
+        }
+    }
+}
+
+/// The schemas of answers only (reached from a response, never from a
+/// request body or parameter, `Problem` aside: its members are sent only
+/// when they apply): every nullable member is always sent — as `null` when
+/// it has no value — so it is `required` too, and a generator types it
+/// `T | null`, not `T | null | undefined`. A member the service omits
+/// (`skip_serializing_if`) is not nullable in the document, so it stays
+/// optional.
+fn always_sent_required(document: &mut serde_json::Value) {
+    use serde_json::Value;
+    use std::collections::BTreeSet;
+
+    fn references(value: &Value, into: &mut BTreeSet<String>) {
+        match value {
+            Value::Object(map) => {
+                if let Some(Value::String(target)) = map.get("$ref") {
+                    if let Some(name) = target.strip_prefix("#/components/schemas/") {
+                        into.insert(name.to_owned());
+                    }
+                }
+                map.values().for_each(|value| references(value, into));
+            }
+            Value::Array(items) => items.iter().for_each(|value| references(value, into)),
+            _ => {}
+        }
+    }
+    fn closure(document: &Value, mut names: BTreeSet<String>) -> BTreeSet<String> {
+        let mut queue: Vec<String> = names.iter().cloned().collect();
+        while let Some(name) = queue.pop() {
+            let mut found = BTreeSet::new();
+            if let Some(schema) = document.pointer(&format!("/components/schemas/{name}")) {
+                references(schema, &mut found);
+            }
+            for name in found {
+                if names.insert(name.clone()) {
+                    queue.push(name);
+                }
+            }
+        }
+        names
+    }
+    fn nullable(property: &Value) -> bool {
+        let null_type = |kind: &Value| {
+            kind == "null"
+                || kind
+                    .as_array()
+                    .is_some_and(|kinds| kinds.iter().any(|k| k == "null"))
+        };
+        property.get("type").is_some_and(null_type)
+            || ["oneOf", "anyOf"].iter().any(|key| {
+                property
+                    .get(*key)
+                    .and_then(Value::as_array)
+                    .is_some_and(|options| {
+                        options.iter().any(|o| o.get("type").is_some_and(null_type))
+                    })
+            })
+    }
+
+    let (mut answers, mut asked) = (BTreeSet::new(), BTreeSet::new());
+    if let Some(paths) = document.get("paths").and_then(Value::as_object) {
+        for operation in paths
+            .values()
+            .filter_map(Value::as_object)
+            .flat_map(|item| item.values())
+        {
+            if let Some(responses) = operation.get("responses") {
+                references(responses, &mut answers);
+            }
+            for part in ["requestBody", "parameters"] {
+                if let Some(part) = operation.get(part) {
+                    references(part, &mut asked);
+                }
+            }
+        }
+    }
+    let answers = closure(document, answers);
+    let asked = closure(document, asked);
+    let Some(schemas) = document
+        .pointer_mut("/components/schemas")
+        .and_then(Value::as_object_mut)
+    else {
+        return;
+    };
+    for name in answers.difference(&asked) {
+        if name == "Problem" {
+            continue;
+        }
+        let Some(schema) = schemas.get_mut(name).and_then(Value::as_object_mut) else {
+            continue;
+        };
+        let always: Vec<String> = schema
+            .get("properties")
+            .and_then(Value::as_object)
+            .map(|properties| {
+                properties
+                    .iter()
+                    .filter(|(_, property)| nullable(property))
+                    .map(|(name, _)| name.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if always.is_empty() {
+            continue;
+        }
+        let required = schema
+            .entry("required")
+            .or_insert_with(|| Value::Array(Vec::new()));
+        if let Some(required) = required.as_array_mut() {
+            for name in always {
+                if !required.iter().any(|listed| listed == name.as_str()) {
+                    required.push(Value::String(name));
                 }
             }
         }

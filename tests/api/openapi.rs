@@ -559,10 +559,10 @@ async fn replay_and_retry_headers_are_declared() {
         }
         for status in ["429", "503"] {
             if let Some(response) = responses.get(status) {
-                assert_eq!(
-                    response["headers"]["Retry-After"]["schema"]["type"], "integer",
-                    "{method} {path} {status}"
-                );
+                // A header is text: openapi-fetch hands it over as a string.
+                let schema = &response["headers"]["Retry-After"]["schema"];
+                assert_eq!(schema["type"], "string", "{method} {path} {status}");
+                assert_eq!(schema["pattern"], "^[0-9]+$", "{method} {path} {status}");
             }
         }
     }
@@ -578,4 +578,46 @@ async fn replay_and_retry_headers_are_declared() {
             "{path}"
         );
     }
+}
+
+/// Generators type the document exactly (issue 59): members always sent,
+/// as null when they have no value, are required and nullable; a member
+/// the service omits stays optional; a `servers` entry names the base URL.
+#[tokio::test]
+async fn always_sent_members_are_required_and_servers_named() {
+    let app = TestApp::spawn().await;
+    let doc = document(&app).await;
+    let schemas = &doc["components"]["schemas"];
+    let required = |schema: &str| -> Vec<String> {
+        schemas[schema]["required"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{schema} has no required"))
+            .iter()
+            .map(|name| name.as_str().expect("a name").to_owned())
+            .collect()
+    };
+    for (schema, members) in [
+        ("JobView", &["result", "error", "finished_at"][..]),
+        ("EventPage", &["next_after"][..]),
+        ("ReservationView", &["job_id", "resolved_at"][..]),
+    ] {
+        let listed = required(schema);
+        for member in members {
+            assert!(
+                listed.iter().any(|name| name == member),
+                "{schema}.{member}: {listed:?}"
+            );
+        }
+    }
+    // Sent only in the answer to a creation: optional.
+    assert!(!required("AccountView")
+        .iter()
+        .any(|name| name == "warnings"));
+    // A request body's optional members stay optional (null: unchanged).
+    let update = schemas["UpdateAccount"]["required"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(!update.iter().any(|name| name == "status"), "{update:?}");
+    assert_eq!(doc["servers"][0]["url"], "/", "{}", doc["servers"]);
 }

@@ -328,6 +328,74 @@ async fn the_feed_pages_filters_and_long_polls() {
     assert_eq!(again["next_after"], page["next_after"]);
 }
 
+/// `start=now` begins at the end of the feed without its history, and
+/// `start=<instant>` after the last event created before it; with a long
+/// poll, a `start=now` watcher gets the next event and nothing older.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_feed_starts_now_or_at_an_instant() {
+    let app = Arc::new(TestApp::spawn().await);
+    let ours = app.funded_account(10).await;
+    let kiosk = app.kiosk_key(ours).await;
+    app.credit(ours, 1).await;
+    app.credit(ours, 2).await;
+    let history = feed_until(&app, &kiosk, "", 3).await;
+    assert_eq!(history.len(), 3, "{history:#?}");
+    let last = history[2]["id"].as_str().expect("id").to_owned();
+
+    // Now: no event, the cursor is the last one listed.
+    let now = feed(&app, &kiosk, "start=now").await;
+    assert_eq!(now["events"], json!([]), "{now:#?}");
+    assert_eq!(now["next_after"], json!(last));
+
+    // An instant: the events created at or after it (the last two credits'
+    // instant: the last one only; before every event: all of them).
+    let instant = history[2]["created_at"].as_str().expect("created_at");
+    let from_instant = feed(
+        &app,
+        &kiosk,
+        &format!("start={}", instant.replace('+', "%2B")),
+    )
+    .await;
+    let ids: Vec<&str> = from_instant["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .map(|event| event["id"].as_str().expect("id"))
+        .collect();
+    assert_eq!(ids, vec![last.as_str()], "{from_instant:#?}");
+    let everything = feed(&app, &kiosk, "start=2000-01-01T00:00:00Z").await;
+    assert_eq!(everything["events"].as_array().expect("events").len(), 3);
+
+    // A watcher from now: waits, then gets the next event only.
+    let waiter = {
+        let app = Arc::clone(&app);
+        let kiosk = kiosk.clone();
+        tokio::spawn(async move { feed(&app, &kiosk, "start=now&wait_seconds=20").await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "start=now answered with history");
+    app.credit(ours, 5).await;
+    let page = waiter.await.expect("task");
+    let events = page["events"].as_array().expect("events");
+    assert_eq!(events.len(), 1, "{page:#?}");
+    assert_eq!(events[0]["type"], "credit.created");
+    assert_eq!(events[0]["data"]["credit"]["amount"], 5);
+
+    // Another account's history is not this kiosk's "now".
+    let theirs = app.funded_account(3).await;
+    let again = feed(&app, &kiosk, "start=now").await;
+    assert_eq!(again["next_after"], page["next_after"], "{theirs}");
+
+    for query in [
+        "start=yesterday",
+        "start=2026-13-01T00:00:00Z",
+        &format!("start=now&after={last}"),
+    ] {
+        let response = app.get(&format!("/v1/events?{query}"), &kiosk).await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{query}");
+    }
+}
+
 /// A receiver that fails twice and then succeeds gets the same
 /// `webhook-id` three times, each signature verified by the independent
 /// library; the delivery log shows the three attempts.

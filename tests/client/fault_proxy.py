@@ -22,6 +22,9 @@ connection of its own, and asks ``decide(request)`` what to do with it:
   (or ``problem``, as given, when set; and ``Retry-After: retry_after`` when
   set), forwarding nothing.
 
+``down`` (an attribute, false at first) is the venue's network gone: while
+it is true every new connection is closed at once, before a byte is read.
+
 ``fired`` lists the actions that happened: ``(request number, method,
 path, action kind)``.
 """
@@ -72,6 +75,8 @@ class FaultProxy:
         self.kill = kill
         self.fired: List[Tuple[int, str, str, str]] = []
         self.requests = 0
+        self.down = False
+        self.refused = 0  # connections closed while down
         self._lock = threading.Lock()
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -100,6 +105,11 @@ class FaultProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if self.down:
+                with self._lock:
+                    self.refused += 1
+                _close(client)
+                continue
             with self._lock:
                 self._connections.append(client)
             threading.Thread(target=self._serve, args=(client,), daemon=True).start()

@@ -38,7 +38,7 @@ def main() -> int:
     delays = [int(text) for text in args.delays_ms.split(",")]
     kiosk = Kiosk(args.url, os.environ["KIOSK_KEY"], args.account, args.journal, timeout=60)
 
-    for outcome in kiosk.resume():
+    for outcome in kiosk.resume(timeout=60):
         if outcome.error is not None:
             emit("resume_error", request_id=outcome.request_id, error=str(outcome.error))
             return 3

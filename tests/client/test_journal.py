@@ -142,7 +142,7 @@ def test_a_job_longer_than_the_timeout_is_finished_by_resume(
         kiosk.generate("standard", {"simulate": {"delay_ms": 5000}}, timeout=2)
     assert slow.value.pending and slow.value.job.status in ("queued", "running")
     assert [e.state for e in kiosk.pending()] == ["accepted"]
-    (outcome,) = kiosk.resume()
+    (outcome,) = kiosk.resume(timeout=30)  # waits here, not in the background
     assert outcome.job is not None and outcome.job.succeeded
     assert outcome.job.job_id == slow.value.job.job_id
     assert admin.balances(account.account_id)["used"] == 1

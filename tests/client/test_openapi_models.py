@@ -12,11 +12,19 @@ from typing import Any, Dict, List, Tuple
 import httpx
 import pytest
 
-from token_billing_kiosk import Balance, Event, Job, JobReservation, Reservation
+from token_billing_kiosk import (
+    Balance,
+    Event,
+    Job,
+    JobReservation,
+    Reservation,
+    TopupFiring,
+    TopupRule,
+)
 from token_billing_kiosk._errors import ERRORS_BY_CODE, PROBLEM_FIELDS
 from token_billing_kiosk._models import JOB_TERMINAL_STATUSES
 
-MODELS = [Balance, Event, Job, JobReservation, Reservation]
+MODELS = [Balance, Event, Job, JobReservation, Reservation, TopupFiring, TopupRule]
 
 # The requests the client sends: (method, OpenAPI path).
 CLIENT_PATHS = [
@@ -29,6 +37,7 @@ CLIENT_PATHS = [
     ("post", "/v1/accounts/{account_id}/reservations/{reservation_id}/release"),
     ("post", "/v1/accounts/{account_id}/reservations/{reservation_id}/extend"),
     ("get", "/v1/events"),
+    ("get", "/v1/accounts/{account_id}/topup-rules"),
 ]
 
 
@@ -129,6 +138,9 @@ def test_the_paths_the_client_calls_exist(document: Dict[str, Any]) -> None:
     job_get = document["paths"]["/v1/accounts/{account_id}/jobs/{request_id}"]["get"]
     wait = [p for p in job_get["parameters"] if p["name"] == "wait_seconds"]
     assert wait and wait[0]["schema"].get("maximum") == 30, wait
+    # watch() starts at "now" or an instant with the feed's `start`.
+    events = document["paths"]["/v1/events"]["get"]["parameters"]
+    assert [p for p in events if p["name"] == "start"], events
 
 
 def test_terminal_job_statuses_are_the_services(document: Dict[str, Any]) -> None:

@@ -3,7 +3,9 @@
 # service (tests/lib/service.sh), generates a client from its /openapi.json
 # with openapi-typescript (from the npm registry, versions locked in
 # package-lock.json; no flag), compiles it with a small kiosk (kiosk.ts,
-# openapi-fetch as the transport) under `tsc --strict`, runs that kiosk
+# openapi-fetch as the transport) and type-level assertions (types.ts:
+# always-sent members required and nullable, Retry-After a string) under
+# `tsc --strict`, checks the `servers` entry, runs that kiosk
 # against the service (one guest action, charged once, its retry a replay),
 # and checks that each line of misspelled.ts marked MISSPELLED fails to
 # compile, and that the file compiles once the misspelling is corrected.
@@ -29,7 +31,13 @@ npx --no-install openapi-typescript generated/openapi.json -o generated/schema.d
 echo "openapi_ts: generated $(wc -l < generated/schema.d.ts) lines of types"
 
 npx --no-install tsc --strict -p tsconfig.json
-echo "openapi_ts: the generated client and kiosk.ts compile under tsc --strict"
+echo "openapi_ts: the generated client, kiosk.ts and the type assertions of types.ts compile under tsc --strict"
+# hey-api and others type the client's base URL from `servers`.
+node -e 'const d = require("./generated/openapi.json");
+  if (!Array.isArray(d.servers) || d.servers.length === 0 || typeof d.servers[0].url !== "string") {
+    console.error("openapi_ts: the document has no servers entry"); process.exit(1);
+  }'
+echo "openapi_ts: servers entry present"
 node build/kiosk.js
 
 # Every MISSPELLED line fails, with an error on that very line.

@@ -7,12 +7,20 @@ Driven by tests/typescript/run.sh: PAGE_ORIGIN serves clients/typescript
 request journaled in IndexedDB but never sent; the page is then loaded
 again (a reload, as after a crash), and step 2 finds the entry, resume()
 sends it: two jobs, each charged once, the journal all done.
+
+Then the same page from an origin the service does not allow (the same
+server by another name, http://127.0.0.1:<port> instead of
+http://localhost:<port>): Kiosk.open rejects with CorsRefused, the page
+shows a configuration error within 5 s, and the service has created
+nothing (no job, no reservation, no ledger entry).
 """
 
 import json
 import os
 import sys
+import time
 import urllib.parse
+import urllib.request
 
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
@@ -43,6 +51,41 @@ def step(driver, number):
     return result
 
 
+def admin_get(path):
+    request = urllib.request.Request(
+        TB_URL + path, headers={"Authorization": f"Bearer {os.environ['TB_ADMIN_KEY']}"})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return json.load(answer)
+
+
+def wrong_origin(driver):
+    """The page from an origin not in CORS_ALLOWED_ORIGINS."""
+    origin = ORIGIN.replace("//localhost:", "//127.0.0.1:")
+    check(origin != ORIGIN, f"PAGE_ORIGIN {ORIGIN} is not on localhost")
+    account = os.environ["TB_ACCOUNT_ID"]
+    before = (admin_get(f"/v1/accounts/{account}/jobs?limit=500")["jobs"],
+              admin_get(f"/v1/accounts/{account}/ledger?limit=1000")["entries"])
+    fragment = urllib.parse.urlencode({
+        "step": "cors", "api": TB_URL, "account": account, "key": os.environ["TB_KIOSK_KEY"],
+    })
+    driver.get("about:blank")
+    started = time.monotonic()
+    driver.get(f"{origin}/browser.html#{fragment}")
+    WebDriverWait(driver, 60, poll_frequency=0.1).until(
+        lambda d: d.find_element(By.ID, "status").text in ("done", "failed", "configuration error"))
+    seen = time.monotonic() - started
+    status = driver.find_element(By.ID, "status").text
+    result = json.loads(driver.find_element(By.ID, "result").text)
+    print(f"browser: wrong origin {origin}: {status!r} after {seen:.2f}s: {json.dumps(result)}")
+    check(status == "configuration error", f"a refused origin was not named: {status} {result}")
+    check(result["error"].startswith("CorsRefused: "), result)
+    check(result["origin"] == origin, result)
+    check(seen < 5.0, f"the configuration error took {seen:.2f}s (at most 5)")
+    after = (admin_get(f"/v1/accounts/{account}/jobs?limit=500")["jobs"],
+             admin_get(f"/v1/accounts/{account}/ledger?limit=1000")["entries"])
+    check(after == before, "the refused page created something")
+
+
 def main():
     options = webdriver.ChromeOptions()
     options.binary_location = os.environ.get("CHROMIUM", "/usr/bin/chromium")
@@ -60,9 +103,11 @@ def main():
         states = dict(second["history"])
         check(states == {first["job"]["request_id"]: "done", first["left"]: "done"}, second)
         check(second["balance"]["used"] == 2 and second["balance"]["reserved"] == 0, second)
+        wrong_origin(driver)
     finally:
         driver.quit()
-    print("browser: ok (IndexedDB journal: a guest action charged once, an unsent entry resumed after a reload)")
+    print("browser: ok (IndexedDB journal: a guest action charged once, an unsent entry resumed "
+          "after a reload; a refused origin named CorsRefused, nothing created)")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,33 @@ export class Unreachable extends KioskError {
   }
 }
 
+/**
+ * A configuration error, not a network one: the browser refuses this page
+ * the service's answers because the page's origin is not one of the
+ * service's `CORS_ALLOWED_ORIGINS` (or the page's fetch is not one the
+ * service allows). Seen from the page as a plain `TypeError: Failed to
+ * fetch`, exactly like lost Wi-Fi; the client tells them apart with two
+ * probes of `/readyz` (a `cors` one refused while a `no-cors` one is
+ * answered) and never retries it: fix the service's setting or the page's
+ * origin. A journaled request stays pending (`pending` true when it may
+ * have been sent), so it is settled once the setting is fixed.
+ */
+export class CorsRefused extends KioskError {
+  /** The page's origin (`location.origin`), or null outside a page. */
+  readonly origin: string | null;
+  /** The service the page was refused by. */
+  readonly baseUrl: string;
+
+  constructor(
+    message: string,
+    options: { origin: string | null; baseUrl: string; requestId?: string | null; pending?: boolean },
+  ) {
+    super(message, options);
+    this.origin = options.origin;
+    this.baseUrl = options.baseUrl;
+  }
+}
+
 /** The deadline passed while the job was still running; it goes on. */
 export class JobNotFinished extends KioskError {
   readonly job: Job;

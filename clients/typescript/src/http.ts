@@ -8,7 +8,7 @@
  * journaled request pending: the key is checked before the `request_id`.
  */
 
-import { ApiError, Unreachable, errorFromProblem } from "./errors.js";
+import { ApiError, KioskError, Unreachable, errorFromProblem } from "./errors.js";
 
 export interface RetryPolicy {
   /** First backoff ceiling (ms); doubles per attempt. Default 200. */
@@ -25,6 +25,12 @@ export interface Logger {
   info(message: string): void;
   warn(message: string): void;
 }
+
+/**
+ * Asked after a transport error (a fetch that threw): an error to throw at
+ * once instead of retrying (a {@link CorsRefused}), or null to retry.
+ */
+export type Diagnose = (error: unknown) => Promise<KioskError | null>;
 
 export const RETRIED_STATUSES: readonly number[] = [429, 502, 503, 504];
 export const BEFORE_REPLAY_STATUSES: readonly number[] = [401, 403];
@@ -77,17 +83,19 @@ export class Http {
   readonly #authorization: string;
   readonly requestTimeoutMs: number;
   private readonly retry: Required<RetryPolicy>;
+  private readonly diagnose: Diagnose | null;
 
   constructor(
     baseUrl: string,
     apiKey: string,
-    options: { requestTimeoutMs: number; retry: RetryPolicy; fetch: Fetch; logger: Logger },
+    options: { requestTimeoutMs: number; retry: RetryPolicy; fetch: Fetch; logger: Logger; diagnose?: Diagnose },
     private readonly fetcher: Fetch = options.fetch,
     private readonly log: Logger = options.logger,
   ) {
     this.base = baseUrl.replace(/\/+$/, "");
     this.#authorization = `Bearer ${apiKey}`;
     this.requestTimeoutMs = options.requestTimeoutMs;
+    this.diagnose = options.diagnose ?? null;
     this.retry = {
       baseDelayMs: options.retry.baseDelayMs ?? 200,
       maxDelayMs: options.retry.maxDelayMs ?? 5000,
@@ -169,6 +177,13 @@ export class Http {
         failure = error;
         reason = error instanceof Error ? `${error.name}: ${error.message}` : String(error);
         if (!notSent(error)) mayHaveLanded = true;
+        if (this.diagnose !== null && !abort.signal.aborted) {
+          const cause = await this.diagnose(error);
+          if (cause !== null) {
+            cause.pending = pendingOnGiveUp && mayHaveLanded;
+            throw cause;
+          }
+        }
       }
       let delay = this.backoff(attempt - 1);
       if (retryAfter !== null) delay = retryAfter * 1000 + delay / 4;

@@ -6,7 +6,7 @@
  */
 
 export * from "./errors.js";
-export { Http, REDACTED_KEY, RETRIED_STATUSES, type Fetch, type Logger, type RetryPolicy } from "./http.js";
+export { Http, REDACTED_KEY, RETRIED_STATUSES, type Diagnose, type Fetch, type Logger, type RetryPolicy } from "./http.js";
 export {
   Journal,
   MemoryJournalStore,
@@ -17,6 +17,7 @@ export {
   type Operation,
 } from "./journal.js";
 export {
+  CORS_PROBE_TIMEOUT_MS,
   EVENT_PAGE_MAX,
   Kiosk,
   LONG_POLL_MAX_SECONDS,

@@ -4,10 +4,10 @@
  * `wait`, `job`, `balance`, `pending`, `history`, `resume`, `watch`.
  */
 
-import { ApiError, JobNotFinished, KioskError } from "./errors.js";
+import { ApiError, CorsRefused, JobNotFinished, KioskError } from "./errors.js";
 import { Http, INSPECT, REDACTED_KEY, type Fetch, type Logger, type RetryPolicy } from "./http.js";
 import { Journal, type JournalEntry, type JournalStore } from "./journal.js";
-import { isTerminal, type Balance, type Event, type Job } from "./models.js";
+import { isTerminal, topupStateOf, type Balance, type Event, type Job, type TopupRule, type TopupState } from "./models.js";
 
 /** The service waits at most this long in one long poll (`wait_seconds`). */
 export const LONG_POLL_MAX_SECONDS = 30;
@@ -32,6 +32,22 @@ export interface KioskOptions {
   logger?: Logger;
   /** Finished journal entries are forgotten after this many days. Default 30. */
   keepFinishedDays?: number;
+  /**
+   * Tell a CORS refusal from a dead network ({@link CorsRefused}): at
+   * `open` and after a fetch that throws, a `cors` and a `no-cors` probe of
+   * `/readyz`. Default: on in a web page whose origin is not the service's,
+   * off elsewhere (Node, Electron's main process).
+   */
+  corsProbe?: boolean;
+}
+
+/** How long each CORS probe of `/readyz` waits (ms). */
+export const CORS_PROBE_TIMEOUT_MS = 1_500;
+
+/** The page's origin when this runs in a web page (a window or a worker), else null. */
+function pageOrigin(): string | null {
+  const location = (globalThis as { location?: { origin?: unknown } }).location;
+  return typeof location?.origin === "string" && location.origin !== "null" ? location.origin : null;
 }
 
 /** What {@link Kiosk.resume} made of one open journal entry. */
@@ -71,6 +87,8 @@ export interface WatchOptions extends CallTimeout {
   types?: readonly string[];
   /** Start after this event id. Default: the end of the feed (from now on). */
   after?: string;
+  /** Start after the last event created before this instant (a Date or RFC 3339). */
+  since?: Date | string;
   /** Start at the beginning of the feed instead of its end. */
   fromStart?: boolean;
   /** Long poll length, 0…30 s. Default 30. */
@@ -97,25 +115,83 @@ export class Kiosk {
   private readonly http: Http;
   private closed = false;
   private background: Promise<Outcome[]> | null = null;
+  private readonly fetcher: Fetch;
+  /** True once a `cors` probe was answered: CORS is fine, no more probes. */
+  private corsFine: boolean;
 
   private constructor(options: KioskOptions) {
     this.baseUrl = options.baseUrl.replace(/\/+$/, "");
     this.accountId = uuid(options.accountId);
     this.timeoutMs = options.timeoutMs ?? 120_000;
     this.journal = new Journal(options.journal);
+    this.fetcher = options.fetch ?? ((input, init) => fetch(input, init));
+    const origin = pageOrigin();
+    let crossOrigin = false;
+    try {
+      crossOrigin = origin !== null && new URL(this.baseUrl).origin !== origin;
+    } catch {
+      crossOrigin = false;
+    }
+    this.corsFine = !(options.corsProbe ?? crossOrigin);
     this.http = new Http(this.baseUrl, options.apiKey, {
       requestTimeoutMs: options.requestTimeoutMs ?? 15_000,
       retry: options.retry ?? {},
-      fetch: options.fetch ?? ((input, init) => fetch(input, init)),
+      fetch: this.fetcher,
       logger: options.logger ?? silent,
+      diagnose: async () => this.probeCors(),
     });
   }
 
-  /** A kiosk on its journal (finished entries older than `keepFinishedDays` are forgotten). */
+  /**
+   * A kiosk on its journal (finished entries older than `keepFinishedDays`
+   * are forgotten). In a web page on another origin than the service's it
+   * first probes CORS (`corsProbe`): rejects with {@link CorsRefused} when
+   * the service refuses this origin, within about 1.5 s; offline it goes on.
+   */
   static async open(options: KioskOptions): Promise<Kiosk> {
     const kiosk = new Kiosk(options);
+    const refused = await kiosk.probeCors();
+    if (refused !== null) {
+      await kiosk.journal.close();
+      throw refused;
+    }
     await kiosk.journal.prune((options.keepFinishedDays ?? 30) * 86_400_000);
     return kiosk;
+  }
+
+  /**
+   * Two probes of `/readyz` at once: a `cors` one (what every call needs)
+   * and a `no-cors` one (answered opaquely whenever the service is
+   * reachable, whatever its CORS setting). The first refused while the
+   * second is answered: a CORS refusal. Both refused: no network (retried
+   * as usual). Null unless CORS is refused.
+   */
+  private async probeCors(): Promise<CorsRefused | null> {
+    if (this.corsFine) return null;
+    const probe = async (mode: RequestMode): Promise<boolean> => {
+      const abort = new AbortController();
+      const timer = setTimeout(() => abort.abort(), CORS_PROBE_TIMEOUT_MS);
+      try {
+        await this.fetcher(`${this.baseUrl}/readyz`, { method: "GET", mode, signal: abort.signal, cache: "no-store" });
+        return true;
+      } catch {
+        return false;
+      } finally {
+        clearTimeout(timer);
+      }
+    };
+    const [cors, opaque] = await Promise.all([probe("cors"), probe("no-cors")]);
+    if (cors) {
+      this.corsFine = true;
+      return null;
+    }
+    if (!opaque) return null;
+    const origin = pageOrigin();
+    return new CorsRefused(
+      `the service at ${this.baseUrl} answers, but the browser refuses its answers to this page ` +
+        `(origin ${origin ?? "unknown"}): add the origin to the service's CORS_ALLOWED_ORIGINS`,
+      { origin, baseUrl: this.baseUrl },
+    );
   }
 
   /** What `JSON.stringify`, `console.log` and `util.inspect` show: never the key. */
@@ -162,6 +238,26 @@ export class Kiosk {
       requestId,
     });
     return data as unknown as Job;
+  }
+
+  /**
+   * The account's top-up rules (`GET …/topup-rules`, at most 20), oldest
+   * first, each with `status`, `unconsumed_tokens` and `last_firing`.
+   */
+  async topupRules(options: CallTimeout = {}): Promise<TopupRule[]> {
+    const [, data] = await this.http.call("GET", `/v1/accounts/${this.accountId}/topup-rules`, {
+      deadline: this.deadline(options.timeoutMs),
+    });
+    return (data.rules as TopupRule[] | undefined) ?? [];
+  }
+
+  /**
+   * What a sold-out booth asks on {@link InsufficientTokens}: is a top-up on
+   * its way (`openRequest`: the rule whose request waits for the customer,
+   * and the request; `armed`), or stopped by a cap (`capped`)?
+   */
+  async topupState(options: CallTimeout = {}): Promise<TopupState> {
+    return topupStateOf(await this.topupRules(options));
   }
 
   /** This account's open journal entries (pending, accepted), oldest first. */
@@ -322,6 +418,9 @@ export class Kiosk {
         const entry = (await this.journal.open(this.accountId)).find((open) => open.request_id === requestId);
         if (entry === undefined) break;
         const outcome = await this.resumeOne(entry, Date.now() + BACKGROUND_ATTEMPT_MS);
+        // A configuration error: retrying cannot help; the entry stays
+        // pending for the next start, once the setting is fixed.
+        if (outcome.error instanceof CorsRefused) return settled;
         if (outcome.error?.pending !== true) {
           settled.push(outcome);
           onSettled?.(outcome);
@@ -335,7 +434,9 @@ export class Kiosk {
   // -- the event feed -------------------------------------------------------
 
   /**
-   * The account's events as they commit, oldest first, for ever: a long
+   * The account's events as they commit, oldest first, for ever (from now,
+   * without reading the history; or `after` an event id, `since` an
+   * instant, or `fromStart`): a long
    * poll that holds no connection on the service while nothing happens, so
    * a top-up (`credit.created`) reaches a sold-out booth within a second.
    * "From now on" is decided when `watch` is called (it reads the end of
@@ -347,8 +448,16 @@ export class Kiosk {
    */
   async watch(options: WatchOptions = {}): Promise<AsyncIterableIterator<Event>> {
     const wanted = options.types === undefined ? null : new Set(options.types);
+    const given = [options.after !== undefined, options.since !== undefined, options.fromStart === true];
+    if (given.filter(Boolean).length > 1) throw new TypeError("give at most one of after, since and fromStart");
     let cursor: string | null = options.after ?? null;
-    if (cursor === null && options.fromStart !== true) cursor = await this.endOfFeed(options.timeoutMs);
+    const start =
+      options.since === undefined
+        ? null
+        : options.since instanceof Date
+          ? options.since.toISOString()
+          : options.since;
+    if (cursor === null && start === null && options.fromStart !== true) cursor = await this.endOfFeed(options.timeoutMs);
     const wait = Math.max(0, Math.min(LONG_POLL_MAX_SECONDS, Math.floor(options.waitSeconds ?? LONG_POLL_MAX_SECONDS)));
     const only = wanted !== null && wanted.size === 1 ? [...wanted][0] : undefined;
     const self = this;
@@ -356,6 +465,7 @@ export class Kiosk {
       while (options.signal?.aborted !== true) {
         const query: Record<string, string | number> = { account_id: self.accountId, wait_seconds: wait };
         if (cursor !== null) query.after = cursor;
+        else if (start !== null) query.start = start; // until the feed gives a cursor
         if (only !== undefined) query.type = only;
         const [, page] = await self.http.call("GET", "/v1/events", {
           deadline: self.deadline(options.timeoutMs),
@@ -372,15 +482,12 @@ export class Kiosk {
     return events();
   }
 
+  /** The account's latest listed event (null: none yet): `start=now`, one request, no history. */
   private async endOfFeed(timeoutMs?: number): Promise<string | null> {
-    let cursor: string | null = null;
-    for (;;) {
-      const query: Record<string, string | number> = { account_id: this.accountId, limit: EVENT_PAGE_MAX };
-      if (cursor !== null) query.after = cursor;
-      const [, page] = await this.http.call("GET", "/v1/events", { deadline: this.deadline(timeoutMs), query });
-      const events = (page.events as unknown[] | undefined) ?? [];
-      if (typeof page.next_after === "string") cursor = page.next_after;
-      if (events.length < EVENT_PAGE_MAX) return cursor;
-    }
+    const [, page] = await this.http.call("GET", "/v1/events", {
+      deadline: this.deadline(timeoutMs),
+      query: { account_id: this.accountId, start: "now", limit: 1 },
+    });
+    return typeof page.next_after === "string" ? page.next_after : null;
   }
 }

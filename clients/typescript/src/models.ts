@@ -65,3 +65,77 @@ export interface Event {
 export function isTerminal(job: Job): boolean {
   return JOB_TERMINAL_STATUSES.includes(job.status);
 }
+
+/** What a top-up rule is doing (`status` of `GET …/topup-rules`). */
+export type TopupRuleStatus =
+  | "disabled"
+  | "scheduled"
+  | "request_open"
+  | "armed"
+  | "waiting_for_use"
+  | "cap_reached"
+  | "waiting_for_balance";
+
+/** One firing of a top-up rule; a request's `state` is `open`, `fulfilled` or `expired`. */
+export interface TopupFiring {
+  firing_id: string;
+  rule_id: string;
+  account_id: string;
+  outcome: "granted" | "requested" | "cap_reached" | "skipped";
+  tokens: number;
+  period_start: string | null;
+  cap_period: string | null;
+  state: "open" | "fulfilled" | "expired" | null;
+  expires_at: string | null;
+  credit_id: string | null;
+  created_at: string;
+  resolved_at: string | null;
+}
+
+/** A top-up rule of the account, with what it is doing now. */
+export interface TopupRule {
+  rule_id: string;
+  account_id: string;
+  trigger: "threshold" | "schedule";
+  mode: "grant" | "request";
+  method: string;
+  threshold_tokens: number | null;
+  tokens: number | null;
+  target_tokens: number | null;
+  enabled: boolean;
+  armed: boolean | null;
+  status: TopupRuleStatus;
+  /** What its last top-up added and is not used yet (threshold rules). */
+  unconsumed_tokens: number | null;
+  last_firing: TopupFiring | null;
+  [member: string]: unknown;
+}
+
+/** The account's top-ups as a sold-out booth needs them. */
+export interface TopupState {
+  rules: TopupRule[];
+  /** The rule whose top-up request waits for the customer (the oldest), or null. */
+  openRequest: { rule: TopupRule; firing: TopupFiring } | null;
+  /** Rules that fire when the balance goes below their line. */
+  armed: TopupRule[];
+  /** Rules stopped by their daily or monthly cap. */
+  capped: TopupRule[];
+  /** A request is open, or a threshold rule in mode grant is armed. */
+  onItsWay: boolean;
+}
+
+/** The {@link TopupState} of a list of rules. */
+export function topupStateOf(rules: TopupRule[]): TopupState {
+  let openRequest: TopupState["openRequest"] = null;
+  for (const rule of rules) {
+    const firing = rule.last_firing;
+    if (rule.status === "request_open" && firing !== null && firing.state === "open") {
+      openRequest = { rule, firing };
+      break;
+    }
+  }
+  const armed = rules.filter((rule) => rule.status === "armed");
+  const capped = rules.filter((rule) => rule.status === "cap_reached");
+  const onItsWay = openRequest !== null || armed.some((rule) => rule.mode === "grant" && rule.trigger === "threshold");
+  return { rules, openRequest, armed, capped, onItsWay };
+}

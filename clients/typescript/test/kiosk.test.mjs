@@ -159,3 +159,35 @@ test("watch: a top-up reaches a watching booth at once; nothing older, nothing o
   await fromStart.return();
   await booth.close();
 });
+
+test("top-ups: a sold-out booth knows a request is open and from which rule; watch from an instant", async () => {
+  const account = await funded(3, "ts topups");
+  const booth = await kiosk(account);
+  assert.deepEqual(await booth.topupRules(), []);
+  const rule = await admin("POST", `/v1/accounts/${account.id}/topup-rules`, {
+    trigger: "threshold", threshold_tokens: 2, method: "fixed", tokens: 10, mode: "request",
+  });
+  const armed = await booth.topupState();
+  assert.deepEqual(armed.armed.map((r) => r.rule_id), [rule.rule_id]);
+  assert.equal(armed.openRequest, null);
+  const before = new Date();
+  for (let n = 0; n < 3; n += 1) await booth.generate("standard", { prompt: `guest ${n}` });
+  await assert.rejects(booth.generate("standard", { prompt: "one too many" }), InsufficientTokens);
+  const started = Date.now();
+  const state = await booth.topupState();
+  const learned = Date.now() - started;
+  console.log(`topups: a sold-out booth learned of the open request in ${learned} ms`);
+  assert.ok(learned < 1000, `${learned} ms`);
+  assert.ok(state.onItsWay);
+  assert.equal(state.openRequest?.rule.rule_id, rule.rule_id);
+  assert.equal(state.openRequest?.rule.status, "request_open");
+  assert.equal(state.openRequest?.firing.state, "open");
+  assert.equal(state.openRequest?.firing.tokens, 10);
+  // watch({since}): the request's event, though it came before the watch.
+  const since = await booth.watch({ types: ["topup.requested"], since: before, waitSeconds: 5 });
+  const { value: requested } = await since.next();
+  assert.equal(requested.type, "topup.requested");
+  await since.return();
+  await assert.rejects(booth.watch({ after: requested.id, fromStart: true }), TypeError);
+  await booth.close();
+});

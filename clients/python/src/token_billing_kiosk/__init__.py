@@ -21,8 +21,17 @@ from ._errors import (
 )
 from ._http import RetryPolicy
 from ._journal import JournalEntry
-from ._kiosk import Heartbeat, Kiosk, Outcome, __version__
-from ._models import Balance, Event, Job, JobReservation, Reservation
+from ._kiosk import RESUME_TIMEOUT_SECONDS, Heartbeat, Kiosk, Outcome, __version__
+from ._models import (
+    Balance,
+    Event,
+    Job,
+    JobReservation,
+    Reservation,
+    TopupFiring,
+    TopupRule,
+    TopupState,
+)
 
 __all__ = [
     "AccountSuspended",
@@ -40,11 +49,15 @@ __all__ = [
     "Kiosk",
     "KioskError",
     "Outcome",
+    "RESUME_TIMEOUT_SECONDS",
     "RateLimited",
     "Reservation",
     "ReservationNotHeld",
     "RetryPolicy",
     "TooManyActiveReservations",
+    "TopupFiring",
+    "TopupRule",
+    "TopupState",
     "Unauthorized",
     "Unreachable",
     "__version__",

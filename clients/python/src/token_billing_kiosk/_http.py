@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Tuple
@@ -72,6 +73,7 @@ class Http:
         self.retry = retry
         self.request_timeout_seconds = request_timeout_seconds
         self._rng = random.Random()
+        self._stopped = threading.Event()
         self._client = client or httpx.Client()
         self._base_url = base_url.rstrip("/")
         # The key lives only in this header mapping: never logged, never
@@ -91,6 +93,11 @@ class Http:
         state = dict(self.__dict__)
         state["_headers"] = {**self._headers, "Authorization": f"Bearer {REDACTED_KEY}"}
         return state
+
+    def stop(self) -> None:
+        """Calls give up at their next retry instead of waiting (the kiosk
+        is closing)."""
+        self._stopped.set()
 
     def close(self) -> None:
         self._client.close()
@@ -180,7 +187,8 @@ class Http:
                 "%s %s: %s, retrying in %.2fs (attempt %d, request_id %s)",
                 method, path, reason, delay, attempt, request_id,
             )
-            time.sleep(delay)
+            if self._stopped.wait(delay):
+                raise _give_up(failure, method, path, request_id, pending_on_give_up)
 
 
 def _give_up(

@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 import math
 import os
+import random
 import threading
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from types import TracebackType
-from typing import Any, Collection, Dict, Iterator, List, Mapping, Optional, Type, Union
+from typing import Any, Callable, Collection, Dict, Iterator, List, Mapping, Optional, Type, Union
 
 import httpx
 
@@ -19,10 +21,11 @@ from ._errors import (
     JobNotFinished,
     KioskError,
     ReservationNotHeld,
+    Unreachable,
 )
 from ._http import REDACTED_KEY, Http, RetryPolicy
 from ._journal import Journal, JournalEntry
-from ._models import Balance, Event, Job, Reservation
+from ._models import Balance, Event, Job, Reservation, TopupRule, TopupState
 
 log = logging.getLogger("token_billing_kiosk")
 
@@ -33,6 +36,12 @@ LONG_POLL_MAX_SECONDS = 30
 
 #: The longest page of the event feed.
 EVENT_PAGE_MAX = 1000
+
+#: How long :meth:`Kiosk.resume` tries, for the whole journal, by default.
+RESUME_TIMEOUT_SECONDS = 3.0
+
+#: Each background attempt at a request resume() left pending gives up after this.
+BACKGROUND_ATTEMPT_SECONDS = 10.0
 
 ReservationRef = Union[str, Reservation]
 
@@ -87,6 +96,11 @@ class Kiosk:
         self.account_id = str(uuid.UUID(str(account_id)))
         self.timeout = timeout
         self._closed = False
+        self._stop = threading.Event()
+        self._rng = random.Random()
+        self._background_lock = threading.Lock()
+        self._background: Optional[threading.Thread] = None
+        self._settled: List[Outcome] = []
         self._journal = Journal(journal)
         self._http = Http(
             self.base_url,
@@ -112,7 +126,16 @@ class Kiosk:
         return {**self.__dict__, "_http": self._http.__getstate__()}
 
     def close(self) -> None:
+        """Stops the background settling of :meth:`resume` (at its next
+        retry: an HTTP request in flight ends first), then closes the HTTP
+        client and the journal."""
         self._closed = True
+        self._stop.set()
+        self._http.stop()
+        with self._background_lock:
+            background = self._background
+        if background is not None and background is not threading.current_thread():
+            background.join(BACKGROUND_ATTEMPT_SECONDS + 5.0)
         self._http.close()
         self._journal.close()
 
@@ -143,6 +166,23 @@ class Kiosk:
         )
         return Job.from_json(data)
 
+    def topup_rules(self, *, timeout: Optional[float] = None) -> List[TopupRule]:
+        """The account's top-up rules (``GET …/topup-rules``, at most 20),
+        oldest first, each with its ``status``, ``unconsumed_tokens`` and
+        ``last_firing``."""
+        _, data = self._http.call(
+            "GET",
+            f"/v1/accounts/{self.account_id}/topup-rules",
+            deadline=self._deadline(timeout),
+        )
+        return [TopupRule.from_json(rule) for rule in data.get("rules") or []]
+
+    def topup_state(self, *, timeout: Optional[float] = None) -> TopupState:
+        """What a sold-out booth asks on :class:`InsufficientTokens`: is a
+        top-up on its way (``open_request``: the rule whose request waits for
+        the customer; ``armed``), or stopped by a cap (``capped``)."""
+        return TopupState(tuple(self.topup_rules(timeout=timeout)))
+
     def pending(self) -> List[JournalEntry]:
         """Journaled requests of this account without a final answer yet:
         ``pending`` (may or may not have reached the service), ``accepted``
@@ -161,6 +201,7 @@ class Kiosk:
         types: Optional[Collection[str]] = None,
         *,
         after: Optional[str] = None,
+        since: Optional[datetime] = None,
         from_start: bool = False,
         wait_seconds: int = LONG_POLL_MAX_SECONDS,
         timeout: Optional[float] = None,
@@ -171,9 +212,11 @@ class Kiosk:
         booth within a second instead of at the next guest's press.
 
         ``types`` keeps only those event types (all when ``None``). The feed
-        starts after the event ``after``; without it, at the end of the feed
-        (only what commits from now on), or at its start with
-        ``from_start``. Each poll is retried like every read within
+        starts after the event ``after``; or after the last event created
+        before ``since`` (an aware ``datetime``); without either, at the end
+        of the feed (only what commits from now on: one request, the
+        service's ``start=now``, whatever the account's history), or at its
+        start with ``from_start``. Each poll is retried like every read within
         ``timeout`` (the kiosk's default); past it :class:`Unreachable` (or
         the typed refusal) is raised and the iterator ends: call ``watch``
         again with ``after`` = the last event's ``id`` to go on without a
@@ -185,16 +228,24 @@ class Kiosk:
         threads); ``close()`` of the kiosk ends it quietly.
         """
         wanted = None if types is None else frozenset(types)
+        if sum((after is not None, since is not None, from_start)) > 1:
+            raise ValueError("give at most one of after, since and from_start")
         cursor = after
-        if cursor is None and not from_start:
+        start: Optional[str] = None
+        if since is not None:
+            if since.tzinfo is None:
+                raise ValueError("since must be an aware datetime")
+            start = since.isoformat()
+        elif cursor is None and not from_start:
             cursor = self._end_of_feed(timeout)
         wait = max(0, min(LONG_POLL_MAX_SECONDS, int(wait_seconds)))
-        return self._watch(wanted, cursor, wait, timeout)
+        return self._watch(wanted, cursor, start, wait, timeout)
 
     def _watch(
         self,
         wanted: "Optional[frozenset[str]]",
         cursor: Optional[str],
+        start: Optional[str],
         wait: int,
         timeout: Optional[float],
     ) -> Iterator[Event]:
@@ -202,7 +253,8 @@ class Kiosk:
         only = next(iter(wanted)) if wanted is not None and len(wanted) == 1 else None
         while not self._closed:
             try:
-                page = self._events(cursor, only, wait, timeout)
+                # `start` until the feed gives a cursor.
+                page = self._events(cursor, start if cursor is None else None, only, wait, timeout)
             except Exception:
                 if self._closed:  # closed while the poll was in flight
                     return
@@ -217,11 +269,18 @@ class Kiosk:
                 cursor = str(next_after)
 
     def _events(
-        self, after: Optional[str], only: Optional[str], wait: int, timeout: Optional[float]
+        self,
+        after: Optional[str],
+        start: Optional[str],
+        only: Optional[str],
+        wait: int,
+        timeout: Optional[float],
     ) -> Dict[str, Any]:
         params: Dict[str, Any] = {"account_id": self.account_id, "wait_seconds": wait}
         if after is not None:
             params["after"] = after
+        elif start is not None:
+            params["start"] = start
         if only is not None:
             params["type"] = only
         _, data = self._http.call(
@@ -234,25 +293,16 @@ class Kiosk:
         return data
 
     def _end_of_feed(self, timeout: Optional[float]) -> Optional[str]:
-        """The id of the account's latest event (``None``: no event yet)."""
-        cursor: Optional[str] = None
-        while True:
-            _, page = self._http.call(
-                "GET",
-                "/v1/events",
-                params={
-                    "account_id": self.account_id,
-                    "limit": EVENT_PAGE_MAX,
-                    **({} if cursor is None else {"after": cursor}),
-                },
-                deadline=self._deadline(timeout),
-            )
-            events = page.get("events") or []
-            next_after = page.get("next_after")
-            if next_after is not None:
-                cursor = str(next_after)
-            if len(events) < EVENT_PAGE_MAX:
-                return cursor
+        """The id of the account's latest listed event (``None``: no event
+        yet), from the service's ``start=now``: one request, no history."""
+        _, page = self._http.call(
+            "GET",
+            "/v1/events",
+            params={"account_id": self.account_id, "start": "now", "limit": 1},
+            deadline=self._deadline(timeout),
+        )
+        next_after = page.get("next_after")
+        return None if next_after is None else str(next_after)
 
     # -- jobs --------------------------------------------------------------
 
@@ -481,35 +531,125 @@ class Kiosk:
 
     # -- recovery ------------------------------------------------------------
 
-    def resume(self, *, timeout: Optional[float] = None) -> List[Outcome]:
+    def resume(
+        self,
+        *,
+        timeout: Optional[float] = None,
+        on_settled: Optional[Callable[[Outcome], None]] = None,
+    ) -> List[Outcome]:
         """Finishes every open request of the journal, oldest first, with its
         own ``request_id``: sends again what may not have arrived (the
         service answers a replay as it answered the first), waits for
         accepted jobs, and re-reads held reservations. Call it when the kiosk
-        starts. Never raises for one request: its ``Outcome.error`` says.
+        starts, before the first guest. Never raises for one request: its
+        ``Outcome.error`` says.
+
+        ``timeout`` (default :data:`RESUME_TIMEOUT_SECONDS`, 3 s) is **one
+        deadline for the whole journal**, so a booth that starts without
+        network serves its first guest within seconds. The requests it
+        could not settle by then (``error.pending`` true; those not tried
+        before the deadline are :class:`Unreachable`) stay in the journal
+        and are settled in a background thread, one at a time, each with
+        its own ``request_id`` (so never charged twice), until each is
+        answered or the kiosk is closed; :meth:`settled` waits for them and
+        ``on_settled`` is called once for each (in that thread).
 
         Commits, releases and extensions come first, so that a reservation
         returned ``held`` is really still held: yours to commit (if the work
         it paid for is done) or release."""
-        outcomes = []
+        deadline = time.monotonic() + (RESUME_TIMEOUT_SECONDS if timeout is None else timeout)
+        outcomes = [
+            self._resume_or_outcome(entry, deadline, tried_late=False)
+            for entry in self._open_in_resume_order()
+        ]
+        left = [o.request_id for o in outcomes if o.error is not None and o.error.pending]
+        with self._background_lock:
+            running = self._background is not None and self._background.is_alive()
+            if left and not running and not self._closed:
+                self._settled = []
+                self._background = threading.Thread(
+                    target=self._settle_in_background,
+                    args=(left, on_settled),
+                    name="token-billing-resume",
+                    daemon=True,
+                )
+                self._background.start()
+        return outcomes
+
+    def settled(self, timeout: Optional[float] = None) -> List[Outcome]:
+        """Waits (at most ``timeout`` seconds; ``None``: as long as it takes)
+        for the background settling that :meth:`resume` started, and returns
+        the outcomes it settled so far, in order (``[]`` when nothing was
+        left)."""
+        with self._background_lock:
+            background = self._background
+        if background is not None:
+            background.join(timeout)
+        with self._background_lock:
+            return list(self._settled)
+
+    def _open_in_resume_order(self) -> List[JournalEntry]:
         entries = self._journal.open_entries(self.account_id)
         # Commits, releases and extensions first: a held reservation is read
         # again only after the resolution that was on its way, so it is not
         # handed back as held when it was in fact committed.
         entries.sort(key=lambda entry: entry.operation not in ("commit", "release", "extend"))
-        for entry in entries:
-            deadline = self._deadline(timeout)
-            log.info("resuming %s %s (%s)", entry.operation, entry.request_id, entry.state)
-            try:
-                outcomes.append(self._resume_one(entry, deadline))
-            except KioskError as error:
-                if isinstance(error, ReservationNotHeld) and entry.operation == "extend":
-                    outcomes.append(Outcome(entry))
-                    continue
-                outcomes.append(
-                    Outcome(entry, job=getattr(error, "job", None), error=error)
+        return entries
+
+    def _resume_or_outcome(self, entry: JournalEntry, deadline: float, tried_late: bool) -> Outcome:
+        if not tried_late and time.monotonic() >= deadline:
+            # The deadline passed on an earlier entry: this one waits for
+            # the background, untried (no answer is not a refusal).
+            return Outcome(
+                entry,
+                error=Unreachable(
+                    f"{entry.operation} {entry.request_id}: not tried before resume()'s deadline",
+                    request_id=entry.request_id,
+                    pending=True,
+                ),
+            )
+        log.info("resuming %s %s (%s)", entry.operation, entry.request_id, entry.state)
+        try:
+            return self._resume_one(entry, deadline)
+        except KioskError as error:
+            if isinstance(error, ReservationNotHeld) and entry.operation == "extend":
+                return Outcome(entry)
+            return Outcome(entry, job=getattr(error, "job", None), error=error)
+
+    def _settle_in_background(
+        self, request_ids: List[str], on_settled: Optional[Callable[[Outcome], None]]
+    ) -> None:
+        """One request at a time, each until it is answered (or the kiosk
+        closes); the retries of one attempt are spaced by the retry policy."""
+        attempt = 0
+        for request_id in request_ids:
+            while not self._closed:
+                entry = next(
+                    (e for e in self._journal.open_entries(self.account_id)
+                     if e.request_id == request_id),
+                    None,
                 )
-        return outcomes
+                if entry is None:  # settled meanwhile (a resume() or the guest's own call)
+                    break
+                try:
+                    outcome = self._resume_or_outcome(
+                        entry, time.monotonic() + BACKGROUND_ATTEMPT_SECONDS, tried_late=True
+                    )
+                except Exception:  # the journal closed under it
+                    if self._closed:
+                        return
+                    raise
+                if outcome.error is None or not outcome.error.pending:
+                    with self._background_lock:
+                        self._settled.append(outcome)
+                    log.info("settled %s %s in the background", entry.operation, request_id)
+                    if on_settled is not None:
+                        on_settled(outcome)
+                    break
+                if self._closed:
+                    return
+                attempt += 1
+                self._stop.wait(self._http.retry.backoff(attempt, self._rng))
 
     def _resume_one(self, entry: JournalEntry, deadline: float) -> Outcome:
         if entry.operation == "job":

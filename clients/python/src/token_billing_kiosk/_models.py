@@ -223,3 +223,126 @@ class Event:
             created_at=_time(data, "created_at"),
             data=_object(data.get("data")) or {},
         )
+
+
+def _optional_int(data: Mapping[str, Any], name: str) -> Optional[int]:
+    value = data.get(name)
+    return None if value is None else int(value)
+
+
+@dataclass(frozen=True)
+class TopupFiring:
+    """One firing of a top-up rule: ``outcome`` ``granted``, ``requested``
+    (a request to the customer: ``state`` ``open``, ``fulfilled`` or
+    ``expired``), ``cap_reached`` or ``skipped``."""
+
+    OPENAPI_SCHEMA: ClassVar[str] = "TopupFiringView"
+
+    firing_id: str
+    rule_id: str
+    outcome: str
+    tokens: int
+    state: Optional[str]
+    expires_at: Optional[datetime]
+    credit_id: Optional[str]
+    created_at: datetime
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "TopupFiring":
+        return cls(
+            firing_id=str(data["firing_id"]),
+            rule_id=str(data["rule_id"]),
+            outcome=str(data["outcome"]),
+            tokens=int(data["tokens"]),
+            state=_optional_str(data, "state"),
+            expires_at=_optional_time(data, "expires_at"),
+            credit_id=_optional_str(data, "credit_id"),
+            created_at=_time(data, "created_at"),
+        )
+
+
+#: A rule's ``status`` while a top-up request it opened waits for the customer.
+REQUEST_OPEN = "request_open"
+
+
+@dataclass(frozen=True)
+class TopupRule:
+    """A top-up rule of the account (``GET …/topup-rules``) and what it is
+    doing: ``status`` is ``armed`` (it fires when ``available`` goes below
+    ``threshold_tokens``), ``request_open`` (its request waits for the
+    customer's credit: ``last_firing``), ``waiting_for_use`` (what it added
+    is not used yet: ``unconsumed_tokens``), ``cap_reached``,
+    ``waiting_for_balance``, ``scheduled`` or ``disabled``."""
+
+    OPENAPI_SCHEMA: ClassVar[str] = "TopupRuleView"
+
+    rule_id: str
+    trigger: str
+    mode: str
+    method: str
+    threshold_tokens: Optional[int]
+    tokens: Optional[int]
+    target_tokens: Optional[int]
+    enabled: bool
+    armed: Optional[bool]
+    status: str
+    unconsumed_tokens: Optional[int]
+    last_firing: Optional[TopupFiring]
+
+    @property
+    def open_request(self) -> Optional[TopupFiring]:
+        """The request this rule opened and that waits for the customer, if any."""
+        firing = self.last_firing
+        if self.status == REQUEST_OPEN and firing is not None and firing.state == "open":
+            return firing
+        return None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "TopupRule":
+        firing = data.get("last_firing")
+        return cls(
+            rule_id=str(data["rule_id"]),
+            trigger=str(data["trigger"]),
+            mode=str(data["mode"]),
+            method=str(data["method"]),
+            threshold_tokens=_optional_int(data, "threshold_tokens"),
+            tokens=_optional_int(data, "tokens"),
+            target_tokens=_optional_int(data, "target_tokens"),
+            enabled=bool(data["enabled"]),
+            armed=None if data.get("armed") is None else bool(data["armed"]),
+            status=str(data["status"]),
+            unconsumed_tokens=_optional_int(data, "unconsumed_tokens"),
+            last_firing=TopupFiring.from_json(firing) if isinstance(firing, dict) else None,
+        )
+
+
+@dataclass(frozen=True)
+class TopupState:
+    """The account's top-ups as a booth needs them on a 402: is one on its
+    way (``open_request``, and from which rule), will one fire (``armed``),
+    or is it stopped by a cap (``capped``)."""
+
+    rules: "tuple[TopupRule, ...]"
+
+    @property
+    def open_request(self) -> Optional[TopupRule]:
+        """The rule whose top-up request waits for the customer (the oldest), if any."""
+        return next((rule for rule in self.rules if rule.open_request is not None), None)
+
+    @property
+    def armed(self) -> "tuple[TopupRule, ...]":
+        """Rules that fire when the balance goes below their line."""
+        return tuple(rule for rule in self.rules if rule.status == "armed")
+
+    @property
+    def capped(self) -> "tuple[TopupRule, ...]":
+        """Rules stopped by their daily or monthly cap."""
+        return tuple(rule for rule in self.rules if rule.status == "cap_reached")
+
+    @property
+    def on_its_way(self) -> bool:
+        """True when a top-up is on its way: a request is open, or a rule
+        will grant at the next movement."""
+        return self.open_request is not None or any(
+            rule.mode == "grant" and rule.trigger == "threshold" for rule in self.armed
+        )
