@@ -285,6 +285,23 @@ impl From<diesel::result::Error> for ApiError {
                 connection_lost();
                 ApiError::Unavailable(info.message().to_owned())
             }
+            // Binding the engine's composite type (`engine_request`) looks
+            // its OID up on a connection's first use; on a connection that
+            // died, that lookup fails and diesel says only that it found no
+            // such type. The engine's types are installed before the
+            // service serves (`engine::install`), so it means the
+            // connection is gone: a 503 to retry, never a 500 (caught by
+            // `failover::lost_connections_answer_503_then_the_pool_reconnects`
+            // under load). (diesel's FailedToLookupTypeError is not public:
+            // its message is read.)
+            Error::SerializationError(ref error)
+                if error
+                    .to_string()
+                    .starts_with("Failed to find a type oid for") =>
+            {
+                connection_lost();
+                ApiError::Unavailable(error.to_string())
+            }
             // A statement cancelled by statement_timeout, or a deadlock
             // victim, rolled back: nothing was changed and a retry is safe.
             Error::DatabaseError(DatabaseErrorKind::Unknown, ref info)
