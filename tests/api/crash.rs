@@ -83,6 +83,33 @@ pub async fn start_service_with(
     }
 }
 
+/// An account made through the API at `base` (`account`: the body of its
+/// POST), credited (`credit`: the credit's body), and a kiosk key on it:
+/// (account id, key).
+pub async fn funded_kiosk(
+    client: &reqwest::Client,
+    base: &str,
+    account: Value,
+    credit: Value,
+) -> (String, String) {
+    let account = post(client, format!("{base}/v1/accounts"), account).await["account_id"]
+        .as_str()
+        .expect("an account id")
+        .to_owned();
+    let accounts = format!("{base}/v1/accounts/{account}");
+    post(client, format!("{accounts}/credits"), credit).await;
+    let key = post(
+        client,
+        format!("{accounts}/api-keys"),
+        json!({"scope": "kiosk", "label": "booth"}),
+    )
+    .await["key"]
+        .as_str()
+        .expect("a kiosk key")
+        .to_owned();
+    (account, key)
+}
+
 pub async fn post(client: &reqwest::Client, url: String, body: Value) -> Value {
     let response = client
         .post(url)

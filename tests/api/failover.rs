@@ -178,15 +178,7 @@ fn a_connection_dead_before_its_first_engine_call_is_unavailable() {
     use token_billing::error::ApiError;
     let database = TestDatabase::create();
     let mut conn = token_billing::db::connect_session(&database.url).expect("connect");
-    #[derive(QueryableByName)]
-    struct Pid {
-        #[diesel(sql_type = diesel::sql_types::Integer)]
-        pid: i32,
-    }
-    let pid = diesel::sql_query("SELECT pg_backend_pid() AS pid")
-        .get_result::<Pid>(&mut conn)
-        .expect("its pid")
-        .pid;
+    let pid = crate::helpers::backend_pid(&mut conn);
     let mut admin = PgConnection::establish(&database.url).expect("connect");
     diesel::sql_query("SELECT pg_terminate_backend($1)")
         .bind::<diesel::sql_types::Integer, _>(pid)
@@ -195,11 +187,12 @@ fn a_connection_dead_before_its_first_engine_call_is_unavailable() {
     // Gone from the server before the first engine call.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
-        let alive = diesel::sql_query("SELECT pid FROM pg_stat_activity WHERE pid = $1")
-            .bind::<diesel::sql_types::Integer, _>(pid)
-            .load::<Pid>(&mut admin)
-            .expect("pg_stat_activity");
-        if alive.is_empty() {
+        let alive: bool = diesel::select(diesel::dsl::sql::<diesel::sql_types::Bool>(&format!(
+            "EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = {pid})"
+        )))
+        .get_result(&mut admin)
+        .expect("pg_stat_activity");
+        if !alive {
             break;
         }
         assert!(

@@ -874,6 +874,19 @@ pub async fn eventually<T>(
     }
 }
 
+/// The server process id of `conn`'s session (`pg_backend_pid()`).
+pub fn backend_pid(conn: &mut PgConnection) -> i32 {
+    #[derive(QueryableByName)]
+    struct Pid {
+        #[diesel(sql_type = diesel::sql_types::Integer)]
+        pid: i32,
+    }
+    diesel::sql_query("SELECT pg_backend_pid() AS pid")
+        .get_result::<Pid>(conn)
+        .expect("the session's pid")
+        .pid
+}
+
 /// Shared handle for tasks firing requests in parallel.
 pub type SharedApp = Arc<TestApp>;
 

@@ -738,15 +738,7 @@ fn retention_pauses_between_batches_holding_no_transaction_and_0_disables_it() {
     let mut conn = database.connect();
     let mut observer = database.connect();
     old_keys(&mut conn, 300);
-    #[derive(QueryableByName)]
-    struct Pid {
-        #[diesel(sql_type = diesel::sql_types::Integer)]
-        pid: i32,
-    }
-    let pid = diesel::sql_query("SELECT pg_backend_pid() AS pid")
-        .get_result::<Pid>(&mut conn)
-        .expect("pid")
-        .pid;
+    let pid = crate::helpers::backend_pid(&mut conn);
     #[derive(QueryableByName, Debug)]
     struct Seen {
         #[diesel(sql_type = Text)]

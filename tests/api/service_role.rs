@@ -13,7 +13,7 @@ use reqwest::StatusCode;
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::crash::{post, start_service_with};
+use crate::crash::{funded_kiosk, start_service_with};
 use crate::helpers::{server_url, FakeProvider};
 
 /// Drops the database and the role, however the test ends.
@@ -94,31 +94,14 @@ async fn the_service_runs_as_the_role_the_script_makes_without_superuser() {
     let service = start_service_with(&url, &provider.url, &[]).await;
     let client = reqwest::Client::new();
     let base = &service.base;
-    let account = post(
+    let (account, key) = funded_kiosk(
         &client,
-        format!("{base}/v1/accounts"),
+        base,
         json!({"name": "role"}),
-    )
-    .await["account_id"]
-        .as_str()
-        .expect("an account")
-        .to_owned();
-    let accounts = format!("{base}/v1/accounts/{account}");
-    post(
-        &client,
-        format!("{accounts}/credits"),
         json!({"amount": 10, "external_ref": "role"}),
     )
     .await;
-    let key = post(
-        &client,
-        format!("{accounts}/api-keys"),
-        json!({"scope": "kiosk", "label": "booth"}),
-    )
-    .await["key"]
-        .as_str()
-        .expect("a key")
-        .to_owned();
+    let accounts = format!("{base}/v1/accounts/{account}");
     let reserved = client
         .post(format!("{accounts}/reservations"))
         .bearer_auth(&key)

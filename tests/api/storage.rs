@@ -20,7 +20,7 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use crate::crash::{free_port, post, start_service_with};
+use crate::crash::{free_port, funded_kiosk, start_service_with};
 use crate::helpers::{assert_account_invariants, FakeProvider};
 
 const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
@@ -166,32 +166,15 @@ async fn private_cluster_a_full_tablespace_answers_503_never_500() {
     let service = start_service_with(&cluster.url("tb_full"), &provider.url, &[]).await;
     let client = reqwest::Client::new();
     let base = &service.base;
-    let account: Uuid = serde_json::from_value(
-        post(
-            &client,
-            format!("{base}/v1/accounts"),
-            json!({"name": "full disk", "max_active_reservations": 1000}),
-        )
-        .await["account_id"]
-            .clone(),
-    )
-    .expect("an account id");
-    let accounts = format!("{base}/v1/accounts/{account}");
-    post(
+    let (account, key) = funded_kiosk(
         &client,
-        format!("{accounts}/credits"),
+        base,
+        json!({"name": "full disk", "max_active_reservations": 1000}),
         json!({"amount": 100_000, "external_ref": "before"}),
     )
     .await;
-    let key = post(
-        &client,
-        format!("{accounts}/api-keys"),
-        json!({"scope": "kiosk", "label": "booth"}),
-    )
-    .await["key"]
-        .as_str()
-        .expect("a kiosk key")
-        .to_owned();
+    let account: Uuid = account.parse().expect("an account id");
+    let accounts = format!("{base}/v1/accounts/{account}");
 
     // Some rows in every table first, so that the refusals are not only
     // of a table's very first page.

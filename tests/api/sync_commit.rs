@@ -20,7 +20,7 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use crate::crash::{post, start_service_with};
+use crate::crash::{funded_kiosk, start_service_with};
 use crate::helpers::FakeProvider;
 use crate::storage::PrivateCluster;
 
@@ -50,31 +50,14 @@ async fn private_cluster_a_commit_waiting_for_its_standby_is_never_acknowledged(
     let service = start_service_with(&cluster.url("tb_sync"), &provider.url, &[]).await;
     let client = reqwest::Client::new();
     let base = &service.base;
-    let account = post(
+    let (account, key) = funded_kiosk(
         &client,
-        format!("{base}/v1/accounts"),
+        base,
         json!({"name": "sync"}),
-    )
-    .await["account_id"]
-        .as_str()
-        .expect("an account id")
-        .to_owned();
-    let accounts = format!("{base}/v1/accounts/{account}");
-    post(
-        &client,
-        format!("{accounts}/credits"),
         json!({"amount": 100, "external_ref": "sync-before"}),
     )
     .await;
-    let key = post(
-        &client,
-        format!("{accounts}/api-keys"),
-        json!({"scope": "kiosk", "label": "booth"}),
-    )
-    .await["key"]
-        .as_str()
-        .expect("a kiosk key")
-        .to_owned();
+    let accounts = format!("{base}/v1/accounts/{account}");
 
     // From now on every commit waits for a standby that never comes.
     admin
