@@ -122,7 +122,7 @@ while [ $# -gt 0 ]; do
     --gate) gate=true ;;
     --this) this="$2"; shift ;;
     --services-only) services_only=true ;;
-    *) sed -n '2,11p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,12p' "$0" >&2; exit 2 ;;
   esac
   shift
 done
