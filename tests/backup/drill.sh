@@ -46,6 +46,7 @@ for binary in "$service_bin" "$bench_bin"; do
     [[ -x "$binary" ]] || { echo "drill: $binary missing: run cargo build first" >&2; exit 2; }
 done
 command -v pgbackrest >/dev/null || { echo "drill: pgbackrest missing (apt-get install pgbackrest)" >&2; exit 2; }
+command -v promtool >/dev/null || { echo "drill: promtool missing (apt-get install prometheus)" >&2; exit 2; }
 pg_bin="/usr/lib/postgresql/$(ls /usr/lib/postgresql | sort -n | tail -n 1)/bin"
 port="${DRILL_PORT:-5461}"
 padding_mb="${DRILL_PADDING_MB:-0}"
@@ -318,9 +319,7 @@ entries_before_mistake="$(ledger_count)"
 cp prometheus/backup-metrics.sh "$dir/backup-metrics.sh"
 metrics="$(as_postgres env PGHOST="$dir" PGPORT="$port" PGUSER=postgres \
     "$dir/backup-metrics.sh" --config "$dir/pgbackrest.conf" --stanza drill)"
-if command -v promtool >/dev/null; then
-    promtool check metrics <<<"$metrics"
-fi
+promtool check metrics <<<"$metrics"
 metric() { awk -v name="$1" 'index($1, name) == 1 { print $2 }' <<<"$metrics"; }
 now="$(date +%s)"
 full_backup_at="$(metric 'token_billing_backup_last_success_timestamp_seconds{stanza="drill",type="full"}')"
