@@ -8,16 +8,18 @@ WORKDIR /src
 # stand-ins for the project's sources, so that this layer is reused from
 # Docker's cache until Cargo.toml or Cargo.lock change, and a source change
 # rebuilds only the project itself (seconds, not minutes).
-# The workspace also names the tools' package (tools/): cargo reads its
-# manifest, but the image never builds it.
+# The workspace also names the tools' package (tools/) and the load
+# generators' (bench/): cargo reads their manifests, but the image never
+# builds them.
 COPY Cargo.toml Cargo.lock ./
 COPY tools/Cargo.toml ./tools/
+COPY bench/Cargo.toml ./bench/
 # (Every target the manifests name needs a stand-in for cargo to read them.)
-RUN mkdir -p src tools/src \
-    && for target in src/main.rs tools/src/main.rs; do \
+RUN mkdir -p src tools/src bench/src \
+    && for target in src/main.rs tools/src/main.rs bench/src/main.rs; do \
          echo 'fn main() {}' > "$target"; \
        done \
-    && touch src/lib.rs tools/src/lib.rs \
+    && touch src/lib.rs tools/src/lib.rs bench/src/lib.rs \
     && cargo build --release --locked --bin token-billing \
     && rm -rf src
 # The project. `touch` makes its files newer than the stand-ins', so cargo

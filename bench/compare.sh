@@ -4,16 +4,16 @@
 # Usage:
 #   bench/compare.sh [--seconds S] [--rounds N] [--spread "2 8 32 64"] [--hot "8 32"] [OPTIONS]
 #   bench/compare.sh --jobs [--seconds S] [--rounds N] [--kiosks "8 32"] [--accounts A] [OPTIONS]
-# OPTIONS: [--dry-run] [--pg-port P] [--private-cluster] [--pinned BINDIR] [--gate]
-#          [--this BINDIR] [--services-only]
+# OPTIONS: [--dry-run] [--pg-port P] [--http-port P] [--private-cluster] [--pinned BINDIR]
+#          [--gate] [--this BINDIR] [--services-only]
 #   e.g. bench/compare.sh --private-cluster --pinned "$(bench/pinned_build.sh)" --gate
 # Defaults: 8 s per run (after a 2 s warm-up), 3 rounds. Needs PostgreSQL on
 # 127.0.0.1:5432 (user postgres, trust), pgbench, and a release build
-# (cargo build --release: token-billing and token-billing-tools).
+# (cargo build --release: token-billing and token-billing-bench).
 #
 # Cycles (default). For each load and kiosk count, `rounds` times, one after
 # the other on fresh databases:
-#   - the service: `token-billing-tools bench load --scenario spread|hot`
+#   - the service: `token-billing-bench load --scenario spread|hot`
 #     against the release service (kiosks over real HTTP, a key per account,
 #     one cycle = reserve 1 token, then commit it; the books are checked
 #     with GET /v1/reconciliation and a run that does not balance stops the
@@ -27,7 +27,7 @@
 # The table shows medians of the rounds and ratios of the medians
 # (service / reference; above 1 = the service is faster).
 #
-# Jobs (--jobs). `bench load --scenario jobs` (create a job, long-poll it to
+# Jobs (--jobs). `load --scenario jobs` (create a job, long-poll it to
 # succeeded, simulated provider at zero delay) against
 # bench/reference_job.pgbench.sql: one job as three transactions (create,
 # claim, finish; jobs/s = tps), at 8 and 32 kiosks. The reference runs on as
@@ -55,19 +55,24 @@
 # --pg-port P: the PostgreSQL to use is on 127.0.0.1:P (default 5432); every
 # psql, pgbench and DATABASE_URL of the run uses it.
 #
+# --http-port P: the services listen on the first free port from P (default
+# 18090; up to 99 above it), so that two runs at once can be kept apart.
+#
 # --private-cluster: a fresh throwaway cluster of its own (initdb in a
 # temporary directory, bench/private_cluster.sh, autovacuum off like the
 # main cluster) on a spare port from 5491 (or --pg-port's), removed at
 # exit; the main cluster is not touched at all. Needs root (runuser).
 #
 # --pinned BINDIR: a fixed build as the speed reference of the service, in
-# the same run: BINDIR holds token-billing and token-billing-tools of a
+# the same run: BINDIR holds token-billing and the load generator of a
 # pinned commit (bench/pinned_build.sh [COMMIT] builds them once, 8d85f2e
-# by default, and prints BINDIR). Every round runs the service twice, the
+# by default, and prints BINDIR; the load generator is token-billing-bench,
+# or in a build from before it `token-billing-tools bench`:
+# bench/load_generator.sh). Every round runs the service twice, the
 # pinned build and this one, in alternating order (odd rounds pinned
 # first, even rounds this build first), then the references, each on a
 # fresh database. Both services are driven by the SAME load generator, the
-# pinned BINDIR/token-billing-tools (its flags are checked first). The
+# pinned BINDIR's (its flags are checked first). The
 # table adds the pinned build's cycles/s (jobs/s) and p99, and the ratio
 # main / pinned; the references' ratios stay main / reference. The
 # references still run on the schema of this build (`migrate`).
@@ -98,8 +103,8 @@ cd "$(dirname "$0")/.."
 gate_cells="spread:8:${GATE_SPREAD_8:-0.5} hot:8:${GATE_HOT_8:-0.75} jobs:8:${GATE_JOBS_8:-0.2}"
 
 mode=cycles seconds=8 rounds=3 spread_kiosks="2 8 32 64" hot_kiosks="8 32" job_kiosks="8 32"
-job_accounts=1000 dry_run=false pg_port="" private_cluster=false pinned="" gate=false
-this="" services_only=false
+job_accounts=1000 dry_run=false pg_port="" http_port=18090 private_cluster=false pinned=""
+gate=false this="" services_only=false
 while [ $# -gt 0 ]; do
   case "$1" in
     --jobs) mode=jobs ;;
@@ -111,12 +116,13 @@ while [ $# -gt 0 ]; do
     --kiosks) job_kiosks="$2"; shift ;;
     --accounts) job_accounts="$2"; shift ;;
     --pg-port) pg_port="$2"; shift ;;
+    --http-port) http_port="$2"; shift ;;
     --private-cluster) private_cluster=true ;;
     --pinned) pinned="$2"; shift ;;
     --gate) gate=true ;;
     --this) this="$2"; shift ;;
     --services-only) services_only=true ;;
-    *) sed -n '2,11p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,12p' "$0" >&2; exit 2 ;;
   esac
   shift
 done
@@ -125,10 +131,10 @@ if $gate && $services_only; then
   echo "--gate needs the references: not with --services-only" >&2
   exit 2
 fi
+. bench/load_generator.sh
 this_dir="${this:-${CARGO_TARGET_DIR:-target}/release}"
 binary="$this_dir/token-billing"
-tools="$this_dir/token-billing-tools"
-if ! $dry_run && ! { [ -x "$binary" ] && [ -x "$tools" ]; }; then
+if ! $dry_run && ! { [ -x "$binary" ] && load_generator "$this_dir"; }; then
   echo "build first: cargo build --release (or --dry-run; --this: bench/pinned_build.sh COMMIT)" >&2
   exit 1
 fi
@@ -136,18 +142,16 @@ pinned_binary=""
 if [ -n "$pinned" ]; then
   pinned_binary="$pinned/token-billing"
   if ! $dry_run; then
-    for file in "$pinned/token-billing" "$pinned/token-billing-tools"; do
-      [ -x "$file" ] || { echo "--pinned: $file missing (bench/pinned_build.sh builds it)" >&2; exit 1; }
-    done
+    [ -x "$pinned_binary" ] || { echo "--pinned: $pinned_binary missing (bench/pinned_build.sh builds it)" >&2; exit 1; }
     # One load generator for both services: the pinned build's.
-    tools="$pinned/token-billing-tools"
+    load_generator "$pinned" || { echo "--pinned: bench/pinned_build.sh builds it" >&2; exit 1; }
   fi
 fi
 if [ -n "$pinned" ] && ! $dry_run; then
-  # The flags and scenarios this script gives `bench load`, in its --help.
-  help="$("$tools" bench load --help)"
+  # The flags and scenarios this script gives `load`, in its --help.
+  help="$("${bench[@]}" load --help)"
   for flag in --url --admin-key --scenario --accounts --concurrency --seconds --service-pid spread hot jobs; do
-    grep -q -- "$flag" <<< "$help" || { echo "$tools bench load does not know $flag:" >&2; echo "$help" >&2; exit 1; }
+    grep -q -- "$flag" <<< "$help" || { echo "${bench[*]} load does not know $flag:" >&2; echo "$help" >&2; exit 1; }
   done
 fi
 
@@ -162,13 +166,13 @@ spare_port() { # first last
 }
 
 key="bench-admin-key-0123456789"
-port="$(spare_port 18090 18189)"
+port="$(spare_port "$http_port" $((http_port + 99)))"
 service_db="tb_bench_service"
 reference_db="tb_bench_reference"
 service_pid=""
 results="$(mktemp)"
 service_line="$(mktemp)"
-service_log=/tmp/token-billing-bench.log
+service_log="$(mktemp /tmp/token-billing-bench.XXXXXX.log)"
 templates=""
 cluster_dir=""
 
@@ -211,7 +215,7 @@ stop_service() {
 
 cleanup() {
   stop_service
-  rm -f "$results" "$service_line"
+  rm -f "$results" "$service_line" "$service_log"
   if [ -n "$cluster_dir" ]; then
     private_cluster_stop "$cluster_dir"
     rm -rf "$cluster_dir"
@@ -240,9 +244,9 @@ service_run() { # binary scenario accounts kiosks
   fi
   start_service "$1"
   local line
-  line="$("$tools" bench load --url "http://127.0.0.1:$port" --admin-key "$key" --scenario "$2" \
+  line="$("${bench[@]}" load --url "http://127.0.0.1:$port" --admin-key "$key" --scenario "$2" \
     --accounts "$3" --concurrency "$4" --seconds "$seconds" --service-pid "$service_pid")" \
-    || { stop_service; echo "bench load failed ($1: $2, $4 kiosks): $line" >&2; cat "$service_log" >&2; exit 1; }
+    || { stop_service; echo "the load generator failed ($1: $2, $4 kiosks): $line" >&2; cat "$service_log" >&2; exit 1; }
   stop_service
   grep -q 'books=ok' <<< "$line" || { echo "the books of $1 did not balance: $line" >&2; exit 1; }
   echo "$line"
@@ -386,7 +390,7 @@ pinned_rule = "---|---|---|" if pinned else ""
 print(f"Medians of {rounds} round{'' if rounds == '1' else 's'} of {seconds} s; ratio = service / reference.")
 if pinned:
     print(f"Service = {this or 'this build (main)'}; pinned = {pinned}, in alternating order each round; "
-          "load generator: the pinned build's token-billing-tools for both.")
+          "load generator: the pinned build's for both.")
 if dry_run == "true":
     print("DRY RUN: no service ran; its columns and the ratios are placeholders.")
 print()

@@ -28,9 +28,11 @@ rounds="${ROUNDS:-2}"
 seconds="${SECONDS_EACH:-10}"
 bin="${BIN:-${CARGO_TARGET_DIR:-target}/release}"
 base="${BASE_BIN:?BASE_BIN: the release directory of a build from before grants}"
-for file in "$bin/token-billing" "$bin/token-billing-tools" "$base/token-billing"; do
+for file in "$bin/token-billing" "$base/token-billing"; do
   [ -x "$file" ] || { echo "build first ($file missing)" >&2; exit 1; }
 done
+. bench/load_generator.sh
+load_generator "$bin" || exit 1
 port=18190
 key="grants-bench-key-$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 database="tb_bench_grants"
@@ -69,9 +71,9 @@ run() { # label binary-directory grants scenario kiosks
   local line
   # The load generator of this build for all three (it knows --grants; with
   # 1 it sends what an older service understands).
-  line="$("$bin/token-billing-tools" bench load --url "http://127.0.0.1:$port" --admin-key "$key" \
+  line="$("${bench[@]}" load --url "http://127.0.0.1:$port" --admin-key "$key" \
     --scenario "$4" --accounts 1000 --concurrency "$5" --seconds "$seconds" --grants "$3")" \
-    || { stop_service; echo "bench load failed ($1 $4 $5): $line" >&2; exit 1; }
+    || { stop_service; echo "the load generator failed ($1 $4 $5): $line" >&2; exit 1; }
   stop_service
   grep -q 'books=ok' <<< "$line" || { echo "the books did not balance: $line" >&2; exit 1; }
   echo "$1 $4 $5 $(sed -n 's/.*cycles_per_s=\([0-9.]*\).*/\1/p' <<< "$line") $(sed -n 's/.*p99_ms=\([0-9.]*\).*/\1/p' <<< "$line")" >> "$results"

@@ -2,10 +2,11 @@
 # History at scale (BENCHMARKS.md, "History at scale"):
 #   bench/history.sh [ENTRIES] [ACCOUNTS] [EVENTS]
 # 1. a history of ENTRIES ledger entries over ACCOUNTS accounts spanning 12
-#    months, built through the engine (`bench history`), closed by day;
+#    months, built through the engine (`token-billing-bench history`),
+#    closed by day;
 # 2. with the service on it and the same kiosk load running: as_of of one
 #    account, the account list as_of, the ledger page, reconciliation of a
-#    month and of the year (`bench history --skip-build --url …`);
+#    month and of the year (`token-billing-bench history --skip-build --url …`);
 # 3. the kiosk load alone, PAIRS times (default 2) on an empty database and
 #    then on the big one, back to back: reserve→commit throughput of each;
 # 4. EVENTS expired events, then a retention pass that archives them
@@ -15,7 +16,8 @@
 # HISTORY_BUILT=1 skips step 1 and measures the tb_bench_history built by
 # an earlier run (the build took 43 minutes here; the measurements want an
 # idle machine, the build does not).
-# Needs release binaries (cargo build --release) and PostgreSQL at $PG; it
+# Needs release binaries (cargo build --release; BIN names another build's,
+# bench/load_generator.sh) and PostgreSQL at $PG; it
 # drops and recreates the databases tb_bench_history and
 # tb_bench_history_empty. Heavy: run it on an otherwise idle machine.
 set -euo pipefail
@@ -33,6 +35,8 @@ WORK=$(mktemp -d)
 ARCHIVE=${ARCHIVE:-$WORK/archive}
 URL=http://127.0.0.1:$PORT
 SERVICE=
+. "$(dirname "$0")/load_generator.sh"
+load_generator "$BIN" || exit 1
 
 psql_admin() { psql "$PG/postgres" -qAtc "$1"; }
 sql() { psql "$PG/$DB" -qAtc "$1"; }
@@ -55,7 +59,7 @@ stop() {
 }
 trap stop EXIT
 load() {
-  "$BIN/token-billing-tools" bench load --url "$URL" --admin-key "$KEY" --scenario spread \
+  "${bench[@]}" load --url "$URL" --admin-key "$KEY" --scenario spread \
     --concurrency 8 --accounts 1000 --seconds "$LOAD_SECONDS" --service-pid "$SERVICE" "$@"
 }
 wal() { sql "SELECT pg_current_wal_lsn()"; }
@@ -66,7 +70,7 @@ if [ "${HISTORY_BUILT:-0}" = 1 ]; then
 else
   echo "== 1. build: $ENTRIES entries, $ACCOUNTS accounts, 12 months"
   psql_admin "DROP DATABASE IF EXISTS $DB WITH (FORCE)"
-  "$BIN/token-billing-tools" --database-url "$PG/$DB" bench history \
+  DATABASE_URL="$PG/$DB" "${bench[@]}" history \
     --entries "$ENTRIES" --accounts "$ACCOUNTS" --months 12
 fi
 
@@ -76,7 +80,7 @@ if [ "${SKIP_READS:-0}" != 1 ]; then
   LOAD_SECONDS=$((LOAD_SECONDS * 6)) load >"$WORK/load-during-reads.txt" &
   LOADER=$!
   sleep 5
-  "$BIN/token-billing-tools" --database-url "$PG/$DB" bench history --skip-build \
+  DATABASE_URL="$PG/$DB" "${bench[@]}" history --skip-build \
     --url "$URL" --admin-key "$KEY"
   wait "$LOADER"
   echo "-- the kiosk load meanwhile:"

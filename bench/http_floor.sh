@@ -16,7 +16,7 @@
 #     reserve → commit, one request per transaction) under pgbench, on a
 #     fresh seeded database;
 #   - service: the release service on a fresh database, driven by
-#     `token-billing-tools bench load --scenario spread`;
+#     `token-billing-bench load --scenario spread`;
 #   - floor: the same, except that once the load generator has set up its
 #     accounts (its first reservation is in the table), engine_apply in the
 #     service's engine schema is replaced by bench/engine_noop.sql: every
@@ -56,8 +56,8 @@ while [ $# -gt 0 ]; do
 done
 
 target="${CARGO_TARGET_DIR:-target}/release"
-binary="$target/token-billing" tools="$target/token-billing-tools"
-[ -x "$binary" ] && [ -x "$tools" ] || { echo "build first: cargo build --release" >&2; exit 1; }
+binary="$target/token-billing" bench="$target/token-billing-bench"
+[ -x "$binary" ] && [ -x "$bench" ] || { echo "build first: cargo build --release" >&2; exit 1; }
 . bench/private_cluster.sh
 port="${HTTP_FLOOR_PORT:-5493}" http=18093 key="bench-admin-key-0123456789"
 dir="$(mktemp -d /tmp/tb-http-floor.XXXXXX)"
@@ -176,7 +176,7 @@ service_run() { # kiosks engine(real|noop|handwritten)
     curl -fsS "http://127.0.0.1:$http/readyz" > /dev/null 2>&1 && break
     sleep 0.1
   done
-  "$tools" bench load --url "http://127.0.0.1:$http" --admin-key "$key" --scenario spread \
+  "$bench" load --url "http://127.0.0.1:$http" --admin-key "$key" --scenario spread \
     --accounts 1000 --concurrency "$1" --seconds "$seconds" --service-pid "$service" \
     > "$dir/load.out" 2>&1 &
   local load=$!
@@ -204,11 +204,11 @@ service_run() { # kiosks engine(real|noop|handwritten)
     # reports 0 cycles/s: cycles from the requests of the measured seconds
     # (a reserve and a commit each).
     grep -o 'requests=[0-9]*' "$dir/load.out" | cut -d= -f2 | awk -v s="$seconds" '{ print $1 / 2 / s }' \
-      | grep . || { echo "bench load failed:" >&2; cat "$dir/load.out" "$dir/service.log" >&2; exit 1; }
+      | grep . || { echo "the load generator failed:" >&2; cat "$dir/load.out" "$dir/service.log" >&2; exit 1; }
     return
   fi
   grep -o 'cycles_per_s=[0-9.]*' "$dir/load.out" | cut -d= -f2 \
-    || { echo "bench load failed:" >&2; cat "$dir/load.out" "$dir/service.log" >&2; exit 1; }
+    || { echo "the load generator failed:" >&2; cat "$dir/load.out" "$dir/service.log" >&2; exit 1; }
 }
 
 results="$dir/results"

@@ -7,14 +7,15 @@
 # Defaults: 8 kiosks, 5 s, 0 ms simulated provider per job, release (build
 # first: cargo build --release, or --bins for debug). The service's other
 # settings come from the environment (JOB_LEASE_SECONDS,
-# WORKER_CONCURRENCY, …); TOOLS names another load generator (one that
-# knows --job-delay-ms, for an older service).
+# WORKER_CONCURRENCY, …); LOAD_GENERATOR_DIR names another build's
+# directory whose load generator to use (one that knows --job-delay-ms, for
+# an older service; bench/load_generator.sh).
 #
 # A private cluster (initdb in a temporary directory, port
 # JOB_WRITES_PORT, default 5473; the main cluster is not touched). The
 # database is migrated first; then the statistics are read (the database's
 # xact_commit + xact_rollback, the next transaction id, the WAL position),
-# the service started, `token-billing-tools bench load --scenario jobs`
+# the service started, `token-billing-bench load --scenario jobs`
 # run (its 2 s warm-up included) and the service stopped (its connections
 # close, so their statistics are flushed), and the statistics read again.
 # The same is done once with the service idle for as long, without load,
@@ -38,10 +39,9 @@ done
 
 target_dir="${CARGO_TARGET_DIR:-target}"
 binary="$target_dir/$profile/token-billing"
-tools="${TOOLS:-$target_dir/$profile/token-billing-tools}"
-for file in "$binary" "$tools"; do
-  [ -x "$file" ] || { echo "build first ($file missing)" >&2; exit 1; }
-done
+[ -x "$binary" ] || { echo "build first ($binary missing)" >&2; exit 1; }
+. bench/load_generator.sh
+load_generator "${LOAD_GENERATOR_DIR:-$target_dir/$profile}" || exit 1
 . bench/private_cluster.sh
 port="${JOB_WRITES_PORT:-5473}"
 service_port=18097
@@ -95,7 +95,7 @@ idle="$(delta "$before" "$(sample)")"
 
 before="$(sample)"
 start_service
-line="$("$tools" bench load --url "http://127.0.0.1:$service_port" --admin-key "$key" \
+line="$("${bench[@]}" load --url "http://127.0.0.1:$service_port" --admin-key "$key" \
   --scenario jobs --accounts "$accounts" --concurrency "$kiosks" --seconds "$seconds" \
   --job-delay-ms "$latency")"
 stop_service

@@ -1,5 +1,5 @@
 -- Would a ledger partitioned by month serve the history reads better?
--- Run on a database built by `token-billing-tools bench history`:
+-- Run on a database built by `token-billing-bench history`:
 --   psql "$PG/tb_bench_history" -f bench/partition_probe.sql
 -- It copies ledger_entries into a table partitioned by month of created_at
 -- (with the two indexes these reads use), times the account ledger page and the as_of tail read on

@@ -11,9 +11,12 @@
 # with `cargo build --release --locked` (niced) in the target directory
 # shared with the main build (CARGO_TARGET_DIR, default
 # $HOME/.cache/token-billing-target), so the dependencies already built are
-# reused, and copies token-billing and token-billing-tools to
-# .../<commit>/bin/. When both copies exist it does nothing but print the
-# directory. Progress goes to stderr, the bin dir alone to stdout.
+# reused, and copies token-billing and its load generator to
+# .../<commit>/bin/: token-billing-bench (bench/src/main.rs), or in a
+# commit from before that crate (8d85f2e, 19d87d7) token-billing-tools,
+# whose `bench …` commands they were (bench/load_generator.sh runs either).
+# When both copies exist it does nothing but print the directory. Progress
+# goes to stderr, the bin dir alone to stdout.
 #
 # The shared target directory: cargo's lock on it serialises this build
 # with any other. The binaries are copied from target/release/ under that
@@ -33,9 +36,14 @@ root="${PINNED_DIR:-$HOME/.cache/token-billing-pinned}/$commit"
 src="$root/src"
 bin="$root/bin"
 target="${CARGO_TARGET_DIR:-$HOME/.cache/token-billing-target}"
-names="token-billing token-billing-tools"
+# The load generator's binary of that commit, and every binary a build of
+# it may link into target/release (each put back as it was).
+generator=token-billing-tools
+git cat-file -e "$commit:bench/Cargo.toml" 2> /dev/null && generator=token-billing-bench
+names="token-billing $generator"
+uplifted="token-billing token-billing-tools token-billing-bench"
 
-if [ -x "$bin/token-billing" ] && [ -x "$bin/token-billing-tools" ]; then
+if [ -x "$bin/token-billing" ] && [ -x "$bin/$generator" ]; then
   echo "$bin"
   exit 0
 fi
@@ -57,7 +65,7 @@ remember_uplifted() {
   local name
   rm -rf "$backup"
   mkdir -p "$backup"
-  for name in $names; do
+  for name in $uplifted; do
     [ -f "$release/$name.d" ] && cp -p "$release/$name.d" "$backup/$name.d"
     [ -f "$release/$name" ] && cp -p "$release/$name" "$backup/$name"
   done
@@ -84,23 +92,22 @@ for attempt in 1 2 3; do
   exec 9> "$release/.cargo-lock"
   flock 9 # no cargo writes there while the binaries are copied and put back
   copied=0
-  for name in $names; do
-    main_source=src/main.rs
-    # The tools' binary: tools/src/main.rs since the workspace, before it
-    # src/bin/token-billing-tools.rs.
-    if [ "$name" = token-billing-tools ]; then
-      ours "$name" tools/src/main.rs || ours "$name" src/bin/token-billing-tools.rs || continue
-    else
-      ours "$name" "$main_source" || continue
+  for name in $uplifted; do
+    case "$name" in
+      # The tools' binary: tools/src/main.rs since the workspace, before it
+      # src/bin/token-billing-tools.rs.
+      token-billing-tools)
+        ours "$name" tools/src/main.rs || ours "$name" src/bin/token-billing-tools.rs || continue ;;
+      token-billing-bench) ours "$name" bench/src/main.rs || continue ;;
+      *) ours "$name" src/main.rs || continue ;;
+    esac
+    # Copied if wanted and the build succeeded; put back in any case.
+    if [ "$status" -eq 0 ] && [[ " $names " == *" $name "* ]]; then
+      cp "$release/$name" "$bin/$name.tmp"
+      mv "$bin/$name.tmp" "$bin/$name"
+      copied=$((copied + 1))
     fi
-    if [ "$status" -ne 0 ]; then # a failed build: put back what it linked
-      restore_uplifted "$name"
-      continue
-    fi
-    cp "$release/$name" "$bin/$name.tmp"
-    mv "$bin/$name.tmp" "$bin/$name"
     restore_uplifted "$name"
-    copied=$((copied + 1))
   done
   exec 9>&-
   [ "$status" -eq 0 ] || { echo "cargo build of $commit failed ($status)" >&2; exit 1; }
@@ -108,10 +115,10 @@ for attempt in 1 2 3; do
   # Another build came in between cargo and the lock: cargo again (fresh,
   # it only links the binaries into target/release again).
   echo "target/release was rebuilt by another build meanwhile; again ($attempt)" >&2
-  rm -f "$bin/token-billing" "$bin/token-billing-tools"
+  rm -f "$bin/token-billing" "$bin/$generator"
 done
 rm -rf "$backup"
-[ -x "$bin/token-billing" ] && [ -x "$bin/token-billing-tools" ] \
+[ -x "$bin/token-billing" ] && [ -x "$bin/$generator" ] \
   || { echo "could not copy the binaries of $commit" >&2; exit 1; }
 "$bin/token-billing" --version >&2
 echo "$bin"

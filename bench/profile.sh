@@ -10,7 +10,7 @@
 # default 5471; the main cluster is not touched) with pg_stat_statements
 # (track = all: statements inside the engine's functions too) and
 # track_functions = pl. The release service runs on it;
-# `token-billing-tools bench load` drives it; the statistics are reset when
+# `token-billing-bench load` drives it; the statistics are reset when
 # the load's measured window opens (after its warm-up). Printed: the load's
 # line, then the statements by total time (calls, mean ms, share of the
 # total, time per cycle) and the engine's functions by their own time
@@ -40,10 +40,9 @@ target_dir="${CARGO_TARGET_DIR:-target}"
 # BIN_DIR: another build's binaries (e.g. the pinned reference's, from
 # bench/pinned_build.sh) instead of this checkout's.
 binary="${BIN_DIR:-$target_dir/$build}/token-billing"
-tools="${BIN_DIR:-$target_dir/$build}/token-billing-tools"
-for file in "$binary" "$tools"; do
-  [ -x "$file" ] || { echo "build first: cargo build --release ($file missing)" >&2; exit 1; }
-done
+[ -x "$binary" ] || { echo "build first: cargo build --release ($binary missing)" >&2; exit 1; }
+. bench/load_generator.sh
+load_generator "${BIN_DIR:-$target_dir/$build}" || exit 1
 . bench/private_cluster.sh
 port="${PROFILE_PORT:-5471}"
 service_port=18095
@@ -90,7 +89,7 @@ echo "\$(awk '{ print \$14 + \$15 }' /proc/$service/stat) \$pg \$(awk '/^cpu / {
 SAMPLE
 chmod +x "$dir/cpu_sample.sh"
 reset="psql -h 127.0.0.1 -p $port -U postgres -qtA -d tb_profile -c 'SELECT pg_stat_statements_reset()' -c 'SELECT pg_stat_reset()' > /dev/null; $dir/cpu_sample.sh > $dir/cpu.start; sleep $seconds; $dir/cpu_sample.sh > $dir/cpu.end"
-line="$("$tools" bench load --url "http://127.0.0.1:$service_port" --admin-key "$key" \
+line="$("${bench[@]}" load --url "http://127.0.0.1:$service_port" --admin-key "$key" \
   --scenario "$scenario" --accounts "$accounts" --concurrency "$kiosks" --seconds "$seconds" \
   --service-pid "$service" --on-measure "$reset")"
 echo "$line"

@@ -3,18 +3,18 @@
 # finance runs reconciliation reports over 1,000,000 ledger entries under
 # kiosk load, with DATABASE_READ_URL unset (the reports read the primary)
 # and set to a streaming standby. Private clusters on ports 5445 / 5446
-# (never the main cluster), one service, `token-billing-tools bench load`
+# (never the main cluster), one service, `token-billing-bench load`
 # as the kiosks.
 #
 # Usage: bench/read_replica.sh [seconds of load, default 20] [reports, default 3]
 # Needs: root (PostgreSQL's tools run as the postgres user), a build of the
-# service and the tools (BENCH_PROFILE=release for release figures), curl, jq.
+# service and the load generators (BENCH_PROFILE=release for release figures), curl, jq.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-20}"
 reports="${2:-3}"
 build="${CARGO_TARGET_DIR:-target}/${BENCH_PROFILE:-debug}"
-[ -x "$build/token-billing" ] && [ -x "$build/token-billing-tools" ] || { echo "build first: cargo build" >&2; exit 1; }
+[ -x "$build/token-billing" ] && [ -x "$build/token-billing-bench" ] || { echo "build first: cargo build" >&2; exit 1; }
 pg_bin=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)}
 primary_port=5445
 standby_port=5446
@@ -33,7 +33,7 @@ build_pair
 database=tb_bench_read_replica
 primary_url="postgres://postgres@127.0.0.1:$primary_port/$database"
 standby_url="postgres://postgres@127.0.0.1:$standby_port/$database"
-"$build/token-billing-tools" --database-url "$primary_url" bench reconciliation \
+"$build/token-billing-bench" --database-url "$primary_url" reconciliation \
   --accounts 10000 --entries-per-account 100 --runs 1
 # The standby has replayed everything before the measurement starts.
 for _ in $(seq 1 600); do
@@ -69,7 +69,7 @@ measure() { # label [DATABASE_READ_URL]
   local finance
   finance=$(curl -fsS -X POST "http://127.0.0.1:$port/v1/api-keys" -H "Authorization: Bearer $key" \
     -H 'Content-Type: application/json' -d '{"scope": "finance", "label": "bench"}' | jq -r .key)
-  "$build/token-billing-tools" bench load --url "http://127.0.0.1:$port" --admin-key "$key" \
+  "$build/token-billing-bench" load --url "http://127.0.0.1:$port" --admin-key "$key" \
     --scenario spread --concurrency 8 --seconds "$seconds" --accounts 100 > "$dir/load-$label.txt" &
   local load=$!
   sleep 4   # the load generator's set-up and warm-up

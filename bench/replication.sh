@@ -7,13 +7,13 @@
 # (synchronous_standby_names = standby1) and once without, alternating.
 #
 # With BENCH_PROFILE=release it then measures the service itself the same
-# way: `token-billing-tools bench load --scenario spread` (1,000 accounts)
+# way: `token-billing-bench load --scenario spread` (1,000 accounts)
 # against a release build serving from the same primary, synchronous
 # standby vs none, alternating.
 #
 # Usage: bench/replication.sh [seconds per run, default 8] [concurrencies, default "8 32"] [rounds, default 3]
 # Needs: root (PostgreSQL's tools run as the postgres user), a build of the
-# service and the tools (debug is enough for the pgbench part: the work
+# service and the load generators (debug is enough for the pgbench part: the work
 # measured is PostgreSQL's; release for the service part), pgbench.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +21,7 @@ seconds="${1:-8}"
 concurrencies="${2:-8 32}"
 rounds="${3:-3}"
 build="${CARGO_TARGET_DIR:-target}/${BENCH_PROFILE:-debug}"
-[ -x "$build/token-billing" ] && [ -x "$build/token-billing-tools" ] || { echo "build first: cargo build" >&2; exit 1; }
+[ -x "$build/token-billing" ] && [ -x "$build/token-billing-bench" ] || { echo "build first: cargo build" >&2; exit 1; }
 pg_bin=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)}
 primary_port=5443
 standby_port=5444
@@ -98,7 +98,7 @@ DATABASE_URL="postgres://postgres@127.0.0.1:$primary_port/tb_bench_replication_s
 service_pid=$!
 for _ in $(seq 1 100); do curl -fsS "http://127.0.0.1:$port/readyz" > /dev/null 2>&1 && break; sleep 0.1; done
 service_run() { # concurrency → cycles/s
-  "$build/token-billing-tools" bench load --url "http://127.0.0.1:$port" --admin-key "$key" --scenario spread \
+  "$build/token-billing-bench" load --url "http://127.0.0.1:$port" --admin-key "$key" --scenario spread \
     --accounts 1000 --concurrency "$1" --seconds "$seconds" | sed -n 's/.*cycles_per_s=\([0-9.]*\).*/\1/p'
 }
 echo

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The attacker model of docs/security.md, measured: the release service at
 # its default throttle settings (and, where said, a smaller failure table)
-# against `token-billing-tools bench throttle-probe`, one fresh service and
+# against `token-billing-bench throttle-probe`, one fresh service and
 # database per run. Every client is named in X-Forwarded-For by a trusted
 # proxy (TRUSTED_PROXIES=127.0.0.1/32), so one machine can be 100,000
 # clients. Prints each run's summary line.
@@ -12,8 +12,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-60}"
 binary="${CARGO_TARGET_DIR:-target}/release/token-billing"
-tools="${CARGO_TARGET_DIR:-target}/release/token-billing-tools"
-[ -x "$binary" ] && [ -x "$tools" ] || { echo "build first: cargo build --release" >&2; exit 1; }
+bench="${CARGO_TARGET_DIR:-target}/release/token-billing-bench"
+[ -x "$binary" ] && [ -x "$bench" ] || { echo "build first: cargo build --release" >&2; exit 1; }
 key="bench-admin-key-0123456789"
 port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 database="tb_bench_throttle_$$"
@@ -49,7 +49,7 @@ run() {
   echo "== $name ${environment[*]}"
   local length=(--seconds "$seconds")
   case " $* " in *" --seconds "*) length=() ;; esac
-  BENCH_ADMIN_KEY="$key" "$tools" bench throttle-probe --url "http://127.0.0.1:$port" \
+  BENCH_ADMIN_KEY="$key" "$bench" throttle-probe --url "http://127.0.0.1:$port" \
     "${length[@]}" "$@" | tail -n 1
 }
 

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Reserve throughput with and without a flood of webhook deliveries.
 #
-# Each round runs the spread scenario (`token-billing-tools bench load`,
+# Each round runs the spread scenario (`token-billing-bench load`,
 # 1,000 accounts) twice on a fresh database, alternating. In both, when the
 # measured window opens, `events` credits land in one engine batch on a side
 # account: that many credit.created events while the kiosks reserve.
 #   without  no webhook endpoint: the events are written, nothing is sent;
 #   flood    an endpoint subscribed to every event type, pointing at
-#            `token-billing-tools bench webhook-sink` (answers 204 at once):
+#            `token-billing-bench webhook-sink` (answers 204 at once):
 #            the relay and the senders deliver all of them meanwhile.
 # So the ratio is the cost of delivering, not of writing, the events.
 # Prints each run, then the medians and their ratio, and for the flood runs
@@ -22,8 +22,8 @@ concurrency="${2:-8}"
 rounds="${3:-3}"
 events="${4:-10000}"
 binary="${CARGO_TARGET_DIR:-target}/release/token-billing"
-tools="${CARGO_TARGET_DIR:-target}/release/token-billing-tools"
-[ -x "$binary" ] && [ -x "$tools" ] || { echo "build first: cargo build --release" >&2; exit 1; }
+bench="${CARGO_TARGET_DIR:-target}/release/token-billing-bench"
+[ -x "$binary" ] && [ -x "$bench" ] || { echo "build first: cargo build --release" >&2; exit 1; }
 key="bench-admin-key-0123456789"
 port=18091
 sink_port=18099
@@ -64,7 +64,7 @@ for round in $(seq 1 "$rounds"); do
   for mode in without flood; do
     start
     if [ "$mode" = flood ]; then
-      "$tools" bench webhook-sink --bind "127.0.0.1:$sink_port" > /dev/null 2>&1 &
+      "$bench" webhook-sink --bind "127.0.0.1:$sink_port" > /dev/null 2>&1 &
       sink_pid=$!
       for _ in $(seq 1 50); do curl -fsS "http://127.0.0.1:$sink_port/count" > /dev/null 2>&1 && break; sleep 0.1; done
       api POST /v1/webhook-endpoints "{\"url\": \"http://127.0.0.1:$sink_port/hook\", \"events\": [\"credit.created\", \"adjustment.created\", \"reservation.expired\", \"job.succeeded\", \"job.failed\", \"account.balance_low\", \"account.balance_recovered\", \"account.balance_depleted\"]}" > /dev/null
@@ -78,7 +78,7 @@ for round in $(seq 1 "$rounds"); do
         NULL, 1, NULL, NULL, gen_random_uuid(), NULL, NULL, NULL, NULL, NULL, 'flood-' || g, NULL, NULL, NULL, \
         NULL, NULL, NULL, NULL, 50, NULL)::engine_request FROM generate_series(1, $events) g))"
     on_measure=(--on-measure "date +%s.%N > /tmp/token-billing-flood-start; psql -h 127.0.0.1 -U postgres -qtAc \"$flood_sql\" $database > /dev/null")
-    line="$("$tools" bench load --url "http://127.0.0.1:$port" --admin-key "$key" --scenario spread \
+    line="$("$bench" load --url "http://127.0.0.1:$port" --admin-key "$key" --scenario spread \
       --accounts 1000 --concurrency "$concurrency" --seconds "$seconds" --service-pid "$service_pid" "${on_measure[@]}")"
     grep -q 'books=ok' <<< "$line" || { echo "books did not balance: $line" >&2; exit 1; }
     drained="-"

@@ -9,8 +9,9 @@
 //!
 //! Global options (`--database-url`, `--log-format`) are defined once here;
 //! every setting of the running service has its `--flag` under `serve`
-//! only. The test and operations tools (chaos run, load generators, fake
-//! provider) are another binary, `token-billing-tools`.
+//! only. The test and operations tools (chaos run, fake provider) are
+//! another binary, `token-billing-tools`; the benchmarks' load generators a
+//! third, `token-billing-bench` (`bench/`).
 
 pub mod commands;
 

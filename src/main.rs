@@ -1,8 +1,9 @@
 //! `token-billing`, the service binary: parse the command line and run
 //! the command (`token_billing::cli::commands`: set up logging on stderr and
 //! the database, then serve or run a management command whose result,
-//! JSON, is printed alone on stdout). The test and operations tools are the
-//! other binary, `token-billing-tools`.
+//! JSON, is printed alone on stdout). The test and operations tools are
+//! another binary, `token-billing-tools`, the load generators a third,
+//! `token-billing-bench`.
 
 use std::process::ExitCode;
 

@@ -240,17 +240,26 @@ fn each_command_has_its_own_help_and_no_test_tools() {
         "`token-billing chaos` still exists"
     );
 
-    // The tools live in their own binary, which the image does not ship.
-    let tools = Command::new(crate::helpers::tools_binary())
-        .arg("--help")
-        .output()
-        .expect("the tools binary runs");
-    let tools = text(&tools.stdout);
-    for tool in ["chaos", "bench", "fake-provider"] {
-        assert!(
-            tools.contains(tool),
-            "token-billing-tools lacks {tool}:\n{tools}"
-        );
+    // The tools and the load generators live in binaries of their own,
+    // which the image does not ship.
+    for (binary, commands) in [
+        (
+            crate::helpers::tools_binary(),
+            &["chaos", "fake-provider"][..],
+        ),
+        (
+            crate::helpers::bench_binary(),
+            &["load", "jobs", "history", "webhook-sink"],
+        ),
+    ] {
+        let output = Command::new(&binary)
+            .arg("--help")
+            .output()
+            .expect("the binary runs");
+        let help = text(&output.stdout);
+        for command in commands {
+            assert!(help.contains(command), "{binary} lacks {command}:\n{help}");
+        }
     }
     let dockerfile = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Dockerfile"))
         .expect("Dockerfile");
@@ -258,13 +267,12 @@ fn each_command_has_its_own_help_and_no_test_tools() {
         dockerfile.contains("--bin token-billing\n"),
         "the image builds the service"
     );
-    assert!(
-        !dockerfile.contains("token-billing-tools"),
-        "the image ships the tools"
-    );
+    for other in ["token-billing-tools", "token-billing-bench"] {
+        assert!(!dockerfile.contains(other), "the image ships {other}");
+    }
 }
 
-/// Every help screen of both binaries: each option that reads a variable
+/// Every help screen of the three binaries: each option that reads a variable
 /// says `[env: NAME]`, never a bare `[env: NAME=]`; prune's retention flags
 /// say what they keep; the fake provider offers no `--database-url` it
 /// would not use.
@@ -282,6 +290,8 @@ fn help_describes_every_option_without_empty_env_markers() {
     };
     let tools = crate::helpers::tools_binary();
     let tools = tools.as_str();
+    let bench = crate::helpers::bench_binary();
+    let bench = bench.as_str();
     let mut screens = Vec::new();
     for args in [
         &["--help"][..],
@@ -305,9 +315,11 @@ fn help_describes_every_option_without_empty_env_markers() {
         &["--help"][..],
         &["fake-provider", "--help"],
         &["chaos", "--help"],
-        &["bench", "load", "--help"],
     ] {
         screens.push((format!("tools {}", args.join(" ")), help(tools, args)));
+    }
+    for args in [&["--help"][..], &["load", "--help"], &["history", "--help"]] {
+        screens.push((format!("bench {}", args.join(" ")), help(bench, args)));
     }
     for (name, screen) in &screens {
         assert!(

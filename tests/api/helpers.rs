@@ -28,20 +28,31 @@ use token_billing_tools::fake_provider::build_fake_provider;
 
 pub const ADMIN_KEY: &str = "test-admin-key-0123456789";
 
-/// The tools' binary, `token-billing-tools` (the tools package, `tools/`):
-/// cargo leaves it beside the service's binary. `cargo test` and `cargo
-/// build` at the root build it; a run of one test target (`cargo test
-/// --test api …`) builds only the service's binary, so build the tools
-/// first (`cargo build`) when they changed.
+/// The tools' binary, `token-billing-tools` (the tools package, `tools/`).
 pub fn tools_binary() -> String {
+    sibling_binary("token-billing-tools")
+}
+
+/// The load generators' binary, `token-billing-bench` (the bench package,
+/// `bench/`).
+pub fn bench_binary() -> String {
+    sibling_binary("token-billing-bench")
+}
+
+/// Another package's binary of the workspace: cargo leaves it beside the
+/// service's binary. `cargo test` and `cargo build` at the root build it;
+/// a run of one test target (`cargo test --test api …`) builds only the
+/// service's binary, so build the others first (`cargo build`) when they
+/// changed.
+fn sibling_binary(name: &str) -> String {
     let service = std::path::Path::new(env!("CARGO_BIN_EXE_token-billing"));
-    let tools = service.with_file_name("token-billing-tools");
+    let binary = service.with_file_name(name);
     assert!(
-        tools.is_file(),
+        binary.is_file(),
         "{} is missing: build it (`cargo build` at the root)",
-        tools.display()
+        binary.display()
     );
-    tools.to_string_lossy().into_owned()
+    binary.to_string_lossy().into_owned()
 }
 
 pub fn server_url() -> String {

@@ -281,8 +281,8 @@ fn no_help_text_prints_a_secrets_value() {
         .expect("serve --help")];
     for bench in ["jobs", "load", "history"] {
         runs.push(
-            Command::new(crate::helpers::tools_binary())
-                .args(["bench", bench, "--help"])
+            Command::new(crate::helpers::bench_binary())
+                .args([bench, "--help"])
                 .env("BENCH_ADMIN_KEY", bench_secret)
                 .output()
                 .expect("bench --help"),

@@ -148,7 +148,7 @@ fn no_command_echoes_the_password_of_a_malformed_url() {
 
 /// A connection string pasted where the command line expects something
 /// else: the argument parser repeats the argument it refuses, and what it
-/// prints is scrubbed like every other error (both binaries).
+/// prints is scrubbed like every other error (every binary).
 #[test]
 fn the_argument_parser_does_not_echo_a_misplaced_url() {
     let urls = [
@@ -162,12 +162,14 @@ fn the_argument_parser_does_not_echo_a_misplaced_url() {
         let service = env!("CARGO_BIN_EXE_token-billing");
         let tools = crate::helpers::tools_binary();
         let tools = tools.as_str();
+        let bench = crate::helpers::bench_binary();
+        let bench = bench.as_str();
         for (binary, args) in [
             (service, vec!["migrate", url]),
             (service, vec!["account", "list", url]),
             (service, vec!["serve", "--db-pool-size", url]),
             (tools, vec!["fake-provider", url]),
-            (tools, vec!["bench", "load", "--seconds", url]),
+            (bench, vec!["load", "--seconds", url]),
         ] {
             let output = Command::new(binary)
                 .args(&args)

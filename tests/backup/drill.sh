@@ -7,7 +7,7 @@
 # a local repository in the same directory:
 #
 #   1. the service (debug build) runs on it under kiosk load
-#      (`token-billing-tools bench load`); a full backup is taken while the
+#      (`token-billing-bench load`); a full backup is taken while the
 #      load goes on, and WAL keeps archiving;
 #   2. an admin posts a top-up and an adjustment; an instant T is noted
 #      while the load runs, and only one with work in flight (held
@@ -41,11 +41,12 @@ cd "$(dirname "$0")/../.."
 
 target_dir="${CARGO_TARGET_DIR:-${HOME:-/root}/.cache/token-billing-target}"
 service_bin="$target_dir/debug/token-billing"
-tools_bin="$target_dir/debug/token-billing-tools"
-for binary in "$service_bin" "$tools_bin"; do
+bench_bin="$target_dir/debug/token-billing-bench"
+for binary in "$service_bin" "$bench_bin"; do
     [[ -x "$binary" ]] || { echo "drill: $binary missing: run cargo build first" >&2; exit 2; }
 done
 command -v pgbackrest >/dev/null || { echo "drill: pgbackrest missing (apt-get install pgbackrest)" >&2; exit 2; }
+command -v promtool >/dev/null || { echo "drill: promtool missing (apt-get install prometheus)" >&2; exit 2; }
 pg_bin="/usr/lib/postgresql/$(ls /usr/lib/postgresql | sort -n | tail -n 1)/bin"
 port="${DRILL_PORT:-5461}"
 padding_mb="${DRILL_PADDING_MB:-0}"
@@ -158,7 +159,7 @@ stop_service() {
 # Kiosk load in the background: reserve/commit cycles over 20 accounts, or
 # the whole job pipeline with the simulated provider.
 start_load() {
-    RUST_LOG=error "$tools_bin" bench load --url "$service_url" --scenario "$1" \
+    RUST_LOG=error "$bench_bin" load --url "$service_url" --scenario "$1" \
         --accounts 20 --concurrency 4 --seconds "$2" >>"$dir/load.log" 2>&1 &
     load=$!
 }
@@ -318,9 +319,7 @@ entries_before_mistake="$(ledger_count)"
 cp prometheus/backup-metrics.sh "$dir/backup-metrics.sh"
 metrics="$(as_postgres env PGHOST="$dir" PGPORT="$port" PGUSER=postgres \
     "$dir/backup-metrics.sh" --config "$dir/pgbackrest.conf" --stanza drill)"
-if command -v promtool >/dev/null; then
-    promtool check metrics <<<"$metrics"
-fi
+promtool check metrics <<<"$metrics"
 metric() { awk -v name="$1" 'index($1, name) == 1 { print $2 }' <<<"$metrics"; }
 now="$(date +%s)"
 full_backup_at="$(metric 'token_billing_backup_last_success_timestamp_seconds{stanza="drill",type="full"}')"

@@ -941,8 +941,8 @@ fn summary(seed: u64, journal: &Journal, violations: &[String], elapsed: Duratio
     }
     println!(
         "latency ms: p50={:.1} p99={:.1} max={:.1}",
-        crate::bench::percentile(&latencies, 0.5),
-        crate::bench::percentile(&latencies, 0.99),
+        percentile(&latencies, 0.5),
+        percentile(&latencies, 0.99),
         latencies.last().copied().unwrap_or(f64::NAN)
     );
     println!(
@@ -1156,6 +1156,15 @@ pub async fn run(database_url: &str, args: ChaosArgs) -> anyhow::Result<bool> {
     provider_handle.stop(false).await;
     summary(seed, &journal, &violations, started.elapsed());
     Ok(violations.is_empty())
+}
+
+/// The nearest-rank percentile of a sorted sample (NaN when empty).
+fn percentile(sorted: &[f64], quantile: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (quantile * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
 }
 
 #[cfg(test)]

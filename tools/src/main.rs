@@ -1,7 +1,8 @@
 //! `token-billing-tools`: the test and operations tools of token-billing,
 //! kept out of the service binary and its image — the chaos run (which
-//! recreates databases and restarts PostgreSQL), the load generators and
-//! the fake provider. Results go to stdout, logs to stderr.
+//! recreates databases and restarts PostgreSQL) and the fake provider. The
+//! load generators are `token-billing-bench` (bench/). Results go to
+//! stdout, logs to stderr.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -21,8 +22,8 @@ use token_billing_tools::fake_provider::build_fake_provider;
     about = "Test and operations tools of token-billing (not shipped in the service image)"
 )]
 struct Cli {
-    /// PostgreSQL connection URL, for `chaos`, `bench reconciliation` and `bench history`
-    /// (given before the command; the other tools use no database).
+    /// PostgreSQL connection URL, for `chaos` (given before the command; the
+    /// fake provider uses no database).
     #[arg(long, env = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
     database_url: String,
 
@@ -44,11 +45,6 @@ enum Tool {
         token-billing-tools --database-url postgres://postgres@127.0.0.1:5432/tb_chaos \\\n    \
         chaos --seed 42 --seconds 60 --restart-postgres --skewed-clock")]
     Chaos(token_billing_tools::chaos::ChaosArgs),
-    /// Load generators against a running service.
-    Bench {
-        #[command(subcommand)]
-        target: BenchCommand,
-    },
     /// Serve the fake provider (the `http` provider protocol, with fault injection).
     #[command(after_help = "Example:\n  \
         token-billing-tools fake-provider --bind 127.0.0.1:8090")]
@@ -62,49 +58,6 @@ enum Tool {
         /// Share of generations that fail (0.0 … 1.0).
         #[arg(long, env = "SIMULATED_FAILURE_RATE", default_value_t = 0.0)]
         failure_rate: f64,
-    },
-}
-
-#[derive(Debug, Subcommand)]
-enum BenchCommand {
-    /// Job pipeline overhead beyond provider time.
-    #[command(after_help = "Example:\n  \
-        BENCH_ADMIN_KEY=dev-admin-key-change-me token-billing-tools bench jobs --jobs 500 --concurrency 8")]
-    Jobs(token_billing_tools::bench::JobBenchArgs),
-    /// Kiosk fleets: reserve→commit cycles (spread, hot) or jobs.
-    Load(token_billing_tools::bench::load::LoadArgs),
-    /// A flood of made-up keys from new addresses; the service's RSS before and after.
-    #[command(
-        after_help = "Example (the service started with TRUSTED_PROXIES=127.0.0.1/32):\n  \
-        token-billing-tools bench auth-flood --requests 1000000 --service-pid $(pgrep -f 'token-billing serve')"
-    )]
-    AuthFlood(token_billing_tools::bench::flood::FloodArgs),
-    /// The address throttle as an attacker meets it: guesses from many
-    /// addresses, anonymous requests and kiosks at a venue's address.
-    #[command(
-        after_help = "Example (the service started with TRUSTED_PROXIES=127.0.0.1/32):\n  \
-        BENCH_ADMIN_KEY=dev-admin-key-change-me token-billing-tools bench throttle-probe \\\n    \
-        --seconds 60 --addresses 1000 --anonymous-per-second 60 --kiosks"
-    )]
-    ThrottleProbe(token_billing_tools::bench::throttle::ProbeArgs),
-    /// Seed a scratch database (--database-url) and time reconciliation reports.
-    Reconciliation(token_billing_tools::bench::ReconciliationBenchArgs),
-    /// Build a long history through the engine on a scratch database
-    /// (--database-url), then measure a service's history reads over it.
-    #[command(after_help = "Example:\n  \
-        token-billing-tools --database-url postgres://postgres@127.0.0.1:5432/tb_history \\\n    \
-        bench history --entries 20000000 --accounts 10000\n  \
-        BENCH_ADMIN_KEY=dev-admin-key-change-me token-billing-tools \\\n    \
-        --database-url postgres://postgres@127.0.0.1:5432/tb_history \\\n    \
-        bench history --skip-build --url http://127.0.0.1:8080")]
-    History(token_billing_tools::bench::history::HistoryBenchArgs),
-    /// A webhook receiver that answers 204 and counts (`GET /count`).
-    #[command(after_help = "Example:\n  \
-        token-billing-tools bench webhook-sink --bind 127.0.0.1:18099")]
-    WebhookSink {
-        /// Address to listen on.
-        #[arg(long, default_value = "127.0.0.1:18099")]
-        bind: String,
     },
 }
 
@@ -129,53 +82,6 @@ async fn main() -> ExitCode {
             },
             signal = shutdown_signal() => Err(anyhow::anyhow!("chaos run stopped by {signal}")),
         },
-        Tool::Bench {
-            target: BenchCommand::Load(args),
-        } => token_billing_tools::bench::load::run_load(args).await,
-        Tool::Bench {
-            target: BenchCommand::AuthFlood(args),
-        } => token_billing_tools::bench::flood::run_flood(args).await,
-        Tool::Bench {
-            target: BenchCommand::ThrottleProbe(args),
-        } => token_billing_tools::bench::throttle::run_probe(args).await,
-        Tool::Bench {
-            target: BenchCommand::Reconciliation(args),
-        } => {
-            let url = cli.database_url.clone();
-            tokio::task::spawn_blocking(move || {
-                token_billing_tools::bench::run_reconciliation_bench(&url, &args)
-            })
-            .await
-            .map_err(anyhow::Error::from)
-            .and_then(|result| result)
-        }
-        Tool::Bench {
-            target: BenchCommand::History(args),
-        } => {
-            let url = cli.database_url.clone();
-            let args = std::sync::Arc::new(args);
-            let build = if args.skip_build {
-                Ok(())
-            } else {
-                let (url, args) = (url.clone(), std::sync::Arc::clone(&args));
-                tokio::task::spawn_blocking(move || {
-                    token_billing_tools::bench::history::build(&url, &args)
-                })
-                .await
-                .map_err(anyhow::Error::from)
-                .and_then(|result| result)
-            };
-            match build {
-                Ok(()) => token_billing_tools::bench::history::measure(&url, &args).await,
-                Err(error) => Err(error),
-            }
-        }
-        Tool::Bench {
-            target: BenchCommand::WebhookSink { bind },
-        } => token_billing_tools::bench::sink::run_sink(&bind).await,
-        Tool::Bench {
-            target: BenchCommand::Jobs(args),
-        } => token_billing_tools::bench::run_job_bench(args).await,
         Tool::FakeProvider {
             bind,
             latency_ms,

@@ -1,4 +1,4 @@
-//! `token-billing-tools bench history`: builds a long synthetic history
+//! `token-billing-bench history`: builds a long synthetic history
 //! through the real money engine on a scratch database, then measures the
 //! history reads of a running service over it.
 //!
@@ -27,7 +27,7 @@ use diesel::sql_types::{BigInt, Double, Text};
 use rand::Rng;
 use uuid::Uuid;
 
-use super::percentile;
+use crate::percentile;
 use token_billing::engine::types::{AccountId, ExternalRef, RequestId, ReservationId, Tokens};
 use token_billing::engine::{apply, Authority, CommitAmount, Op, Operation};
 
@@ -88,7 +88,7 @@ pub fn build(database_url: &str, args: &HistoryBenchArgs) -> anyhow::Result<()> 
         args.accounts >= 1 && args.batch >= 1,
         "--accounts and --batch must be ≥ 1"
     );
-    let mut conn = super::scratch_database(database_url)?;
+    let mut conn = crate::scratch_database(database_url)?;
     conn.batch_execute(&format!(
         "CREATE SCHEMA IF NOT EXISTS bench_clock; \
          CREATE OR REPLACE FUNCTION bench_clock.clock_timestamp() RETURNS timestamptz \

@@ -1,4 +1,4 @@
-//! `token-billing-tools bench auth-flood`: a flood of made-up keys over real
+//! `token-billing-bench auth-flood`: a flood of made-up keys over real
 //! HTTP, each from another client address (`X-Forwarded-For`, so the
 //! service must run with `TRUSTED_PROXIES=127.0.0.1/32`), to show that the
 //! per-key and per-address limits keep the service's memory flat: prints the

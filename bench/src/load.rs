@@ -1,4 +1,4 @@
-//! `token-billing-tools bench load`: simulated kiosk fleets over real HTTP with
+//! `token-billing-bench load`: simulated kiosk fleets over real HTTP with
 //! keep-alive, against a running service. Scenarios:
 //! - `spread`: reserve → commit cycles over many accounts (a kiosk key each);
 //! - `hot`: the same cycles, all on one account;
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use super::percentile;
+use crate::percentile;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Scenario {

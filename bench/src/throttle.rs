@@ -1,4 +1,4 @@
-//! `token-billing-tools bench throttle-probe`: the address throttle as an
+//! `token-billing-bench throttle-probe`: the address throttle as an
 //! attacker meets it, over real HTTP (docs/security.md, "The attacker
 //! model"). Every client address is named in `X-Forwarded-For`, so the
 //! service must run with `TRUSTED_PROXIES=127.0.0.1/32`.
@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use uuid::Uuid;
 
-use super::load::post_ok;
+use crate::load::post_ok;
 
 /// Where the guesses come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
