@@ -87,6 +87,11 @@ export async function demo(): Promise<JobStatus> {
   return job.status;
 }
 TS
+# The README's reservations block, as written, on a kiosk it declares.
+{
+  printf 'import type { Kiosk } from "token-billing-kiosk";\ndeclare const kiosk: Kiosk;\n'
+  block reservations
+} > "$consumer/reservations.mts"
 (cd "$consumer" && cp "$root/tests/typescript/consumer.tsconfig.json" tsconfig.json && node_modules/.bin/tsc -p tsconfig.json)
 echo "typescript: a consumer compiles against the installed package under tsc --strict"
 
