@@ -21,6 +21,10 @@
 #      and nothing violates the policy;
 #   6. the README's kiosk loop, as written, in a fleet of 6 booths on an
 #      account that allows 1 held reservation (tests/client/fleet.sh).
+#   7. a fleet of 20 booths on an account whose top-up rule is in mode
+#      request (topup-fleet.mjs, the host's billing system answering each
+#      request 1.5 s late): every sold-out booth learns within 1 s (p99)
+#      that a top-up is on its way.
 #
 # Usage: tests/typescript/run.sh        Needs: node ≥ 20 and npm, chromium,
 # chromium-driver and selenium (as tests/console), plus what
@@ -137,4 +141,7 @@ WWW="$consumer/www" python3 tests/typescript/webpage.py
 
 echo "typescript: the README's kiosk loop in a fleet of 6 booths, 1 reservation at a time"
 tests/client/fleet.sh clients/typescript/README.md typescript "$root/tests/typescript/run-ts.sh" "$consumer"
+
+echo "typescript: a request-mode fleet of 20 booths: every sold-out booth learns of the open top-up (p99 ≤ 1 s)"
+node tests/typescript/topup-fleet.mjs
 echo "typescript: ok; ${SECONDS}s in all"
