@@ -1,15 +1,16 @@
 // A request-mode fleet: BOOTHS kiosk processes (default 20) on ACCOUNTS
 // accounts (default 1) whose threshold top-up rule is in mode `request`
-// (docs/topups.md), run for FLEET_SECONDS (default 20). This process is the
+// (docs/topups.md), run for FLEET_SECONDS (default 30). This process is the
 // host's billing system: it long-polls the feed for `topup.requested` and
 // credits each request BILLING_DELAY_MS (default 1500) after it opened,
 // with the request's id as `external_ref`. Each booth serves guests with
 // `generate` as the README's loop does; on `InsufficientTokens` with
 // nothing reserved elsewhere (sold out) it asks `topupState()` once (the
-// README's advice): an open request, or the request already answered
-// (tokens back). Neither yet (the rule fires only once the tokens it added
-// are all committed, which other booths may still be doing): it watches
-// the feed from the 402 on for `topup.requested` or `credit.created`. The
+// README's advice; with `balance()` at the same time): an open request, or the request already answered
+// (tokens back, or held by other booths: busy, not sold out). None of
+// these (the rule fires only once the tokens it added are all committed):
+// it watches the feed from the 402 on for `topup.requested` or
+// `credit.created`. The
 // time from the 402 to knowing is one sold-out episode's figure; the booth
 // then waits on the feed for the credit and serves again.
 //
@@ -74,16 +75,25 @@ async function booth() {
         let learned = null;
         let how = null;
         let firing = null;
-        const state = await kiosk.topupState();
-        let first = state.rules.map((rule) => `${rule.status}/${rule.unconsumed_tokens}`).join(",");
+        // The two questions at once: the rules, and the balance (for a
+        // request answered meanwhile).
+        const [state, balance] = await Promise.all([kiosk.topupState(), kiosk.balance()]);
+        const first =
+          state.rules.map((rule) => `${rule.status}/${rule.unconsumed_tokens}`).join(",") +
+          ` available ${balance.available} reserved ${balance.reserved}`;
         if (state.openRequest !== null) {
           [learned, how, firing] = [performance.now() - refusedAt, "request_open", state.openRequest.firing.firing_id];
         } else {
-          const balance = await kiosk.balance();
-          first += ` available ${balance.available} reserved ${balance.reserved}`;
-          if (balance.available > 0) [learned, how] = [performance.now() - refusedAt, "credited"]; // answered meanwhile
+          if (balance.available > 0) {
+            [learned, how] = [performance.now() - refusedAt, "credited"]; // answered meanwhile
+          } else if (balance.reserved > 0) {
+            // Answered meanwhile, and other booths hold its tokens now: the
+            // booth is not sold out but busy ("one moment"); the rule asks
+            // again once they are committed.
+            [learned, how] = [performance.now() - refusedAt, "held_elsewhere"];
+          }
         }
-        if (how !== "credited") {
+        if (learned === null || how === "request_open") {
           const stop = new AbortController();
           const timer = setTimeout(() => stop.abort(), LEARN_WITHIN_MS + 3_000);
           const feed = await kiosk.watch({
@@ -130,7 +140,7 @@ function percentile(sorted, p) {
 async function fleet() {
   const booths = Number(env.BOOTHS ?? 20);
   const accounts = Number(env.ACCOUNTS ?? 1);
-  const seconds = Number(env.FLEET_SECONDS ?? 20);
+  const seconds = Number(env.FLEET_SECONDS ?? 30);
   const billingDelayMs = Number(env.BILLING_DELAY_MS ?? 1_500);
   const p99Max = Number(env.P99_MAX_MS ?? 1_000);
   const minEpisodes = Number(env.MIN_EPISODES ?? 20);
