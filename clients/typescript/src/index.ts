@@ -19,6 +19,7 @@ export {
 export {
   CORS_PROBE_TIMEOUT_MS,
   EVENT_PAGE_MAX,
+  Heartbeat,
   Kiosk,
   LONG_POLL_MAX_SECONDS,
   RESUME_TIMEOUT_MS,

@@ -125,7 +125,8 @@ export class Journal {
       if (
         earlier.operation !== operation ||
         earlier.account_id !== accountId ||
-        (earlier.reservation_id ?? null) !== reservationId ||
+        // A resolution names its reservation; a reserve learns its own from the answer.
+        (reservationId !== null && earlier.reservation_id !== reservationId) ||
         canonical(earlier.body) !== canonical(body)
       ) {
         throw new IdempotencyKeyReused(

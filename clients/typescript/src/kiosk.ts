@@ -408,6 +408,17 @@ export class Kiosk {
     return this.resolve("extend", reservation, { ttl_seconds: ttlSeconds }, options.timeoutMs);
   }
 
+  /**
+   * Extends the reservation every `everyMs` (default a third of the TTL)
+   * until `stop()`, so that a long piece of local work does not outlive
+   * it. A refusal stops it (`error`: the reservation is no longer held); a
+   * missed beat (no answer) is tried again at the next.
+   */
+  heartbeat(reservation: ReservationRef, ttlSeconds: number, options: { everyMs?: number } = {}): Heartbeat {
+    const reservationId = uuid(typeof reservation === "string" ? reservation : reservation.reservation_id);
+    return new Heartbeat(this, reservationId, ttlSeconds, options.everyMs ?? Math.max(1_000, (ttlSeconds * 1000) / 3));
+  }
+
   private async sendReserve(entry: JournalEntry, deadline: number, resumed: boolean): Promise<Reservation> {
     const reservation = (await this.postJournaled(
       entry,
@@ -646,5 +657,56 @@ export class Kiosk {
       query: { account_id: this.accountId, start: "now", limit: 1 },
     });
     return typeof page.next_after === "string" ? page.next_after : null;
+  }
+}
+
+/** A running {@link Kiosk.heartbeat}: `beats` extensions so far; `error`
+ * the refusal that stopped it early, if any. */
+export class Heartbeat {
+  beats = 0;
+  error: KioskError | null = null;
+  private stopped = false;
+  private wake: () => void = () => {};
+  private readonly loop: Promise<void>;
+
+  constructor(
+    private readonly kiosk: Kiosk,
+    readonly reservationId: string,
+    readonly ttlSeconds: number,
+    readonly everyMs: number,
+  ) {
+    this.loop = this.run();
+  }
+
+  /** Stops it (and waits for a beat on its way). */
+  async stop(): Promise<void> {
+    this.stopped = true;
+    this.wake();
+    await this.loop;
+  }
+
+  private async run(): Promise<void> {
+    while (!this.stopped) {
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(resolve, this.everyMs);
+        this.wake = () => {
+          clearTimeout(timer);
+          resolve();
+        };
+      });
+      if (this.stopped) return;
+      try {
+        // Up to half the TTL per attempt: a slow answer is still in time.
+        const timeoutMs = Math.max(this.everyMs, (this.ttlSeconds * 1000) / 2);
+        await this.kiosk.extend(this.reservationId, this.ttlSeconds, { timeoutMs });
+        this.beats += 1;
+      } catch (error) {
+        if (!(error instanceof KioskError)) throw error;
+        if (!error.pending) {
+          this.error = error;
+          return;
+        }
+      }
+    }
   }
 }
