@@ -1,18 +1,20 @@
-// A request-mode fleet: BOOTHS kiosk processes (default 20) on ACCOUNTS
-// accounts (default 1) whose threshold top-up rule is in mode `request`
-// (docs/topups.md), run for FLEET_SECONDS (default 30). This process is the
-// host's billing system: it long-polls the feed for `topup.requested` and
-// credits each request BILLING_DELAY_MS (default 1500) after it opened,
-// with the request's id as `external_ref`. Each booth serves guests with
-// `generate` as the README's loop does; on `InsufficientTokens` with
-// nothing reserved elsewhere (sold out) it asks `topupState()` once (the
-// README's advice; with `balance()` at the same time): an open request, or the request already answered
-// (tokens back, or held by other booths: busy, not sold out). None of
-// these (the rule fires only once the tokens it added are all committed):
-// it watches the feed from the 402 on for `topup.requested` or
-// `credit.created`. The
-// time from the 402 to knowing is one sold-out episode's figure; the booth
-// then waits on the feed for the credit and serves again.
+// A request-mode fleet: BOOTHS kiosks (default 20; in this process, or one
+// process each with FLEET_PROCESSES=1), each with its own kiosk key, on
+// ACCOUNTS accounts (default 1)
+// whose threshold top-up rule is in mode `request` (docs/topups.md), run
+// for FLEET_SECONDS (default 30). This process is also the host's billing
+// system: it long-polls the feed for `topup.requested` and credits each
+// request BILLING_DELAY_MS (default 1500) after it opened, with the
+// request's id as `external_ref`. Each booth serves guests with `generate`
+// as the README's loop does; on `InsufficientTokens` with nothing reserved
+// elsewhere (sold out) it asks `topupState()` once (the README's advice;
+// with `balance()` at the same time): an open request, or the request
+// already answered (tokens back, or held by other booths: busy, not sold
+// out). None of these (the rule fires only once the tokens it added are
+// all committed): it watches the feed from the 402 on for
+// `topup.requested` or `credit.created`. The time from the 402 to knowing
+// is one sold-out episode's figure; the booth then waits on the feed for
+// the credit and serves again.
 //
 // Prints the episodes' count, p50, p99 and max, and exits 1 when an
 // episode never learned (within 5 s), when p99 exceeds P99_MAX_MS (default
@@ -33,28 +35,28 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 const LEARN_WITHIN_MS = 5_000;
 
 if (process.argv[2] === "booth") {
-  await booth();
+  const emit = (event, fields) => process.stdout.write(`${JSON.stringify({ event, ...fields })}\n`);
+  await booth({ account: env.ACCOUNT, key: env.KIOSK_KEY, journalDir: env.JOURNAL_DIR, until: Number(env.UNTIL) }, emit);
 } else {
   await fleet();
 }
 
 /** One booth: serve guests until UNTIL (epoch ms); a JSON line per sold-out episode. */
-async function booth() {
+async function booth(config, emit) {
   const dist = new URL("../../clients/typescript/dist/", import.meta.url);
   const { InsufficientTokens, Kiosk, TooManyActiveReservations } = await import(new URL("index.js", dist));
   const { FileJournalStore } = await import(new URL("node.js", dist));
   const retries = [];
-  const emit = (event, fields) => process.stdout.write(`${JSON.stringify({ event, ...fields })}\n`);
   const kiosk = await Kiosk.open({
     baseUrl: url,
-    apiKey: env.KIOSK_KEY,
-    accountId: env.ACCOUNT,
-    journal: await FileJournalStore.open(join(env.JOURNAL_DIR, "journal.jsonl")),
+    apiKey: config.key,
+    accountId: config.account,
+    journal: await FileJournalStore.open(join(config.journalDir, "journal.jsonl")),
     timeoutMs: 30_000,
     logger: { info() {}, warn: (line) => (retries.push(line)) },
   });
   await kiosk.resume();
-  const until = Number(env.UNTIL);
+  const until = config.until;
   let served = 0;
   while (Date.now() < until) {
     try {
@@ -140,6 +142,7 @@ function percentile(sorted, p) {
 async function fleet() {
   const booths = Number(env.BOOTHS ?? 20);
   const accounts = Number(env.ACCOUNTS ?? 1);
+  const processes = env.FLEET_PROCESSES === "1";
   const seconds = Number(env.FLEET_SECONDS ?? 30);
   const billingDelayMs = Number(env.BILLING_DELAY_MS ?? 1_500);
   const p99Max = Number(env.P99_MAX_MS ?? 1_000);
@@ -152,10 +155,18 @@ async function fleet() {
       trigger: "threshold", threshold_tokens: 5, method: "fixed", tokens: 10, mode: "request",
       max_tokens_per_day: 1_000_000,
     });
-    const { key } = await admin("POST", `/v1/accounts/${id}/api-keys`, { scope: "kiosk", label: "request-mode fleet" });
-    made.push({ id, key });
+    made.push({ id });
   }
   const ids = new Set(made.map((account) => account.id));
+  // A kiosk key per booth, as a fleet should have: the rate limit
+  // (RATE_LIMIT_PER_SECOND) is per key, and 20 booths on one key meet 429s
+  // whose Retry-After (1 s) delays a sold-out booth's question.
+  const keys = [];
+  for (let index = 0; index < booths; index += 1) {
+    const account = made[index % accounts];
+    const label = `request-mode fleet booth ${index}`;
+    keys.push((await admin("POST", `/v1/accounts/${account.id}/api-keys`, { scope: "kiosk", label })).key);
+  }
 
   // The billing system: every topup.requested of these accounts, credited after the delay.
   let billing = true;
@@ -192,9 +203,19 @@ async function fleet() {
   const self = fileURLToPath(import.meta.url);
   const lives = Array.from({ length: booths }, (_, index) => {
     const account = made[index % accounts];
+    if (!processes) {
+      // In this process: 20 kiosks on one event loop, each with its own
+      // journal, waiting on the network nearly all the time.
+      const lines = [];
+      const config = { account: account.id, key: keys[index], journalDir: join(scratch, `b${index}`), until };
+      return booth(config, (event, fields) => lines.push({ event, ...fields })).then(
+        () => ({ index, code: 0, err: "", lines }),
+        (error) => ({ index, code: 1, err: String(error?.stack ?? error), lines }),
+      );
+    }
     return new Promise((resolve) => {
       const child = spawn(process.execPath, [self, "booth"], {
-        env: { ...env, ACCOUNT: account.id, KIOSK_KEY: account.key, JOURNAL_DIR: join(scratch, `b${index}`), UNTIL: String(until) },
+        env: { ...env, ACCOUNT: account.id, KIOSK_KEY: keys[index], JOURNAL_DIR: join(scratch, `b${index}`), UNTIL: String(until) },
         stdio: ["ignore", "pipe", "pipe"],
       });
       let out = "";
@@ -222,7 +243,7 @@ async function fleet() {
   for (const episode of episodes) how[episode.how ?? "never"] = (how[episode.how ?? "never"] ?? 0) + 1;
   const fmt = (ms) => (ms === undefined ? "-" : `${ms.toFixed(1)} ms`);
   console.log(
-    `topup fleet: ${booths} booths on ${accounts} account(s) in mode request, ${seconds} s, billing answers after ${billingDelayMs} ms: ` +
+    `topup fleet: ${booths} booths (${processes ? "a process each" : "in one process"}) on ${accounts} account(s) in mode request, ${seconds} s, billing answers after ${billingDelayMs} ms: ` +
       `${served} guests served, ${requests.length} top-up requests, ${episodes.length} sold-out episodes ` +
       `(${JSON.stringify(how)}); learned within p50 ${fmt(percentile(times, 50))}, p99 ${fmt(percentile(times, 99))}, max ${fmt(times.at(-1))}`,
   );
