@@ -3,10 +3,11 @@ points, started again on the same journal, until it finishes its work.
 
 Each start: ``resume()`` first (the journal's open requests), then the
 guest actions ``0 … count-1`` not yet in the journal, each one
-``generate`` (workload ``jobs``) or ``reserve`` + local work + ``commit``
-(workload ``reservations``). A reservation that ``resume()`` returns still
-held is committed: in this workload the local work is done by the time the
-reservation is answered. Prints JSON lines; the last one, ``done``, lists
+``generate`` (workload ``jobs``) or ``reserve`` + ``extend`` (local work
+that takes a while) + ``commit`` of 1 token, or ``release`` for every third
+action (workload ``reservations``). A reservation that ``resume()`` returns
+still held gets that same end: in this workload the local work is done by
+the time the reservation is answered. Prints JSON lines; the last one, ``done``, lists
 the journal. The key comes from the environment (``KIOSK_KEY``), never argv.
 """
 
@@ -18,7 +19,7 @@ import logging
 import os
 import sys
 
-from token_billing_kiosk import Kiosk
+from token_billing_kiosk import Kiosk, Reservation
 
 
 def emit(event: str, **fields: object) -> None:
@@ -38,13 +39,19 @@ def main() -> int:
     delays = [int(text) for text in args.delays_ms.split(",")]
     kiosk = Kiosk(args.url, os.environ["KIOSK_KEY"], args.account, args.journal, timeout=60)
 
+    def finish(reservation: Reservation, action: int) -> Reservation:
+        """The end of an action's reservation: release every third, else commit 1."""
+        if action % 3 == 2:
+            return kiosk.release(reservation)
+        return kiosk.commit(reservation, amount=1)
+
     for outcome in kiosk.resume(timeout=60):
         if outcome.error is not None:
             emit("resume_error", request_id=outcome.request_id, error=str(outcome.error))
             return 3
         reservation = outcome.reservation
-        if reservation is not None and reservation.held:
-            reservation = kiosk.commit(reservation, amount=1)
+        if reservation is not None and reservation.held and outcome.operation == "reserve":
+            reservation = finish(reservation, int(outcome.entry.body["amount"]) - 1000)
         emit(
             "resumed",
             request_id=outcome.request_id,
@@ -73,10 +80,10 @@ def main() -> int:
         else:
             # The amount names the action (1000 + n): the journal alone then
             # says which actions were asked for.
-            reservation = kiosk.reserve(1000 + action)
-            committed = kiosk.commit(reservation, amount=1)
-            emit("committed", action=action, request_id=reservation.request_id,
-                 state=committed.state)
+            reservation = kiosk.reserve(1000 + action, ttl_seconds=60)
+            kiosk.extend(reservation, 120)
+            ended = finish(reservation, action)
+            emit("ended", action=action, request_id=reservation.request_id, state=ended.state)
 
     journal = [
         {

@@ -17,6 +17,13 @@ Kill points (each run draws up to three, one per life of the process):
 
 ``KILL_RUNS`` (default 24) and ``KILL_SEED`` (default 20261201) set the runs;
 ``KILL_PARALLEL`` (6) how many run at once.
+
+Then each reservation call on its own: ``KILL_RESERVATION_RUNS`` (default 8)
+runs of three actions (``reserve``, ``extend``, then ``commit`` of 1 token or
+``release``), the first life of run *k* killed at the *k*-th of the eight
+points (before or after the send of each call), the second at another:
+each action is one reservation, committed once or released, none left held,
+and the ledger agrees.
 """
 
 from __future__ import annotations
@@ -55,9 +62,13 @@ class Plan:
     wait_answer: bool
     seen: int = 0
     fired: bool = False
+    #: Only requests of this reservation call count (reserve, extend, commit, release).
+    call: Optional[str] = None
 
     def decide(self, request: Request) -> Action:
         if self.fired:
+            return PASS
+        if self.call is not None and call_of(request.method, request.path) != self.call:
             return PASS
         if self.phase == "before_send":
             return self._count(Action("kill_before_send"))
@@ -80,6 +91,22 @@ class Plan:
         return False
 
 
+RESERVATION_CALLS = ("reserve", "extend", "commit", "release")
+RESERVATION_POINTS = [(phase, call) for phase in ("before_send", "after_send")
+                      for call in RESERVATION_CALLS]
+
+
+def call_of(method: str, path: str) -> Optional[str]:
+    """The reservation call a request is, by its path; None for others."""
+    if method != "POST":
+        return None
+    path = path.split("?")[0]
+    if path.endswith("/reservations"):
+        return "reserve"
+    last = path.rsplit("/", 1)[-1]
+    return last if last in ("extend", "commit", "release") else None
+
+
 @dataclass
 class RunResult:
     seed: int
@@ -87,13 +114,16 @@ class RunResult:
     lives: int = 0
     kills: Counter = field(default_factory=Counter)
     charges: int = 0
+    #: Commits the run's actions call for (a released reservation has none).
+    charged: int = 0
     actions: int = 0
     #: What the proxies fired, life by life: (phase, method, path, action).
     fired: List[Tuple[str, str, str, str]] = field(default_factory=list)
 
 
 def run_once(
-    admin: Admin, upstream: Any, seed: int, workdir: Path, workload: str
+    admin: Admin, upstream: Any, seed: int, workdir: Path, workload: str,
+    given: Optional[List[Plan]] = None,
 ) -> RunResult:
     rng = random.Random(seed)
     count = ACTIONS_PER_RUN
@@ -108,6 +138,8 @@ def run_once(
                            ("before_send", "after_send", "random_instant"))
         target = rng.randint(0, 4 if phase == "before_send" else 2)
         plans.append(Plan(phase, target, rng.randint(20, 150), rng.random() < 0.5))
+    if given is not None:
+        plans = list(given)
     plans.append(None)  # the last life runs to the end
     final: Optional[Dict[str, Any]] = None
     run_started = time.monotonic()
@@ -158,6 +190,7 @@ def run_once(
     result.actions = count
     ledger = admin.ledger(account.account_id)
     result.charges = sum(1 for entry in ledger if entry["kind"] == "commit")
+    result.charged = count if workload == "jobs" else sum(1 for a in range(count) if a % 3 != 2)
     return result
 
 
@@ -186,17 +219,36 @@ def check_books(
         assert sorted(r["request_id"] for r in reservations) == sorted(
             e["request_id"] for e in entries
         ), f"{where}: the service's reservations are not the journal's requests"
-        assert all(
-            r["state"] == "committed" and r["committed_amount"] == 1 for r in reservations
-        ), f"{where}: {reservations}"
-        assert not [e for e in journal if e["state"] not in ("done",)], f"{where}: {journal}"
+        # Every third action is released, the others commit 1 token.
+        ends = {r["amount"] - 1000: (r["state"], r["committed_amount"]) for r in reservations}
+        assert ends == {
+            action: ("released", 0) if action % 3 == 2 else ("committed", 1)
+            for action in range(count)
+        }, f"{where}: {reservations}"
+        # An extension of a reservation already ended is refused: nothing to do.
+        assert not [
+            e for e in journal
+            if e["state"] != "done" and not (e["operation"] == "extend" and e["state"] == "refused")
+        ], f"{where}: {journal}"
+    charged = count if workload == "jobs" else sum(1 for a in range(count) if a % 3 != 2)
     balances = admin.assert_books(account.account_id)
-    assert (balances["used"], balances["reserved"]) == (count, 0), f"{where}: {balances}"
+    assert (balances["used"], balances["reserved"]) == (charged, 0), f"{where}: {balances}"
     ledger = admin.ledger(account.account_id)
     kinds = Counter(entry["kind"] for entry in ledger)
-    assert kinds["reserve"] == count and kinds["commit"] == count, f"{where}: {kinds}"
-    assert sum(e["amount"] for e in ledger if e["kind"] == "commit") == count, where
+    assert kinds["reserve"] == count and kinds["commit"] == charged, f"{where}: {kinds}"
+    assert sum(e["amount"] for e in ledger if e["kind"] == "commit") == charged, where
     assert kinds["expire"] == 0, f"{where}: {kinds}"
+    if workload == "reservations":
+        # Reservation by reservation: reserved once, its commit (1 token or
+        # none) and the rest given back once.
+        for r in reservations:
+            moved = Counter()
+            for e in ledger:
+                if e["reservation_id"] == r["reservation_id"]:
+                    moved[e["kind"]] += e["amount"]
+            assert (moved["reserve"], moved["commit"], moved["release"]) == (
+                r["amount"], r["committed_amount"], r["amount"] - r["committed_amount"]
+            ), f"{where}: ledger of {r['reservation_id']}: {dict(moved)}"
 
 
 def test_kiosk_killed_at_seeded_points_charges_each_request_once(
@@ -237,7 +289,9 @@ def test_kiosk_killed_at_seeded_points_charges_each_request_once(
         f"{actions} guest actions, {charges} charges (commit entries), "
         f"{time.monotonic() - started:.1f}s"
     )
-    assert charges == actions
+    # Every job is charged once; a reservation action commits once, or is
+    # released (every third).
+    assert charges == sum(r.charged for r in results), (charges, actions)
     # The seeds must reach every kind of kill point, or the test proves less
     # than it says.
     missing = [phase for phase in PHASES if kills[phase] == 0]
@@ -245,3 +299,39 @@ def test_kiosk_killed_at_seeded_points_charges_each_request_once(
     assert before_send_posts > 0, (
         "no before_send kill on a POST: raise KILL_RUNS or change KILL_SEED"
     )
+
+
+def test_kiosk_killed_before_and_after_each_reservation_call_settles_each_action_once(
+    admin: Admin, service_url: str, tmp_path: Path
+) -> None:
+    runs = int(os.environ.get("KILL_RESERVATION_RUNS", "8"))
+    parsed = urlparse(service_url)
+    upstream = (parsed.hostname, parsed.port)
+    started = time.monotonic()
+
+    def plans(k: int) -> List[Plan]:
+        # The first life runs every action from scratch: its point is
+        # always reached. The second is killed at another, if it gets there.
+        return [Plan(phase, 0, 0, True, call=call) for phase, call in
+                (RESERVATION_POINTS[k % 8], RESERVATION_POINTS[(k + 3) % 8])]
+
+    with ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(
+            lambda k: run_once(admin, upstream, 20261205 * 100 + k, tmp_path,
+                               "reservations", plans(k)),
+            range(runs),
+        ))
+    hit: Counter = Counter()
+    for result in results:
+        for _, method, path, kind in result.fired:
+            if kind in ("kill_before_send", "kill_after_send"):
+                hit[(kind[len("kill_"):], call_of(method, path))] += 1
+    print(
+        f"\nkill points (reservation calls): {runs} runs, "
+        f"{sum(sum(r.kills.values()) for r in results)} SIGKILLs: "
+        + ", ".join(f"{phase} {call} {hit[(phase, call)]}" for phase, call in RESERVATION_POINTS)
+        + f"; {sum(r.actions for r in results)} actions, {sum(r.charges for r in results)} commits, "
+        f"{sum(r.actions - r.charged for r in results)} releases, {time.monotonic() - started:.1f}s"
+    )
+    missing = [point for point in RESERVATION_POINTS if hit[point] == 0]
+    assert not missing, f"no kill at {missing}: KILL_RESERVATION_RUNS must be at least 8"

@@ -51,13 +51,14 @@ start_service() {
 }
 
 # An account with TOKENS tokens and a kiosk key: sets TB_ACCOUNT_ID, TB_KIOSK_KEY.
+# A new account on each call (its credit's external_ref is a new one).
 funded_kiosk() {
   local tokens="$1" max_active="${2:-10}"
   local admin=(-H "Authorization: Bearer $TB_ADMIN_KEY" -H "Content-Type: application/json")
   TB_ACCOUNT_ID="$(curl -fsS "${admin[@]}" \
     -d "{\"name\":\"test kiosk $$\",\"max_active_reservations\":$max_active}" \
     "$TB_URL/v1/accounts" | python3 -c 'import json,sys; print(json.load(sys.stdin)["account_id"])')"
-  curl -fsS "${admin[@]}" -d "{\"amount\":$tokens,\"external_ref\":\"test-topup-$$\"}" \
+  curl -fsS "${admin[@]}" -d "{\"amount\":$tokens,\"external_ref\":\"test-topup-$$-$RANDOM$RANDOM\"}" \
     "$TB_URL/v1/accounts/$TB_ACCOUNT_ID/credits" > /dev/null
   TB_KIOSK_KEY="$(curl -fsS "${admin[@]}" -d '{"scope":"kiosk","label":"test booth"}' \
     "$TB_URL/v1/accounts/$TB_ACCOUNT_ID/api-keys" | python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])')"

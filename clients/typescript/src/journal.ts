@@ -9,16 +9,21 @@
 
 import { IdempotencyKeyReused, JournalError } from "./errors.js";
 
-export type EntryState = "pending" | "accepted" | "done" | "refused";
-export type Operation = "job";
+export type EntryState = "pending" | "accepted" | "held" | "done" | "refused";
+/** A job; a reservation; or a resolution of one (its `reservation_id`). */
+export type Operation = "job" | "reserve" | "commit" | "release" | "extend";
 
 export interface JournalEntry {
   request_id: string;
   operation: Operation;
   account_id: string;
   body: Record<string, unknown>;
+  /** The reservation a commit, release or extend is for; a reserve's once
+   * answered. Absent on entries of older versions (jobs only). */
+  reservation_id?: string | null;
   /** pending: may or may not have reached the service; accepted: a job not
-   * yet finished; done; refused (a refusal changed nothing). */
+   * yet finished; held: a reservation not yet committed nor released;
+   * done; refused (a refusal changed nothing). */
   state: EntryState;
   answer: unknown;
   created_at: number;
@@ -97,6 +102,7 @@ export class Journal {
     operation: Operation,
     accountId: string,
     body: Record<string, unknown>,
+    reservationId: string | null = null,
   ): Promise<JournalEntry> {
     return this.serial(async () => {
       const now = Date.now();
@@ -107,6 +113,7 @@ export class Journal {
           operation,
           account_id: accountId,
           body,
+          reservation_id: reservationId,
           state: "pending",
           answer: null,
           created_at: now,
@@ -118,6 +125,8 @@ export class Journal {
       if (
         earlier.operation !== operation ||
         earlier.account_id !== accountId ||
+        // A resolution names its reservation; a reserve learns its own from the answer.
+        (reservationId !== null && earlier.reservation_id !== reservationId) ||
         canonical(earlier.body) !== canonical(body)
       ) {
         throw new IdempotencyKeyReused(
@@ -136,19 +145,33 @@ export class Journal {
     });
   }
 
-  /** Records an answer (durable when this resolves). */
-  record(requestId: string, state: EntryState, answer: unknown): Promise<void> {
+  /** Records an answer (durable when this resolves); a reserve's answer
+   * also its `reservationId`. */
+  record(requestId: string, state: EntryState, answer: unknown, reservationId?: string): Promise<void> {
     return this.serial(async () => {
       const entry = await this.read(requestId);
       if (entry === undefined) return;
-      await this.write({ ...entry, state, answer, updated_at: Date.now() });
+      const reservation_id = reservationId ?? entry.reservation_id ?? null;
+      await this.write({ ...entry, state, answer, reservation_id, updated_at: Date.now() });
     });
   }
 
-  /** This account's open entries (pending, accepted), oldest first. */
+  /** The reserve entry of a reservation no longer held (committed,
+   * released, expired): done, so resume() does not hand it back. */
+  resolveReservation(reservationId: string): Promise<void> {
+    return this.serial(async () => {
+      for (const entry of await this.store.all()) {
+        if (entry.operation === "reserve" && entry.state === "held" && entry.reservation_id === reservationId) {
+          await this.write({ ...entry, state: "done", updated_at: Date.now() });
+        }
+      }
+    });
+  }
+
+  /** This account's open entries (pending, accepted, held), oldest first. */
   async open(accountId: string): Promise<JournalEntry[]> {
     return (await this.entries(accountId)).filter(
-      (entry) => entry.state === "pending" || entry.state === "accepted",
+      (entry) => entry.state === "pending" || entry.state === "accepted" || entry.state === "held",
     ).reverse();
   }
 

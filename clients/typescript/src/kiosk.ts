@@ -1,13 +1,23 @@
 /**
  * The kiosk: journaled, retried calls to the token-billing service, with
  * the Python client's contract (docs/clients.md): `generate`, `submit`,
- * `wait`, `job`, `balance`, `pending`, `history`, `resume`, `watch`.
+ * `wait`, `job`, `reserve`, `commit`, `release`, `extend`, `balance`,
+ * `pending`, `history`, `resume`, `watch`.
  */
 
-import { ApiError, CorsRefused, JobNotFinished, KioskError } from "./errors.js";
+import { ApiError, CorsRefused, JobNotFinished, KioskError, ReservationNotHeld } from "./errors.js";
 import { Http, INSPECT, REDACTED_KEY, type Fetch, type Logger, type RetryPolicy } from "./http.js";
 import { Journal, type JournalEntry, type JournalStore } from "./journal.js";
-import { isTerminal, topupStateOf, type Balance, type Event, type Job, type TopupRule, type TopupState } from "./models.js";
+import {
+  isTerminal,
+  topupStateOf,
+  type Balance,
+  type Event,
+  type Job,
+  type Reservation,
+  type TopupRule,
+  type TopupState,
+} from "./models.js";
 
 /** The service waits at most this long in one long poll (`wait_seconds`). */
 export const LONG_POLL_MAX_SECONDS = 30;
@@ -57,6 +67,10 @@ export interface Outcome {
   operation: string;
   /** The job (normally finished; unless `error` is a JobNotFinished). */
   job: Job | null;
+  /** A reserve's, commit's, release's or extend's reservation as it is now:
+   * `state` "held" is yours to commit (the work it paid for is done) or
+   * release. */
+  reservation: Reservation | null;
   /** Refused (`error.pending` false) or still without an answer (true). */
   error: KioskError | null;
 }
@@ -81,6 +95,21 @@ export interface GenerateOptions extends CallTimeout {
   /** The guest action's id: made once per press, reused by every retry. */
   requestId?: string;
 }
+
+export interface ReserveOptions extends CallTimeout {
+  /** The reservation's id of request: made once per press, reused by every retry. */
+  requestId?: string;
+  /** It expires this long after it is made (or last extended), unless committed or released. */
+  ttlSeconds?: number;
+}
+
+export interface CommitOptions extends CallTimeout {
+  /** Tokens spent, at most the amount held (default: all); the rest goes back. */
+  amount?: number;
+}
+
+/** A reservation, or its id. */
+export type ReservationRef = Reservation | string;
 
 export interface WatchOptions extends CallTimeout {
   /** Only these event types (all when omitted). */
@@ -313,24 +342,9 @@ export class Kiosk {
   }
 
   private async createJob(entry: JournalEntry, deadline: number, resumed: boolean): Promise<Job> {
-    let data: Record<string, unknown>;
-    try {
-      [, data] = await this.http.call("POST", `/v1/accounts/${this.accountId}/jobs`, {
-        deadline,
-        body: entry.body,
-        requestId: entry.request_id,
-        pendingOnGiveUp: true,
-        mayHaveLanded: resumed,
-      });
-    } catch (error) {
-      // A refusal changed nothing: recorded. A give-up that may still have
-      // landed (pending) is not: recovery asks again.
-      if (error instanceof ApiError && !error.pending) {
-        await this.journal.record(entry.request_id, "refused", error.problem);
-      }
-      throw error;
-    }
-    const job = data as unknown as Job;
+    // A refusal changed nothing: recorded. A give-up that may still have
+    // landed (pending) is not: recovery asks again.
+    const job = (await this.postJournaled(entry, `/v1/accounts/${this.accountId}/jobs`, deadline, resumed)) as unknown as Job;
     await this.journal.record(entry.request_id, isTerminal(job) ? "done" : "accepted", job);
     return job;
   }
@@ -356,6 +370,122 @@ export class Kiosk {
     return job;
   }
 
+  // -- reservations (kiosks that run their own model) -----------------------
+
+  /**
+   * Reserves `amount` tokens, journaled like {@link generate}: the
+   * `requestId` (a new UUID unless given) is durable before the first send
+   * and reused by every retry and restart, so it is reserved once. Commit
+   * or release it when the work is done; until then {@link pending} lists
+   * it and {@link resume} hands it back (`reservation.state` "held").
+   */
+  async reserve(amount: number, options: ReserveOptions = {}): Promise<Reservation> {
+    const id = options.requestId === undefined ? crypto.randomUUID() : uuid(options.requestId);
+    const body: Record<string, unknown> = { request_id: id, amount };
+    if (options.ttlSeconds !== undefined) body.ttl_seconds = options.ttlSeconds;
+    const entry = await this.journal.begin(id, "reserve", this.accountId, body);
+    if ((entry.state === "held" || entry.state === "done") && entry.answer !== null) {
+      return entry.answer as Reservation;
+    }
+    return this.sendReserve(entry, this.deadline(options.timeoutMs), false);
+  }
+
+  /** Spends `amount` (default: all held); the rest goes back. Journaled: a
+   * commit cut off by a crash is sent again by {@link resume}, once. */
+  commit(reservation: ReservationRef, options: CommitOptions = {}): Promise<Reservation> {
+    const body: Record<string, unknown> = options.amount === undefined ? {} : { amount: options.amount };
+    return this.resolve("commit", reservation, body, options.timeoutMs);
+  }
+
+  /** Gives every held token back. Journaled like {@link commit}. */
+  release(reservation: ReservationRef, options: CallTimeout = {}): Promise<Reservation> {
+    return this.resolve("release", reservation, {}, options.timeoutMs);
+  }
+
+  /** The reservation now expires `ttlSeconds` from now (capped at its
+   * grants' expiry). Journaled like {@link commit}. */
+  extend(reservation: ReservationRef, ttlSeconds: number, options: CallTimeout = {}): Promise<Reservation> {
+    return this.resolve("extend", reservation, { ttl_seconds: ttlSeconds }, options.timeoutMs);
+  }
+
+  /**
+   * Extends the reservation every `everyMs` (default a third of the TTL)
+   * until `stop()`, so that a long piece of local work does not outlive
+   * it. A refusal stops it (`error`: the reservation is no longer held); a
+   * missed beat (no answer) is tried again at the next.
+   */
+  heartbeat(reservation: ReservationRef, ttlSeconds: number, options: { everyMs?: number } = {}): Heartbeat {
+    const reservationId = uuid(typeof reservation === "string" ? reservation : reservation.reservation_id);
+    return new Heartbeat(this, reservationId, ttlSeconds, options.everyMs ?? Math.max(1_000, (ttlSeconds * 1000) / 3));
+  }
+
+  private async sendReserve(entry: JournalEntry, deadline: number, resumed: boolean): Promise<Reservation> {
+    const reservation = (await this.postJournaled(
+      entry,
+      `/v1/accounts/${this.accountId}/reservations`,
+      deadline,
+      resumed,
+    )) as unknown as Reservation;
+    await this.journal.record(
+      entry.request_id,
+      reservation.state === "held" ? "held" : "done",
+      reservation,
+      reservation.reservation_id,
+    );
+    return reservation;
+  }
+
+  private async resolve(
+    operation: "commit" | "release" | "extend",
+    reservation: ReservationRef,
+    body: Record<string, unknown>,
+    timeoutMs: number | undefined,
+  ): Promise<Reservation> {
+    const reservationId = uuid(typeof reservation === "string" ? reservation : reservation.reservation_id);
+    const entry = await this.journal.begin(crypto.randomUUID(), operation, this.accountId, body, reservationId);
+    return this.sendResolution(entry, this.deadline(timeoutMs), false);
+  }
+
+  private async sendResolution(entry: JournalEntry, deadline: number, resumed: boolean): Promise<Reservation> {
+    const reservationId = entry.reservation_id ?? "";
+    const path = `/v1/accounts/${this.accountId}/reservations/${reservationId}/${entry.operation}`;
+    let reservation: Reservation;
+    try {
+      reservation = (await this.postJournaled(entry, path, deadline, resumed)) as unknown as Reservation;
+    } catch (error) {
+      if (error instanceof ReservationNotHeld && !error.pending) await this.journal.resolveReservation(reservationId);
+      throw error;
+    }
+    await this.journal.record(entry.request_id, "done", reservation);
+    if (reservation.state !== "held") await this.journal.resolveReservation(reservationId);
+    return reservation;
+  }
+
+  /** POSTs a journaled request; a refusal is recorded before it is thrown,
+   * a give-up that may still have landed (pending) is not. */
+  private async postJournaled(
+    entry: JournalEntry,
+    path: string,
+    deadline: number,
+    resumed: boolean,
+  ): Promise<Record<string, unknown>> {
+    try {
+      const [, data] = await this.http.call("POST", path, {
+        deadline,
+        body: entry.body,
+        requestId: entry.request_id,
+        pendingOnGiveUp: true,
+        mayHaveLanded: resumed,
+      });
+      return data;
+    } catch (error) {
+      if (error instanceof ApiError && !error.pending) {
+        await this.journal.record(entry.request_id, "refused", error.problem);
+      }
+      throw error;
+    }
+  }
+
   // -- recovery -------------------------------------------------------------
 
   /**
@@ -374,7 +504,7 @@ export class Kiosk {
   async resume(options: ResumeOptions = {}): Promise<Outcome[]> {
     const deadline = Date.now() + (options.timeoutMs ?? RESUME_TIMEOUT_MS);
     const outcomes: Outcome[] = [];
-    for (const entry of await this.journal.open(this.accountId)) {
+    for (const entry of await this.openInResumeOrder()) {
       outcomes.push(await this.resumeOne(entry, deadline));
     }
     const left = outcomes.filter((outcome) => outcome.error?.pending === true).map((outcome) => outcome.requestId);
@@ -393,16 +523,54 @@ export class Kiosk {
     return this.background ?? Promise.resolve([]);
   }
 
+  /**
+   * Commits, releases and extensions first: a held reservation is read
+   * again only after the resolution that was on its way, so it is not
+   * handed back as held when it was in fact committed.
+   */
+  private async openInResumeOrder(): Promise<JournalEntry[]> {
+    const open = await this.journal.open(this.accountId);
+    const resolution = (entry: JournalEntry): boolean =>
+      entry.operation === "commit" || entry.operation === "release" || entry.operation === "extend";
+    return [...open.filter(resolution), ...open.filter((entry) => !resolution(entry))];
+  }
+
   private async resumeOne(entry: JournalEntry, deadline: number): Promise<Outcome> {
-    const outcome: Outcome = { entry, requestId: entry.request_id, operation: entry.operation, job: null, error: null };
+    const outcome: Outcome = {
+      entry,
+      requestId: entry.request_id,
+      operation: entry.operation,
+      job: null,
+      reservation: null,
+      error: null,
+    };
     try {
-      const job =
-        entry.state === "accepted" && entry.answer !== null
-          ? (entry.answer as Job)
-          : await this.createJob(entry, deadline, true);
-      outcome.job = await this.waitFor(job, deadline);
+      if (entry.operation === "job") {
+        const job =
+          entry.state === "accepted" && entry.answer !== null
+            ? (entry.answer as Job)
+            : await this.createJob(entry, deadline, true);
+        outcome.job = await this.waitFor(job, deadline);
+      } else if (entry.operation === "reserve") {
+        if (entry.state === "held" && typeof entry.reservation_id === "string") {
+          const [, data] = await this.http.call(
+            "GET",
+            `/v1/accounts/${this.accountId}/reservations/${entry.reservation_id}`,
+            { deadline, requestId: entry.request_id, pendingOnGiveUp: true },
+          );
+          const reservation = data as unknown as Reservation;
+          if (reservation.state !== "held") await this.journal.record(entry.request_id, "done", reservation);
+          outcome.reservation = reservation;
+        } else {
+          outcome.reservation = await this.sendReserve(entry, deadline, true);
+        }
+      } else {
+        outcome.reservation = await this.sendResolution(entry, deadline, true);
+      }
     } catch (error) {
       if (!(error instanceof KioskError)) throw error;
+      // An extension of a reservation no longer held has nothing to do.
+      if (error instanceof ReservationNotHeld && entry.operation === "extend") return outcome;
       outcome.error = error;
       if (error instanceof JobNotFinished) outcome.job = error.job;
     }
@@ -489,5 +657,56 @@ export class Kiosk {
       query: { account_id: this.accountId, start: "now", limit: 1 },
     });
     return typeof page.next_after === "string" ? page.next_after : null;
+  }
+}
+
+/** A running {@link Kiosk.heartbeat}: `beats` extensions so far; `error`
+ * the refusal that stopped it early, if any. */
+export class Heartbeat {
+  beats = 0;
+  error: KioskError | null = null;
+  private stopped = false;
+  private wake: () => void = () => {};
+  private readonly loop: Promise<void>;
+
+  constructor(
+    private readonly kiosk: Kiosk,
+    readonly reservationId: string,
+    readonly ttlSeconds: number,
+    readonly everyMs: number,
+  ) {
+    this.loop = this.run();
+  }
+
+  /** Stops it (and waits for a beat on its way). */
+  async stop(): Promise<void> {
+    this.stopped = true;
+    this.wake();
+    await this.loop;
+  }
+
+  private async run(): Promise<void> {
+    while (!this.stopped) {
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(resolve, this.everyMs);
+        this.wake = () => {
+          clearTimeout(timer);
+          resolve();
+        };
+      });
+      if (this.stopped) return;
+      try {
+        // Up to half the TTL per attempt: a slow answer is still in time.
+        const timeoutMs = Math.max(this.everyMs, (this.ttlSeconds * 1000) / 2);
+        await this.kiosk.extend(this.reservationId, this.ttlSeconds, { timeoutMs });
+        this.beats += 1;
+      } catch (error) {
+        if (!(error instanceof KioskError)) throw error;
+        if (!error.pending) {
+          this.error = error;
+          return;
+        }
+      }
+    }
   }
 }

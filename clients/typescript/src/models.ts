@@ -139,3 +139,19 @@ export function topupStateOf(rules: TopupRule[]): TopupState {
   const onItsWay = openRequest !== null || armed.some((rule) => rule.mode === "grant" && rule.trigger === "threshold");
   return { rules, openRequest, armed, capped, onItsWay };
 }
+
+/** A reservation (`reserve`, `commit`, `release`, `extend` answer with it). */
+export interface Reservation {
+  reservation_id: string;
+  account_id: string;
+  request_id: string;
+  amount: number;
+  state: ReservationState;
+  committed_amount: number;
+  expires_at: string;
+  job_id: string | null;
+  created_at: string;
+  resolved_at: string | null;
+  draws: Array<{ grant_id: string; amount: number; [member: string]: unknown }>;
+  [member: string]: unknown;
+}

@@ -4,6 +4,13 @@
 // for the Python client. Needs a running service: TB_URL and TB_ADMIN_KEY
 // (tests/typescript/run.sh starts one). KILL_RUNS (default 16), KILL_SEED
 // (default 20261203), KILL_PARALLEL (default 4).
+//
+// Then the reservation calls: KILL_RESERVATION_RUNS (default 8) runs of
+// three actions (reserve, extend, then commit 1 token or release), each
+// process killed before and after the send of each call (the first life of
+// run r at the r-th of the 8 points, so every point is hit), restarted
+// until it finishes: each action is one reservation, committed once or
+// released, none left held, and the ledger agrees.
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { test } from "node:test";
@@ -109,4 +116,92 @@ test(`kiosk processes SIGKILLed at seeded points charge every guest action once 
   for (const phase of ["before_send", "after_send", "during_long_poll"]) {
     assert.ok(counts[phase] > 0, `no kill ${phase}: raise KILL_RUNS`);
   }
+});
+
+const RESERVATION_RUNS = Number(process.env.KILL_RESERVATION_RUNS ?? 8);
+const CALLS = ["reserve", "extend", "commit", "release"];
+const POINTS = ["before_send", "after_send"].flatMap((phase) => CALLS.map((call) => `${phase}:${call}`));
+const RESERVATION_CREDIT = 1_100;
+
+async function reservationRun(index) {
+  const account = await funded(RESERVATION_CREDIT, `kill reservations ${index}`);
+  const journal = await scratchJournal("tb-kill-res-");
+  const base = {
+    ...process.env,
+    KIOSK_KEY: account.key,
+    ACCOUNT: account.id,
+    JOURNAL: journal,
+    WORKLOAD: "reservations",
+    DELAYS_MS: Array(ACTIONS).fill(0).join(","),
+  };
+  // Life 0 runs every action from scratch, so its point is always reached.
+  const plan = [index, index + 3, index + 5].map((n) => `${POINTS[n % POINTS.length]}:1`);
+  const kills = [];
+  let final = null;
+  for (let lifeNumber = 0; lifeNumber < 8 && final === null; lifeNumber += 1) {
+    const result = await life({ ...base, KILL: plan[lifeNumber] ?? "none" }, null);
+    const last = result.lines.at(-1);
+    if (result.code === 0 && last?.event === "done") {
+      final = last;
+    } else if (result.signal === "SIGKILL" && last?.event === "kill") {
+      kills.push(`${last.phase}:${last.call}`);
+    } else {
+      assert.fail(`reservations run ${index} life ${lifeNumber} (${plan[lifeNumber]}) ended ${result.code}/${result.signal}: ${result.err}`);
+    }
+  }
+  assert.ok(final !== null, `reservations run ${index} never finished`);
+  const where = `reservations run ${index} (kills ${kills.join(", ")})`;
+  const reserves = final.journal.filter((entry) => entry.operation === "reserve");
+  assert.deepEqual(reserves.map((entry) => entry.action).sort(), [0, 1, 2], `${where}: ${JSON.stringify(final.journal)}`);
+  assert.ok(
+    final.journal.every((entry) => entry.state === "done" || (entry.operation === "extend" && entry.state === "refused")),
+    `${where}: open entries left: ${JSON.stringify(final.journal)}`,
+  );
+  const { reservations } = await admin("GET", `/v1/accounts/${account.id}/reservations?limit=500`);
+  assert.deepEqual(
+    reservations.map((r) => r.request_id).sort(),
+    reserves.map((entry) => entry.request_id).sort(),
+    `${where}: the service's reservations are not the journal's: ${JSON.stringify(reservations)}`,
+  );
+  for (const reservation of reservations) {
+    const action = reservation.amount - 1000;
+    const expected = action % 3 === 2 ? ["released", 0] : ["committed", 1];
+    assert.deepEqual([reservation.state, reservation.committed_amount], expected, `${where}: ${JSON.stringify(reservation)}`);
+  }
+  const balance = await admin("GET", `/v1/accounts/${account.id}`);
+  assert.deepEqual(
+    [balance.used, balance.reserved, balance.available],
+    [2, 0, RESERVATION_CREDIT - 2],
+    `${where}: ${JSON.stringify(balance)}`,
+  );
+  // The ledger, reservation by reservation: reserved once, its commit (1
+  // token or none) and the rest given back once, nothing expired.
+  const { entries } = await admin("GET", `/v1/accounts/${account.id}/ledger?limit=1000`);
+  for (const reservation of reservations) {
+    const moved = { reserve: 0, commit: 0, release: 0, expire: 0 };
+    for (const entry of entries.filter((e) => e.reservation_id === reservation.reservation_id)) {
+      moved[entry.kind] = (moved[entry.kind] ?? 0) + entry.amount;
+    }
+    const { amount, committed_amount: committed } = reservation;
+    assert.deepEqual(
+      moved,
+      { reserve: amount, commit: committed, release: amount - committed, expire: 0 },
+      `${where}: ledger of ${reservation.reservation_id}`,
+    );
+  }
+  assert.equal(entries.filter((e) => e.kind === "commit").length, 2, `${where}: two commits`);
+  return kills;
+}
+
+test(`kiosk processes SIGKILLed before and after each reservation call settle each action once (${RESERVATION_RUNS} runs)`, async () => {
+  const kills = [];
+  for (let start = 0; start < RESERVATION_RUNS; start += PARALLEL) {
+    const batch = [];
+    for (let index = start; index < Math.min(RESERVATION_RUNS, start + PARALLEL); index += 1) batch.push(reservationRun(index));
+    for (const killed of await Promise.all(batch)) kills.push(...killed);
+  }
+  const counts = Object.fromEntries(POINTS.map((point) => [point, kills.filter((kill) => kill === point).length]));
+  console.log(`kill points (reservations): ${kills.length} SIGKILLs in ${RESERVATION_RUNS} runs, ${RESERVATION_RUNS * ACTIONS} guest actions: ${JSON.stringify(counts)}`);
+  const missed = POINTS.filter((point) => counts[point] === 0);
+  assert.deepEqual(missed, [], `no kill at ${missed}: KILL_RESERVATION_RUNS must be at least ${POINTS.length}`);
 });
