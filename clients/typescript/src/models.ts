@@ -139,3 +139,55 @@ export function topupStateOf(rules: TopupRule[]): TopupState {
   const onItsWay = openRequest !== null || armed.some((rule) => rule.mode === "grant" && rule.trigger === "threshold");
   return { rules, openRequest, armed, capped, onItsWay };
 }
+
+/** One movement of the account's tokens (`GET …/ledger`), with the balances after it. */
+export interface LedgerEntry {
+  entry_id: number;
+  account_id: string;
+  kind: "credit" | "adjustment" | "reserve" | "commit" | "release" | "expire" | "grant_expire";
+  amount: number;
+  available_after: number;
+  reserved_after: number;
+  used_after: number;
+  reservation_id: string | null;
+  job_id: string | null;
+  external_ref: string | null;
+  reason: string | null;
+  actor: string;
+  created_at: string;
+  grant_id: string | null;
+  topup_rule_id: string | null;
+}
+
+/** Tokens held for one operation (`GET …/reservations`). */
+export interface ReservationView {
+  reservation_id: string;
+  account_id: string;
+  request_id: string;
+  amount: number;
+  state: ReservationState;
+  committed_amount: number;
+  expires_at: string;
+  job_id: string | null;
+  created_at: string;
+  resolved_at: string | null;
+  [member: string]: unknown;
+}
+
+export type GrantStatus = "active" | "depleted" | "expired";
+
+/** A credit grant (`GET …/grants`): the tokens of one credit or positive adjustment. */
+export interface Grant {
+  grant_id: string;
+  account_id: string;
+  amount: number;
+  remaining: number;
+  reserved: number;
+  expires_at: string | null;
+  priority: number;
+  status: GrantStatus;
+  external_ref: string | null;
+  created_at: string;
+  expired_at: string | null;
+  topup_rule_id: string | null;
+}
