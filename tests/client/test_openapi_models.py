@@ -24,7 +24,7 @@ from token_billing_kiosk import (
     TopupRule,
 )
 from token_billing_kiosk._errors import ERRORS_BY_CODE, PROBLEM_FIELDS
-from token_billing_kiosk._models import JOB_TERMINAL_STATUSES
+from token_billing_kiosk._models import EVENT_TYPES, JOB_TERMINAL_STATUSES
 
 MODELS = [
     Balance, Event, Grant, Job, JobReservation, LedgerEntry, Reservation, TopupFiring, TopupRule,
@@ -160,3 +160,17 @@ def test_the_paths_the_client_calls_exist(document: Dict[str, Any]) -> None:
 def test_terminal_job_statuses_are_the_services(document: Dict[str, Any]) -> None:
     status = resolve(document, schema(document, "JobView")["properties"]["status"])
     assert set(JOB_TERMINAL_STATUSES) <= set(status["enum"]), status
+
+
+def test_the_event_types_are_the_services(document: Dict[str, Any]) -> None:
+    """The client's list of event types is the document's: one schema per
+    type in the ``oneOf`` of ``EventView``, mapped by its discriminator."""
+    union = schema(document, "EventView")
+    mapped = set(union["discriminator"]["mapping"])
+    listed = set()
+    for variant in union["oneOf"]:
+        (value,) = resolve(document, variant)["properties"]["type"]["enum"]
+        listed.add(value)
+    assert mapped == listed
+    assert set(EVENT_TYPES) == listed, (set(EVENT_TYPES) ^ listed)
+    assert len(EVENT_TYPES) == len(set(EVENT_TYPES))

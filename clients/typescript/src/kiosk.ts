@@ -12,6 +12,7 @@ import {
   topupStateOf,
   type Balance,
   type Event,
+  type EventType,
   type Grant,
   type GrantStatus,
   type Job,
@@ -97,8 +98,8 @@ export interface GenerateOptions extends CallTimeout {
 }
 
 export interface WatchOptions extends CallTimeout {
-  /** Only these event types (all when omitted). */
-  types?: readonly string[];
+  /** Only these event types (all when omitted); a misspelled one does not compile. */
+  types?: readonly EventType[];
   /** Start after this event id. Default: the end of the feed (from now on). */
   after?: string;
   /** Start after the last event created before this instant (a Date or RFC 3339). */
@@ -543,7 +544,7 @@ export class Kiosk {
    * the last event's id to go on without a gap.
    */
   async watch(options: WatchOptions = {}): Promise<AsyncIterableIterator<Event>> {
-    const wanted = options.types === undefined ? null : new Set(options.types);
+    const wanted = options.types === undefined ? null : new Set<string>(options.types);
     const given = [options.after !== undefined, options.since !== undefined, options.fromStart === true];
     if (given.filter(Boolean).length > 1) throw new TypeError("give at most one of after, since and fromStart");
     let cursor: string | null = options.after ?? null;

@@ -55,9 +55,35 @@ export interface Balance {
   [member: string]: unknown;
 }
 
+/**
+ * Every event type of the feed and the webhooks (the service's
+ * `EventView`, docs/webhooks.md); a test keeps it equal to the types of
+ * the service's /openapi.json.
+ */
+export const EVENT_TYPES = [
+  "account.balance_low",
+  "account.balance_recovered",
+  "account.balance_depleted",
+  "credit.created",
+  "adjustment.created",
+  "reservation.expired",
+  "grant.expired",
+  "grant.expiring",
+  "topup.granted",
+  "topup.requested",
+  "topup.request_expired",
+  "topup.cap_reached",
+  "job.succeeded",
+  "job.failed",
+  "invariant.violated",
+  "endpoint.disabled",
+] as const;
+
+export type EventType = (typeof EVENT_TYPES)[number];
+
 export interface Event {
   id: string;
-  type: string;
+  type: EventType;
   created_at: string;
   data: Record<string, unknown>;
 }

@@ -23,6 +23,7 @@ from ._http import RetryPolicy
 from ._journal import JournalEntry
 from ._kiosk import RESUME_TIMEOUT_SECONDS, Heartbeat, Kiosk, Outcome, __version__
 from ._models import (
+    EVENT_TYPES,
     Balance,
     Event,
     Grant,
@@ -36,6 +37,7 @@ from ._models import (
 )
 
 __all__ = [
+    "EVENT_TYPES",
     "AccountSuspended",
     "ApiError",
     "Balance",

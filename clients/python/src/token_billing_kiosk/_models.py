@@ -14,6 +14,28 @@ from typing import Any, ClassVar, Dict, Mapping, Optional
 
 JOB_TERMINAL_STATUSES = ("succeeded", "failed")
 
+#: Every event type of the feed and the webhooks (the service's
+#: ``EventView``, docs/webhooks.md); a test keeps it equal to the types of
+#: the service's /openapi.json.
+EVENT_TYPES = (
+    "account.balance_low",
+    "account.balance_recovered",
+    "account.balance_depleted",
+    "credit.created",
+    "adjustment.created",
+    "reservation.expired",
+    "grant.expired",
+    "grant.expiring",
+    "topup.granted",
+    "topup.requested",
+    "topup.request_expired",
+    "topup.cap_reached",
+    "job.succeeded",
+    "job.failed",
+    "invariant.violated",
+    "endpoint.disabled",
+)
+
 _RFC3339 = re.compile(
     r"^(\d{4}-\d{2}-\d{2})[Tt ](\d{2}:\d{2}:\d{2})(?:\.(\d+))?(Z|z|[+-]\d{2}:\d{2})$"
 )
