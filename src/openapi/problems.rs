@@ -34,12 +34,13 @@ pub fn status_component(status: u16) -> String {
     format!("Problem{status}")
 }
 
+/// The extension members of one code: (in every shape of it, in some).
+type Members = (BTreeSet<String>, BTreeSet<String>);
+
 /// Adds the per-code and per-status problem schemas, and points every
 /// error answer of an operation at its status's.
 pub fn add(document: &mut Value) {
-    // status → code → (members in every shape, members in some shape).
-    let mut by_status: BTreeMap<u16, BTreeMap<&str, (BTreeSet<String>, BTreeSet<String>)>> =
-        BTreeMap::new();
+    let mut by_status: BTreeMap<u16, BTreeMap<&str, Members>> = BTreeMap::new();
     for (status, code, members) in ApiError::problem_shapes() {
         let members: BTreeSet<String> = members.into_iter().collect();
         by_status

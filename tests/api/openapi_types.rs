@@ -74,10 +74,9 @@ pub fn violations(doc: &Value, schema: &Value, value: &Value, at: &str) -> Vec<S
         Value::Object(_) => "object",
     };
     let actual = kind_of(value);
-    if !kinds.is_empty()
-        && !kinds.contains(&actual)
-        && !(actual == "integer" && kinds.contains(&"number"))
-    {
+    // An integer is a number too.
+    let allowed = kinds.contains(&actual) || (actual == "integer" && kinds.contains(&"number"));
+    if !kinds.is_empty() && !allowed {
         found.push(format!("{at}: a {actual}, the schema says {kinds:?}"));
         return found;
     }
