@@ -106,6 +106,34 @@ pub fn violations(doc: &Value, schema: &Value, value: &Value, at: &str) -> Vec<S
     found
 }
 
+/// Asserts that events as the feed lists them are what the document's
+/// schema of their type says.
+pub async fn assert_events_conform(app: &TestApp, events: &[Value]) {
+    let doc = document(app).await;
+    let union = json!({"$ref": "#/components/schemas/EventView"});
+    for event in events {
+        let kind = event["type"].as_str().unwrap_or("an event");
+        let broken = violations(&doc, &union, event, kind);
+        assert!(broken.is_empty(), "{kind} breaks its schema: {broken:#?}");
+    }
+}
+
+/// The same for an event's `data` as the events table holds it.
+pub async fn assert_data_conforms(app: &TestApp, event_type: &str, data: &Value) {
+    let doc = document(app).await;
+    let reference = doc["components"]["schemas"]["EventView"]["discriminator"]["mapping"]
+        [event_type]
+        .as_str()
+        .unwrap_or_else(|| panic!("no schema for {event_type}"))
+        .to_owned();
+    let schema = component(&doc, &reference)["properties"]["data"].clone();
+    let broken = violations(&doc, &schema, data, event_type);
+    assert!(
+        broken.is_empty(),
+        "{event_type} breaks its schema: {broken:#?}"
+    );
+}
+
 /// The event types the service can write, read from where they are
 /// written: the engine's SQL (a literal type, or `'job.' || j.status` for
 /// the terminal statuses) and the Rust code's `events::emit(conn, "…")`.
