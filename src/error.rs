@@ -151,6 +151,95 @@ impl ApiError {
         }
     }
 
+    /// One error of every variant (the OpenAPI document's problem shapes are
+    /// read from them). The match in `variant_is_listed` stops
+    /// compiling when a variant is added, as a reminder to list it here.
+    pub fn one_of_each() -> Vec<ApiError> {
+        let all = vec![
+            ApiError::InvalidRequest("x".into()),
+            ApiError::Unauthorized,
+            ApiError::Forbidden,
+            ApiError::NotFound("account"),
+            ApiError::MethodNotAllowed {
+                allowed: vec!["GET"],
+            },
+            ApiError::InsufficientTokens {
+                available: 1,
+                reserved: 2,
+            },
+            ApiError::ReservationNotHeld {
+                state: "committed".into(),
+            },
+            ApiError::ReservationOwnedByJob,
+            ApiError::AccountSuspended,
+            ApiError::PayloadTooLarge { limit_bytes: 10 },
+            ApiError::IdempotencyKeyReused("x".into()),
+            ApiError::ExternalRefReused {
+                message: "x".into(),
+                existing: json!({"kind": "credit"}),
+            },
+            ApiError::TooManyActiveReservations { limit: 3 },
+            ApiError::InstantNotClosed {
+                at: "x".into(),
+                retry_after_seconds: 1,
+            },
+            ApiError::ThresholdRuleExists {
+                rule_id: uuid::Uuid::nil(),
+            },
+            ApiError::RateLimited {
+                retry_after_seconds: 1,
+            },
+            ApiError::AddressThrottled {
+                retry_after_seconds: 1,
+            },
+            ApiError::Unavailable("x".into()),
+            ApiError::Internal("x".into()),
+        ];
+        for error in &all {
+            Self::variant_is_listed(error);
+        }
+        all
+    }
+
+    fn variant_is_listed(error: &ApiError) {
+        match error {
+            ApiError::InvalidRequest(_)
+            | ApiError::Unauthorized
+            | ApiError::Forbidden
+            | ApiError::NotFound(_)
+            | ApiError::MethodNotAllowed { .. }
+            | ApiError::InsufficientTokens { .. }
+            | ApiError::ReservationNotHeld { .. }
+            | ApiError::ReservationOwnedByJob
+            | ApiError::AccountSuspended
+            | ApiError::PayloadTooLarge { .. }
+            | ApiError::IdempotencyKeyReused(_)
+            | ApiError::ExternalRefReused { .. }
+            | ApiError::TooManyActiveReservations { .. }
+            | ApiError::InstantNotClosed { .. }
+            | ApiError::ThresholdRuleExists { .. }
+            | ApiError::RateLimited { .. }
+            | ApiError::AddressThrottled { .. }
+            | ApiError::Unavailable(_)
+            | ApiError::Internal(_) => {}
+        }
+    }
+
+    /// Each problem the service can answer: (status, `code`, the extension
+    /// members it carries), one per variant, as `error_response` writes them.
+    pub fn problem_shapes() -> Vec<(u16, &'static str, Vec<String>)> {
+        ApiError::one_of_each()
+            .iter()
+            .map(|error| {
+                (
+                    error.status_code().as_u16(),
+                    error.code(),
+                    error.extensions().keys().cloned().collect(),
+                )
+            })
+            .collect()
+    }
+
     fn extensions(&self) -> Map<String, Value> {
         let mut extra = Map::new();
         match self {
@@ -523,79 +612,6 @@ mod tests {
     use actix_web::body::MessageBody;
     use utoipa::PartialSchema;
 
-    /// One error of every variant. The match in `variant_is_listed` stops
-    /// compiling when a variant is added, as a reminder to list it here.
-    fn one_of_each() -> Vec<ApiError> {
-        let all = vec![
-            ApiError::InvalidRequest("x".into()),
-            ApiError::Unauthorized,
-            ApiError::Forbidden,
-            ApiError::NotFound("account"),
-            ApiError::MethodNotAllowed {
-                allowed: vec!["GET"],
-            },
-            ApiError::InsufficientTokens {
-                available: 1,
-                reserved: 2,
-            },
-            ApiError::ReservationNotHeld {
-                state: "committed".into(),
-            },
-            ApiError::ReservationOwnedByJob,
-            ApiError::AccountSuspended,
-            ApiError::PayloadTooLarge { limit_bytes: 10 },
-            ApiError::IdempotencyKeyReused("x".into()),
-            ApiError::ExternalRefReused {
-                message: "x".into(),
-                existing: json!({"kind": "credit"}),
-            },
-            ApiError::TooManyActiveReservations { limit: 3 },
-            ApiError::InstantNotClosed {
-                at: "x".into(),
-                retry_after_seconds: 1,
-            },
-            ApiError::ThresholdRuleExists {
-                rule_id: uuid::Uuid::nil(),
-            },
-            ApiError::RateLimited {
-                retry_after_seconds: 1,
-            },
-            ApiError::AddressThrottled {
-                retry_after_seconds: 1,
-            },
-            ApiError::Unavailable("x".into()),
-            ApiError::Internal("x".into()),
-        ];
-        for error in &all {
-            variant_is_listed(error);
-        }
-        all
-    }
-
-    fn variant_is_listed(error: &ApiError) {
-        match error {
-            ApiError::InvalidRequest(_)
-            | ApiError::Unauthorized
-            | ApiError::Forbidden
-            | ApiError::NotFound(_)
-            | ApiError::MethodNotAllowed { .. }
-            | ApiError::InsufficientTokens { .. }
-            | ApiError::ReservationNotHeld { .. }
-            | ApiError::ReservationOwnedByJob
-            | ApiError::AccountSuspended
-            | ApiError::PayloadTooLarge { .. }
-            | ApiError::IdempotencyKeyReused(_)
-            | ApiError::ExternalRefReused { .. }
-            | ApiError::TooManyActiveReservations { .. }
-            | ApiError::InstantNotClosed { .. }
-            | ApiError::ThresholdRuleExists { .. }
-            | ApiError::RateLimited { .. }
-            | ApiError::AddressThrottled { .. }
-            | ApiError::Unavailable(_)
-            | ApiError::Internal(_) => {}
-        }
-    }
-
     /// A failover's errors are 503 and mark the connection for discarding;
     /// a bug's are 500 and do not.
     #[test]
@@ -691,7 +707,7 @@ mod tests {
             .iter()
             .map(|code| code.as_str().expect("code is a string").to_owned())
             .collect();
-        let mut codes: Vec<String> = one_of_each()
+        let mut codes: Vec<String> = ApiError::one_of_each()
             .iter()
             .map(|error| error.code().to_owned())
             .collect();
@@ -708,7 +724,7 @@ mod tests {
         let properties = problem["properties"]
             .as_object()
             .expect("problem has properties");
-        for error in one_of_each() {
+        for error in ApiError::one_of_each() {
             let body = error
                 .error_response()
                 .into_body()

@@ -23,6 +23,9 @@ use crate::error::{ApiError, ExistingBooking, Problem, ProblemCode};
 use crate::routes;
 use crate::webhooks::endpoints;
 
+mod event_schemas;
+mod problems;
+
 #[derive(OpenApi)]
 #[openapi(
     info(
@@ -415,6 +418,8 @@ static DOCUMENT: LazyLock<Result<String, String>> = LazyLock::new(|| {
         serde_json::to_value(ApiDoc::openapi()).map_err(|error| error.to_string())?;
     camel_case_links(&mut document);
     for_generators(&mut document);
+    event_schemas::add(&mut document);
+    problems::add(&mut document);
     always_sent_required(&mut document);
     if let Some(document) = document.as_object_mut() {
         // Relative: the service that serves this document. Generators
@@ -478,7 +483,7 @@ fn state_enums() -> Vec<(&'static str, &'static str, Vec<&'static str>)> {
 }
 
 /// Where the states are used: (schema, property, state component).
-const STATE_PROPERTIES: [(&str, &str, &str); 9] = [
+const STATE_PROPERTIES: [(&str, &str, &str); 8] = [
     ("Problem", "state", "ReservationState"),
     ("ReplayedApiKey", "scope", "Scope"),
     ("JobView", "status", "JobStatus"),
@@ -487,7 +492,6 @@ const STATE_PROPERTIES: [(&str, &str, &str); 9] = [
     ("AccountView", "status", "AccountStatus"),
     ("UpdateAccount", "status", "AccountStatus"),
     ("GrantView", "status", "GrantStatus"),
-    ("EventView", "type", "EventType"),
 ];
 
 /// Closed sets of strings written by the service itself, each in one

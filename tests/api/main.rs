@@ -40,6 +40,7 @@ mod model;
 mod newcomer;
 mod no_secret_echoed;
 mod openapi;
+mod openapi_types;
 mod operate;
 mod operator_findings;
 mod read_replica;

@@ -446,6 +446,8 @@ async fn a_corrupted_balance_is_detected_counted_and_not_fixed() {
                 .to_owned()
         )]
     );
+    let violated = crate::helpers::events_of(&mut app.conn(), account, "invariant.violated");
+    crate::openapi_types::assert_data_conforms(&app, "invariant.violated", &violated[0]).await;
 }
 
 /// Builds `count` held, expired reservations of 1 token on one account,

@@ -242,9 +242,14 @@ async fn every_event_shows_its_resource_as_the_api_does() {
         .collect();
     assert_times("the ledger", &ledger);
 
+    // Each event is what the document's schema of its type says (issue 59).
+    let document = crate::openapi_types::document(&app).await;
+    let event_schema = json!({"$ref": "#/components/schemas/EventView"});
     for event in &events {
         let kind = text(&event["type"]);
         let data = &event["data"];
+        let broken = crate::openapi_types::violations(&document, &event_schema, event, kind);
+        assert!(broken.is_empty(), "{kind} breaks its schema: {broken:#?}");
         assert_times(kind, event);
         if !data["entry"].is_null() {
             let id = data["entry"]["entry_id"]

@@ -363,6 +363,11 @@ async fn no_webhook_url_secret_reaches_the_audit_log_or_the_feed() {
         Some(1),
         "{disabled}"
     );
+    crate::openapi_types::assert_events_conform(
+        &app,
+        &disabled["events"].as_array().cloned().unwrap_or_default(),
+    )
+    .await;
     // The admin still reads the whole URL where it is configured.
     let endpoint: Value = app
         .get(&format!("/v1/webhook-endpoints/{endpoint_id}"), ADMIN_KEY)

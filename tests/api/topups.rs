@@ -259,6 +259,7 @@ async fn target_tops_up_available_and_caps_stop_a_runaway_rule() {
     assert_eq!(capped[0]["cap"]["per"], json!("day"));
     assert_eq!(capped[0]["cap"]["max_tokens"], json!(30));
     assert_eq!(capped[0]["cap"]["used_tokens"], json!(30));
+    crate::openapi_types::assert_data_conforms(&app, "topup.cap_reached", &capped[0]).await;
 }
 
 /// A schedule fires once per period: two replicas, a restart, and a clock
@@ -1085,4 +1086,9 @@ async fn top_up_events_show_their_resources_as_the_api_does() {
     assert_eq!(expired["data"]["rule"], now);
     assert_eq!(expired["data"]["request"], now["last_firing"]);
     assert_eq!(expired["data"]["request"]["state"], json!("expired"));
+    // Every event of both accounts is what the document's schema of its
+    // type says (issue 59).
+    for (account, last) in [(account, "topup.granted"), (other, "topup.request_expired")] {
+        crate::openapi_types::assert_events_conform(&app, &feed(account, last).await).await;
+    }
 }

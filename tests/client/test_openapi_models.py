@@ -15,16 +15,20 @@ import pytest
 from token_billing_kiosk import (
     Balance,
     Event,
+    Grant,
     Job,
     JobReservation,
+    LedgerEntry,
     Reservation,
     TopupFiring,
     TopupRule,
 )
 from token_billing_kiosk._errors import ERRORS_BY_CODE, PROBLEM_FIELDS
-from token_billing_kiosk._models import JOB_TERMINAL_STATUSES
+from token_billing_kiosk._models import EVENT_TYPES, JOB_TERMINAL_STATUSES
 
-MODELS = [Balance, Event, Job, JobReservation, Reservation, TopupFiring, TopupRule]
+MODELS = [
+    Balance, Event, Grant, Job, JobReservation, LedgerEntry, Reservation, TopupFiring, TopupRule,
+]
 
 # The requests the client sends: (method, OpenAPI path).
 CLIENT_PATHS = [
@@ -38,6 +42,10 @@ CLIENT_PATHS = [
     ("post", "/v1/accounts/{account_id}/reservations/{reservation_id}/extend"),
     ("get", "/v1/events"),
     ("get", "/v1/accounts/{account_id}/topup-rules"),
+    ("get", "/v1/accounts/{account_id}/ledger"),
+    ("get", "/v1/accounts/{account_id}/reservations"),
+    ("get", "/v1/accounts/{account_id}/jobs"),
+    ("get", "/v1/accounts/{account_id}/grants"),
 ]
 
 
@@ -94,8 +102,14 @@ def test_every_model_field_is_in_the_service_schema_with_its_type(
     document: Dict[str, Any]
 ) -> None:
     problems: List[str] = []
+    checks = []
     for model in MODELS:
         spec = schema(document, model.OPENAPI_SCHEMA)
+        # A union (the events, one schema per type): every member holds
+        # the fields.
+        for variant in spec.get("oneOf", [spec]):
+            checks.append((model, resolve(document, variant)))
+    for model, spec in checks:
         properties = spec["properties"]
         required = set(spec.get("required", []))
         hints = typing.get_type_hints(model)
@@ -146,3 +160,17 @@ def test_the_paths_the_client_calls_exist(document: Dict[str, Any]) -> None:
 def test_terminal_job_statuses_are_the_services(document: Dict[str, Any]) -> None:
     status = resolve(document, schema(document, "JobView")["properties"]["status"])
     assert set(JOB_TERMINAL_STATUSES) <= set(status["enum"]), status
+
+
+def test_the_event_types_are_the_services(document: Dict[str, Any]) -> None:
+    """The client's list of event types is the document's: one schema per
+    type in the ``oneOf`` of ``EventView``, mapped by its discriminator."""
+    union = schema(document, "EventView")
+    mapped = set(union["discriminator"]["mapping"])
+    listed = set()
+    for variant in union["oneOf"]:
+        (value,) = resolve(document, variant)["properties"]["type"]["enum"]
+        listed.add(value)
+    assert mapped == listed
+    assert set(EVENT_TYPES) == listed, (set(EVENT_TYPES) ^ listed)
+    assert len(EVENT_TYPES) == len(set(EVENT_TYPES))

@@ -15,3 +15,12 @@ export function finished(job: Job): boolean {
 export const wanted: components["schemas"]["JobStatus"] = "sucseeded"; // MISSPELLED
 
 export const query: ListQuery = { status: "sucseeded" }; // MISSPELLED
+
+// Events are a union by `type` (issue 59): a misspelled type matches none.
+type Event = components["schemas"]["EventView"];
+
+export function lowAvailable(event: Event): number | null {
+  return event.type === "account.balanse_low" ? event.data.balances.available : null; // MISSPELLED
+}
+
+export const lowType: Event["type"] = "account.balanse_low"; // MISSPELLED

@@ -4,7 +4,9 @@
 # with openapi-typescript (from the npm registry, versions locked in
 # package-lock.json; no flag), compiles it with a small kiosk (kiosk.ts,
 # openapi-fetch as the transport) and type-level assertions (types.ts:
-# always-sent members required and nullable, Retry-After a string) under
+# always-sent members required and nullable, Retry-After a string, events
+# a union by `type` with their `data` typed, problems typed by status and
+# code) under
 # `tsc --strict`, checks the `servers` entry, runs that kiosk
 # against the service (one guest action, charged once, its retry a replay),
 # and checks that each line of misspelled.ts marked MISSPELLED fails to
@@ -53,7 +55,7 @@ if [ "$failed" != "$expected" ]; then
   exit 1
 fi
 # The control: spelled right, the same file compiles.
-sed 's/sucseeded/succeeded/' misspelled.ts > corrected.ts
+sed -e 's/sucseeded/succeeded/' -e 's/balanse_low/balance_low/' misspelled.ts > corrected.ts
 sed 's/misspelled.ts/corrected.ts/' tsconfig.misspelled.json > tsconfig.corrected.json
 status=0
 npx --no-install tsc -p tsconfig.corrected.json || status=$?

@@ -30,6 +30,8 @@ export {
   type ResumeOptions,
   type GenerateOptions,
   type KioskOptions,
+  type LedgerOptions,
+  type ListOptions,
   type Outcome,
   type WatchOptions,
 } from "./kiosk.js";

@@ -13,8 +13,15 @@ import {
   topupStateOf,
   type Balance,
   type Event,
+  type EventType,
+  type Grant,
+  type GrantStatus,
   type Job,
+  type JobStatus,
+  type LedgerEntry,
   type Reservation,
+  type ReservationState,
+  type ReservationView,
   type TopupRule,
   type TopupState,
 } from "./models.js";
@@ -112,8 +119,8 @@ export interface CommitOptions extends CallTimeout {
 export type ReservationRef = Reservation | string;
 
 export interface WatchOptions extends CallTimeout {
-  /** Only these event types (all when omitted). */
-  types?: readonly string[];
+  /** Only these event types (all when omitted); a misspelled one does not compile. */
+  types?: readonly EventType[];
   /** Start after this event id. Default: the end of the feed (from now on). */
   after?: string;
   /** Start after the last event created before this instant (a Date or RFC 3339). */
@@ -124,6 +131,19 @@ export interface WatchOptions extends CallTimeout {
   waitSeconds?: number;
   /** Stops the watch (the iterator ends after the current poll). */
   signal?: AbortSignal;
+}
+
+/** What every list reader takes: its page size, a cursor to start after, the deadline of each page. */
+export interface ListOptions extends CallTimeout {
+  /** Items per request (the service's default when omitted). */
+  pageSize?: number;
+  /** Start after this item (a previous item's id; the ledger: an `entry_id`). */
+  after?: string | number;
+}
+
+export interface LedgerOptions extends ListOptions {
+  /** Only entries written at or after this instant (a Date or RFC 3339). */
+  since?: Date | string;
 }
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
@@ -599,6 +619,75 @@ export class Kiosk {
     return settled;
   }
 
+  // -- lists, every page ---------------------------------------------------
+
+  /**
+   * Every ledger entry of the account, oldest first, page after page
+   * (Stripe's auto-paging): `for await (const entry of kiosk.ledger()) …`.
+   * Each page is one request, retried like every read within `timeoutMs`,
+   * waiting as `Retry-After` says when the key is over its rate limit; the
+   * next page is asked only when the loop reaches it.
+   */
+  ledger(options: LedgerOptions = {}): AsyncIterableIterator<LedgerEntry> {
+    const query: Record<string, string> = {};
+    if (options.since !== undefined) {
+      query.since = options.since instanceof Date ? options.since.toISOString() : options.since;
+    }
+    return this.pages<LedgerEntry>("ledger", "entries", query, options);
+  }
+
+  /** Every reservation of the account, newest first (`state`: only those), as {@link ledger}. */
+  reservations(options: ListOptions & { state?: ReservationState } = {}): AsyncIterableIterator<ReservationView> {
+    const query: Record<string, string> = options.state === undefined ? {} : { state: options.state };
+    return this.pages<ReservationView>("reservations", "reservations", query, options);
+  }
+
+  /** Every generation job of the account, newest first (`status`: only those), as {@link ledger}. */
+  jobs(options: ListOptions & { status?: JobStatus } = {}): AsyncIterableIterator<Job> {
+    const query: Record<string, string> = options.status === undefined ? {} : { status: options.status };
+    return this.pages<Job>("jobs", "jobs", query, options);
+  }
+
+  /**
+   * Every credit grant of the account, in creation order (`status`: only
+   * those), as {@link ledger}. The top-up rules (at most 20) come in one
+   * answer: {@link topupRules}.
+   */
+  grants(options: ListOptions & { status?: GrantStatus } = {}): AsyncIterableIterator<Grant> {
+    const query: Record<string, string> = options.status === undefined ? {} : { status: options.status };
+    return this.pages<Grant>("grants", "grants", query, options);
+  }
+
+  /**
+   * The items of a cursor-paged list (docs/api.md): `next_after` is the
+   * next request's `after`, null on the last page.
+   */
+  private pages<T>(
+    resource: string,
+    member: string,
+    filters: Record<string, string>,
+    options: ListOptions,
+  ): AsyncIterableIterator<T> {
+    const path = `/v1/accounts/${this.accountId}/${resource}`;
+    const self = this;
+    async function* items(): AsyncGenerator<T> {
+      let cursor: string | null = options.after === undefined ? null : String(options.after);
+      for (;;) {
+        const query: Record<string, string | number> = { ...filters };
+        if (options.pageSize !== undefined) query.limit = options.pageSize;
+        if (cursor !== null) query.after = cursor;
+        const [, page] = await self.http.call("GET", path, { deadline: self.deadline(options.timeoutMs), query });
+        for (const item of (page[member] as T[] | undefined) ?? []) yield item;
+        const next = page.next_after;
+        if (next === null || next === undefined) return;
+        // A cursor that does not move would page for ever.
+        if (String(next) === cursor) throw new KioskError(`GET ${path}: the service gave the cursor ${cursor} again`);
+        cursor = String(next);
+      }
+    }
+    return items();
+  }
+
   // -- the event feed -------------------------------------------------------
 
   /**
@@ -615,7 +704,7 @@ export class Kiosk {
    * the last event's id to go on without a gap.
    */
   async watch(options: WatchOptions = {}): Promise<AsyncIterableIterator<Event>> {
-    const wanted = options.types === undefined ? null : new Set(options.types);
+    const wanted = options.types === undefined ? null : new Set<string>(options.types);
     const given = [options.after !== undefined, options.since !== undefined, options.fromStart === true];
     if (given.filter(Boolean).length > 1) throw new TypeError("give at most one of after, since and fromStart");
     let cursor: string | null = options.after ?? null;

@@ -55,9 +55,35 @@ export interface Balance {
   [member: string]: unknown;
 }
 
+/**
+ * Every event type of the feed and the webhooks (the service's
+ * `EventView`, docs/webhooks.md); a test keeps it equal to the types of
+ * the service's /openapi.json.
+ */
+export const EVENT_TYPES = [
+  "account.balance_low",
+  "account.balance_recovered",
+  "account.balance_depleted",
+  "credit.created",
+  "adjustment.created",
+  "reservation.expired",
+  "grant.expired",
+  "grant.expiring",
+  "topup.granted",
+  "topup.requested",
+  "topup.request_expired",
+  "topup.cap_reached",
+  "job.succeeded",
+  "job.failed",
+  "invariant.violated",
+  "endpoint.disabled",
+] as const;
+
+export type EventType = (typeof EVENT_TYPES)[number];
+
 export interface Event {
   id: string;
-  type: string;
+  type: EventType;
   created_at: string;
   data: Record<string, unknown>;
 }
@@ -140,7 +166,27 @@ export function topupStateOf(rules: TopupRule[]): TopupState {
   return { rules, openRequest, armed, capped, onItsWay };
 }
 
-/** A reservation (`reserve`, `commit`, `release`, `extend` answer with it). */
+/** One movement of the account's tokens (`GET …/ledger`), with the balances after it. */
+export interface LedgerEntry {
+  entry_id: number;
+  account_id: string;
+  kind: "credit" | "adjustment" | "reserve" | "commit" | "release" | "expire" | "grant_expire";
+  amount: number;
+  available_after: number;
+  reserved_after: number;
+  used_after: number;
+  reservation_id: string | null;
+  job_id: string | null;
+  external_ref: string | null;
+  reason: string | null;
+  actor: string;
+  created_at: string;
+  grant_id: string | null;
+  topup_rule_id: string | null;
+}
+
+/** A reservation: what `reserve`, `commit`, `release` and `extend` answer, and one
+ * item of `GET …/reservations` (the reservations reader). */
 export interface Reservation {
   reservation_id: string;
   account_id: string;
@@ -154,4 +200,25 @@ export interface Reservation {
   resolved_at: string | null;
   draws: Array<{ grant_id: string; amount: number; [member: string]: unknown }>;
   [member: string]: unknown;
+}
+
+/** The reservations reader's items: the same shape as a reservation. */
+export type ReservationView = Reservation;
+
+export type GrantStatus = "active" | "depleted" | "expired";
+
+/** A credit grant (`GET …/grants`): the tokens of one credit or positive adjustment. */
+export interface Grant {
+  grant_id: string;
+  account_id: string;
+  amount: number;
+  remaining: number;
+  reserved: number;
+  expires_at: string | null;
+  priority: number;
+  status: GrantStatus;
+  external_ref: string | null;
+  created_at: string;
+  expired_at: string | null;
+  topup_rule_id: string | null;
 }

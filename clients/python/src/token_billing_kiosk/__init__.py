@@ -23,10 +23,13 @@ from ._http import RetryPolicy
 from ._journal import JournalEntry
 from ._kiosk import RESUME_TIMEOUT_SECONDS, Heartbeat, Kiosk, Outcome, __version__
 from ._models import (
+    EVENT_TYPES,
     Balance,
     Event,
+    Grant,
     Job,
     JobReservation,
+    LedgerEntry,
     Reservation,
     TopupFiring,
     TopupRule,
@@ -34,10 +37,12 @@ from ._models import (
 )
 
 __all__ = [
+    "EVENT_TYPES",
     "AccountSuspended",
     "ApiError",
     "Balance",
     "Event",
+    "Grant",
     "Heartbeat",
     "IdempotencyKeyReused",
     "InsufficientTokens",
@@ -48,6 +53,7 @@ __all__ = [
     "JournalError",
     "Kiosk",
     "KioskError",
+    "LedgerEntry",
     "Outcome",
     "RESUME_TIMEOUT_SECONDS",
     "RateLimited",

@@ -12,7 +12,19 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Callable, Collection, Dict, Iterator, List, Mapping, Optional, Type, Union
+from typing import (
+    Any,
+    Callable,
+    Collection,
+    Dict,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Type,
+    TypeVar,
+    Union,
+)
 
 import httpx
 
@@ -25,7 +37,16 @@ from ._errors import (
 )
 from ._http import REDACTED_KEY, Http, RetryPolicy
 from ._journal import Journal, JournalEntry
-from ._models import Balance, Event, Job, Reservation, TopupRule, TopupState
+from ._models import (
+    Balance,
+    Event,
+    Grant,
+    Job,
+    LedgerEntry,
+    Reservation,
+    TopupRule,
+    TopupState,
+)
 
 log = logging.getLogger("token_billing_kiosk")
 
@@ -44,6 +65,8 @@ RESUME_TIMEOUT_SECONDS = 3.0
 BACKGROUND_ATTEMPT_SECONDS = 10.0
 
 ReservationRef = Union[str, Reservation]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -193,6 +216,114 @@ class Kiosk:
     def history(self, limit: int = 100) -> List[JournalEntry]:
         """The journal's entries of this account, newest first."""
         return self._journal.entries(self.account_id, limit)
+
+    # -- lists, every page ---------------------------------------------------
+
+    def ledger(
+        self,
+        *,
+        since: Optional[datetime] = None,
+        after: Optional[int] = None,
+        page_size: Optional[int] = None,
+        timeout: Optional[float] = None,
+    ) -> Iterator[LedgerEntry]:
+        """Every ledger entry of the account, oldest first (``GET …/ledger``),
+        page after page: ``for entry in kiosk.ledger(): ...``. ``since`` (an
+        aware ``datetime``): only entries written at or after it; ``after``:
+        only entries after that ``entry_id``. Each page is one request,
+        retried like every read within ``timeout`` (the kiosk's default), and
+        waits as ``Retry-After`` says when the key is over its rate limit;
+        the next page is asked only when the loop reaches it."""
+        params: Dict[str, Any] = {}
+        if since is not None:
+            if since.tzinfo is None:
+                raise ValueError("since must be an aware datetime")
+            params["since"] = since.isoformat()
+        return self._pages(
+            "ledger", "entries", LedgerEntry.from_json, params, after, page_size, timeout
+        )
+
+    def reservations(
+        self,
+        state: Optional[str] = None,
+        *,
+        after: Optional[str] = None,
+        page_size: Optional[int] = None,
+        timeout: Optional[float] = None,
+    ) -> Iterator[Reservation]:
+        """Every reservation of the account, newest first (``GET
+        …/reservations``), page after page; ``state``: only ``held``,
+        ``committed``, ``released`` or ``expired`` ones. As :meth:`ledger`."""
+        params = {} if state is None else {"state": state}
+        return self._pages(
+            "reservations",
+            "reservations",
+            Reservation.from_json,
+            params,
+            after,
+            page_size,
+            timeout,
+        )
+
+    def jobs(
+        self,
+        status: Optional[str] = None,
+        *,
+        after: Optional[str] = None,
+        page_size: Optional[int] = None,
+        timeout: Optional[float] = None,
+    ) -> Iterator[Job]:
+        """Every generation job of the account, newest first (``GET
+        …/jobs``), page after page; ``status``: only ``queued``, ``running``,
+        ``succeeded`` or ``failed`` ones. As :meth:`ledger`."""
+        params = {} if status is None else {"status": status}
+        return self._pages("jobs", "jobs", Job.from_json, params, after, page_size, timeout)
+
+    def grants(
+        self,
+        status: Optional[str] = None,
+        *,
+        after: Optional[str] = None,
+        page_size: Optional[int] = None,
+        timeout: Optional[float] = None,
+    ) -> Iterator[Grant]:
+        """Every credit grant of the account, in creation order (``GET
+        …/grants``), page after page; ``status``: only ``active``,
+        ``depleted`` or ``expired`` ones. As :meth:`ledger`. (The top-up
+        rules, at most 20, come in one answer: :meth:`topup_rules`.)"""
+        params = {} if status is None else {"status": status}
+        return self._pages("grants", "grants", Grant.from_json, params, after, page_size, timeout)
+
+    def _pages(
+        self,
+        resource: str,
+        member: str,
+        read: Callable[[Mapping[str, Any]], T],
+        params: Dict[str, Any],
+        after: Optional[Any],
+        page_size: Optional[int],
+        timeout: Optional[float],
+    ) -> Iterator[T]:
+        """The items of a cursor-paged list (docs/api.md: pass ``next_after``
+        back as ``after``; ``null`` on the last page), one page at a time."""
+        path = f"/v1/accounts/{self.account_id}/{resource}"
+        cursor = None if after is None else str(after)
+        while True:
+            query = dict(params)
+            if page_size is not None:
+                query["limit"] = page_size
+            if cursor is not None:
+                query["after"] = cursor
+            _, page = self._http.call("GET", path, params=query, deadline=self._deadline(timeout))
+            for raw in page.get(member) or []:
+                yield read(raw)
+            next_after = page.get("next_after")
+            if next_after is None:
+                return
+            if str(next_after) == cursor:
+                # A cursor that does not move would page for ever.
+                raise KioskError(f"GET {path}: the service gave the cursor {cursor} again")
+            cursor = str(next_after)
 
     # -- the event feed ----------------------------------------------------
 

@@ -14,6 +14,28 @@ from typing import Any, ClassVar, Dict, Mapping, Optional
 
 JOB_TERMINAL_STATUSES = ("succeeded", "failed")
 
+#: Every event type of the feed and the webhooks (the service's
+#: ``EventView``, docs/webhooks.md); a test keeps it equal to the types of
+#: the service's /openapi.json.
+EVENT_TYPES = (
+    "account.balance_low",
+    "account.balance_recovered",
+    "account.balance_depleted",
+    "credit.created",
+    "adjustment.created",
+    "reservation.expired",
+    "grant.expired",
+    "grant.expiring",
+    "topup.granted",
+    "topup.requested",
+    "topup.request_expired",
+    "topup.cap_reached",
+    "job.succeeded",
+    "job.failed",
+    "invariant.violated",
+    "endpoint.disabled",
+)
+
 _RFC3339 = re.compile(
     r"^(\d{4}-\d{2}-\d{2})[Tt ](\d{2}:\d{2}:\d{2})(?:\.(\d+))?(Z|z|[+-]\d{2}:\d{2})$"
 )
@@ -345,4 +367,88 @@ class TopupState:
         will grant at the next movement."""
         return self.open_request is not None or any(
             rule.mode == "grant" and rule.trigger == "threshold" for rule in self.armed
+        )
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One movement of the account's tokens (``GET …/ledger``), with the
+    balances after it. ``kind``: ``credit``, ``adjustment``, ``reserve``,
+    ``commit``, ``release``, ``expire`` or ``grant_expire``."""
+
+    OPENAPI_SCHEMA: ClassVar[str] = "LedgerEntryView"
+
+    entry_id: int
+    account_id: str
+    kind: str
+    amount: int
+    available_after: int
+    reserved_after: int
+    used_after: int
+    reservation_id: Optional[str]
+    job_id: Optional[str]
+    external_ref: Optional[str]
+    reason: Optional[str]
+    actor: str
+    created_at: datetime
+    grant_id: Optional[str]
+    topup_rule_id: Optional[str]
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "LedgerEntry":
+        return cls(
+            entry_id=int(data["entry_id"]),
+            account_id=str(data["account_id"]),
+            kind=str(data["kind"]),
+            amount=int(data["amount"]),
+            available_after=int(data["available_after"]),
+            reserved_after=int(data["reserved_after"]),
+            used_after=int(data["used_after"]),
+            reservation_id=_optional_str(data, "reservation_id"),
+            job_id=_optional_str(data, "job_id"),
+            external_ref=_optional_str(data, "external_ref"),
+            reason=_optional_str(data, "reason"),
+            actor=str(data["actor"]),
+            created_at=_time(data, "created_at"),
+            grant_id=_optional_str(data, "grant_id"),
+            topup_rule_id=_optional_str(data, "topup_rule_id"),
+        )
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A credit grant (``GET …/grants``): tokens of one credit or positive
+    adjustment, drawn by priority then soonest expiry. ``status``:
+    ``active``, ``depleted`` or ``expired``."""
+
+    OPENAPI_SCHEMA: ClassVar[str] = "GrantView"
+
+    grant_id: str
+    account_id: str
+    amount: int
+    remaining: int
+    reserved: int
+    expires_at: Optional[datetime]
+    priority: int
+    status: str
+    external_ref: Optional[str]
+    created_at: datetime
+    expired_at: Optional[datetime]
+    topup_rule_id: Optional[str]
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Grant":
+        return cls(
+            grant_id=str(data["grant_id"]),
+            account_id=str(data["account_id"]),
+            amount=int(data["amount"]),
+            remaining=int(data["remaining"]),
+            reserved=int(data["reserved"]),
+            expires_at=_optional_time(data, "expires_at"),
+            priority=int(data["priority"]),
+            status=str(data["status"]),
+            external_ref=_optional_str(data, "external_ref"),
+            created_at=_time(data, "created_at"),
+            expired_at=_optional_time(data, "expired_at"),
+            topup_rule_id=_optional_str(data, "topup_rule_id"),
         )
