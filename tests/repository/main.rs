@@ -8,5 +8,6 @@ mod compose;
 mod deployment;
 mod docs_agree;
 mod docs_blocks;
+mod docs_size;
 mod frozen_files;
 mod patroni;
