@@ -31,18 +31,29 @@
 # of 503s and no other error, and losing one etcd member costs nothing.
 # Patroni's configuration is tests/failover/patroni.yml, as
 # docs/high-availability.md shows it. Needs root (the nodes run as the
-# postgres user); installs Debian's patroni, python3-etcd, etcd-server and
-# etcd-client when missing.
+# postgres user); installs Debian's etcd-server and etcd-client when
+# missing, and Patroni 4.1.5 from PyPI (with psycopg 3) in a
+# virtual environment outside the clone — not Debian's patroni 3.0.2, whose
+# etcd3 client can write the leader key over a newer leader's
+# (patroni/patroni#2689; docs/high-availability.md).
 #
 # Environment: TOOLS (token-billing-tools; default: beside
 # CARGO_TARGET_DIR's debug build), PATRONI_PORT_BASE (5470: etcd clients
 # base+1..3, etcd peers base+4..6, PostgreSQL base+11..13, Patroni's REST
-# API base+21..23).
+# API base+21..23), PATRONI_VENV (where Patroni is installed; default
+# /var/cache/token-billing/patroni-<version>: the postgres user must be
+# able to run it, so not under root's home), PATRONI_LOGS (where a failed
+# step's logs go; default ci-output/patroni), PATRONI_KEEP_LOGS (set: keep
+# every step's logs, not only a failed one's).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 script="$here/patroni.sh"
 pg_bin=/usr/lib/postgresql/15/bin
+# Patroni from PyPI, pinned; psycopg 3 (binary wheel) is its driver.
+patroni_version=4.1.5
+psycopg_version=3.3.9
+venv=${PATRONI_VENV:-/var/cache/token-billing/patroni-$patroni_version}
 base=${PATRONI_PORT_BASE:-5470}
 nodes=(1 2 3)
 
@@ -88,7 +99,7 @@ start_patroni() {
         PATRONI_REPLICATION_PASSWORD="$replication_password" \
         PATRONI_REWIND_PASSWORD="$rewind_password" \
         setpriv --reuid=postgres --regid=postgres --init-groups -- \
-        patroni "$dir/patroni.yml" >>"$dir/patroni$i.log" 2>&1 &
+        "$venv/bin/patroni" "$dir/patroni.yml" >>"$dir/patroni$i.log" 2>&1 &
     echo $! >"$dir/patroni$i.pid"
     disown
 }
@@ -120,7 +131,7 @@ wait_for() {
     done
 }
 
-patronictl_() { PATRONI_ETCD3_HOSTS="$(etcd_hosts)" patronictl -c "$dir/patroni.yml" "$@"; }
+patronictl_() { PATRONI_ETCD3_HOSTS="$(etcd_hosts)" "$venv/bin/patronictl" -c "$dir/patroni.yml" "$@"; }
 
 # One leader, one synchronous standby, one asynchronous replica, all running.
 synchronous() {
@@ -265,12 +276,22 @@ tools=${TOOLS:-${CARGO_TARGET_DIR:-$here/../../target}/debug/token-billing-tools
 [[ -x "$tools" ]] || { echo "build the tools first (cargo build): $tools" >&2; exit 2; }
 
 missing=()
-for package in patroni python3-etcd etcd-server etcd-client jq; do
+for package in etcd-server etcd-client jq python3-venv; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' || missing+=("$package")
 done
 if (( ${#missing[@]} > 0 )); then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+# Debian's python3 (not a python in root's home, which postgres cannot run).
+if [[ "$("$venv/bin/patroni" --version 2>/dev/null)" != "patroni $patroni_version" ]]; then
+    say "installing Patroni $patroni_version from PyPI in $venv"
+    rm -rf "$venv"
+    mkdir -p "$(dirname "$venv")"
+    /usr/bin/python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check \
+        "patroni[etcd3]==$patroni_version" "psycopg[binary]==$psycopg_version" >/dev/null
+    chmod -R a+rX "$venv"
 fi
 
 # The nodes' logs of a failed step, kept for a look afterwards.
