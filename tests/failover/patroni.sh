@@ -133,15 +133,26 @@ wait_for() {
 
 patronictl_() { PATRONI_ETCD3_HOSTS="$(etcd_hosts)" "$venv/bin/patronictl" -c "$dir/patroni.yml" "$@"; }
 
-# One leader, one synchronous standby, one asynchronous replica, all running.
+# One leader, one synchronous standby and one asynchronous replica, the
+# replicas streaming, all on the leader's timeline (Patroni's /patroni:
+# a node that answers /async may still be on its way back, before its
+# pg_rewind).
 synchronous() {
-    local i primary=0 sync=0 async=0
-    for i in "${nodes[@]}"; do
-        [[ "$(rest "$i" primary)" == 200 ]] && primary=$((primary + 1))
-        [[ "$(rest "$i" sync)" == 200 ]] && sync=$((sync + 1))
-        [[ "$(rest "$i" async)" == 200 ]] && async=$((async + 1))
-    done
-    (( primary == 1 && sync == 1 && async == 1 ))
+    local i states
+    states=$(for i in "${nodes[@]}"; do
+        curl -fsS -m 2 "http://127.0.0.1:$(rest_port "$i")/patroni" 2>/dev/null \
+            | jq -r '[.role, .state, (.replication_state // "-"), (.sync_standby // false), .timeline] | @tsv' \
+            || echo "none"
+    done | sort)
+    # shellcheck disable=SC2016
+    awk -F '\t' '
+        $1 == "primary" && $2 == "running" { primary++; timeline = $5 }
+        $1 == "replica" && $2 == "running" && $3 == "streaming" && $4 == "true" { sync++; timelines[$5] }
+        $1 == "replica" && $2 == "running" && $3 == "streaming" && $4 == "false" { async++; timelines[$5] }
+        END {
+            for (t in timelines) if (t != timeline) exit 1
+            exit !(primary == 1 && sync == 1 && async == 1)
+        }' <<<"$states"
 }
 new_leader_other_than() { local l; l=$(leader); [[ -n "$l" && "$l" != "$1" ]]; }
 no_leader() { [[ -z "$(leader)" ]]; }
