@@ -383,7 +383,7 @@ if (( scale )); then
     url="postgres://postgres:$superuser_password@$hosts/tb_chaos_patroni?target_session_attrs=read-write&connect_timeout=2"
     set +e
     RUST_LOG=error "$tools" --database-url "$url" chaos --seed "${seed:-$RANDOM$RANDOM}" \
-        --seconds "$seconds" --replicas 3 --kiosks 16 --accounts 4 --skewed-clock --fault-gap-ms 1000 \
+        --seconds "$seconds" --replicas 3 --kiosks 16 --accounts 4 --skewed-clock --fault-gap-ms 300 \
         --postgres-restart-command "$script --step pg-restart $dir" \
         --failover-command "$script --step host-kill $dir" --failover-among-faults \
         2>&1 | grep -v 'simulated drop after success' | tee "$dir/scale.txt"
@@ -392,11 +392,13 @@ if (( scale )); then
     report=$(cat "$dir/scale.txt")
     operations=$(sed -n 's/^totals: \([0-9]*\) operations, \([0-9]*\) faults$/\1/p' <<<"$report")
     faults=$(sed -n 's/^totals: \([0-9]*\) operations, \([0-9]*\) faults$/\2/p' <<<"$report")
+    failures=()
+    (( status == 0 )) || failures+=("chaos run failed (exit $status, $(grep -c '^VIOLATION' <<<"$report" || true) violations)")
+    (( ${operations:-0} >= 10000 )) || failures+=("only ${operations:-0} operations")
+    (( ${faults:-0} >= 50 )) || failures+=("only ${faults:-0} faults")
+    grep -q '"primary_failover": ' <<<"$report" || failures+=("no failover")
     verdict=ok
-    (( status == 0 )) || verdict="chaos run failed (exit $status)"
-    (( ${operations:-0} >= 10000 )) || verdict="only ${operations:-0} operations"
-    (( ${faults:-0} >= 50 )) || verdict="only ${faults:-0} faults"
-    grep -q '"primary_failover": ' <<<"$report" || verdict="no failover"
+    (( ${#failures[@]} == 0 )) || verdict=$(IFS=';'; echo "${failures[*]}")
     echo "patroni: chaos at scale: ${operations:-?} operations, ${faults:-?} faults, $(grep '^faults: ' <<<"$report"), $(grep '^worst recovery: ' <<<"$report"); $verdict"
     [[ "$verdict" == ok ]] || { keep_logs scale; exit 1; }
     exit
