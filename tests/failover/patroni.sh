@@ -31,18 +31,29 @@
 # of 503s and no other error, and losing one etcd member costs nothing.
 # Patroni's configuration is tests/failover/patroni.yml, as
 # docs/high-availability.md shows it. Needs root (the nodes run as the
-# postgres user); installs Debian's patroni, python3-etcd, etcd-server and
-# etcd-client when missing.
+# postgres user); installs Debian's etcd-server and etcd-client when
+# missing, and Patroni 4.1.5 from PyPI (with psycopg 3) in a
+# virtual environment outside the clone — not Debian's patroni 3.0.2, whose
+# etcd3 client can write the leader key over a newer leader's
+# (patroni/patroni#2689; docs/high-availability.md).
 #
 # Environment: TOOLS (token-billing-tools; default: beside
 # CARGO_TARGET_DIR's debug build), PATRONI_PORT_BASE (5470: etcd clients
 # base+1..3, etcd peers base+4..6, PostgreSQL base+11..13, Patroni's REST
-# API base+21..23).
+# API base+21..23), PATRONI_VENV (where Patroni is installed; default
+# /var/cache/token-billing/patroni-<version>: the postgres user must be
+# able to run it, so not under root's home), PATRONI_LOGS (where a failed
+# step's logs go; default ci-output/patroni), PATRONI_KEEP_LOGS (set: keep
+# every step's logs, not only a failed one's).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 script="$here/patroni.sh"
 pg_bin=/usr/lib/postgresql/15/bin
+# Patroni from PyPI, pinned; psycopg 3 (binary wheel) is its driver.
+patroni_version=4.1.5
+psycopg_version=3.3.9
+venv=${PATRONI_VENV:-/var/cache/token-billing/patroni-$patroni_version}
 base=${PATRONI_PORT_BASE:-5470}
 nodes=(1 2 3)
 
@@ -88,7 +99,7 @@ start_patroni() {
         PATRONI_REPLICATION_PASSWORD="$replication_password" \
         PATRONI_REWIND_PASSWORD="$rewind_password" \
         setpriv --reuid=postgres --regid=postgres --init-groups -- \
-        patroni "$dir/patroni.yml" >>"$dir/patroni$i.log" 2>&1 &
+        "$venv/bin/patroni" "$dir/patroni.yml" >>"$dir/patroni$i.log" 2>&1 &
     echo $! >"$dir/patroni$i.pid"
     disown
 }
@@ -120,17 +131,28 @@ wait_for() {
     done
 }
 
-patronictl_() { PATRONI_ETCD3_HOSTS="$(etcd_hosts)" patronictl -c "$dir/patroni.yml" "$@"; }
+patronictl_() { PATRONI_ETCD3_HOSTS="$(etcd_hosts)" "$venv/bin/patronictl" -c "$dir/patroni.yml" "$@"; }
 
-# One leader, one synchronous standby, one asynchronous replica, all running.
+# One leader, one synchronous standby and one asynchronous replica, the
+# replicas streaming, all on the leader's timeline (Patroni's /patroni:
+# a node that answers /async may still be on its way back, before its
+# pg_rewind).
 synchronous() {
-    local i primary=0 sync=0 async=0
-    for i in "${nodes[@]}"; do
-        [[ "$(rest "$i" primary)" == 200 ]] && primary=$((primary + 1))
-        [[ "$(rest "$i" sync)" == 200 ]] && sync=$((sync + 1))
-        [[ "$(rest "$i" async)" == 200 ]] && async=$((async + 1))
-    done
-    (( primary == 1 && sync == 1 && async == 1 ))
+    local i states
+    states=$(for i in "${nodes[@]}"; do
+        curl -fsS -m 2 "http://127.0.0.1:$(rest_port "$i")/patroni" 2>/dev/null \
+            | jq -r '[.role, .state, (.replication_state // "-"), (.sync_standby // false), .timeline] | @tsv' \
+            || echo "none"
+    done | sort)
+    # shellcheck disable=SC2016
+    awk -F '\t' '
+        $1 == "primary" && $2 == "running" { primary++; timeline = $5 }
+        $1 == "replica" && $2 == "running" && $3 == "streaming" && $4 == "true" { sync++; timelines[$5] }
+        $1 == "replica" && $2 == "running" && $3 == "streaming" && $4 == "false" { async++; timelines[$5] }
+        END {
+            for (t in timelines) if (t != timeline) exit 1
+            exit !(primary == 1 && sync == 1 && async == 1)
+        }' <<<"$states"
 }
 new_leader_other_than() { local l; l=$(leader); [[ -n "$l" && "$l" != "$1" ]]; }
 no_leader() { [[ -z "$(leader)" ]]; }
@@ -265,12 +287,22 @@ tools=${TOOLS:-${CARGO_TARGET_DIR:-$here/../../target}/debug/token-billing-tools
 [[ -x "$tools" ]] || { echo "build the tools first (cargo build): $tools" >&2; exit 2; }
 
 missing=()
-for package in patroni python3-etcd etcd-server etcd-client jq; do
+for package in etcd-server etcd-client jq python3-venv; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' || missing+=("$package")
 done
 if (( ${#missing[@]} > 0 )); then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+# Debian's python3 (not a python in root's home, which postgres cannot run).
+if [[ "$("$venv/bin/patroni" --version 2>/dev/null)" != "patroni $patroni_version" ]]; then
+    say "installing Patroni $patroni_version from PyPI in $venv"
+    rm -rf "$venv"
+    mkdir -p "$(dirname "$venv")"
+    /usr/bin/python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check \
+        "patroni[etcd3]==$patroni_version" "psycopg[binary]==$psycopg_version" >/dev/null
+    chmod -R a+rX "$venv"
 fi
 
 # The nodes' logs of a failed step, kept for a look afterwards.
@@ -351,7 +383,7 @@ if (( scale )); then
     url="postgres://postgres:$superuser_password@$hosts/tb_chaos_patroni?target_session_attrs=read-write&connect_timeout=2"
     set +e
     RUST_LOG=error "$tools" --database-url "$url" chaos --seed "${seed:-$RANDOM$RANDOM}" \
-        --seconds "$seconds" --replicas 3 --kiosks 16 --accounts 4 --skewed-clock --fault-gap-ms 1000 \
+        --seconds "$seconds" --replicas 3 --kiosks 16 --accounts 4 --skewed-clock --fault-gap-ms 300 \
         --postgres-restart-command "$script --step pg-restart $dir" \
         --failover-command "$script --step host-kill $dir" --failover-among-faults \
         2>&1 | grep -v 'simulated drop after success' | tee "$dir/scale.txt"
@@ -360,11 +392,13 @@ if (( scale )); then
     report=$(cat "$dir/scale.txt")
     operations=$(sed -n 's/^totals: \([0-9]*\) operations, \([0-9]*\) faults$/\1/p' <<<"$report")
     faults=$(sed -n 's/^totals: \([0-9]*\) operations, \([0-9]*\) faults$/\2/p' <<<"$report")
+    failures=()
+    (( status == 0 )) || failures+=("chaos run failed (exit $status, $(grep -c '^VIOLATION' <<<"$report" || true) violations)")
+    (( ${operations:-0} >= 10000 )) || failures+=("only ${operations:-0} operations")
+    (( ${faults:-0} >= 50 )) || failures+=("only ${faults:-0} faults")
+    grep -q '"primary_failover": ' <<<"$report" || failures+=("no failover")
     verdict=ok
-    (( status == 0 )) || verdict="chaos run failed (exit $status)"
-    (( ${operations:-0} >= 10000 )) || verdict="only ${operations:-0} operations"
-    (( ${faults:-0} >= 50 )) || verdict="only ${faults:-0} faults"
-    grep -q '"primary_failover": ' <<<"$report" || verdict="no failover"
+    (( ${#failures[@]} == 0 )) || verdict=$(IFS=';'; echo "${failures[*]}")
     echo "patroni: chaos at scale: ${operations:-?} operations, ${faults:-?} faults, $(grep '^faults: ' <<<"$report"), $(grep '^worst recovery: ' <<<"$report"); $verdict"
     [[ "$verdict" == ok ]] || { keep_logs scale; exit 1; }
     exit

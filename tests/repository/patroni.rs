@@ -1,6 +1,8 @@
 //! docs/high-availability.md shows the Patroni configuration that
 //! tests/failover/patroni.sh runs, as it is, and its timings table names
 //! the file's values; the production timings it gives keep Patroni's rule.
+//! The Patroni version the docs name is the one the script installs, and
+//! the strict-mode choice they explain is the file's.
 
 use std::path::Path;
 
@@ -89,5 +91,46 @@ fn the_docs_show_the_patroni_configuration_the_test_runs() {
         dcs["postgresql"]["use_pg_rewind"].as_bool(),
         Some(true),
         "a demoted primary rejoins by itself"
+    );
+}
+
+/// The value of `name=` in a shell script (`name=value`, first match).
+fn shell_value(script: &str, name: &str) -> String {
+    script
+        .lines()
+        .find_map(|line| line.strip_prefix(&format!("{name}=")))
+        .unwrap_or_else(|| panic!("no {name}= in the script"))
+        .trim()
+        .to_owned()
+}
+
+#[test]
+fn the_docs_name_the_patroni_the_test_installs_and_its_strict_mode() {
+    let page = read("docs/high-availability.md");
+    let script = read("tests/failover/patroni.sh");
+    let version = shell_value(&script, "patroni_version");
+    for expected in [
+        format!("**Patroni {version} from PyPI"),
+        format!("'patroni[etcd3]=={version}'"),
+    ] {
+        assert!(
+            page.contains(&expected),
+            "docs/high-availability.md does not say {expected:?} (tests/failover/patroni.sh installs {version})"
+        );
+    }
+    let psycopg = shell_value(&script, "psycopg_version");
+    assert!(
+        page.contains(&format!("'psycopg[binary]=={psycopg}'")),
+        "docs/high-availability.md does not install psycopg {psycopg} as the script does"
+    );
+    let file = read("tests/failover/patroni.yml");
+    let config = &YamlLoader::load_from_str(&file).expect("valid YAML")[0];
+    let strict = config["bootstrap"]["dcs"]["synchronous_mode_strict"]
+        .as_bool()
+        .expect("synchronous_mode_strict");
+    let explained = format!("**`synchronous_mode: true`, `synchronous_mode_strict: {strict}`.**");
+    assert!(
+        page.contains(&explained),
+        "docs/high-availability.md does not explain the file's choice: {explained}"
     );
 }
