@@ -112,7 +112,7 @@ python3 -m http.server "$page_port" --bind 127.0.0.1 --directory "$www" > /dev/n
 page_server=$!
 trap 'kill "$page_server" 2> /dev/null || true; stop_service' EXIT
 
-start_service typescript SIMULATED_LATENCY_MS=300 CORS_ALLOWED_ORIGINS="$PAGE_ORIGIN,$WEB_ORIGIN"
+start_service typescript SIMULATED_LATENCY_MS=300 WEBHOOK_ALLOW_PRIVATE_URLS=true CORS_ALLOWED_ORIGINS="$PAGE_ORIGIN,$WEB_ORIGIN"
 echo "typescript: node --test clients/typescript/test/ (${SECONDS}s so far)"
 set +e
 (cd clients/typescript && node --test --test-reporter=spec test/*.test.mjs) 2>&1 | tee "$service_scratch/node-test.out"

@@ -35,6 +35,7 @@ from ._models import (
     TopupRule,
     TopupState,
 )
+from ._webhooks import WEBHOOK_TOLERANCE_SECONDS, WebhookVerificationError, verify_webhook
 
 __all__ = [
     "EVENT_TYPES",
@@ -66,5 +67,8 @@ __all__ = [
     "TopupState",
     "Unauthorized",
     "Unreachable",
+    "WEBHOOK_TOLERANCE_SECONDS",
+    "WebhookVerificationError",
     "__version__",
+    "verify_webhook",
 ]
