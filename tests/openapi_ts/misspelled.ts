@@ -2,6 +2,7 @@
 // generated client: the statuses are enums now. run.sh checks that each
 // fails, and that the file compiles once the misspelling is corrected.
 import type { components, paths } from "./generated/schema.js";
+import type { Event as ClientEvent } from "../../clients/typescript/src/models.js";
 
 type Job = components["schemas"]["JobView"];
 type ListQuery = NonNullable<
@@ -24,3 +25,14 @@ export function lowAvailable(event: Event): number | null {
 }
 
 export const lowType: Event["type"] = "account.balanse_low"; // MISSPELLED
+
+// The TypeScript client's own union (clients/typescript): narrowed on
+// `type`, `data` has that type's members and no other.
+
+export function clientLow(event: ClientEvent): number | null {
+  return event.type === "account.balance_low" ? event.data.balanses.available : null; // MISSPELLED
+}
+
+export function clientCredit(event: ClientEvent): number | null {
+  return event.type === "account.balance_low" ? event.data.credit.amount : null; // MISSPELLED
+}

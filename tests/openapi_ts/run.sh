@@ -6,7 +6,8 @@
 # openapi-fetch as the transport) and type-level assertions (types.ts:
 # always-sent members required and nullable, Retry-After a string, events
 # a union by `type` with their `data` typed, problems typed by status and
-# code) under
+# code; client_events.ts: the TypeScript client's `Event` union has each
+# type's `data` members as the document has them) under
 # `tsc --strict`, checks the `servers` entry, runs that kiosk
 # against the service (one guest action, charged once, its retry a replay),
 # and checks that each line of misspelled.ts marked MISSPELLED fails to
@@ -34,6 +35,8 @@ echo "openapi_ts: generated $(wc -l < generated/schema.d.ts) lines of types"
 
 npx --no-install tsc --strict -p tsconfig.json
 echo "openapi_ts: the generated client, kiosk.ts and the type assertions of types.ts compile under tsc --strict"
+npx --no-install tsc --strict -p tsconfig.client.json
+echo "openapi_ts: the TypeScript client's Event union matches the generated one, type by type (client_events.ts)"
 # hey-api and others type the client's base URL from `servers`.
 node -e 'const d = require("./generated/openapi.json");
   if (!Array.isArray(d.servers) || d.servers.length === 0 || typeof d.servers[0].url !== "string") {
@@ -55,7 +58,8 @@ if [ "$failed" != "$expected" ]; then
   exit 1
 fi
 # The control: spelled right, the same file compiles.
-sed -e 's/sucseeded/succeeded/' -e 's/balanse_low/balance_low/' misspelled.ts > corrected.ts
+sed -e 's/sucseeded/succeeded/' -e 's/balanse_low/balance_low/' -e 's/balanses/balances/' \
+  -e 's/"account.balance_low" ? event.data.credit/"credit.created" ? event.data.credit/' misspelled.ts > corrected.ts
 sed 's/misspelled.ts/corrected.ts/' tsconfig.misspelled.json > tsconfig.corrected.json
 status=0
 npx --no-install tsc -p tsconfig.corrected.json || status=$?

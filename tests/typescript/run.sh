@@ -96,6 +96,11 @@ TS
   printf 'import type { Kiosk } from "token-billing-kiosk";\ndeclare const kiosk: Kiosk;\n'
   block reservations
 } > "$consumer/reservations.mts"
+# The README's webhooks block, as written, with the names it assumes.
+{
+  printf 'declare const secret: string;\ndeclare function showLowTokens(available: number): void;\n'
+  block webhooks
+} > "$consumer/webhooks.mts"
 (cd "$consumer" && cp "$root/tests/typescript/consumer.tsconfig.json" tsconfig.json && node_modules/.bin/tsc -p tsconfig.json)
 echo "typescript: a consumer compiles against the installed package under tsc --strict"
 
