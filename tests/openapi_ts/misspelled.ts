@@ -3,6 +3,7 @@
 // fails, and that the file compiles once the misspelling is corrected.
 import type { components, paths } from "./generated/schema.js";
 import type { Event as ClientEvent } from "../../clients/typescript/src/models.js";
+import type { EventView as HeyApiEvent } from "./generated/hey-api/types.gen.js";
 
 type Job = components["schemas"]["JobView"];
 type ListQuery = NonNullable<
@@ -36,3 +37,6 @@ export function clientLow(event: ClientEvent): number | null {
 export function clientCredit(event: ClientEvent): number | null {
   return event.type === "account.balance_low" ? event.data.credit.amount : null; // MISSPELLED
 }
+
+// The same with the client @hey-api/openapi-ts generates.
+export const heyApiType: HeyApiEvent["type"] = "account.balanse_low"; // MISSPELLED
