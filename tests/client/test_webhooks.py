@@ -52,7 +52,7 @@ class Receiver:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def wait(self, matches: Callable[[Dict[str, Any]], bool]) -> Delivery:
+    def wait(self, matches: Callable[[Dict[str, Any]], bool], attempts: Callable[[], Any]) -> Delivery:
         with self.arrived:
             found: List[Delivery] = []
 
@@ -60,7 +60,8 @@ class Receiver:
                 found[:] = [d for d in self.deliveries if matches(json.loads(d[0]))]
                 return bool(found)
 
-            assert self.arrived.wait_for(ready, timeout=30), "no matching delivery within 30 s"
+            if not self.arrived.wait_for(ready, timeout=30):
+                pytest.fail(f"no matching delivery within 30 s; the endpoint's attempts: {attempts()}")
             return found[0]
 
 
@@ -102,7 +103,10 @@ def test_the_services_deliveries_verify_and_forgeries_are_refused(
         )
         assert booked.status_code == 201, booked.text
         return receiver.wait(
-            lambda e: e["type"] == "credit.created" and e["data"]["credit"]["external_ref"] == ref
+            lambda e: e["type"] == "credit.created" and e["data"]["credit"]["external_ref"] == ref,
+            lambda: admin.http.get(
+                f"/v1/webhook-endpoints/{endpoint['endpoint_id']}/deliveries"
+            ).json(),
         )
 
     body, headers = credit(7)
@@ -139,6 +143,8 @@ def test_the_services_deliveries_verify_and_forgeries_are_refused(
     for secret in (new_secret, endpoint["secret"]):
         assert verify_webhook(body, headers, secret).data["credit"]["amount"] == 5
     refused("no_matching_signature", body, headers, random_secret())
+    deleted = admin.http.delete(f"/v1/webhook-endpoints/{endpoint['endpoint_id']}")
+    assert deleted.is_success, deleted.text
 
 
 def test_the_standardwebhooks_package_and_verify_webhook_agree() -> None:

@@ -115,6 +115,7 @@ test("webhooks: the service's deliveries verify; tampered, wrong-secret and stal
     assert.equal(verified.data.credit.amount, 5);
   }
   await refused(verifyWebhook(during.body, during.headers, randomSecret()), "no_matching_signature");
+  await admin("DELETE", `/v1/webhook-endpoints/${endpoint.endpoint_id}`);
 });
 
 test("webhooks: the standardwebhooks package and verifyWebhook agree, both ways", async () => {
