@@ -35,14 +35,14 @@ before(async () => {
 });
 after(() => new Promise((resolve) => receiver.close(resolve)));
 
-/** The first delivery whose body's event matches, waiting up to 30 s. */
-async function delivery(matches) {
+/** The first delivery whose body's event matches, waiting up to 30 s (else fails with `attempts()`). */
+async function delivery(matches, attempts) {
   const deadline = Date.now() + 30_000;
   for (;;) {
     const found = deliveries.find((d) => matches(JSON.parse(d.body.toString("utf8"))));
     if (found) return found;
     const left = deadline - Date.now();
-    if (left <= 0) throw new Error("no matching delivery within 30 s");
+    if (left <= 0) throw new Error(`no matching delivery within 30 s; the endpoint's attempts: ${JSON.stringify(await attempts())}`);
     await new Promise((resolve) => {
       const timer = setTimeout(resolve, left);
       waiters.push(() => {
@@ -76,7 +76,10 @@ test("webhooks: the service's deliveries verify; tampered, wrong-secret and stal
   const credit = async (amount) => {
     const ref = `ts-webhook-${crypto.randomUUID()}`;
     await admin("POST", `/v1/accounts/${account.id}/credits`, { amount, external_ref: ref });
-    return delivery((event) => event.type === "credit.created" && event.data.credit?.external_ref === ref);
+    return delivery(
+      (event) => event.type === "credit.created" && event.data.credit?.external_ref === ref,
+      () => admin("GET", `/v1/webhook-endpoints/${endpoint.endpoint_id}/deliveries`),
+    );
   };
 
   const { body, headers } = await credit(7);
