@@ -5,7 +5,8 @@
 # environment with `pip install ./clients/python` + pytest + mypy, then:
 #
 #   1. mypy --strict on the package (it ships py.typed: its types are a promise);
-#   2. pytest tests/client: models against /openapi.json, every typed
+#   2. pytest tests/client: models against /openapi.json, webhook signatures
+#      (the service's deliveries and the standardwebhooks package), every typed
 #      refusal, connection cuts by a proxy of the test's own, and kiosk
 #      processes SIGKILLed at seeded points (KILL_RUNS, KILL_SEED);
 #   3. clients/python/README.md as written: its ```sh and ```python blocks in
@@ -58,7 +59,7 @@ trap cleanup EXIT
 
 # Its own process group, so that cleanup stops it and nothing else.
 DATABASE_URL="$TB_DATABASE_URL" BIND_ADDR="127.0.0.1:$port" ADMIN_API_KEY="$admin_key" \
-  SIMULATED_LATENCY_MS=300 RUST_LOG=warn \
+  SIMULATED_LATENCY_MS=300 WEBHOOK_ALLOW_PRIVATE_URLS=true RUST_LOG=warn \
   setsid "$binary" serve > "$scratch/serve.log" 2>&1 &
 server=$!
 for _ in $(seq 1 150); do
@@ -70,7 +71,7 @@ curl -fsS "$TB_URL/readyz" > /dev/null
 echo "client: service ready on $TB_URL"
 
 "$python" -m venv "$scratch/venv"
-"$scratch/venv/bin/pip" install --quiet --disable-pip-version-check ./clients/python pytest mypy
+"$scratch/venv/bin/pip" install --quiet --disable-pip-version-check ./clients/python pytest mypy standardwebhooks
 echo "client: installed $("$scratch/venv/bin/pip" list --disable-pip-version-check 2> /dev/null \
   | awk '$1 == "token-billing-kiosk" || $1 == "httpx" || $1 == "mypy" { printf "%s %s  ", $1, $2 }')"
 

@@ -24,6 +24,7 @@ from token_billing_kiosk import (
     TopupRule,
 )
 from token_billing_kiosk._errors import ERRORS_BY_CODE, PROBLEM_FIELDS
+from token_billing_kiosk._events import EVENT_DATA
 from token_billing_kiosk._models import EVENT_TYPES, JOB_TERMINAL_STATUSES
 
 MODELS = [
@@ -174,3 +175,56 @@ def test_the_event_types_are_the_services(document: Dict[str, Any]) -> None:
     assert mapped == listed
     assert set(EVENT_TYPES) == listed, (set(EVENT_TYPES) ^ listed)
     assert len(EVENT_TYPES) == len(set(EVENT_TYPES))
+
+
+def typed_dict_problems(
+    document: Dict[str, Any], typed: Any, spec: Dict[str, Any], where: str
+) -> List[str]:
+    """A TypedDict against an object schema: the same members, the same
+    required ones, each of a JSON type the schema allows, nullable exactly
+    where the schema is; nested TypedDicts likewise."""
+    problems: List[str] = []
+    properties = spec.get("properties", {})
+    hints = typing.get_type_hints(typed)
+    if set(hints) != set(properties):
+        problems.append(f"{where}: members {sorted(hints)}, schema {sorted(properties)}")
+    if set(typed.__required_keys__) != set(spec.get("required", [])):
+        problems.append(f"{where}: required {sorted(typed.__required_keys__)}, "
+                        f"schema {sorted(spec.get('required', []))}")
+    for name in set(hints) & set(properties):
+        inner, optional = python_type(hints[name])
+        types, nullable = json_types(document, properties[name])
+        if optional != nullable:
+            problems.append(f"{where}.{name}: nullable {optional}, schema {nullable}")
+        origin = typing.get_origin(inner) or inner
+        wanted = {int: {"integer"}, str: {"string"}, dict: {"object"}, list: {"array"}}.get(
+            origin, {"object"}
+        )
+        if not types & wanted:
+            problems.append(f"{where}.{name}: schema types {types}, client has {inner}")
+        if hasattr(inner, "__required_keys__"):
+            problems += typed_dict_problems(
+                document, inner, resolve(document, properties[name]), f"{where}.{name}"
+            )
+    return problems
+
+
+def test_each_event_types_data_is_the_documents(document: Dict[str, Any]) -> None:
+    """EVENT_DATA's TypedDict for each type has the members of that type's
+    ``data`` in the document (``EventView``'s ``oneOf``), typed alike."""
+    union = schema(document, "EventView")
+    problems: List[str] = []
+    seen = set()
+    for variant in union["oneOf"]:
+        spec = resolve(document, variant)
+        (event_type,) = spec["properties"]["type"]["enum"]
+        seen.add(event_type)
+        if event_type not in EVENT_DATA:
+            problems.append(f"{event_type}: no TypedDict in EVENT_DATA")
+            continue
+        data = resolve(document, spec["properties"]["data"])
+        problems += typed_dict_problems(
+            document, EVENT_DATA[event_type], data, f"{event_type} data"
+        )
+    assert set(EVENT_DATA) == seen, set(EVENT_DATA) ^ seen
+    assert not problems, "\n".join(problems)

@@ -2,6 +2,8 @@
 // generated client: the statuses are enums now. run.sh checks that each
 // fails, and that the file compiles once the misspelling is corrected.
 import type { components, paths } from "./generated/schema.js";
+import type { Event as ClientEvent } from "../../clients/typescript/src/models.js";
+import type { EventView as HeyApiEvent } from "./generated/hey-api/types.gen.js";
 
 type Job = components["schemas"]["JobView"];
 type ListQuery = NonNullable<
@@ -24,3 +26,17 @@ export function lowAvailable(event: Event): number | null {
 }
 
 export const lowType: Event["type"] = "account.balanse_low"; // MISSPELLED
+
+// The TypeScript client's own union (clients/typescript): narrowed on
+// `type`, `data` has that type's members and no other.
+
+export function clientLow(event: ClientEvent): number | null {
+  return event.type === "account.balance_low" ? event.data.balanses.available : null; // MISSPELLED
+}
+
+export function clientCredit(event: ClientEvent): number | null {
+  return event.type === "account.balance_low" ? event.data.credit.amount : null; // MISSPELLED
+}
+
+// The same with the client @hey-api/openapi-ts generates.
+export const heyApiType: HeyApiEvent["type"] = "account.balanse_low"; // MISSPELLED

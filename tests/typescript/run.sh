@@ -96,6 +96,11 @@ TS
   printf 'import type { Kiosk } from "token-billing-kiosk";\ndeclare const kiosk: Kiosk;\n'
   block reservations
 } > "$consumer/reservations.mts"
+# The README's webhooks block, as written, with the names it assumes.
+{
+  printf 'declare const secret: string;\ndeclare function showLowTokens(available: number): void;\n'
+  block webhooks
+} > "$consumer/webhooks.mts"
 (cd "$consumer" && cp "$root/tests/typescript/consumer.tsconfig.json" tsconfig.json && node_modules/.bin/tsc -p tsconfig.json)
 echo "typescript: a consumer compiles against the installed package under tsc --strict"
 
@@ -112,7 +117,7 @@ python3 -m http.server "$page_port" --bind 127.0.0.1 --directory "$www" > /dev/n
 page_server=$!
 trap 'kill "$page_server" 2> /dev/null || true; stop_service' EXIT
 
-start_service typescript SIMULATED_LATENCY_MS=300 CORS_ALLOWED_ORIGINS="$PAGE_ORIGIN,$WEB_ORIGIN"
+start_service typescript SIMULATED_LATENCY_MS=300 WEBHOOK_ALLOW_PRIVATE_URLS=true CORS_ALLOWED_ORIGINS="$PAGE_ORIGIN,$WEB_ORIGIN"
 echo "typescript: node --test clients/typescript/test/ (${SECONDS}s so far)"
 set +e
 (cd clients/typescript && node --test --test-reporter=spec test/*.test.mjs) 2>&1 | tee "$service_scratch/node-test.out"

@@ -36,3 +36,11 @@ export {
   type WatchOptions,
 } from "./kiosk.js";
 export * from "./models.js";
+export {
+  WEBHOOK_TOLERANCE_SECONDS,
+  WebhookVerificationError,
+  verifyWebhook,
+  type VerifyWebhookOptions,
+  type WebhookHeaders,
+  type WebhookVerificationReason,
+} from "./webhooks.js";

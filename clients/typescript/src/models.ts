@@ -81,12 +81,130 @@ export const EVENT_TYPES = [
 
 export type EventType = (typeof EVENT_TYPES)[number];
 
-export interface Event {
-  id: string;
-  type: EventType;
-  created_at: string;
-  data: Record<string, unknown>;
+/** The account's balances after the movement an event reports. */
+export interface EventBalances {
+  available: number;
+  reserved: number;
+  used: number;
+  credited: number;
+  adjusted: number;
 }
+
+/** What every account event's `data` carries. */
+export interface AccountEventData {
+  account_id: string;
+  balances: EventBalances;
+  low_balance_threshold: number;
+}
+
+/** A credit (a top-up), as `POST …/credits` answered it. */
+export interface Credit {
+  credit_id: string;
+  account_id: string;
+  amount: number;
+  external_ref: string;
+  note: string | null;
+  available: number;
+  reserved: number;
+  used: number;
+  ledger_entry_id: number;
+  grant_id: string;
+  priority: number;
+  expires_at: string | null;
+  topup_rule_id: string | null;
+  created_at: string;
+}
+
+/** An adjustment, as `POST …/adjustments` answered it. */
+export interface Adjustment {
+  adjustment_id: string;
+  account_id: string;
+  amount: number;
+  reason: string;
+  external_ref: string;
+  available: number;
+  reserved: number;
+  used: number;
+  ledger_entry_id: number;
+  grant_id: string | null;
+  priority: number | null;
+  expires_at: string | null;
+  created_at: string;
+}
+
+/** One check of the books that did not hold (`invariant.violated`). */
+export interface Discrepancy {
+  account_id: string;
+  check: string;
+  expected: number;
+  actual: number;
+}
+
+/** The cap a top-up rule's firing would have passed (`topup.cap_reached`). */
+export interface TopupCap {
+  per: "day" | "month";
+  /** `day:YYYY-MM-DD` or `month:YYYY-MM`, in the rule's time zone. */
+  period: string;
+  max_tokens: number;
+  used_tokens: number;
+  tokens: number;
+}
+
+/**
+ * Each event type's `data`, as the service's /openapi.json types it
+ * (`EventView`, one schema per type; tests/openapi_ts compares the two
+ * under tsc, so they cannot drift).
+ */
+export interface EventData {
+  "account.balance_low": AccountEventData & { entry: LedgerEntry | null };
+  "account.balance_recovered": AccountEventData & { entry: LedgerEntry | null };
+  "account.balance_depleted": AccountEventData & { entry: LedgerEntry };
+  "credit.created": AccountEventData & { credit: Credit; entry: LedgerEntry };
+  "adjustment.created": AccountEventData & { adjustment: Adjustment; entry: LedgerEntry };
+  "reservation.expired": AccountEventData & { reservation: Reservation; entry: LedgerEntry };
+  "grant.expired": AccountEventData & { grant_id: string; amount: number; grant: Grant; entry: LedgerEntry };
+  "grant.expiring": AccountEventData & { grant_id: string; amount: number; expires_at: string; grant: Grant };
+  "topup.granted": AccountEventData & { rule: TopupRule; firing: TopupFiring; credit: Credit };
+  "topup.requested": AccountEventData & { rule: TopupRule; request: TopupFiring };
+  "topup.request_expired": AccountEventData & {
+    rule: TopupRule | null;
+    request: TopupFiring;
+    next: "ask_again" | "none";
+  };
+  "topup.cap_reached": AccountEventData & { rule: TopupRule; cap: TopupCap };
+  "job.succeeded": AccountEventData & { job: Job };
+  "job.failed": AccountEventData & { job: Job };
+  "invariant.violated": { account_id: string; discrepancies: Discrepancy[] };
+  "endpoint.disabled": {
+    endpoint_id: string;
+    /** `scheme://host[:port]/[redacted]`. */
+    url: string;
+    reason: string | null;
+    failing_since: string | null;
+    last_status_code: number | null;
+    last_error: string | null;
+  };
+}
+
+/** An event of one type: `data` typed by its `type`. */
+export interface EventOf<T extends EventType> {
+  id: string;
+  type: T;
+  created_at: string;
+  data: EventData[T];
+}
+
+/**
+ * One event of the feed or a webhook: a union discriminated by `type`,
+ * so narrowing on `type` types `data` (`event.type === "account.balance_low"`
+ * → `event.data.balances`).
+ */
+export type Event = { [T in EventType]: EventOf<T> }[EventType];
+
+// EVENT_TYPES and EventData name the same types (a compile error otherwise).
+type SameKeys<A, B> = [A] extends [B] ? ([B] extends [A] ? true : false) : false;
+type Holds<T extends true> = T;
+type EventDataCoversEventTypes = Holds<SameKeys<keyof EventData, EventType>>;
 
 export function isTerminal(job: Job): boolean {
   return JOB_TERMINAL_STATUSES.includes(job.status);
@@ -198,7 +316,8 @@ export interface Reservation {
   job_id: string | null;
   created_at: string;
   resolved_at: string | null;
-  draws: Array<{ grant_id: string; amount: number; [member: string]: unknown }>;
+  /** The grants its tokens came from, in draw order (`grant_id` null only when the books do not balance). */
+  draws: Array<{ grant_id: string | null; amount: number; [member: string]: unknown }>;
   [member: string]: unknown;
 }
 

@@ -19,6 +19,27 @@ from ._errors import (
     Unauthorized,
     Unreachable,
 )
+from ._events import (
+    EVENT_DATA,
+    AccountBalanceDepletedData,
+    AccountBalanceLowData,
+    AccountBalanceRecoveredData,
+    AccountEventData,
+    AdjustmentCreatedData,
+    CreditCreatedData,
+    EndpointDisabledData,
+    EventBalances,
+    GrantExpiredData,
+    GrantExpiringData,
+    InvariantViolatedData,
+    JobFinishedData,
+    ReservationExpiredData,
+    TopupCap,
+    TopupCapReachedData,
+    TopupGrantedData,
+    TopupRequestExpiredData,
+    TopupRequestedData,
+)
 from ._http import RetryPolicy
 from ._journal import JournalEntry
 from ._kiosk import RESUME_TIMEOUT_SECONDS, Heartbeat, Kiosk, Outcome, __version__
@@ -35,9 +56,29 @@ from ._models import (
     TopupRule,
     TopupState,
 )
+from ._webhooks import WEBHOOK_TOLERANCE_SECONDS, WebhookVerificationError, verify_webhook
 
 __all__ = [
+    "EVENT_DATA",
     "EVENT_TYPES",
+    "AccountBalanceDepletedData",
+    "AccountBalanceLowData",
+    "AccountBalanceRecoveredData",
+    "AccountEventData",
+    "AdjustmentCreatedData",
+    "CreditCreatedData",
+    "EndpointDisabledData",
+    "EventBalances",
+    "GrantExpiredData",
+    "GrantExpiringData",
+    "InvariantViolatedData",
+    "JobFinishedData",
+    "ReservationExpiredData",
+    "TopupCap",
+    "TopupCapReachedData",
+    "TopupGrantedData",
+    "TopupRequestExpiredData",
+    "TopupRequestedData",
     "AccountSuspended",
     "ApiError",
     "Balance",
@@ -66,5 +107,8 @@ __all__ = [
     "TopupState",
     "Unauthorized",
     "Unreachable",
+    "WEBHOOK_TOLERANCE_SECONDS",
+    "WebhookVerificationError",
     "__version__",
+    "verify_webhook",
 ]
