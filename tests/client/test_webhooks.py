@@ -60,8 +60,11 @@ class Receiver:
                 found[:] = [d for d in self.deliveries if matches(json.loads(d[0]))]
                 return bool(found)
 
-            if not self.arrived.wait_for(ready, timeout=30):
-                pytest.fail(f"no matching delivery within 30 s; the endpoint's attempts: {attempts()}")
+            # The relay passes an event once no older transaction of the
+            # cluster is open (the feed's horizon), so another session's
+            # long transaction on the same server delays it: 60 s, not 30.
+            if not self.arrived.wait_for(ready, timeout=60):
+                pytest.fail(f"no matching delivery within 60 s; the endpoint's attempts: {attempts()}")
             return found[0]
 
 

@@ -37,12 +37,12 @@ after(() => new Promise((resolve) => receiver.close(resolve)));
 
 /** The first delivery whose body's event matches, waiting up to 30 s (else fails with `attempts()`). */
 async function delivery(matches, attempts) {
-  const deadline = Date.now() + 30_000;
+  const deadline = Date.now() + 60_000; // the feed's horizon: another session's open transaction delays it
   for (;;) {
     const found = deliveries.find((d) => matches(JSON.parse(d.body.toString("utf8"))));
     if (found) return found;
     const left = deadline - Date.now();
-    if (left <= 0) throw new Error(`no matching delivery within 30 s; the endpoint's attempts: ${JSON.stringify(await attempts())}`);
+    if (left <= 0) throw new Error(`no matching delivery within 60 s; the endpoint's attempts: ${JSON.stringify(await attempts())}`);
     await new Promise((resolve) => {
       const timer = setTimeout(resolve, left);
       waiters.push(() => {
