@@ -35,7 +35,7 @@ before(async () => {
 });
 after(() => new Promise((resolve) => receiver.close(resolve)));
 
-/** The first delivery whose body's event matches, waiting up to 30 s (else fails with `attempts()`). */
+/** The first delivery whose body's event matches, waiting up to 60 s (else fails with `attempts()`). */
 async function delivery(matches, attempts) {
   const deadline = Date.now() + 60_000; // the feed's horizon: another session's open transaction delays it
   for (;;) {
