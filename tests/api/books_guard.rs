@@ -43,12 +43,11 @@ async fn a_movement_that_breaks_the_books_cannot_commit() {
         .batch_execute(&format!(
             "CREATE OR REPLACE FUNCTION {SCHEMA}.engine_deltas(p_kind text, p_amount bigint,
                  p_reservation uuid)
-             RETURNS TABLE (available bigint, reserved bigint, used bigint, credited bigint,
-                            adjusted bigint, grant_expired bigint)
+             RETURNS {SCHEMA}.engine_balances
              LANGUAGE sql IMMUTABLE AS $$
-                 SELECT 0::bigint, CASE WHEN p_kind = 'commit' THEN -p_amount ELSE 0 END::bigint,
-                        CASE WHEN p_kind = 'commit' THEN p_amount + 1 ELSE 0 END::bigint,
-                        0::bigint, 0::bigint, 0::bigint
+                 SELECT ROW(0, CASE WHEN p_kind = 'commit' THEN -p_amount ELSE 0 END,
+                            CASE WHEN p_kind = 'commit' THEN p_amount + 1 ELSE 0 END,
+                            0, 0, 0)::{SCHEMA}.engine_balances
              $$"
         ))
         .expect("install the bug");

@@ -39,6 +39,25 @@ CREATE TYPE engine_movement AS (
                               -- credit or positive adjustment names the grant it made)
 );
 
+-- What a movement does to an account's balances (engine_deltas) and to
+-- the grant it names (engine_grant_deltas).
+CREATE TYPE engine_balances AS (
+    available     bigint,
+    reserved      bigint,
+    used          bigint,
+    credited      bigint,
+    adjusted      bigint,
+    grant_expired bigint
+);
+
+CREATE TYPE engine_grant_balances AS (
+    remaining bigint,
+    reserved  bigint,
+    consumed  bigint,
+    debited   bigint,
+    expired   bigint
+);
+
 -- One operation as the service sends it: engine_apply's batch is an array
 -- of these (element i is operation i; 70_apply.sql lists the fields each
 -- kind of operation sets, the others NULL). It crosses as one array

@@ -38,29 +38,26 @@ $$;
 --   expire        +a         -a
 --   grant_expire  -a (none)  -a (set)                             +a
 --
--- (a: `p_amount`; (none)/(set): `p_reservation` NULL or set.) One row of
--- CASEs on the kind, not a VALUES list filtered by it: inlined where it is
--- called, the row is pulled up into the calling statement, where a VALUES
--- list was a scan of seven rows, their expressions set up again for every
--- row it was joined to. An unknown kind gives no row.
+-- (a: `p_amount`; (none)/(set): `p_reservation` NULL or set.) One value,
+-- for the write path's loop over a batch's movements (engine_record) and
+-- the batch's own picture of an account (engine_moved); inlined where a
+-- statement calls it. An unknown kind moves nothing (and the ledger's row
+-- rules refuse its entry).
 CREATE FUNCTION engine_deltas(p_kind text, p_amount bigint, p_reservation uuid)
-RETURNS TABLE (available bigint, reserved bigint, used bigint, credited bigint, adjusted bigint,
-               grant_expired bigint)
+RETURNS engine_balances
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN p_kind IN ('credit', 'adjustment', 'release', 'expire') THEN p_amount
-                WHEN p_kind = 'reserve' OR (p_kind = 'grant_expire' AND p_reservation IS NULL)
-                    THEN -p_amount
-                ELSE 0 END::bigint,
-           CASE WHEN p_kind = 'reserve' THEN p_amount
-                WHEN p_kind IN ('commit', 'release', 'expire')
-                     OR (p_kind = 'grant_expire' AND p_reservation IS NOT NULL) THEN -p_amount
-                ELSE 0 END::bigint,
-           CASE WHEN p_kind = 'commit' THEN p_amount ELSE 0 END::bigint,
-           CASE WHEN p_kind = 'credit' THEN p_amount ELSE 0 END::bigint,
-           CASE WHEN p_kind = 'adjustment' THEN p_amount ELSE 0 END::bigint,
-           CASE WHEN p_kind = 'grant_expire' THEN p_amount ELSE 0 END::bigint
-    WHERE p_kind IN ('credit', 'adjustment', 'reserve', 'commit', 'release', 'expire',
-                     'grant_expire')
+    SELECT ROW(CASE WHEN p_kind IN ('credit', 'adjustment', 'release', 'expire') THEN p_amount
+                    WHEN p_kind = 'reserve' OR (p_kind = 'grant_expire' AND p_reservation IS NULL)
+                        THEN -p_amount
+                    ELSE 0 END,
+               CASE WHEN p_kind = 'reserve' THEN p_amount
+                    WHEN p_kind IN ('commit', 'release', 'expire')
+                         OR (p_kind = 'grant_expire' AND p_reservation IS NOT NULL) THEN -p_amount
+                    ELSE 0 END,
+               CASE WHEN p_kind = 'commit' THEN p_amount ELSE 0 END,
+               CASE WHEN p_kind = 'credit' THEN p_amount ELSE 0 END,
+               CASE WHEN p_kind = 'adjustment' THEN p_amount ELSE 0 END,
+               CASE WHEN p_kind = 'grant_expire' THEN p_amount ELSE 0 END)::engine_balances
 $$;
 
 -- What a movement of `kind` and `amount` does to the grant it names
@@ -79,25 +76,22 @@ $$;
 --   expire        +a             -a
 --   grant_expire  -a (none)      -a (set)                            +a
 --
--- (As engine_deltas: one row of CASEs on the kind, pulled up where it is
--- called; an unknown kind gives no row.)
+-- (As engine_deltas: one value; an unknown kind moves nothing.)
 CREATE FUNCTION engine_grant_deltas(p_kind text, p_amount bigint, p_reservation uuid)
-RETURNS TABLE (remaining bigint, reserved bigint, consumed bigint, debited bigint, expired bigint)
+RETURNS engine_grant_balances
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN p_kind = 'adjustment' THEN LEAST(p_amount, 0)
-                WHEN p_kind IN ('release', 'expire') THEN p_amount
-                WHEN p_kind = 'reserve' OR (p_kind = 'grant_expire' AND p_reservation IS NULL)
-                    THEN -p_amount
-                ELSE 0 END::bigint,
-           CASE WHEN p_kind = 'reserve' THEN p_amount
-                WHEN p_kind IN ('commit', 'release', 'expire')
-                     OR (p_kind = 'grant_expire' AND p_reservation IS NOT NULL) THEN -p_amount
-                ELSE 0 END::bigint,
-           CASE WHEN p_kind = 'commit' THEN p_amount ELSE 0 END::bigint,
-           CASE WHEN p_kind = 'adjustment' THEN -LEAST(p_amount, 0) ELSE 0 END::bigint,
-           CASE WHEN p_kind = 'grant_expire' THEN p_amount ELSE 0 END::bigint
-    WHERE p_kind IN ('credit', 'adjustment', 'reserve', 'commit', 'release', 'expire',
-                     'grant_expire')
+    SELECT ROW(CASE WHEN p_kind = 'adjustment' THEN LEAST(p_amount, 0)
+                    WHEN p_kind IN ('release', 'expire') THEN p_amount
+                    WHEN p_kind = 'reserve' OR (p_kind = 'grant_expire' AND p_reservation IS NULL)
+                        THEN -p_amount
+                    ELSE 0 END,
+               CASE WHEN p_kind = 'reserve' THEN p_amount
+                    WHEN p_kind IN ('commit', 'release', 'expire')
+                         OR (p_kind = 'grant_expire' AND p_reservation IS NOT NULL) THEN -p_amount
+                    ELSE 0 END,
+               CASE WHEN p_kind = 'commit' THEN p_amount ELSE 0 END,
+               CASE WHEN p_kind = 'adjustment' THEN -LEAST(p_amount, 0) ELSE 0 END,
+               CASE WHEN p_kind = 'grant_expire' THEN p_amount ELSE 0 END)::engine_grant_balances
 $$;
 
 -- The low-balance rule: an account is low when a threshold is set (> 0)
@@ -209,31 +203,54 @@ $$;
 -- crossings — account.balance_low / account.balance_recovered when the
 -- low-balance state (engine_is_low) changes from the one last reported
 -- (accounts.balance_low), account.balance_depleted when available reaches
--- 0. In the same statement, the operations' own rows: the reservations
--- made (`p_made`) and changed (`p_changed`: state, committed_amount,
+-- 0. Before them, the operations' own rows: the reservations made
+-- (`p_made`) and changed (`p_changed`: state, committed_amount,
 -- resolved_at, expires_at) and the jobs made (`p_jobs`), as the deciding
 -- functions built them (engine_apply). Then each account whose threshold
 -- top-up rule the movements made due fires or re-arms it
 -- (engine_topup_due, engine_topup_evaluate). The caller holds the
--- accounts' row locks. Returns the entries, in order.
+-- accounts' row locks. Returns the number of entries written (the
+-- account's latest entries are this call's, under its lock).
 --
--- A statement per table that has rows to write: the reservations made,
--- those changed, then the balances, grants and entries in one, then the
--- events — only when one of the batch's accounts can have one (a threshold
--- set, a credit, adjustment or expiry, a balance reaching 0). A statement
--- starts (ExecutorStart) every table it names, rows or none: a reserve
--- never starts the reservations' UPDATE, a commit never their INSERT.
+-- One statement per table that has rows to write, each a plain one: the
+-- reservations made, those changed, the accounts (all of them, one row
+-- each), the grants, the entries, then the events — only when one of the
+-- batch's accounts can have one (a threshold set, a credit, adjustment or
+-- expiry, a balance reaching 0). The arithmetic (each account's and
+-- grant's totals, each entry's balances after it) is a loop over the
+-- movements in this function's variables, not one statement of running
+-- sums: a statement starts (ExecutorStart) every plan node it names, rows
+-- or none: the one statement that wrote every table, with its windows,
+-- aggregates and sub-queries, made a lone reserve → commit cycle 6.14 M
+-- instructions where this form makes it 5.49 M
+-- (bench/engine_instructions.sh, docs/decisions/0001-one-engine.md).
 CREATE FUNCTION engine_record(p_moves engine_movement[], p_made engine_reservation[] DEFAULT '{}',
     p_changed engine_reservation[] DEFAULT '{}', p_jobs engine_job[] DEFAULT '{}')
-RETURNS ledger_entries[]
+RETURNS integer
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    written ledger_entries[];
     watched accounts[];
     lapsed bigint;
     topups uuid[];
     topped uuid;
+    before accounts[];
+    ids uuid[];
+    -- Per account (as `ids`): balances as the movements leave them, and
+    -- what they add.
+    av bigint[]; rs bigint[]; us bigint[]; cr bigint[]; ad bigint[]; ge bigint[];
+    moved bigint[]; active integer[]; watch boolean[];
+    -- Per movement: the balances after it.
+    av_after bigint[] := '{}'; rs_after bigint[] := '{}'; us_after bigint[] := '{}';
+    -- Per grant (as `gids`): what the movements add.
+    gids uuid[] := '{}';
+    g_rem bigint[] := '{}'; g_res bigint[] := '{}'; g_con bigint[] := '{}';
+    g_deb bigint[] := '{}'; g_exp bigint[] := '{}';
+    m engine_movement;
+    d engine_balances;
+    g engine_grant_balances;
+    j integer;
+    k integer;
 BEGIN
     -- The operations' own rows first, each table only when it has some.
     IF cardinality(p_jobs) > 0 THEN
@@ -258,94 +275,105 @@ BEGIN
         WHERE r.id = c.id AND r.id = ANY (ARRAY(SELECT x.id FROM unnest(p_changed) x));
     END IF;
     IF cardinality(p_moves) = 0 THEN
-        RETURN '{}'; -- (an extension: the reservation's row alone)
+        RETURN 0; -- (an extension: the reservation's row alone)
     END IF;
-    WITH moves AS (
-        SELECT m.*, d.available AS d_available, d.reserved AS d_reserved, d.used AS d_used,
-               d.credited AS d_credited, d.adjusted AS d_adjusted, d.grant_expired AS d_grant_expired
-        FROM unnest(p_moves) WITH ORDINALITY AS m (account, kind, amount, active_delta, reservation,
-                                                   job, external_ref, reason, actor, at, grant_id, n)
-        LEFT JOIN LATERAL engine_deltas(m.kind, m.amount, m.reservation) d ON true
-    ), running AS (
-        SELECT moves.*,
-               (sum(d_available) OVER w)::bigint AS c_available, (sum(d_reserved) OVER w)::bigint AS c_reserved,
-               (sum(d_used) OVER w)::bigint AS c_used
-        FROM moves WINDOW w AS (PARTITION BY account ORDER BY n)
-    ), totals AS (
-        SELECT account, sum(d_available)::bigint AS d_available, sum(d_reserved)::bigint AS d_reserved,
-               sum(d_used)::bigint AS d_used, sum(d_credited)::bigint AS d_credited,
-               sum(d_adjusted)::bigint AS d_adjusted, sum(d_grant_expired)::bigint AS d_grant_expired,
-               sum(active_delta)::bigint AS d_active, count(*) AS moved
-        FROM moves GROUP BY account
-    ), before AS (
-        -- By the primary key (= ANY of the batch's accounts): a join here
-        -- is planned as a scan of every account.
-        SELECT a.* FROM accounts a WHERE a.id = ANY (ARRAY(SELECT account FROM totals))
-    ), updated AS (
-        -- From the row itself (the caller's lock keeps it as `before`
-        -- read it): a join with `before` is planned as a nested loop over
-        -- both (their sizes are unknown to the planner), quadratic in the
-        -- batch.
-        UPDATE accounts a
-        SET available = a.available + t.d_available,
-            reserved = a.reserved + t.d_reserved,
-            used = a.used + t.d_used,
-            credited = a.credited + t.d_credited,
-            adjusted = a.adjusted + t.d_adjusted,
-            grant_expired = a.grant_expired + t.d_grant_expired,
-            active_reservations = a.active_reservations + t.d_active,
-            topup_unconsumed = engine_topup_unconsumed(a.topup_unconsumed, t.d_used, 0),
-            version = a.version + t.moved,
-            balance_low = engine_is_low(a.available + t.d_available, a.low_balance_threshold),
-            updated_at = now()
-        FROM totals t
-        WHERE a.id = t.account AND a.id = ANY (ARRAY(SELECT account FROM totals))
-        RETURNING a.id
-    ), grant_totals AS (
-        SELECT m.grant_id, sum(g.remaining)::bigint AS d_remaining,
-               sum(g.reserved)::bigint AS d_reserved, sum(g.consumed)::bigint AS d_consumed,
-               sum(g.debited)::bigint AS d_debited, sum(g.expired)::bigint AS d_expired
-        FROM moves m CROSS JOIN LATERAL engine_grant_deltas(m.kind, m.amount, m.reservation) g
-        WHERE m.grant_id IS NOT NULL
-        GROUP BY m.grant_id
-    ), grants_moved AS (
-        -- Each grant moves by the sum of the movements naming it, in the
-        -- statement that writes their entries (the grants' CHECKs guard
-        -- that none is overdrawn).
+    -- The accounts as they are (the caller holds their row locks), and
+    -- each one's balances as the movements leave it, in array order: each
+    -- movement's entry carries the balances after it. The grants' totals
+    -- likewise: arithmetic alone, in this function's variables (a
+    -- statement starts every plan node it names; an assignment starts no
+    -- plan), then one plain statement per table.
+    SELECT array_agg(a.id), array_agg(a), array_agg(a.available), array_agg(a.reserved),
+           array_agg(a.used)
+    INTO ids, before, av, rs, us
+    FROM accounts a WHERE a.id = ANY (ARRAY(SELECT m.account FROM unnest(p_moves) m));
+    cr := array_fill(0::bigint, ARRAY[cardinality(ids)]);
+    ad := cr; ge := cr; moved := cr;
+    active := array_fill(0, ARRAY[cardinality(ids)]);
+    watch := array_fill(false, ARRAY[cardinality(ids)]);
+    FOR i IN 1 .. cardinality(p_moves) LOOP
+        m := p_moves[i];
+        j := array_position(ids, m.account);
+        d := engine_deltas(m.kind, m.amount, m.reservation);
+        av[j] := av[j] + d.available;
+        rs[j] := rs[j] + d.reserved;
+        us[j] := us[j] + d.used;
+        cr[j] := cr[j] + d.credited;
+        ad[j] := ad[j] + d.adjusted;
+        ge[j] := ge[j] + d.grant_expired;
+        active[j] := active[j] + m.active_delta;
+        moved[j] := moved[j] + 1;
+        av_after[i] := av[j]; rs_after[i] := rs[j]; us_after[i] := us[j];
+        -- An account with an event to test (engine_record's events below).
+        IF m.kind IN ('credit', 'adjustment', 'expire', 'grant_expire') OR av[j] = 0 THEN
+            watch[j] := true;
+        END IF;
+        IF m.kind = 'grant_expire' THEN
+            lapsed := COALESCE(lapsed, 0) + m.amount;
+        END IF;
+        IF m.grant_id IS NOT NULL THEN
+            k := array_position(gids, m.grant_id);
+            IF k IS NULL THEN
+                gids := gids || m.grant_id;
+                k := cardinality(gids);
+                g_rem[k] := 0; g_res[k] := 0; g_con[k] := 0; g_deb[k] := 0; g_exp[k] := 0;
+            END IF;
+            g := engine_grant_deltas(m.kind, m.amount, m.reservation);
+            g_rem[k] := g_rem[k] + g.remaining;
+            g_res[k] := g_res[k] + g.reserved;
+            g_con[k] := g_con[k] + g.consumed;
+            g_deb[k] := g_deb[k] + g.debited;
+            g_exp[k] := g_exp[k] + g.expired;
+        END IF;
+    END LOOP;
+    UPDATE accounts a
+    SET available = av[array_position(ids, a.id)],
+        reserved = rs[array_position(ids, a.id)],
+        used = us[array_position(ids, a.id)],
+        credited = a.credited + cr[array_position(ids, a.id)],
+        adjusted = a.adjusted + ad[array_position(ids, a.id)],
+        grant_expired = a.grant_expired + ge[array_position(ids, a.id)],
+        active_reservations = a.active_reservations + active[array_position(ids, a.id)],
+        topup_unconsumed = engine_topup_unconsumed(a.topup_unconsumed,
+                                                   us[array_position(ids, a.id)] - a.used, 0),
+        version = a.version + moved[array_position(ids, a.id)],
+        balance_low = engine_is_low(av[array_position(ids, a.id)], a.low_balance_threshold),
+        updated_at = now()
+    WHERE a.id = ANY (ids);
+    IF cardinality(gids) > 0 THEN
+        -- The grants' CHECKs guard that none is overdrawn.
         UPDATE credit_grants g
-        SET remaining = g.remaining + t.d_remaining, reserved = g.reserved + t.d_reserved,
-            consumed = g.consumed + t.d_consumed, debited = g.debited + t.d_debited,
-            expired = g.expired + t.d_expired,
+        SET remaining = g.remaining + g_rem[array_position(gids, g.id)],
+            reserved = g.reserved + g_res[array_position(gids, g.id)],
+            consumed = g.consumed + g_con[array_position(gids, g.id)],
+            debited = g.debited + g_deb[array_position(gids, g.id)],
+            expired = g.expired + g_exp[array_position(gids, g.id)],
             -- Changes (and costs index writes) only when the grant empties
             -- or fills again: every other grant update is HOT.
-            drawable = g.remaining + t.d_remaining > 0
-        FROM grant_totals t
-        WHERE g.id = t.grant_id AND g.id = ANY (ARRAY(SELECT grant_id FROM grant_totals))
-        RETURNING g.id
-    ), entries AS (
-        -- Entries get their ids in array order: an account's k-th entry
-        -- (by id) is its k-th movement.
-        INSERT INTO ledger_entries (account_id, kind, amount, available_after, reserved_after,
-            used_after, reservation_id, job_id, external_ref, reason, actor, created_at, grant_id)
-        SELECT r.account, r.kind, r.amount, b.available + r.c_available, b.reserved + r.c_reserved,
-               b.used + r.c_used, r.reservation, r.job, r.external_ref, r.reason, r.actor, r.at,
-               r.grant_id
-        FROM running r JOIN before b ON b.id = r.account
-        ORDER BY r.n
-        RETURNING *
-    )
-    SELECT (SELECT array_agg(e ORDER BY e.id) FROM entries e),
-           (SELECT array_agg(b) FROM before b
-            WHERE b.low_balance_threshold > 0
-               OR b.id IN (SELECT e.account_id FROM entries e
-                           WHERE e.kind IN ('credit', 'adjustment', 'expire', 'grant_expire')
-                              OR e.available_after = 0)),
-           (SELECT sum(e.amount)::bigint FROM entries e WHERE e.kind = 'grant_expire'),
-           -- Accounts whose threshold top-up rule must fire or re-arm.
-           (SELECT array_agg(b.id ORDER BY b.id) FROM before b JOIN totals t ON t.account = b.id
-            WHERE engine_topup_due(b.available + t.d_available, b.topup_threshold, b.topup_armed,
-                                   engine_topup_unconsumed(b.topup_unconsumed, t.d_used, 0)))
-    INTO written, watched, lapsed, topups;
+            drawable = g.remaining + g_rem[array_position(gids, g.id)] > 0
+        WHERE g.id = ANY (gids);
+    END IF;
+    -- Entries get their ids in array order: an account's k-th entry (by
+    -- id) is its k-th movement.
+    INSERT INTO ledger_entries (account_id, kind, amount, available_after, reserved_after,
+        used_after, reservation_id, job_id, external_ref, reason, actor, created_at, grant_id)
+    SELECT e.account, e.kind, e.amount, e.av, e.rs, e.us, e.reservation, e.job, e.external_ref,
+           e.reason, e.actor, e.at, e.grant_id
+    FROM unnest(p_moves, av_after, rs_after, us_after)
+         AS e (account, kind, amount, active_delta, reservation, job, external_ref, reason,
+               actor, at, grant_id, av, rs, us);
+    FOR j IN 1 .. cardinality(ids) LOOP
+        IF watch[j] OR (before[j]).low_balance_threshold > 0 THEN
+            watched := watched || before[j];
+        END IF;
+        -- Accounts whose threshold top-up rule must fire or re-arm.
+        IF (before[j]).topup_threshold > 0
+           AND engine_topup_due(av[j], (before[j]).topup_threshold, (before[j]).topup_armed,
+                                engine_topup_unconsumed((before[j]).topup_unconsumed,
+                                                        us[j] - (before[j]).used, 0)) THEN
+            topups := topups || ids[j];
+        END IF;
+    END LOOP;
 
     -- Tokens that left by a grant's lapse, added up for the caller's
     -- metrics (the tally grant_expired) for the rest of the transaction.
@@ -382,9 +410,11 @@ BEGIN
                                         OVER (PARTITION BY e.account_id, e.reservation_id)
                     AND (SELECT r.state FROM reservations r WHERE r.id = e.reservation_id)
                         = 'expired') AS closes_expiry
-            FROM unnest(written) e
-            JOIN unnest(watched) b ON b.id = e.account_id
-            CROSS JOIN LATERAL engine_deltas(e.kind, e.amount, e.reservation_id) d
+            -- (An account's latest entries are this call's: its row lock.)
+            FROM unnest(watched) b
+            CROSS JOIN LATERAL (SELECT x.* FROM ledger_entries x WHERE x.account_id = b.id
+                                ORDER BY x.id DESC LIMIT moved[array_position(ids, b.id)]) e
+            CROSS JOIN LATERAL (SELECT (engine_deltas(e.kind, e.amount, e.reservation_id)).*) d
             WINDOW w AS (PARTITION BY e.account_id ORDER BY e.id)
         ), notable AS (
             -- The entries that write an event, with the event's common part.
@@ -460,7 +490,7 @@ BEGIN
         END LOOP;
     END IF;
 
-    RETURN written;
+    RETURN cardinality(p_moves);
 END;
 $$;
 

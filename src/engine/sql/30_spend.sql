@@ -99,12 +99,13 @@ BEGIN
     FROM engine_key_refusal(o.authorized, o.key_id, o.key_hash, o.account) k
     -- The draws once, as the reservation's `draws` and as its movements.
     CROSS JOIN LATERAL (
-        SELECT jsonb_agg(jsonb_build_object('grant_id', d.grant_id, 'amount', d.amount)
-                         ORDER BY d.lo) AS draws,
+        -- (In engine_draws' order, the draw order: an aggregate's own ORDER
+        -- BY sorts again.)
+        SELECT jsonb_agg(jsonb_build_object('grant_id', d.grant_id, 'amount', d.amount)) AS draws,
                array_agg(ROW(o.account, 'reserve', d.amount,
                              CASE WHEN d.lo = p_from THEN 1 ELSE 0 END, o.new_id,
                              CASE WHEN o.op = 'create_job' THEN o.job END, NULL, NULL, o.actor,
-                             p_at, d.grant_id)::engine_movement ORDER BY d.lo) AS moves
+                             p_at, d.grant_id)::engine_movement) AS moves
         FROM engine_draws(o.account, p_from, p_from + o.amount) d) dr;
     valid_key := seen.valid_key; last_used_at := seen.last_used_at;
     IF seen.refusal IS NOT NULL THEN
@@ -148,12 +149,10 @@ BEGIN
         RETURN;
     END IF;
     outcome := 'created';
-    made.id := o.new_id; made.account_id := o.account; made.request_id := o.request;
-    made.amount := o.amount; made.requested_ttl_seconds := o.requested_ttl; made.state := 'held';
-    made.committed_amount := 0; made.expires_at := now() + make_interval(secs => o.ttl);
-    made.created_at := now(); made.draws := seen.draws;
+    made := ROW(o.new_id, o.account, o.request, o.amount, o.requested_ttl, 'held', 0,
+                now() + make_interval(secs => o.ttl), CASE WHEN o.op = 'create_job' THEN o.job END,
+                now(), NULL, seen.draws)::engine_reservation;
     IF o.op = 'create_job' THEN
-        made.job_id := o.job;
         job := ROW(o.job, o.account, o.request, o.hash, o.kind, o.params, o.amount,
                    o.new_id)::engine_job;
         -- The job as it will be written (its columns' defaults), for its view.

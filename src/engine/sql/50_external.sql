@@ -91,7 +91,7 @@ DECLARE
     earlier record;
     made jsonb;
     entry ledger_entries;
-    written ledger_entries[];
+    written integer;
     made_grant credit_grants;
     at timestamptz;
     rule uuid := p_topup_rule;
@@ -213,8 +213,9 @@ BEGIN
             FROM engine_draws(p_account, 0, -p_amount) d
             ORDER BY d.lo));
     END IF;
-    -- Its last entry: a removal writes one per grant it draws from.
-    entry := written[cardinality(written)];
+    -- Its last entry (a removal writes one per grant it draws from): the
+    -- account's latest, under its row lock.
+    SELECT * INTO entry FROM ledger_entries WHERE account_id = p_account ORDER BY id DESC LIMIT 1;
     INSERT INTO audit_events (actor, action, target, before, after, request_id)
     VALUES (p_actor, p_kind || '.created', 'account:' || p_account, NULL,
         jsonb_build_object(p_kind || '_id', p_id, 'amount', p_amount, 'external_ref', p_external_ref)

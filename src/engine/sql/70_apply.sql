@@ -44,10 +44,11 @@ $$;
 CREATE FUNCTION engine_lock_accounts(p_ids uuid[], OUT ids uuid[], OUT accounts engine_account[])
 LANGUAGE plpgsql AS $$
 BEGIN
-    SELECT COALESCE(array_agg(x.id ORDER BY x.id), '{}'),
+    -- (In the sub-query's order: an aggregate's own ORDER BY sorts again.)
+    SELECT COALESCE(array_agg(x.id), '{}'),
            COALESCE(array_agg(ROW(x.id, x.status, x.available, x.reserved, x.used, x.credited,
                                   x.adjusted, x.grant_expired, x.active_reservations,
-                                  x.max_active_reservations)::engine_account ORDER BY x.id), '{}')
+                                  x.max_active_reservations)::engine_account), '{}')
     INTO ids, accounts
     FROM (SELECT * FROM public.accounts WHERE id = ANY (p_ids) ORDER BY id FOR NO KEY UPDATE) x;
 END;
@@ -59,24 +60,19 @@ $$;
 CREATE FUNCTION engine_moved(a engine_account, p_moves engine_movement[]) RETURNS engine_account
 LANGUAGE plpgsql AS $$
 DECLARE
-    t record;
+    m engine_movement;
+    d engine_balances;
 BEGIN
-    SELECT COALESCE(sum(d.available), 0)::bigint AS available,
-           COALESCE(sum(d.reserved), 0)::bigint AS reserved,
-           COALESCE(sum(d.used), 0)::bigint AS used,
-           COALESCE(sum(d.credited), 0)::bigint AS credited,
-           COALESCE(sum(d.adjusted), 0)::bigint AS adjusted,
-           COALESCE(sum(d.grant_expired), 0)::bigint AS grant_expired,
-           COALESCE(sum(m.active_delta), 0)::integer AS active
-    INTO t
-    FROM unnest(p_moves) m CROSS JOIN LATERAL engine_deltas(m.kind, m.amount, m.reservation) d;
-    a.available := a.available + t.available;
-    a.reserved := a.reserved + t.reserved;
-    a.used := a.used + t.used;
-    a.credited := a.credited + t.credited;
-    a.adjusted := a.adjusted + t.adjusted;
-    a.grant_expired := a.grant_expired + t.grant_expired;
-    a.active_reservations := a.active_reservations + t.active;
+    FOREACH m IN ARRAY p_moves LOOP
+        d := engine_deltas(m.kind, m.amount, m.reservation);
+        a.available := a.available + d.available;
+        a.reserved := a.reserved + d.reserved;
+        a.used := a.used + d.used;
+        a.credited := a.credited + d.credited;
+        a.adjusted := a.adjusted + d.adjusted;
+        a.grant_expired := a.grant_expired + d.grant_expired;
+        a.active_reservations := a.active_reservations + m.active_delta;
+    END LOOP;
     RETURN a;
 END;
 $$;
@@ -170,7 +166,7 @@ DECLARE
     locked record;
     -- (What engine_record wrote: assigned, not PERFORMed — a function call
     -- assigned to a variable skips the executor's start-up.)
-    written ledger_entries[];
+    written integer;
 BEGIN
     IF batch = 0 THEN
         RETURN;
