@@ -129,16 +129,26 @@ $$;
 -- it did: the batch keeps each account as its operations leave it
 -- (engine_moved), and what they write goes to the one write path,
 -- engine_record, once for the batch: every account's row once, every
--- table in one statement. An operation that must see the database as the
+-- table in one plain statement. An operation that must see the database as the
 -- earlier ones left it — a credit, an adjustment or a job's finish (they
 -- write at once), a reserve after tokens went back to its account's
 -- grants (the draw order moved), the same request_id or reservation
 -- again, a lapse to write — has the pending writes written first.
 -- Returns one row per operation: its position (1-based), outcome, detail
 -- and object (JSON).
+--
+-- Plans. Every statement this runs, itself or in the functions it calls,
+-- is planned once per session (force_generic_plan) and reads a few rows by
+-- key, so sequential scans are off while it runs: a session's generic plan
+-- is made with the statistics of the moment, and made on a new database's
+-- small tables it scanned them whole long after they had grown (a reserve
+-- read every reservation of the table for its replay probe). The
+-- three-path engine had this setting on its lean paths; the one path had
+-- lost it, which cost 0.60 → 0.97 of 19d87d7's throughput at 2 kiosks
+-- (BENCHMARKS.md). A table with no index for a look-up is still scanned.
 CREATE FUNCTION engine_apply(p_ops engine_request[])
 RETURNS TABLE (op_position integer, outcome text, detail jsonb, object jsonb)
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
     batch integer := COALESCE(cardinality(p_ops), 0);
