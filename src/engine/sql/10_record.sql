@@ -76,22 +76,21 @@ $$;
 --   expire        +a             -a
 --   grant_expire  -a (none)      -a (set)                            +a
 --
--- (As engine_deltas: one value; an unknown kind moves nothing.)
+-- (As engine_deltas, and from it: a grant's reserved, consumed and expired
+-- move as the account's reserved, used and grant_expired; its remaining
+-- as available, but for a credit and an adjustment. One value; an unknown
+-- kind moves nothing.)
 CREATE FUNCTION engine_grant_deltas(p_kind text, p_amount bigint, p_reservation uuid)
 RETURNS engine_grant_balances
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT ROW(CASE WHEN p_kind = 'adjustment' THEN LEAST(p_amount, 0)
-                    WHEN p_kind IN ('release', 'expire') THEN p_amount
-                    WHEN p_kind = 'reserve' OR (p_kind = 'grant_expire' AND p_reservation IS NULL)
-                        THEN -p_amount
-                    ELSE 0 END,
-               CASE WHEN p_kind = 'reserve' THEN p_amount
-                    WHEN p_kind IN ('commit', 'release', 'expire')
-                         OR (p_kind = 'grant_expire' AND p_reservation IS NOT NULL) THEN -p_amount
-                    ELSE 0 END,
-               CASE WHEN p_kind = 'commit' THEN p_amount ELSE 0 END,
+    SELECT ROW(CASE WHEN p_kind = 'credit' THEN 0
+                    WHEN p_kind = 'adjustment' THEN LEAST(p_amount, 0)
+                    ELSE (engine_deltas(p_kind, p_amount, p_reservation)).available END,
+               (engine_deltas(p_kind, p_amount, p_reservation)).reserved,
+               (engine_deltas(p_kind, p_amount, p_reservation)).used,
                CASE WHEN p_kind = 'adjustment' THEN -LEAST(p_amount, 0) ELSE 0 END,
-               CASE WHEN p_kind = 'grant_expire' THEN p_amount ELSE 0 END)::engine_grant_balances
+               (engine_deltas(p_kind, p_amount, p_reservation)).grant_expired
+           )::engine_grant_balances
 $$;
 
 -- The low-balance rule: an account is low when a threshold is set (> 0)
