@@ -210,13 +210,12 @@ BEGIN
     END CASE;
     -- A resolution: commit, commit_all, release, expire, or an expiry on
     -- access (expiry dominates).
-    changed := ROW(existing.id, existing.account_id, existing.request_id, existing.amount,
-        existing.requested_ttl_seconds,
-        CASE verdict WHEN 'commit' THEN 'committed' WHEN 'commit_all' THEN 'committed'
-                     WHEN 'release' THEN 'released' ELSE 'expired' END,
-        CASE verdict WHEN 'commit' THEN o.amount WHEN 'commit_all' THEN existing.amount ELSE 0 END,
-        existing.expires_at, existing.job_id, existing.created_at, now(),
-        existing.draws)::engine_reservation;
+    changed := existing;
+    changed.state := CASE verdict WHEN 'commit' THEN 'committed' WHEN 'commit_all' THEN 'committed'
+                                  WHEN 'release' THEN 'released' ELSE 'expired' END;
+    changed.committed_amount := CASE verdict WHEN 'commit' THEN o.amount
+                                             WHEN 'commit_all' THEN existing.amount ELSE 0 END;
+    changed.resolved_at := now();
     outcome := CASE verdict WHEN 'commit' THEN 'committed' WHEN 'commit_all' THEN 'committed'
                             WHEN 'release' THEN 'released' WHEN 'expire' THEN 'expired'
                             ELSE 'not_held' END;

@@ -129,9 +129,9 @@ $$;
 -- it did: the batch keeps each account as its operations leave it
 -- (engine_moved), and what they write goes to the one write path,
 -- engine_record, once for the batch: every account's row once, every
--- table in one plain statement. An operation that must see the database as the
--- earlier ones left it — a credit, an adjustment or a job's finish (they
--- write at once), a reserve after tokens went back to its account's
+-- table in one plain statement. An operation that must see the database
+-- as the earlier ones left it — a credit, an adjustment or a job's finish
+-- (they write at once), a reserve after tokens went back to its account's
 -- grants (the draw order moved), the same request_id or reservation
 -- again, a lapse to write — has the pending writes written first.
 -- Returns one row per operation: its position (1-based), outcome, detail
@@ -144,8 +144,9 @@ $$;
 -- small tables it scanned them whole long after they had grown (a reserve
 -- read every reservation of the table for its replay probe). The
 -- three-path engine had this setting on its lean paths; the one path had
--- lost it, which cost 0.60 → 0.97 of 19d87d7's throughput at 2 kiosks
--- (BENCHMARKS.md). A table with no index for a look-up is still scanned.
+-- lost it: with it back, the run of record against 19d87d7 went from a
+-- mean of 0.69 to 0.87 (BENCHMARKS.md). A table with no index for a
+-- look-up is still scanned.
 CREATE FUNCTION engine_apply(p_ops engine_request[])
 RETURNS TABLE (op_position integer, outcome text, detail jsonb, object jsonb)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
