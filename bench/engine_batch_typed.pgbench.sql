@@ -21,5 +21,5 @@ WITH picked AS (
 SELECT count(*) FROM engine_apply(ARRAY(
     SELECT ROW('reserve', p.account, 'bench', p.account, sha256('pgbench-secret'::bytea), false,
                gen_random_uuid(), 1, NULL, 300, gen_random_uuid(), NULL, NULL, NULL, NULL, NULL,
-               NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::engine_request
+               NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::engine_request
     FROM picked p));

@@ -117,31 +117,35 @@ reserve_sql, commit_sql = [line for line in open(reference_file).read().splitlin
 cycles, rounds = int(cycles), int(rounds)
 
 def typed(schema):
-    """Whether the engine in `schema` takes its batch as one engine_request[]
-    (since the composite type) rather than 26 arrays (its earlier editions)."""
+    """The fields of the engine_request type in `schema` when its engine takes
+    its batch as one engine_request[] (since the composite type; 26 then, more
+    as fields were added), 0 when it takes 26 arrays (its earlier editions)."""
     out = subprocess.run(
         ["psql", "-X", "-qAt", "-h", "127.0.0.1", "-p", port, "-U", "postgres", "-d", database,
-         "-c", f"SELECT to_regtype('{schema}.engine_request') IS NOT NULL"],
+         "-c", "SELECT count(*) FROM pg_attribute WHERE attnum > 0 AND NOT attisdropped "
+               f"AND attrelid = (SELECT typrelid FROM pg_type WHERE oid = to_regtype('{schema}.engine_request'))"],
         check=True, capture_output=True, text=True).stdout.strip()
-    return out == "t"
+    return int(out or 0)
 
 TYPED = {schema: typed(schema) for schema in ("engine_this", "engine_base")}
 
-def call_typed(op, ids):
-    """engine_apply with B engine_requests on account `acc[k]`."""
+def call_typed(op, ids, count):
+    """engine_apply with B engine_requests (of `count` fields: the 26 named
+    here, the later ones NULL) on account `acc[k]`."""
     if op == "reserve":
         fields = "gen_random_uuid(), 1, NULL, 300, gen_random_uuid(), NULL, NULL"
     else:
         fields = f"NULL, NULL, NULL, NULL, NULL, NULL, {ids}[k]"
     return ("engine_apply(ARRAY(SELECT ROW("
             f"'{op}', acc[k], 'bench', acc[k], sha256('pgbench-secret'::bytea), false, {fields}, "
-            "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)"
+            "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL"
+            + ", NULL" * (count - 26) + ")"
             "::engine_request FROM generate_subscripts(acc, 1) k ORDER BY k))")
 
-def call(op, ids, composite=False):
+def call(op, ids, composite=0):
     """engine_apply with B operations on account `a` (reserves: new ids)."""
     if composite:
-        return call_typed(op, ids)
+        return call_typed(op, ids, composite)
     fill = lambda value, kind: f"array_fill({value}::{kind}, ARRAY[b])"
     request = "ARRAY(SELECT gen_random_uuid() FROM generate_series(1, b))"
     if op == "reserve":
@@ -160,7 +164,7 @@ def call(op, ids, composite=False):
         fill("NULL", "bigint"), fill("NULL", "text"), fill("NULL", "jsonb"),
         fill("NULL", "jsonb"), fill("NULL", "integer"), fill("NULL", "timestamptz")]) + ")")
 
-def block(n, b, first=1, count=1000, composite=False):
+def block(n, b, first=1, count=1000, composite=0):
     return f"""DO $$
 DECLARE ids uuid[]; acc uuid[]; b integer := {b}; answered integer;
 BEGIN

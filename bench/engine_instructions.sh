@@ -77,9 +77,10 @@ private_cluster_start "$dir" "$port"
 # The cycles as a DO block: `n` cycles of batches of `b`, numbered from
 # `first` (the ids and the account follow from the number). Every batch,
 # one operation or more, calls engine_apply with one engine_request per
-# operation, as the service does.
-block() { # n b first
-  local key="sha256('pgbench-secret'::bytea), false"
+# operation, as the service does: its 26 fields named here, and `pad`
+# (", NULL" per field a later engine added) after them.
+block() { # n b first pad
+  local key="sha256('pgbench-secret'::bytea), false" pad="${4:-}"
   cat <<SQL
 DO \$\$
 DECLARE ids uuid[]; acc uuid[]; answered integer;
@@ -90,14 +91,14 @@ BEGIN
     FROM engine_apply(ARRAY(SELECT ROW('reserve', acc[k], 'bench', acc[k], $key,
         md5('request ' || i || ' ' || k)::uuid, 1, NULL, 300,
         md5('reservation ' || i || ' ' || k)::uuid, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-        NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::engine_request
+        NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL$pad)::engine_request
       FROM generate_subscripts(acc, 1) k ORDER BY k));
     IF cardinality(ids) IS DISTINCT FROM $2 THEN RAISE 'reserves answered: %', ids; END IF;
     COMMIT;
     SELECT count(*) INTO answered
     FROM engine_apply(ARRAY(SELECT ROW('commit_all', acc[k], 'bench', acc[k], $key, NULL,
         NULL, NULL, NULL, NULL, NULL, ids[k], NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-        NULL, NULL, NULL, NULL, NULL)::engine_request
+        NULL, NULL, NULL, NULL, NULL$pad)::engine_request
       FROM generate_subscripts(acc, 1) k ORDER BY k))
     WHERE outcome = 'committed';
     IF answered <> $2 THEN RAISE 'commits answered: %', answered; END IF;
@@ -107,6 +108,7 @@ END \$\$;
 SQL
 }
 
+declare -A pad
 names=(this)
 files=("")
 if [ -n "$base" ]; then
@@ -129,8 +131,13 @@ for i in "${!names[@]}"; do
     private_cluster_install_engine "$port" "$name" engine_bench
   fi
   [ -z "${files[$i]}" ] || sql -d "$name" -f "${files[$i]}"
+  fields="$(psql -X -qAt -h 127.0.0.1 -p "$port" -U postgres -d "$name" -c \
+    "SELECT count(*) FROM pg_attribute WHERE attrelid = 'engine_bench.engine_request'::regclass
+       AND attnum > 0 AND NOT attisdropped")"
+  pad[$name]=""
+  for _ in $(seq 27 "$fields"); do pad[$name]+=", NULL"; done
   { echo "SET search_path TO engine_bench, public; SET synchronous_commit = off;"
-    block 3000 8 1000000
+    block 3000 8 1000000 "${pad[$name]}"
     # A key's last use is written at most once a minute
     # (engine_key_use_stale): which cycles write it would depend on how
     # long the runs under valgrind take, and the counts would differ
@@ -150,13 +157,15 @@ cp -a "$dir/data" "$dir/data.start"
 # anew at every cycle (about 0.45 M instructions, counted as the engine's).
 # The engine's statements are planned as in the service's sessions, which
 # use their generic plans after the fifth call.
-for n in "$n1" "$n2"; do
-  { echo "SET search_path TO engine_bench, public;"
-    echo "SET synchronous_commit = off;"
-    echo "SET plan_cache_mode = force_generic_plan;"
-    block 30 "$batch" 1 | tr '\n' ' '; echo
-    block "$n" "$batch" 31 | tr '\n' ' '; echo
-  } > "$dir/cycles_$n.sql"
+for name in "${names[@]}"; do
+  for n in "$n1" "$n2"; do
+    { echo "SET search_path TO engine_bench, public;"
+      echo "SET synchronous_commit = off;"
+      echo "SET plan_cache_mode = force_generic_plan;"
+      block 30 "$batch" 1 "${pad[$name]}" | tr '\n' ' '; echo
+      block "$n" "$batch" 31 "${pad[$name]}" | tr '\n' ' '; echo
+    } > "$dir/cycles_${name}_$n.sql"
+  done
 done
 declare -A total
 for name in "${names[@]}"; do
@@ -165,7 +174,7 @@ for name in "${names[@]}"; do
     rm -rf "$dir/data"
     cp -a "$dir/data.start" "$dir/data"
     as_postgres valgrind --tool=callgrind --callgrind-out-file="$out.callgrind" \
-      "$pg_bin/postgres" --single -D "$dir/data" "$name" < "$dir/cycles_$n.sql" > "$out.log" 2>&1 \
+      "$pg_bin/postgres" --single -D "$dir/data" "$name" < "$dir/cycles_${name}_$n.sql" > "$out.log" 2>&1 \
       || { tail -n 20 "$out.log" >&2; exit 1; }
     if grep -q 'ERROR' "$out.log"; then grep -m 3 'ERROR' "$out.log" >&2; exit 1; fi
     total[$name.$n]="$(awk '/^(summary|totals):/ { print $2; exit }' "$out.callgrind")"

@@ -76,7 +76,7 @@ for round in $(seq 1 "$rounds"); do
     flood_sql="SELECT set_config('search_path', 'public, ' || (SELECT name FROM engine_schemas ORDER BY last_started_at DESC LIMIT 1), false); \
       SELECT count(*) FROM engine_apply(ARRAY(SELECT ROW('credit', '$side'::uuid, 'bench', NULL, NULL, true, \
         NULL, 1, NULL, NULL, gen_random_uuid(), NULL, NULL, NULL, NULL, NULL, 'flood-' || g, NULL, NULL, NULL, \
-        NULL, NULL, NULL, NULL, 50, NULL)::engine_request FROM generate_series(1, $events) g))"
+        NULL, NULL, NULL, NULL, 50, NULL, NULL, NULL)::engine_request FROM generate_series(1, $events) g))"
     on_measure=(--on-measure "date +%s.%N > /tmp/token-billing-flood-start; psql -h 127.0.0.1 -U postgres -qtAc \"$flood_sql\" $database > /dev/null")
     line="$("$bench" load --url "http://127.0.0.1:$port" --admin-key "$key" --scenario spread \
       --accounts 1000 --concurrency "$concurrency" --seconds "$seconds" --service-pid "$service_pid" "${on_measure[@]}")"

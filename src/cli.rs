@@ -100,28 +100,7 @@ pub enum Command {
         token-billing credit --account <ACCOUNT_ID> --amount 500 --external-ref invoice-2026-0042\n  \
         token-billing credit --account <ACCOUNT_ID> --amount 100 --external-ref promo-12 \\\n    \
           --expires-at 2027-01-01 --priority 0 --note \"December promotion\"")]
-    Credit {
-        /// The account to credit (its id).
-        #[arg(long)]
-        account: uuid::Uuid,
-        /// Tokens to credit (1–1,000,000).
-        #[arg(long)]
-        amount: i64,
-        /// Your reference for this credit (an invoice number), unique across all credits:
-        /// the same reference again is the same credit.
-        #[arg(long)]
-        external_ref: String,
-        /// A note for people reading the books.
-        #[arg(long)]
-        note: Option<String>,
-        /// The grant's priority, 0–100 (0 is drawn first; default 50).
-        #[arg(long)]
-        priority: Option<i64>,
-        /// When the credited tokens lapse: RFC 3339, or a date (YYYY-MM-DD) as its midnight
-        /// UTC; default: never.
-        #[arg(long)]
-        expires_at: Option<String>,
-    },
+    Credit(CreditArgs),
     /// Print every account's balances as the books stood at an instant, as
     /// JSON lines (or CSV): finance's month-end statement.
     #[command(after_help = "Examples:\n  \
@@ -449,4 +428,36 @@ fn quiet_globals(mut command: clap::Command, globals: &[clap::Arg]) -> clap::Com
 struct ServeOnly {
     #[command(flatten)]
     config: Config,
+}
+
+/// `token-billing credit`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct CreditArgs {
+    /// The account to credit (its id).
+    #[arg(long)]
+    pub account: uuid::Uuid,
+    /// Tokens to credit (1–1,000,000).
+    #[arg(long)]
+    pub amount: i64,
+    /// Your reference for this credit (an invoice number), unique across all credits:
+    /// the same reference again is the same credit.
+    #[arg(long)]
+    pub external_ref: String,
+    /// A note for people reading the books.
+    #[arg(long)]
+    pub note: Option<String>,
+    /// The grant's priority, 0–100 (0 is drawn first; default 50).
+    #[arg(long)]
+    pub priority: Option<i64>,
+    /// When the credited tokens lapse: RFC 3339, or a date (YYYY-MM-DD) as its midnight
+    /// UTC; default: never.
+    #[arg(long)]
+    pub expires_at: Option<String>,
+    /// What the customer paid for these tokens, in minor units of --currency (cents;
+    /// 0 for a promotional grant). With --currency, or neither (an unpriced grant).
+    #[arg(long, requires = "currency")]
+    pub amount_paid: Option<i64>,
+    /// ISO 4217 code of --amount-paid (EUR, USD, …).
+    #[arg(long, requires = "amount_paid")]
+    pub currency: Option<String>,
 }

@@ -17,7 +17,7 @@ use utoipa::{Modify, OpenApi};
 use crate::domain::{
     accounts, api_keys, audit, checks, credits, events, history, idempotency, jobs, ledger,
 };
-use crate::domain::{grants, reconciliation, reservations, system, topups};
+use crate::domain::{grants, reconciliation, reservations, revenue, system, topups};
 use crate::engine::types;
 use crate::error::{ApiError, ExistingBooking, Problem, ProblemCode};
 use crate::routes;
@@ -73,6 +73,8 @@ mod problems;
         routes::jobs::get_job,
         routes::jobs::list_jobs,
         routes::reconciliation::get_reconciliation,
+        routes::revenue::get_revenue,
+        routes::revenue::get_deferred,
         routes::events::list_events,
         routes::webhooks::create_endpoint,
         routes::webhooks::list_endpoints,
@@ -134,6 +136,14 @@ mod problems;
         reconciliation::AccountLine,
         reconciliation::Totals,
         reconciliation::RuleCredits,
+        revenue::RevenueReport,
+        revenue::RevenueAccount,
+        revenue::CurrencyLine,
+        revenue::TokenFigures,
+        revenue::DayLine,
+        revenue::DeferredReport,
+        revenue::DeferredLine,
+        revenue::DeferredTotal,
         checks::Discrepancy,
         events::EventView,
         events::EventPage,
@@ -497,7 +507,7 @@ const STATE_PROPERTIES: [(&str, &str, &str); 8] = [
 /// Closed sets of strings written by the service itself, each in one
 /// place of the code or a `CHECK` (the comment names it): (schema,
 /// property, values).
-const CLOSED_STRINGS: [(&str, &str, &[&str]); 9] = [
+const CLOSED_STRINGS: [(&str, &str, &[&str]); 12] = [
     // topup_firings.outcome and .state CHECKs.
     (
         "TopupFiringView",
@@ -512,6 +522,9 @@ const CLOSED_STRINGS: [(&str, &str, &[&str]); 9] = [
     // domain::reconciliation (a report and each account line).
     ("Report", "status", &["ok", "mismatch"]),
     ("AccountLine", "status", &["ok", "mismatch"]),
+    ("RevenueReport", "status", &["ok", "mismatch"]),
+    ("RevenueAccount", "status", &["ok", "mismatch"]),
+    ("DeferredReport", "status", &["ok", "mismatch"]),
     // webhook_deliveries.status CHECK; webhooks::delivery's outcomes.
     (
         "DeliveryView",

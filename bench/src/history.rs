@@ -133,6 +133,7 @@ pub fn build(database_url: &str, args: &HistoryBenchArgs) -> anyhow::Result<()> 
                         note: None,
                         priority: Default::default(),
                         expires_at: None,
+                        price: None,
                     },
                 ))
             })

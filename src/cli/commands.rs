@@ -61,22 +61,7 @@ pub async fn run(cli: Cli) -> ExitCode {
             ledger_digest_command(&database_url, &until, format)
         }
         Some(Command::Balances { as_of, csv }) => balances_command(&database_url, &as_of, csv),
-        Some(Command::Credit {
-            account,
-            amount,
-            external_ref,
-            note,
-            priority,
-            expires_at,
-        }) => credit_command(
-            &database_url,
-            account,
-            amount,
-            external_ref,
-            note,
-            priority,
-            expires_at,
-        ),
+        Some(Command::Credit(args)) => credit_command(&database_url, args),
         Some(Command::CloseDays) => close_days_command(&database_url),
         Some(Command::Prune {
             retention_idempotency_keys,
@@ -481,16 +466,27 @@ fn api_key_command(database_url: &str, action: ApiKeyCommand) -> anyhow::Result<
 /// rules, ledger entry, grant, event and audit event; actor `cli`):
 /// idempotent by `external_ref`. Prints the credit as the API answers it,
 /// and says on stderr when it was a replay.
-fn credit_command(
-    database_url: &str,
-    account: uuid::Uuid,
-    amount: i64,
-    external_ref: String,
-    note: Option<String>,
-    priority: Option<i64>,
-    expires_at: Option<String>,
-) -> anyhow::Result<()> {
+fn credit_command(database_url: &str, args: crate::cli::CreditArgs) -> anyhow::Result<()> {
     use crate::engine::{Authority, Op, Operation, Replay};
+    let crate::cli::CreditArgs {
+        account,
+        amount,
+        external_ref,
+        note,
+        priority,
+        expires_at,
+        amount_paid,
+        currency,
+    } = args;
+    let amount_paid = amount_paid
+        .map(types::MinorUnits::try_from)
+        .transpose()
+        .map_err(|error| anyhow::anyhow!("--amount-paid: {error}"))?;
+    let currency = currency
+        .map(types::Currency::try_from)
+        .transpose()
+        .map_err(|error| anyhow::anyhow!("--currency: {error}"))?;
+    let price = types::Price::of(amount_paid, currency).map_err(anyhow::Error::msg)?;
     let amount =
         types::Tokens::parse(amount).map_err(|error| anyhow::anyhow!("--amount: {error}"))?;
     let external_ref = types::ExternalRef::try_from(external_ref)
@@ -520,6 +516,7 @@ fn credit_command(
             note,
             priority,
             expires_at,
+            price,
         },
     };
     let mut conn = connect(database_url)?;

@@ -58,6 +58,11 @@ pub struct GrantView {
     /// The top-up rule whose firing made it (docs/topups.md); null for a
     /// credit or adjustment made by hand.
     pub topup_rule_id: Option<Uuid>,
+    /// What was paid for the grant's tokens, in minor units of `currency`
+    /// (0: promotional); null: unpriced (docs/finance.md, "Money").
+    pub amount_paid: Option<i64>,
+    /// ISO 4217 code of `amount_paid`; null exactly when it is null.
+    pub currency: Option<String>,
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]

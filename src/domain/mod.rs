@@ -16,6 +16,7 @@ pub mod ledger_digest;
 pub mod paging;
 pub mod reaper;
 pub mod reconciliation;
+pub mod revenue;
 pub mod reservations;
 pub mod retention;
 pub mod system;

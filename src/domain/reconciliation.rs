@@ -517,7 +517,7 @@ fn csv_numbers(line: &AccountLine) -> [i64; 18] {
     ]
 }
 
-fn joined(numbers: &[i64]) -> String {
+pub(crate) fn joined(numbers: &[i64]) -> String {
     numbers
         .iter()
         .map(i64::to_string)

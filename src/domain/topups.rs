@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use crate::config::AMOUNT_MAX;
 use crate::domain::audit::{self, Audit};
-use crate::engine::types::AccountId;
+use crate::engine::types::{AccountId, Currency, MinorUnits, Price};
 use crate::error::ApiError;
 
 /// Live rules an account may have (threshold: at most one).
@@ -115,6 +115,12 @@ pub struct TopupRuleBody {
     pub max_tokens_per_day: Option<i64>,
     /// The same per month.
     pub max_tokens_per_month: Option<i64>,
+    /// Method `fixed`, mode `grant` only: what each grant the rule makes
+    /// was paid, in minor units of `currency` (its `tokens` for this
+    /// price; docs/finance.md). With `currency`, or neither: unpriced.
+    pub amount_paid: Option<MinorUnits>,
+    /// ISO 4217 code of `amount_paid`.
+    pub currency: Option<Currency>,
     /// A rule that names neither cap gets `max_tokens_per_day` of ten
     /// firings' worth; `true` keeps it without any cap instead. A change
     /// that removes a rule's last cap needs it too.
@@ -141,6 +147,7 @@ pub struct RuleSpec {
     pub expires_at_period_end: bool,
     pub max_tokens_per_day: Option<i64>,
     pub max_tokens_per_month: Option<i64>,
+    pub price: Option<Price>,
     pub enabled: bool,
 }
 
@@ -327,6 +334,13 @@ impl TryFrom<TopupRuleBody> for RuleSpec {
                 }
             })
             .transpose()?;
+        let price = Price::of(body.amount_paid, body.currency).map_err(bad)?;
+        if price.is_some() && !(body.method == Method::Fixed && mode == Mode::Grant) {
+            return Err(bad(
+                "amount_paid and currency apply to a rule of method fixed and mode grant only: \
+                 a request's grant is the customer's credit, which carries its own price",
+            ));
+        }
         let expires_at_period_end = body.expires_at_period_end.unwrap_or(false);
         if expires_at_period_end && threshold {
             return Err(bad("expires_at_period_end applies to a schedule rule only"));
@@ -376,6 +390,7 @@ impl TryFrom<TopupRuleBody> for RuleSpec {
             expires_at_period_end,
             max_tokens_per_day,
             max_tokens_per_month,
+            price,
             enabled: body.enabled.unwrap_or(true),
         })
     }
@@ -470,6 +485,11 @@ pub struct TopupRuleView {
     pub expires_at_period_end: bool,
     pub max_tokens_per_day: Option<i64>,
     pub max_tokens_per_month: Option<i64>,
+    /// What each grant the rule makes was paid, in minor units of
+    /// `currency`; null: its grants are unpriced.
+    pub amount_paid: Option<i64>,
+    /// ISO 4217 code of `amount_paid`.
+    pub currency: Option<String>,
     pub enabled: bool,
     /// A threshold rule: whether it fires at the next crossing (it re-arms
     /// when `available`, plus its open request, is back at or above the
@@ -630,6 +650,8 @@ fn write_rule(
         .bind::<Nullable<BigInt>, _>(spec.max_tokens_per_day)
         .bind::<Nullable<BigInt>, _>(spec.max_tokens_per_month)
         .bind::<Bool, _>(spec.enabled)
+        .bind::<Nullable<BigInt>, _>(spec.price.as_ref().map(|price| price.amount_paid.get()))
+        .bind::<Nullable<Text>, _>(spec.price.as_ref().map(|price| price.currency.as_str()))
         .execute(conn)?;
     Ok(())
 }
@@ -684,9 +706,9 @@ pub fn create_rule(
             "INSERT INTO topup_rules (id, account_id, trigger, threshold_tokens, period, \
              anchor_day, time_zone, method, tokens, target_tokens, mode, request_ttl_seconds, \
              priority, expires_after_seconds, expires_at_period_end, max_tokens_per_day, \
-             max_tokens_per_month, enabled) \
+             max_tokens_per_month, enabled, amount_paid, currency) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
-             $18)",
+             $18, $19, $20)",
             id,
             account,
             &spec,
@@ -785,7 +807,7 @@ pub fn update_rule(
              anchor_day = $6, time_zone = $7, method = $8, tokens = $9, target_tokens = $10, \
              mode = $11, request_ttl_seconds = $12, priority = $13, expires_after_seconds = $14, \
              expires_at_period_end = $15, max_tokens_per_day = $16, max_tokens_per_month = $17, \
-             enabled = $18, updated_at = now(), \
+             enabled = $18, amount_paid = $19, currency = $20, updated_at = now(), \
              next_period_at = CASE WHEN (period, anchor_day, time_zone, trigger) \
                                         IS NOT DISTINCT FROM ($5, $6, $7, $3) \
                                    THEN next_period_at END \

@@ -40,6 +40,10 @@ pub struct CreditView {
     /// `external_ref` is a top-up request's id, or a rule's own grant; else
     /// null.
     pub topup_rule_id: Option<Uuid>,
+    /// The grant's price in minor units of `currency`; null: unpriced.
+    pub amount_paid: Option<i64>,
+    /// ISO 4217 code of `amount_paid`; null exactly when it is null.
+    pub currency: Option<String>,
 }
 
 /// An adjustment as the API and `adjustment.created` show it
@@ -67,4 +71,9 @@ pub struct AdjustmentView {
     pub expires_at: Option<DateTime<Utc>>,
     /// That grant's priority; null for a removal.
     pub priority: Option<i16>,
+    /// That grant's price in minor units of `currency`; null: unpriced (or
+    /// a removal).
+    pub amount_paid: Option<i64>,
+    /// ISO 4217 code of `amount_paid`; null exactly when it is null.
+    pub currency: Option<String>,
 }

@@ -40,7 +40,7 @@ use crate::db::prepared::{self, prepared_static, StaticSql};
 use crate::error::ApiError;
 use jobs::JobRequest;
 use types::{
-    AccountId, ExternalRef, GrantExpiry, Note, Priority, Reason, RequestId, ReservationId,
+    AccountId, ExternalRef, GrantExpiry, Note, Price, Priority, Reason, RequestId, ReservationId,
     SignedTokens, Tokens, TtlSeconds,
 };
 
@@ -81,6 +81,8 @@ pub enum Op {
         note: Option<Note>,
         priority: Priority,
         expires_at: Option<GrantExpiry>,
+        /// What was paid for the grant (`None`: unpriced).
+        price: Option<Price>,
     },
     /// A positive adjustment makes a grant of `priority` (set exactly
     /// then) lapsing at `expires_at` (only then; `None`: never); a negative
@@ -91,6 +93,9 @@ pub enum Op {
         external_ref: ExternalRef,
         priority: Option<Priority>,
         expires_at: Option<GrantExpiry>,
+        /// A positive adjustment's grant's price (`None`: unpriced, and
+        /// always for a removal).
+        price: Option<Price>,
     },
     /// A worker's fenced finish of the job it holds under `lease_token`:
     /// success (`Ok(result)`) commits the job's cost, failure (`Err(error)`)
@@ -231,6 +236,8 @@ type EngineRequestFields = (
     Nullable<Jsonb>,
     Nullable<Integer>,
     Nullable<Timestamptz>,
+    Nullable<BigInt>,
+    Nullable<Text>,
 );
 
 /// One operation as `engine_apply` takes it. New ids are chosen here.
@@ -307,6 +314,8 @@ impl ToSql<EngineRequest, Pg> for Request {
                 &f.error,
                 f.priority,
                 f.expires_at,
+                f.amount_paid,
+                &f.currency,
             ),
             out,
         )
@@ -335,6 +344,8 @@ struct Fields {
     error: Option<Value>,
     priority: Option<i32>,
     expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    amount_paid: Option<i64>,
+    currency: Option<String>,
 }
 
 impl Op {
@@ -418,6 +429,7 @@ impl Op {
                 note,
                 priority,
                 expires_at,
+                price,
             } => (
                 "credit",
                 Fields {
@@ -427,6 +439,8 @@ impl Op {
                     note: note.as_ref().map(|note| note.as_str().to_owned()),
                     priority: Some(i32::from(priority.get())),
                     expires_at: expires_at.map(GrantExpiry::get),
+                    amount_paid: price.as_ref().map(|price| price.amount_paid.get()),
+                    currency: price.as_ref().map(|price| price.currency.as_str().to_owned()),
                     ..Fields::default()
                 },
             ),
@@ -436,6 +450,7 @@ impl Op {
                 external_ref,
                 priority,
                 expires_at,
+                price,
             } => (
                 "adjust",
                 Fields {
@@ -445,6 +460,8 @@ impl Op {
                     reason: Some(reason.as_str().to_owned()),
                     priority: priority.map(|priority| i32::from(priority.get())),
                     expires_at: expires_at.map(GrantExpiry::get),
+                    amount_paid: price.as_ref().map(|price| price.amount_paid.get()),
+                    currency: price.as_ref().map(|price| price.currency.as_str().to_owned()),
                     ..Fields::default()
                 },
             ),

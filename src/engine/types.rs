@@ -273,6 +273,122 @@ impl From<TtlSeconds> for i64 {
     }
 }
 
+/// The most a grant's price may be, in minor units: 10^15 (ten trillion
+/// of a currency with cents), so that a price times a grant's tokens stays
+/// exact in the revenue report's arithmetic (numeric).
+pub const AMOUNT_PAID_MAX: i64 = 1_000_000_000_000_000;
+
+/// What was paid for a grant, in minor units of its currency (cents):
+/// 0 … 10^15; 0 is a promotional grant. Money is never a float.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "i64", into = "i64")]
+pub struct MinorUnits(i64);
+
+impl MinorUnits {
+    pub fn get(self) -> i64 {
+        self.0
+    }
+}
+
+impl TryFrom<i64> for MinorUnits {
+    type Error = String;
+    fn try_from(value: i64) -> Result<Self, String> {
+        if (0..=AMOUNT_PAID_MAX).contains(&value) {
+            Ok(MinorUnits(value))
+        } else {
+            Err(format!(
+                "amount_paid must be a whole number of minor units between 0 and {AMOUNT_PAID_MAX}, got {value}"
+            ))
+        }
+    }
+}
+
+impl From<MinorUnits> for i64 {
+    fn from(amount: MinorUnits) -> i64 {
+        amount.0
+    }
+}
+
+impl utoipa::PartialSchema for MinorUnits {
+    fn schema() -> RefOr<Schema> {
+        integer_schema(
+            0,
+            AMOUNT_PAID_MAX,
+            "Money in minor units of its currency (cents for EUR or USD); 0 is promotional.",
+        )
+    }
+}
+
+impl utoipa::ToSchema for MinorUnits {}
+
+/// An ISO 4217 currency code, as the standard lists it (`EUR`, `USD`,
+/// `JPY`…; read by the `iso_currency` crate).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Currency(String);
+
+impl Currency {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for Currency {
+    type Error = String;
+    fn try_from(code: String) -> Result<Self, String> {
+        match iso_currency::Currency::from_code(&code) {
+            Some(currency) => Ok(Currency(currency.code().to_owned())),
+            None => Err(format!(
+                "currency must be an ISO 4217 code such as EUR or USD, got {:?}",
+                code.chars().take(8).collect::<String>()
+            )),
+        }
+    }
+}
+
+impl From<Currency> for String {
+    fn from(currency: Currency) -> String {
+        currency.0
+    }
+}
+
+impl utoipa::PartialSchema for Currency {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .pattern(Some("^[A-Z]{3}$"))
+            .description(Some("An ISO 4217 currency code (EUR, USD, …)."))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for Currency {}
+
+/// A grant's price: what was paid for all of its tokens. A grant without
+/// one is unpriced (the revenue report never guesses its value).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Price {
+    pub amount_paid: MinorUnits,
+    pub currency: Currency,
+}
+
+impl Price {
+    /// The price a request's two optional fields give: both or neither.
+    pub fn of(
+        amount_paid: Option<MinorUnits>,
+        currency: Option<Currency>,
+    ) -> Result<Option<Price>, String> {
+        match (amount_paid, currency) {
+            (Some(amount_paid), Some(currency)) => Ok(Some(Price {
+                amount_paid,
+                currency,
+            })),
+            (None, None) => Ok(None),
+            _ => Err("amount_paid and currency go together: give both, or neither for an unpriced grant".into()),
+        }
+    }
+}
+
 /// The schema of an integer newtype: its bounds, as enforced by `try_from`.
 fn integer_schema(minimum: i64, maximum: i64, description: &str) -> RefOr<Schema> {
     ObjectBuilder::new()

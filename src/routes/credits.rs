@@ -8,7 +8,8 @@ use super::{created, replayed, JsonObject, State};
 use crate::domain::api_keys::Caller;
 use crate::domain::credits::{AdjustmentView, CreditView};
 use crate::engine::types::{
-    AccountId, ExternalRef, GrantExpiry, Note, Priority, Reason, SignedTokens, Tokens,
+    AccountId, Currency, ExternalRef, GrantExpiry, MinorUnits, Note, Price, Priority, Reason,
+    SignedTokens, Tokens,
 };
 use crate::engine::{Authority, Op, Operation, Replay};
 use crate::error::{ApiError, Problem};
@@ -31,12 +32,20 @@ struct CreateCredit {
     /// omitted or null: never. What it still holds then leaves the account
     /// (ledger kind `grant_expire`).
     expires_at: Option<GrantExpiry>,
+    /// What the customer paid for these tokens, in minor units of
+    /// `currency` (cents; 0 for a promotional grant). With `currency`, or
+    /// neither: an unpriced grant, which the revenue report counts in
+    /// tokens and never values.
+    amount_paid: Option<MinorUnits>,
+    /// ISO 4217 code of `amount_paid`.
+    currency: Option<Currency>,
 }
 
 /// Adds tokens (a top-up) as a new grant.
 ///
-/// Idempotent on `external_ref` (the priority and the expiry are part of
-/// the compared body).
+/// Idempotent on `external_ref` (the priority, the expiry and the price
+/// are part of the compared body). A price (`amount_paid` with
+/// `currency`) values the grant's tokens in the revenue report.
 /// Reservations draw from the account's grants by priority (0 first), then
 /// the soonest expiry (grants that never expire last), then creation
 /// order.
@@ -78,6 +87,8 @@ async fn create_credit(
         note,
         priority,
         expires_at,
+        amount_paid,
+        currency,
     } = body.into_inner();
     let op = Op::Credit {
         amount,
@@ -85,6 +96,7 @@ async fn create_credit(
         note,
         priority: priority.unwrap_or_default(),
         expires_at,
+        price: Price::of(amount_paid, currency).map_err(ApiError::InvalidRequest)?,
     };
     let (operation, answer) = state
         .coalescer
@@ -127,6 +139,12 @@ struct CreateAdjustment {
     /// A positive adjustment only: when the grant it makes lapses (as for
     /// a credit); omitted or null: never.
     expires_at: Option<GrantExpiry>,
+    /// A positive adjustment only: the value of the grant it makes, in
+    /// minor units of `currency` (as for a credit); omitted: unpriced. A
+    /// removal takes its value from the grants it draws.
+    amount_paid: Option<MinorUnits>,
+    /// A positive adjustment only: ISO 4217 code of `amount_paid`.
+    currency: Option<Currency>,
 }
 
 /// Adds or removes tokens, with a reason.
@@ -174,12 +192,15 @@ async fn create_adjustment(
         external_ref,
         priority,
         expires_at,
+        amount_paid,
+        currency,
     } = body.into_inner();
+    let price = Price::of(amount_paid, currency).map_err(ApiError::InvalidRequest)?;
     let priority = if amount.get() > 0 {
         Some(priority.unwrap_or_default())
-    } else if priority.is_some() || expires_at.is_some() {
+    } else if priority.is_some() || expires_at.is_some() || price.is_some() {
         return Err(ApiError::InvalidRequest(
-            "priority and expires_at apply to a positive adjustment only (a removal makes no grant)"
+            "priority, expires_at, amount_paid and currency apply to a positive adjustment only (a removal makes no grant)"
                 .into(),
         ));
     } else {
@@ -191,6 +212,7 @@ async fn create_adjustment(
         external_ref,
         priority,
         expires_at,
+        price,
     };
     let (operation, answer) = state
         .coalescer

@@ -19,6 +19,7 @@ pub(crate) mod events;
 pub(crate) mod health;
 pub(crate) mod jobs;
 pub(crate) mod reconciliation;
+pub(crate) mod revenue;
 pub(crate) mod reservations;
 mod state;
 pub(crate) mod system;
@@ -56,6 +57,7 @@ pub fn configure(config: &mut web::ServiceConfig) {
     events::configure(config);
     webhooks::configure(config);
     reconciliation::configure(config);
+    revenue::configure(config);
     system::configure(config);
     health::configure(config);
     docs::configure(config);

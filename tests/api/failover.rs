@@ -207,6 +207,7 @@ fn a_connection_dead_before_its_first_engine_call_is_unavailable() {
         note: None,
         priority: Default::default(),
         expires_at: None,
+        price: None,
     };
     let answer = crate::helpers::engine(&mut conn, AccountId(Uuid::new_v4()), op);
     assert!(

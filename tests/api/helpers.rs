@@ -931,6 +931,7 @@ pub fn credit(conn: &mut PgConnection, account: AccountId, tokens: i64) {
         note: None,
         priority: Default::default(),
         expires_at: None,
+        price: None,
     };
     engine(conn, account, op).expect("credit");
 }

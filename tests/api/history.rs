@@ -118,6 +118,7 @@ fn write_history(conn: &mut PgConnection, steps: &[(Step, i64)]) -> AccountId {
                 note: None,
                 priority: Default::default(),
                 expires_at: None,
+                price: None,
             }),
             Step::Reserve(amount) => Some(Op::Reserve {
                 request_id: RequestId(Uuid::new_v4()),
@@ -287,6 +288,7 @@ fn closed_history(database: &TestDatabase) -> (PgConnection, AccountId) {
                 note: None,
                 priority: Default::default(),
                 expires_at: None,
+                price: None,
             },
         )
         .expect("credit");
@@ -375,6 +377,7 @@ async fn balances_as_of_over_http_and_the_cli() {
                 note: None,
                 priority: Default::default(),
                 expires_at: None,
+                price: None,
             },
         )
         .expect("credit");
@@ -907,6 +910,7 @@ async fn an_instant_is_answered_only_once_no_writer_can_write_into_it() {
                     note: None,
                     priority: Default::default(),
                     expires_at: None,
+                    price: None,
                 },
             };
             let answers = apply(conn, &[operation]).expect("credit");
@@ -1003,6 +1007,7 @@ async fn a_batch_of_two_credits_on_one_account_is_never_split_by_an_instant() {
             note: None,
             priority: Default::default(),
             expires_at: None,
+            price: None,
         },
     };
     // The two credits in one batch (one transaction).

@@ -91,6 +91,7 @@ fn run(conn: &mut PgConnection, steps: &[Step]) {
                     note: None,
                     priority: Default::default(),
                     expires_at: None,
+                    price: None,
                 },
             )
             .map(|_| ()),
@@ -103,6 +104,7 @@ fn run(conn: &mut PgConnection, steps: &[Step]) {
                     external_ref: fresh_reference(),
                     priority: (*amount > 0).then(Default::default),
                     expires_at: None,
+                    price: None,
                 },
             )
             .map(|_| ()),

@@ -49,6 +49,7 @@ mod receiver;
 mod reconciliation;
 mod representations;
 mod reservations;
+mod revenue;
 mod row_rules;
 mod secrets;
 mod security;

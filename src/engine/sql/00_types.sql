@@ -92,7 +92,9 @@ CREATE TYPE engine_request AS (
     result          jsonb,
     error           jsonb,
     priority        integer,
-    expires_at      timestamptz
+    expires_at      timestamptz,
+    amount_paid     bigint,
+    currency        text
 );
 
 -- A batch's own picture of the rows its operations decide on and write:

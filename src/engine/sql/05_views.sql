@@ -65,7 +65,8 @@ LANGUAGE sql STABLE AS $$
         'available', p_entry->'available_after', 'reserved', p_entry->'reserved_after',
         'used', p_entry->'used_after', 'ledger_entry_id', p_entry->'id',
         'grant_id', p_grant->'id', 'expires_at', engine_time_of(p_grant->'expires_at'),
-        'priority', p_grant->'priority', 'topup_rule_id', p_grant->'topup_rule_id')
+        'priority', p_grant->'priority', 'topup_rule_id', p_grant->'topup_rule_id',
+        'amount_paid', p_grant->'amount_paid', 'currency', p_grant->'currency')
 $$;
 
 -- An adjustment with the balances of its (last) ledger entry and the grant
@@ -81,5 +82,6 @@ LANGUAGE sql STABLE AS $$
         'available', p_entry->'available_after', 'reserved', p_entry->'reserved_after',
         'used', p_entry->'used_after', 'ledger_entry_id', p_entry->'id',
         'grant_id', p_grant->'id', 'expires_at', engine_time_of(p_grant->'expires_at'),
-        'priority', p_grant->'priority')
+        'priority', p_grant->'priority', 'amount_paid', p_grant->'amount_paid',
+        'currency', p_grant->'currency')
 $$;

@@ -36,7 +36,8 @@ LANGUAGE sql STABLE AS $$
         'external_ref', p_grant->'external_ref',
         'created_at', engine_time_of(p_grant->'created_at'),
         'expired_at', engine_time_of(p_grant->'expired_at'),
-        'topup_rule_id', p_grant->'topup_rule_id')
+        'topup_rule_id', p_grant->'topup_rule_id',
+        'amount_paid', p_grant->'amount_paid', 'currency', p_grant->'currency')
 $$;
 
 -- When a grant's lapse is due at `p_at`, written once: its expiry has
@@ -206,4 +207,25 @@ BEGIN
     SELECT count(*) INTO noticed FROM written;
     RETURN noticed;
 END;
+$$;
+
+-- A priced grant's money (docs/finance.md, "Money"): the value of the first
+-- `p_gone` of its `p_tokens` tokens, bought for `p_paid` minor units, is
+-- floor(p_paid × p_gone / p_tokens) — a cumulative floor, so the tokens
+-- that leave it for good (used, lapsed, removed), valued in ledger order as
+-- differences of this, add up to exactly `p_paid` once all have left: the
+-- last token takes the remainder. The revenue report (src/domain/revenue.rs)
+-- values every such entry and every deferred balance with it, at read time.
+CREATE FUNCTION engine_grant_value(p_paid bigint, p_gone bigint, p_tokens bigint) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT div(p_paid::numeric * p_gone, p_tokens)::bigint
+$$;
+
+-- The value of `p_gone` tokens leaving a priced grant after `p_before` had
+-- left it (engine_grant_value's difference).
+CREATE FUNCTION engine_grant_value_of(p_paid bigint, p_before bigint, p_gone bigint,
+    p_tokens bigint) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT engine_grant_value(p_paid, p_before + p_gone, p_tokens)
+           - engine_grant_value(p_paid, p_before, p_tokens)
 $$;

@@ -45,8 +45,8 @@ $$;
 --                                  booking that holds the reference (its
 --                                  kind, id, account and last ledger entry);
 --                                  (a credit's or a positive adjustment's
---                                  priority and expiry are part of its
---                                  body);
+--                                  priority, expiry and price are part of
+--                                  its body);
 --   expiry_passed {expires_at}     the grant it would make has lapsed
 --                                  already (`p_expires_at` not in the
 --                                  future);
@@ -72,7 +72,8 @@ $$;
 -- account's after the whole movement; a replay answers with the same one)
 -- and the grant made (none for a negative adjustment).
 -- `p_priority` is set exactly for a credit and a positive adjustment;
--- `p_expires_at` may be set only for one. `p_topup_rule` names the rule of
+-- `p_expires_at` and the grant's price (`p_amount_paid` in minor units of
+-- `p_currency`, both or neither; NULL: unpriced) may be set only for one. `p_topup_rule` names the rule of
 -- a top-up the engine makes itself (80_topups.sql; NULL for the API's
 -- credits): its grant carries it (and so its entry, engine_entry_json). A
 -- credit whose external_ref is the id of one of the account's top-up
@@ -81,7 +82,7 @@ $$;
 CREATE FUNCTION engine_external(
     p_kind text, p_account uuid, p_id uuid, p_amount bigint, p_external_ref text, p_note text,
     p_reason text, p_actor text, p_request_id text, p_priority integer, p_expires_at timestamptz,
-    p_topup_rule uuid,
+    p_amount_paid bigint, p_currency text, p_topup_rule uuid,
     OUT outcome text, OUT detail jsonb, OUT object jsonb
 )
 LANGUAGE plpgsql AS $$
@@ -96,8 +97,9 @@ DECLARE
     at timestamptz;
     rule uuid := p_topup_rule;
 BEGIN
-    IF (p_priority IS NOT NULL) <> (p_amount > 0) OR (p_expires_at IS NOT NULL AND p_amount <= 0) THEN
-        RAISE EXCEPTION 'engine_external: a priority is given exactly with a positive amount, an expiry only with one'
+    IF (p_priority IS NOT NULL) <> (p_amount > 0)
+       OR ((p_expires_at IS NOT NULL OR p_amount_paid IS NOT NULL) AND p_amount <= 0) THEN
+        RAISE EXCEPTION 'engine_external: a priority is given exactly with a positive amount, an expiry and a price only with one'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     SELECT * INTO account FROM accounts WHERE id = p_account FOR NO KEY UPDATE;
@@ -130,7 +132,9 @@ BEGIN
                AND earlier.said IS NOT DISTINCT FROM
                    (CASE p_kind WHEN 'credit' THEN p_note ELSE p_reason END)
                AND made_grant.priority IS NOT DISTINCT FROM p_priority
-               AND made_grant.expires_at IS NOT DISTINCT FROM p_expires_at THEN
+               AND made_grant.expires_at IS NOT DISTINCT FROM p_expires_at
+               AND made_grant.amount_paid IS NOT DISTINCT FROM p_amount_paid
+               AND made_grant.currency IS NOT DISTINCT FROM p_currency THEN
                 -- Its last entry: a negative adjustment wrote one per grant.
                 SELECT * INTO entry FROM ledger_entries
                 WHERE external_ref = p_external_ref AND kind = p_kind
@@ -197,9 +201,9 @@ BEGIN
     END IF;
     IF p_amount > 0 THEN
         INSERT INTO credit_grants (id, account_id, source, amount, remaining, priority, external_ref,
-            created_at, expires_at, drawable, topup_rule_id)
+            created_at, expires_at, drawable, topup_rule_id, amount_paid, currency)
         VALUES (p_id, p_account, p_kind, p_amount, p_amount, p_priority, p_external_ref, at,
-            p_expires_at, true, rule)
+            p_expires_at, true, rule, p_amount_paid, p_currency)
         RETURNING * INTO made_grant;
         written := engine_record(ARRAY[ROW(p_account, p_kind, p_amount, 0, NULL, NULL,
             p_external_ref, CASE p_kind WHEN 'adjustment' THEN p_reason END, p_actor, at,

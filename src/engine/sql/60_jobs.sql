@@ -93,7 +93,7 @@ RETURNS engine_request
 LANGUAGE sql IMMUTABLE AS $$
     SELECT ROW(p_action, p_account, p_actor, NULL, NULL, true, NULL, p_amount, NULL,
                ceil(p_ttl)::integer, NULL, p_job, p_reservation, NULL, NULL, NULL, NULL, NULL,
-               p_reason, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::engine_request
+               p_reason, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::engine_request
 $$;
 
 -- Whether a settlement engine_apply answered (`p_outcome`, `p_detail`)

@@ -28,7 +28,9 @@ LANGUAGE sql IMMUTABLE AS $$
                            AND (o.status = 'succeeded' AND o.result IS NOT NULL
                                 OR o.status = 'failed' AND o.result IS NULL)
         ELSE false END
-       OR (o.expires_at IS NOT NULL AND NOT (o.op IN ('credit', 'adjust') AND o.amount > 0))
+       OR ((o.expires_at IS NOT NULL OR o.amount_paid IS NOT NULL OR o.currency IS NOT NULL)
+           AND NOT (o.op IN ('credit', 'adjust') AND o.amount > 0))
+       OR (o.amount_paid IS NULL) <> (o.currency IS NULL)
        OR o.authorized IS NULL
        -- Credits, adjustments and job finishes are the service's own
        -- (authorised); a spending operation's key is verified here.
@@ -98,11 +100,12 @@ $$;
 --   extend       account, actor, reservation, ttl
 --   expire       account, actor, reservation (the reaper: past its expiry)
 --   credit       account, actor, new_id, amount, external_ref, priority (of
---                its grant); note and expires_at (its grant's; NULL: never)
---                may be NULL
+--                its grant); note, expires_at (its grant's; NULL: never) and
+--                its grant's price, amount_paid and currency (both or
+--                neither; NULL: unpriced), may be NULL
 --   adjust       account, actor, new_id, amount, external_ref, reason;
 --                priority exactly when the amount is positive (its grant's),
---                expires_at only then (may be NULL)
+--                expires_at, amount_paid and currency only then (may be NULL)
 --   finish_job   account (the job's), actor, job, lease_token (the
 --                worker's lease), status (succeeded or failed), result
 --                (succeeded) or error (failed; may be NULL), reason (the
@@ -245,7 +248,7 @@ BEGIN
                 SELECT * INTO r FROM engine_external(
                     CASE o.op WHEN 'credit' THEN 'credit' ELSE 'adjustment' END, o.account,
                     o.new_id, o.amount, o.external_ref, o.note, o.reason, o.actor,
-                    o.http_request_id, o.priority, o.expires_at, NULL);
+                    o.http_request_id, o.priority, o.expires_at, o.amount_paid, o.currency, NULL);
                 outcome := r.outcome; detail := r.detail; object := r.object;
             END IF;
             IF j IS NOT NULL THEN

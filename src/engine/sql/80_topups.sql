@@ -126,6 +126,7 @@ LANGUAGE sql STABLE AS $$
         'expires_at_period_end', p_rule->'expires_at_period_end',
         'max_tokens_per_day', p_rule->'max_tokens_per_day',
         'max_tokens_per_month', p_rule->'max_tokens_per_month',
+        'amount_paid', p_rule->'amount_paid', 'currency', p_rule->'currency',
         'enabled', p_rule->'enabled',
         'armed', CASE WHEN p_rule->>'trigger' = 'threshold' THEN a.topup_armed END,
         'unconsumed_tokens', CASE WHEN p_rule->>'trigger' = 'threshold'
@@ -344,7 +345,7 @@ BEGIN
                 p_at);
             SELECT * INTO made FROM engine_external('credit', rule.account_id, firing, amount,
                 'topup:' || firing, 'automatic top-up', NULL, 'topup-rule:' || rule.id, NULL,
-                rule.priority, expires, rule.id);
+                rule.priority, expires, rule.amount_paid, rule.currency, rule.id);
             IF made.outcome <> 'created' THEN
                 RAISE EXCEPTION 'engine_topup_fire: the top-up credit of rule % was %',
                     rule.id, made.outcome;
