@@ -3,7 +3,8 @@
 # per reserve → commit cycle, for lone operations and for batches.
 #
 # Usage:
-#   bench/engine_cpu.sh [--base COMMIT] [--cycles N] [--batches "1 8"] [--rounds R] [--armed]
+#   bench/engine_cpu.sh [--base COMMIT] [--cycles N] [--batches "1 8"] [--rounds R]
+#                       [--armed | --priced]
 # Defaults: base 0b47600 (the lean path of one statement per operation),
 # 1,000 cycles, batches of 1 and of 8, 3 rounds. Needs a release build
 # (cargo build --release: it migrates the scratch database) and the
@@ -42,6 +43,12 @@
 # on accounts 1–500 (the base too runs on 1–500): what an armed rule costs
 # a reserve → commit that does not cross it (issue 38: within 10 %).
 #
+# --priced: the same, with the grants of accounts 501–1,000 priced
+# (amount_paid 100,000 EUR cents each; docs/finance.md, "Money") and the
+# line "this, priced": what a price costs a reserve → commit (issue 60:
+# within 5 %; the engine values nothing on this path, the revenue report
+# does at read time).
+#
 # The base must be a commit whose engine installs on this checkout's
 # migrated schema (no migration since that changes what its engine reads
 # or writes): 0b47600's does.
@@ -56,6 +63,7 @@ while [ $# -gt 0 ]; do
     --batches) batches="$2"; shift ;;
     --rounds) rounds="$2"; shift ;;
     --armed) armed=1 ;;
+    --priced) armed=priced ;;
     *) sed -n '5,10p' "$0" >&2; exit 2 ;;
   esac
   shift
@@ -83,6 +91,11 @@ psql -X -q -h 127.0.0.1 -p "$port" -U postgres -d "$database" -v ON_ERROR_STOP=1
 private_cluster_install_engine "$port" "$database" engine_this
 private_cluster_install_engine "$port" "$database" engine_base "$base"
 
+if [ "$armed" = priced ]; then
+  psql -X -q -h 127.0.0.1 -p "$port" -U postgres -d "$database" -v ON_ERROR_STOP=1 -c \
+    "UPDATE credit_grants SET amount_paid = 100000, currency = 'EUR'
+     WHERE account_id IN (SELECT bench_uuid(n) FROM generate_series(501, 1000) n)" > /dev/null
+fi
 if [ "$armed" = 1 ]; then
   # Through the engine's own entry point for a rule's change (it arms the
   # rule and judges it: 5,000 tokens are far above the threshold).
@@ -110,8 +123,10 @@ grep -v '^--\|^\\' bench/reference_cycle.pgbench.sql \
 python3 - "$port" "$database" "$cycles" "$rounds" "$base" "$dir/reference.sql" "$armed" $batches <<'PY'
 import os, statistics, subprocess, sys
 
-port, database, cycles, rounds, base, reference_file, armed = sys.argv[1:8]
-armed = armed == "1"
+port, database, cycles, rounds, base, reference_file, variant = sys.argv[1:8]
+# "armed" or "priced": the line of this engine on accounts 501–1,000.
+variant = {"1": "armed", "priced": "priced"}.get(variant)
+armed = variant is not None
 batches = [int(b) for b in sys.argv[8:]]
 reserve_sql, commit_sql = [line for line in open(reference_file).read().splitlines() if line.strip()]
 cycles, rounds = int(cycles), int(rounds)
@@ -235,16 +250,16 @@ for b in batches:
     # statements, whatever the batch size).
     names = ("engine_base", "engine_this", "reference") if b == 1 else ("engine_base", "engine_this")
     if armed:
-        names += ("armed",)
+        names += (variant,)
     def work(name, n):
         if name == "reference":
             return reference_block(n)
-        if name == "armed":
+        if name == variant:
             return block(n, b, 501, 500, TYPED["engine_this"])
         composite = TYPED[name]
         return block(n, b, 1, 500, composite) if armed else block(n, b, composite=composite)
     for schema in names:
-        process = session({"reference": "public", "armed": "engine_this"}.get(schema, schema))
+        process = session({"reference": "public", variant: "engine_this"}.get(schema, schema))
         pid = run(process, "SELECT pg_backend_pid();")[0]
         run(process, work(schema, 50))  # warm-up: plans cached, pages read
         sessions[schema] = (process, pid)
@@ -268,12 +283,14 @@ for b in batches:
     that = statistics.median(results[("engine_base", b)])
     print(f"| {b} | {this:.2f} | {that:.2f} | {this / b:.3f} | {that / b:.3f} | **{this / that:.2f}** |")
 if armed:
-    print("\nAn armed threshold top-up rule that the cycles do not cross (accounts 501–1,000) "
-          "against none (1–500), this engine, same rounds:")
-    print("| operations per call | armed ms/cycle | plain ms/cycle | armed / plain |")
+    print({"armed": "\nAn armed threshold top-up rule that the cycles do not cross (accounts 501–1,000) "
+                    "against none (1–500), this engine, same rounds:",
+           "priced": "\nPriced grants (accounts 501–1,000) against unpriced ones (1–500), "
+                     "this engine, same rounds:"}[variant])
+    print(f"| operations per call | {variant} ms/cycle | plain ms/cycle | {variant} / plain |")
     print("|---|---|---|---|")
     for b in batches:
-        with_rule = statistics.median(results[("armed", b)])
+        with_rule = statistics.median(results[(variant, b)])
         plain = statistics.median(results[("engine_this", b)])
         print(f"| {b} | {with_rule:.2f} | {plain:.2f} | **{with_rule / plain:.2f}** |")
 if ("reference", 1) in results:

@@ -109,6 +109,12 @@ const RULES: &[Rule] = &[
         spellings: &[r"topup_armed\s*="],
         shared_with: &[],
     },
+    Rule {
+        rule: "a priced grant's tokens are valued by a cumulative floor",
+        function: "engine_grant_value",
+        spellings: &[r"::numeric\s*\*"],
+        shared_with: &[],
+    },
 ];
 
 fn root() -> &'static Path {

@@ -8,7 +8,7 @@ use crate::helpers::{problem, TestApp, ADMIN_KEY};
 
 /// Every route the application registers, as actix spells the path. The
 /// document must list exactly these, and the app must answer each.
-const ROUTES: [(&str, &str); 47] = [
+const ROUTES: [(&str, &str); 49] = [
     ("get", "/healthz"),
     ("get", "/readyz"),
     ("get", "/metrics"),
@@ -54,6 +54,8 @@ const ROUTES: [(&str, &str); 47] = [
     ("get", "/v1/accounts/{account_id}/jobs/{request_id}"),
     ("get", "/v1/accounts/{account_id}/jobs"),
     ("get", "/v1/reconciliation"),
+    ("get", "/v1/revenue"),
+    ("get", "/v1/revenue/deferred"),
     ("get", "/v1/events"),
     ("post", "/v1/webhook-endpoints"),
     ("get", "/v1/webhook-endpoints"),
@@ -226,7 +228,7 @@ async fn v1_operations_need_a_bearer_key_and_document_401() {
             "{method} {path} does not require the bearer scheme"
         );
     }
-    assert_eq!(checked, 39, "every /v1 operation was checked");
+    assert_eq!(checked, 41, "every /v1 operation was checked");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

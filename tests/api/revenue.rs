@@ -4,7 +4,7 @@
 //! or USD (promotional ones at 0 among them) or unpriced, with and without
 //! expiries; positive adjustments priced or not, removals; reserves, full
 //! and partial commits, releases; grants made to lapse — and after every
-//! step an instant. At every instant the service's deferred revenue, and
+//! step an instant; retention passes in between. At every instant the service's deferred revenue, and
 //! over every step's period its sales, recognised revenue, breakage,
 //! adjustments and tokens, must equal a replay of the exported ledger done
 //! here, independently of the service's code: each priced grant's tokens
@@ -24,6 +24,8 @@ use proptest::test_runner::TestRunner;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use uuid::Uuid;
+
+use token_billing::domain::retention::{run_pass_exclusive, RetentionSettings};
 
 use crate::helpers::{property_config, TestApp, ADMIN_KEY};
 
@@ -69,6 +71,9 @@ enum Step {
         account: usize,
         which: usize,
     },
+    /// A retention pass pruning everything it may (it never touches the
+    /// ledger, the grants or their prices).
+    Retention,
 }
 
 fn price() -> impl Strategy<Value = Price> {
@@ -91,6 +96,7 @@ fn step() -> impl Strategy<Value = Step> {
         4 => (any::<usize>(), 1..6_i64).prop_map(|(which, part)| Step::Commit { which, part }),
         1 => any::<usize>().prop_map(|which| Step::Release { which }),
         1 => (0..2_usize, any::<usize>()).prop_map(|(account, which)| Step::Lapse { account, which }),
+        1 => Just(Step::Retention),
     ]
 }
 
@@ -367,6 +373,21 @@ fn priced(body: &mut Value, price: &Price) {
 
 async fn apply(app: &TestApp, conn: &mut PgConnection, history: &mut History, step: &Step) {
     match step {
+        Step::Retention => {
+            let zero = Some(std::time::Duration::ZERO);
+            let settings = RetentionSettings {
+                idempotency_keys: zero,
+                events: zero,
+                webhook_attempts: zero,
+                audit_events: zero,
+                archive_dir: None,
+                batch: 5_000,
+                batches_max: usize::MAX,
+                pause: std::time::Duration::ZERO,
+            };
+            // (None: another pass holds the lock; the next step goes on.)
+            run_pass_exclusive(conn, &settings, None).expect("a retention pass");
+        }
         Step::Credit {
             account,
             tokens,
@@ -714,4 +735,43 @@ async fn a_price_is_checked_and_replayed() {
         .map(|grant| json!([grant["amount"], grant["amount_paid"], grant["currency"]]))
         .collect();
     assert_eq!(prices, [json!([5, null, null]), json!([2, 500, "USD"])]);
+}
+
+/// A fixed top-up rule of mode grant may price the grants it makes; a
+/// target rule (its grants' size varies) or a request rule (the customer's
+/// credit carries its own price) may not.
+#[actix_web::test]
+async fn a_top_up_rule_prices_its_grants() {
+    let app = TestApp::spawn().await;
+    let account = app.create_account(0).await;
+    let made = crate::topups::rule(
+        &app,
+        account,
+        json!({"trigger": "threshold", "threshold_tokens": 5, "method": "fixed", "tokens": 10,
+               "amount_paid": 2500, "currency": "EUR"}),
+    )
+    .await;
+    assert_eq!((made["amount_paid"].clone(), made["currency"].clone()), (json!(2500), json!("EUR")));
+    // Judged at its creation: the empty account is below its line.
+    let grants: Value = app
+        .get(&format!("/v1/accounts/{account}/grants"), ADMIN_KEY)
+        .await
+        .json()
+        .await
+        .expect("json");
+    let grant = &grants["grants"][0];
+    assert_eq!(grant["topup_rule_id"], made["rule_id"], "{grants}");
+    assert_eq!((grant["amount"].clone(), grant["amount_paid"].clone(), grant["currency"].clone()),
+               (json!(10), json!(2500), json!("EUR")));
+    for body in [
+        json!({"trigger": "threshold", "threshold_tokens": 5, "method": "target",
+               "target_tokens": 20, "amount_paid": 2500, "currency": "EUR"}),
+        json!({"trigger": "schedule", "period": "daily", "method": "fixed", "tokens": 10,
+               "mode": "request", "amount_paid": 2500, "currency": "EUR"}),
+    ] {
+        let refused = app
+            .post(&format!("/v1/accounts/{account}/topup-rules"), ADMIN_KEY, &body)
+            .await;
+        assert_eq!(refused.status(), StatusCode::BAD_REQUEST, "{body}");
+    }
 }
