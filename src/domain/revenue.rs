@@ -600,9 +600,7 @@ pub fn deferred_at(
                 deferred_tokens: money.tokens.deferred_closing,
             })
             .collect(),
-        unpriced_tokens: report
-            .unpriced_tokens
-            .map(|tokens| tokens.deferred_closing),
+        unpriced_tokens: report.unpriced_tokens.map(|tokens| tokens.deferred_closing),
         discrepancies: report.discrepancies,
     })
 }
@@ -618,8 +616,13 @@ pub fn to_csv(report: &RevenueReport) -> String {
          deferred_closing,tokens_deferred_opening,tokens_sold,tokens_used,tokens_lapsed,\
          tokens_adjusted,tokens_deferred_closing,status\n",
     );
-    let row = |csv: &mut String, id: &str, name: &str, currency: &str, money: Option<[i64; 6]>,
-               tokens: &TokenFigures, status: &str| {
+    let row = |csv: &mut String,
+               id: &str,
+               name: &str,
+               currency: &str,
+               money: Option<[i64; 6]>,
+               tokens: &TokenFigures,
+               status: &str| {
         let money = money.map_or_else(|| ",,,,,".to_owned(), |money| joined(&money));
         csv.push_str(&format!(
             "{id},{},{},{money},{},{status}\n",
@@ -631,20 +634,50 @@ pub fn to_csv(report: &RevenueReport) -> String {
     for account in &report.accounts {
         let id = account.account_id.to_string();
         for line in &account.currencies {
-            row(&mut csv, &id, &account.name, &line.currency, Some(line.money()), &line.tokens,
-                account.status);
+            row(
+                &mut csv,
+                &id,
+                &account.name,
+                &line.currency,
+                Some(line.money()),
+                &line.tokens,
+                account.status,
+            );
         }
         if let Some(unpriced) = &account.unpriced_tokens {
-            row(&mut csv, &id, &account.name, "unpriced", None, unpriced, account.status);
+            row(
+                &mut csv,
+                &id,
+                &account.name,
+                "unpriced",
+                None,
+                unpriced,
+                account.status,
+            );
         }
     }
     let accounts = format!("{} accounts", report.accounts.len());
     for line in &report.currencies {
-        row(&mut csv, "totals", &accounts, &line.currency, Some(line.money()), &line.tokens,
-            report.status);
+        row(
+            &mut csv,
+            "totals",
+            &accounts,
+            &line.currency,
+            Some(line.money()),
+            &line.tokens,
+            report.status,
+        );
     }
     if let Some(unpriced) = &report.unpriced_tokens {
-        row(&mut csv, "totals", &accounts, "unpriced", None, unpriced, report.status);
+        row(
+            &mut csv,
+            "totals",
+            &accounts,
+            "unpriced",
+            None,
+            unpriced,
+            report.status,
+        );
     }
     csv
 }

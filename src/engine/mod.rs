@@ -440,7 +440,9 @@ impl Op {
                     priority: Some(i32::from(priority.get())),
                     expires_at: expires_at.map(GrantExpiry::get),
                     amount_paid: price.as_ref().map(|price| price.amount_paid.get()),
-                    currency: price.as_ref().map(|price| price.currency.as_str().to_owned()),
+                    currency: price
+                        .as_ref()
+                        .map(|price| price.currency.as_str().to_owned()),
                     ..Fields::default()
                 },
             ),
@@ -461,7 +463,9 @@ impl Op {
                     priority: priority.map(|priority| i32::from(priority.get())),
                     expires_at: expires_at.map(GrantExpiry::get),
                     amount_paid: price.as_ref().map(|price| price.amount_paid.get()),
-                    currency: price.as_ref().map(|price| price.currency.as_str().to_owned()),
+                    currency: price
+                        .as_ref()
+                        .map(|price| price.currency.as_str().to_owned()),
                     ..Fields::default()
                 },
             ),

@@ -384,7 +384,10 @@ impl Price {
                 currency,
             })),
             (None, None) => Ok(None),
-            _ => Err("amount_paid and currency go together: give both, or neither for an unpriced grant".into()),
+            _ => Err(
+                "amount_paid and currency go together: give both, or neither for an unpriced grant"
+                    .into(),
+            ),
         }
     }
 }

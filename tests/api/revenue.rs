@@ -134,7 +134,10 @@ struct Entry {
 async fn exported(app: &TestApp, account: Uuid) -> (HashMap<Uuid, Grant>, Vec<Entry>) {
     let mut grants = HashMap::new();
     let page: Value = app
-        .get(&format!("/v1/accounts/{account}/grants?limit=1000"), ADMIN_KEY)
+        .get(
+            &format!("/v1/accounts/{account}/grants?limit=1000"),
+            ADMIN_KEY,
+        )
         .await
         .json()
         .await
@@ -145,7 +148,11 @@ async fn exported(app: &TestApp, account: Uuid) -> (HashMap<Uuid, Grant>, Vec<En
             (currency.to_owned(), paid)
         });
         grants.insert(
-            grant["grant_id"].as_str().expect("id").parse().expect("uuid"),
+            grant["grant_id"]
+                .as_str()
+                .expect("id")
+                .parse()
+                .expect("uuid"),
             Grant {
                 tokens: grant["amount"].as_i64().expect("amount"),
                 price,
@@ -169,7 +176,9 @@ async fn exported(app: &TestApp, account: Uuid) -> (HashMap<Uuid, Grant>, Vec<En
             entries.push(Entry {
                 kind: entry["kind"].as_str().expect("kind").to_owned(),
                 amount: entry["amount"].as_i64().expect("amount"),
-                grant: entry["grant_id"].as_str().map(|id| id.parse().expect("uuid")),
+                grant: entry["grant_id"]
+                    .as_str()
+                    .map(|id| id.parse().expect("uuid")),
                 at: entry["created_at"]
                     .as_str()
                     .expect("at")
@@ -213,11 +222,17 @@ fn replay(
         i64::try_from(i128::from(paid) * i128::from(gone) / i128::from(tokens)).expect("fits")
     };
     for entry in entries.iter().filter(|entry| entry.at < to) {
-        let grant = entry.grant.and_then(|id| grants.get(&id).map(|grant| (id, grant)));
+        let grant = entry
+            .grant
+            .and_then(|id| grants.get(&id).map(|grant| (id, grant)));
         let (currency, paid, tokens) = match grant {
-            Some((_, Grant { tokens, price: Some((currency, paid)) })) => {
-                (currency.clone(), *paid, *tokens)
-            }
+            Some((
+                _,
+                Grant {
+                    tokens,
+                    price: Some((currency, paid)),
+                },
+            )) => (currency.clone(), *paid, *tokens),
             _ => (String::new(), 0, 1),
         };
         let line = lines.entry(currency.clone()).or_default();
@@ -281,7 +296,10 @@ fn replay(
     for (id, grant) in grants {
         if let Some((_, paid)) = &grant.price {
             let left = gone.get(id).copied().unwrap_or(0);
-            assert!(left <= grant.tokens, "grant {id}: more tokens left it than it held");
+            assert!(
+                left <= grant.tokens,
+                "grant {id}: more tokens left it than it held"
+            );
             if left == grant.tokens {
                 assert_eq!(value(*paid, left, grant.tokens), *paid);
             }
@@ -405,8 +423,15 @@ async fn apply(app: &TestApp, conn: &mut PgConnection, history: &mut History, st
                 .await;
             assert_eq!(answer.status(), StatusCode::CREATED);
             let answer: Value = answer.json().await.expect("json");
-            assert_eq!(answer["amount_paid"], body.get("amount_paid").cloned().unwrap_or(Value::Null));
-            let grant = answer["grant_id"].as_str().expect("grant").parse().expect("uuid");
+            assert_eq!(
+                answer["amount_paid"],
+                body.get("amount_paid").cloned().unwrap_or(Value::Null)
+            );
+            let grant = answer["grant_id"]
+                .as_str()
+                .expect("grant")
+                .parse()
+                .expect("uuid");
             history.grants[*account].push(grant);
         }
         Step::Add {
@@ -443,7 +468,11 @@ async fn apply(app: &TestApp, conn: &mut PgConnection, history: &mut History, st
                 .await;
             if answer.status() == StatusCode::CREATED {
                 let body: Value = answer.json().await.expect("json");
-                let reservation = body["reservation_id"].as_str().expect("id").parse().expect("uuid");
+                let reservation = body["reservation_id"]
+                    .as_str()
+                    .expect("id")
+                    .parse()
+                    .expect("uuid");
                 history.held.push((*account, reservation, *tokens));
             }
         }
@@ -492,10 +521,16 @@ async fn apply(app: &TestApp, conn: &mut PgConnection, history: &mut History, st
             .expect("lapse");
             // A reserve writes the lapse first, whatever it answers.
             let id = history.accounts[*account];
-            let answer = app.reserve(id, &history.kiosks[*account], Uuid::new_v4(), 1).await;
+            let answer = app
+                .reserve(id, &history.kiosks[*account], Uuid::new_v4(), 1)
+                .await;
             if answer.status() == StatusCode::CREATED {
                 let body: Value = answer.json().await.expect("json");
-                let reservation = body["reservation_id"].as_str().expect("id").parse().expect("uuid");
+                let reservation = body["reservation_id"]
+                    .as_str()
+                    .expect("id")
+                    .parse()
+                    .expect("uuid");
                 history.held.push((*account, reservation, 1));
             }
         }
@@ -578,7 +613,10 @@ async fn run_history(steps: &[Step]) {
             instant(instants[0]),
             instant(*instants.last().expect("instants"))
         );
-        assert_eq!(report(&app, &whole).await["accounts"], report(&app, &whole).await["accounts"]);
+        assert_eq!(
+            report(&app, &whole).await["accounts"],
+            report(&app, &whole).await["accounts"]
+        );
     }
 }
 
@@ -649,16 +687,26 @@ async fn a_grant_used_entirely_recognises_exactly_its_price() {
             ),
         )
         .await;
-        recognized.push(period["currencies"][0]["recognized"].as_i64().expect("recognized"));
+        recognized.push(
+            period["currencies"][0]["recognized"]
+                .as_i64()
+                .expect("recognized"),
+        );
         from = to;
     }
     assert_eq!(recognized, [333, 333, 334]);
     let deferred = report(
         &app,
-        &format!("/v1/revenue/deferred?as_of={}&account_id={account}", instant(from)),
+        &format!(
+            "/v1/revenue/deferred?as_of={}&account_id={account}",
+            instant(from)
+        ),
     )
     .await;
-    assert_eq!(deferred["totals"], json!([{"currency": "EUR", "deferred": 0, "deferred_tokens": 0}]));
+    assert_eq!(
+        deferred["totals"],
+        json!([{"currency": "EUR", "deferred": 0, "deferred_tokens": 0}])
+    );
     // A kiosk cannot read the books.
     let refused = app.get("/v1/revenue", &kiosk).await;
     assert_eq!(refused.status(), StatusCode::FORBIDDEN);
@@ -679,8 +727,9 @@ async fn a_grant_used_entirely_recognises_exactly_its_price() {
         .await
         .expect("text");
     assert!(
-        csv.lines()
-            .any(|row| row.starts_with(&format!("{account},kiosk fleet,EUR,1000,0,1000,0,0,0,3,0,3,0,0,0,ok"))),
+        csv.lines().any(|row| row.starts_with(&format!(
+            "{account},kiosk fleet,EUR,1000,0,1000,0,0,0,3,0,3,0,0,0,ok"
+        ))),
         "{csv}"
     );
 }
@@ -693,16 +742,34 @@ async fn a_price_is_checked_and_replayed() {
     let account = app.funded_account(5).await;
     let path = format!("/v1/accounts/{account}/credits");
     for (body, says) in [
-        (json!({"amount": 1, "external_ref": "p1", "amount_paid": 100}), "go together"),
-        (json!({"amount": 1, "external_ref": "p1", "currency": "EUR"}), "go together"),
-        (json!({"amount": 1, "external_ref": "p1", "amount_paid": 100, "currency": "EURO"}), "ISO 4217"),
-        (json!({"amount": 1, "external_ref": "p1", "amount_paid": 1.5, "currency": "EUR"}), "amount_paid"),
-        (json!({"amount": 1, "external_ref": "p1", "amount_paid": -1, "currency": "EUR"}), "amount_paid"),
+        (
+            json!({"amount": 1, "external_ref": "p1", "amount_paid": 100}),
+            "go together",
+        ),
+        (
+            json!({"amount": 1, "external_ref": "p1", "currency": "EUR"}),
+            "go together",
+        ),
+        (
+            json!({"amount": 1, "external_ref": "p1", "amount_paid": 100, "currency": "EURO"}),
+            "ISO 4217",
+        ),
+        (
+            json!({"amount": 1, "external_ref": "p1", "amount_paid": 1.5, "currency": "EUR"}),
+            "amount_paid",
+        ),
+        (
+            json!({"amount": 1, "external_ref": "p1", "amount_paid": -1, "currency": "EUR"}),
+            "amount_paid",
+        ),
     ] {
         let answer = app.post(&path, ADMIN_KEY, &body).await;
         assert_eq!(answer.status(), StatusCode::BAD_REQUEST, "{body}");
         let problem: Value = answer.json().await.expect("json");
-        assert!(problem["detail"].as_str().expect("detail").contains(says), "{problem}");
+        assert!(
+            problem["detail"].as_str().expect("detail").contains(says),
+            "{problem}"
+        );
     }
     let removal = app
         .post(
@@ -714,8 +781,14 @@ async fn a_price_is_checked_and_replayed() {
         .await;
     assert_eq!(removal.status(), StatusCode::BAD_REQUEST);
     let body = json!({"amount": 2, "external_ref": "p3", "amount_paid": 500, "currency": "USD"});
-    assert_eq!(app.post(&path, ADMIN_KEY, &body).await.status(), StatusCode::CREATED);
-    assert_eq!(app.post(&path, ADMIN_KEY, &body).await.status(), StatusCode::OK);
+    assert_eq!(
+        app.post(&path, ADMIN_KEY, &body).await.status(),
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        app.post(&path, ADMIN_KEY, &body).await.status(),
+        StatusCode::OK
+    );
     let other = json!({"amount": 2, "external_ref": "p3", "amount_paid": 501, "currency": "USD"});
     assert_eq!(
         app.post(&path, ADMIN_KEY, &other).await.status(),
@@ -751,7 +824,10 @@ async fn a_top_up_rule_prices_its_grants() {
                "amount_paid": 2500, "currency": "EUR"}),
     )
     .await;
-    assert_eq!((made["amount_paid"].clone(), made["currency"].clone()), (json!(2500), json!("EUR")));
+    assert_eq!(
+        (made["amount_paid"].clone(), made["currency"].clone()),
+        (json!(2500), json!("EUR"))
+    );
     // Judged at its creation: the empty account is below its line.
     let grants: Value = app
         .get(&format!("/v1/accounts/{account}/grants"), ADMIN_KEY)
@@ -761,8 +837,14 @@ async fn a_top_up_rule_prices_its_grants() {
         .expect("json");
     let grant = &grants["grants"][0];
     assert_eq!(grant["topup_rule_id"], made["rule_id"], "{grants}");
-    assert_eq!((grant["amount"].clone(), grant["amount_paid"].clone(), grant["currency"].clone()),
-               (json!(10), json!(2500), json!("EUR")));
+    assert_eq!(
+        (
+            grant["amount"].clone(),
+            grant["amount_paid"].clone(),
+            grant["currency"].clone()
+        ),
+        (json!(10), json!(2500), json!("EUR"))
+    );
     for body in [
         json!({"trigger": "threshold", "threshold_tokens": 5, "method": "target",
                "target_tokens": 20, "amount_paid": 2500, "currency": "EUR"}),
@@ -770,7 +852,11 @@ async fn a_top_up_rule_prices_its_grants() {
                "mode": "request", "amount_paid": 2500, "currency": "EUR"}),
     ] {
         let refused = app
-            .post(&format!("/v1/accounts/{account}/topup-rules"), ADMIN_KEY, &body)
+            .post(
+                &format!("/v1/accounts/{account}/topup-rules"),
+                ADMIN_KEY,
+                &body,
+            )
             .await;
         assert_eq!(refused.status(), StatusCode::BAD_REQUEST, "{body}");
     }

@@ -112,6 +112,9 @@ export interface Credit {
   priority: number;
   expires_at: string | null;
   topup_rule_id: string | null;
+  /** The grant's price in integer minor units of `currency`; null: unpriced. */
+  amount_paid: number | null;
+  currency: string | null;
   created_at: string;
 }
 
@@ -129,6 +132,9 @@ export interface Adjustment {
   grant_id: string | null;
   priority: number | null;
   expires_at: string | null;
+  /** A positive adjustment's grant's price (minor units); null: unpriced or a removal. */
+  amount_paid: number | null;
+  currency: string | null;
   created_at: string;
 }
 
@@ -340,4 +346,7 @@ export interface Grant {
   created_at: string;
   expired_at: string | null;
   topup_rule_id: string | null;
+  /** What was paid for the grant, in integer minor units of `currency`; null: unpriced. */
+  amount_paid: number | null;
+  currency: string | null;
 }

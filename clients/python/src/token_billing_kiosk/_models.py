@@ -435,6 +435,10 @@ class Grant:
     created_at: datetime
     expired_at: Optional[datetime]
     topup_rule_id: Optional[str]
+    #: What was paid for the grant, in integer minor units of ``currency``
+    #: (cents); None: unpriced. Money is never a float.
+    amount_paid: Optional[int]
+    currency: Optional[str]
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "Grant":
@@ -451,4 +455,6 @@ class Grant:
             created_at=_time(data, "created_at"),
             expired_at=_optional_time(data, "expired_at"),
             topup_rule_id=_optional_str(data, "topup_rule_id"),
+            amount_paid=_optional_int(data, "amount_paid"),
+            currency=_optional_str(data, "currency"),
         )
