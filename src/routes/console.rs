@@ -25,7 +25,7 @@ pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'
     form-action 'none'; frame-ancestors 'none'";
 
 /// The console's files: name, content type, bytes.
-const ASSETS: [(&str, &str, &[u8]); 9] = [
+const ASSETS: [(&str, &str, &[u8]); 11] = [
     (
         "console.css",
         "text/css; charset=utf-8",
@@ -62,9 +62,19 @@ const ASSETS: [(&str, &str, &[u8]); 9] = [
         include_bytes!("../../static/console/account.js"),
     ),
     (
+        "period.js",
+        "text/javascript; charset=utf-8",
+        include_bytes!("../../static/console/period.js"),
+    ),
+    (
         "reconciliation.js",
         "text/javascript; charset=utf-8",
         include_bytes!("../../static/console/reconciliation.js"),
+    ),
+    (
+        "revenue.js",
+        "text/javascript; charset=utf-8",
+        include_bytes!("../../static/console/revenue.js"),
     ),
     (
         "system.js",
@@ -106,7 +116,8 @@ async fn console_page() -> HttpResponse {
     tag = "console",
     params(("file" = String, Path,
             description = "`app.js`, `api.js`, `dom.js`, `chart.js`, `accounts.js`, \
-                           `account.js`, `reconciliation.js`, `system.js` or `console.css`")),
+                           `account.js`, `period.js`, `reconciliation.js`, `revenue.js`, \
+                           `system.js` or `console.css`")),
     responses(
         (status = 200, description = "The file", content(
             (String = "text/javascript"),

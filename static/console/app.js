@@ -1,11 +1,12 @@
 // The console's shell: sign in and out, the pages and the hash routes
-// (#/accounts, #/accounts/<id>, #/reconciliation, #/system).
+// (#/accounts, #/accounts/<id>, #/reconciliation, #/revenue, #/system).
 
 import { ApiError, forgetKey, get, onUnauthorized, storedKey, storeKey } from "./api.js";
 import { clear, h } from "./dom.js";
 import { renderAccounts } from "./accounts.js";
 import { renderAccount } from "./account.js";
 import { renderReconciliation } from "./reconciliation.js";
+import { renderRevenue } from "./revenue.js";
 import { renderSystem } from "./system.js";
 
 const $ = (id) => document.getElementById(id);
@@ -95,6 +96,7 @@ function route() {
   const pages = {
     accounts: () => (id ? renderAccount(container, context, id) : renderAccounts(container, context)),
     reconciliation: () => renderReconciliation(container, context),
+    revenue: () => renderRevenue(container, context),
     system: () => renderSystem(container, context),
   };
   const render = pages[page];

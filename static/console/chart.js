@@ -1,6 +1,7 @@
-// The balance chart: available, reserved and used over a period, drawn as
-// step lines from the ledger's balances-after (a balance holds until the
-// next entry). Plain SVG; colours come from console.css classes.
+// The console's charts, plain SVG (colours come from console.css classes):
+// the balance chart (available, reserved and used over a period, drawn as
+// step lines from the ledger's balances-after: a balance holds until the
+// next entry), and the plot and figure the other charts draw in.
 
 import { h, svg } from "./dom.js";
 
@@ -71,49 +72,68 @@ function label(date, spanMs) {
   return spanMs <= 36 * 3600 * 1000 ? `${iso.slice(11, 16)} UTC` : iso.slice(5, 10);
 }
 
-/** The chart as a <figure>; `summary` is its caption (read by people and tests). */
+/**
+ * The plot area for values 0…`largest`: `y` of a value, the left and right
+ * edges (`left` leaves room for the longest axis label), the grid lines
+ * with their labels (`format` writes a value), and `xLabel(x, text,
+ * anchor)` for the labels under the plot.
+ */
+export function plot(largest, format = (value) => String(Math.round(value))) {
+  const { step, top } = axis(Math.max(1, largest));
+  const values = [];
+  for (let value = 0; value <= top; value += step) values.push(value);
+  const texts = values.map(format);
+  const left = Math.max(MARGIN.left, 14 + 7 * Math.max(...texts.map((text) => text.length)));
+  const right = WIDTH - MARGIN.right;
+  const innerHeight = HEIGHT - MARGIN.top - MARGIN.bottom;
+  const y = (value) => MARGIN.top + innerHeight - (value / top) * innerHeight;
+  const grid = values.flatMap((value, index) => [
+    svg("line", { class: "grid", x1: left, x2: right, y1: y(value), y2: y(value) }),
+    svg("text", { class: "axis", x: left - 6, y: y(value) + 4, "text-anchor": "end" }, texts[index]),
+  ]);
+  const xLabel = (x, text, anchor) => svg("text", { class: "axis", x, y: HEIGHT - 8, "text-anchor": anchor }, text);
+  return { y, left, right, bottom: MARGIN.top + innerHeight, grid, xLabel };
+}
+
+/** A chart as a <figure>: the SVG of `elements`, the legend of `series`
+ * (class names, colours from console.css), and `summary` as its caption
+ * (read by people and tests). */
+export function chartFigure(attributes, summary, series, elements) {
+  const picture = svg(
+    "svg",
+    { viewBox: `0 0 ${WIDTH} ${HEIGHT}`, role: "img", "aria-label": summary, class: "chart" },
+    svg("title", {}, summary),
+    ...elements,
+  );
+  const legend = h(
+    "ul",
+    { class: "legend" },
+    series.map((name) => h("li", {}, h("span", { class: `swatch ${name}`, "aria-hidden": "true" }), name)),
+  );
+  return h("figure", { class: "chart-figure", ...attributes }, picture, legend, h("figcaption", {}, summary));
+}
+
+/** The balance chart as a <figure>; `summary` is its caption. */
 export function balanceChart(points, from, to, summary) {
   const span = Math.max(1, to - from);
-  const { step, top: max } = axis(Math.max(1, ...points.flatMap((point) => SERIES.map((name) => point[name]))));
-  const innerWidth = WIDTH - MARGIN.left - MARGIN.right;
-  const innerHeight = HEIGHT - MARGIN.top - MARGIN.bottom;
-  const x = (time) => MARGIN.left + ((time - from) / span) * innerWidth;
-  const y = (value) => MARGIN.top + innerHeight - (value / max) * innerHeight;
+  const area = plot(Math.max(...points.flatMap((point) => SERIES.map((name) => point[name]))));
+  const x = (time) => area.left + ((time - from) / span) * (area.right - area.left);
 
-  const grid = [];
-  for (let value = 0; value <= max; value += step) {
-    grid.push(
-      svg("line", { class: "grid", x1: MARGIN.left, x2: WIDTH - MARGIN.right, y1: y(value), y2: y(value) }),
-      svg("text", { class: "axis", x: MARGIN.left - 6, y: y(value) + 4, "text-anchor": "end" }, String(Math.round(value))),
-    );
-  }
-  for (const fraction of [0, 0.5, 1]) {
+  const labels = [0, 0.5, 1].map((fraction) => {
     const time = new Date(from.getTime() + span * fraction);
     const anchor = fraction === 0 ? "start" : fraction === 1 ? "end" : "middle";
-    grid.push(svg("text", { class: "axis", x: x(time), y: HEIGHT - 8, "text-anchor": anchor }, label(time, span)));
-  }
+    return area.xLabel(x(time), label(time, span), anchor);
+  });
 
   const lines = SERIES.map((name) => {
     let path = "";
     points.forEach((point, index) => {
       const px = x(point.time).toFixed(1);
-      const py = y(point[name]).toFixed(1);
+      const py = area.y(point[name]).toFixed(1);
       path += index === 0 ? `M${px},${py}` : `H${px}V${py}`;
     });
     return svg("path", { class: `series ${name}`, d: path, "data-series": name });
   });
 
-  const picture = svg(
-    "svg",
-    { viewBox: `0 0 ${WIDTH} ${HEIGHT}`, role: "img", "aria-label": summary, class: "chart" },
-    svg("title", {}, summary),
-    ...grid,
-    ...lines,
-  );
-  const legend = h(
-    "ul",
-    { class: "legend" },
-    SERIES.map((name) => h("li", {}, h("span", { class: `swatch ${name}`, "aria-hidden": "true" }), name)),
-  );
-  return h("figure", { class: "chart-figure", id: "balance-chart", "data-points": points.length - 2 }, picture, legend, h("figcaption", {}, summary));
+  return chartFigure({ id: "balance-chart", "data-points": points.length - 2 }, summary, SERIES, [...area.grid, ...labels, ...lines]);
 }

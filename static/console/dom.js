@@ -54,6 +54,32 @@ export function tokens(value) {
   return value === undefined || value === null ? "—" : numberFormat.format(value);
 }
 
+/** Digits after the decimal point of a currency (ISO 4217's minor unit:
+ * 2 for EUR, 0 for JPY); 2 when the browser does not know the code. */
+export function minorDigits(currency) {
+  try {
+    return new Intl.NumberFormat("en-US", { style: "currency", currency }).resolvedOptions().maximumFractionDigits;
+  } catch (_) {
+    return 2;
+  }
+}
+
+/**
+ * An amount of integer minor units (the API's money: 2000 is 20.00 EUR) for
+ * display: "20.00", "-3.34", "1,500" (JPY). Integer arithmetic only
+ * (BigInt), never a float.
+ */
+export function money(minor, currency) {
+  if (minor === undefined || minor === null) return "—";
+  const digits = minorDigits(currency);
+  const scale = 10n ** BigInt(digits);
+  const amount = BigInt(minor);
+  const magnitude = amount < 0n ? -amount : amount;
+  const whole = numberFormat.format(magnitude / scale);
+  const fraction = digits ? `.${String(magnitude % scale).padStart(digits, "0")}` : "";
+  return `${amount < 0n ? "-" : ""}${whole}${fraction}`;
+}
+
 export function time(value) {
   if (!value) return "—";
   const date = new Date(value);

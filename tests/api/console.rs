@@ -11,7 +11,7 @@ use token_billing::domain::reaper::{run_pass_exclusive, ReaperSettings, REAPER_B
 use crate::helpers::{problem, TestApp, ADMIN_KEY};
 
 /// The files the page loads; each must be served with the policy.
-const ASSETS: [(&str, &str); 9] = [
+const ASSETS: [(&str, &str); 11] = [
     ("console.css", "text/css"),
     ("app.js", "text/javascript"),
     ("api.js", "text/javascript"),
@@ -19,7 +19,9 @@ const ASSETS: [(&str, &str); 9] = [
     ("chart.js", "text/javascript"),
     ("accounts.js", "text/javascript"),
     ("account.js", "text/javascript"),
+    ("period.js", "text/javascript"),
     ("reconciliation.js", "text/javascript"),
+    ("revenue.js", "text/javascript"),
     ("system.js", "text/javascript"),
 ];
 
