@@ -136,18 +136,15 @@ struct Entry {
     at: DateTime<Utc>,
 }
 
+/// An admin's GET, as JSON.
+async fn json_of(app: &TestApp, path: &str) -> Value {
+    app.get(path, ADMIN_KEY).await.json().await.expect(path)
+}
+
 /// One account's exported books: its grants and its ledger in entry order.
 async fn exported(app: &TestApp, account: Uuid) -> (HashMap<Uuid, Grant>, Vec<Entry>) {
     let mut grants = HashMap::new();
-    let page: Value = app
-        .get(
-            &format!("/v1/accounts/{account}/grants?limit=1000"),
-            ADMIN_KEY,
-        )
-        .await
-        .json()
-        .await
-        .expect("grants");
+    let page = json_of(app, &format!("/v1/accounts/{account}/grants?limit=1000")).await;
     for grant in page["grants"].as_array().expect("grants") {
         let price = grant["amount_paid"].as_i64().map(|paid| {
             let currency = grant["currency"].as_str().expect("a price has a currency");
@@ -168,15 +165,8 @@ async fn exported(app: &TestApp, account: Uuid) -> (HashMap<Uuid, Grant>, Vec<En
     let mut entries = Vec::new();
     let mut after = 0_i64;
     loop {
-        let page: Value = app
-            .get(
-                &format!("/v1/accounts/{account}/ledger?after={after}&limit=1000"),
-                ADMIN_KEY,
-            )
-            .await
-            .json()
-            .await
-            .expect("ledger");
+        let path = format!("/v1/accounts/{account}/ledger?after={after}&limit=1000");
+        let page = json_of(app, &path).await;
         for entry in page["entries"].as_array().expect("entries") {
             after = entry["entry_id"].as_i64().expect("id");
             entries.push(Entry {
@@ -820,12 +810,7 @@ async fn a_price_is_checked_and_replayed() {
         StatusCode::UNPROCESSABLE_ENTITY
     );
     // Nothing of the refusals was written: 5 unpriced tokens, 2 priced.
-    let grants: Value = app
-        .get(&format!("/v1/accounts/{account}/grants"), ADMIN_KEY)
-        .await
-        .json()
-        .await
-        .expect("json");
+    let grants = json_of(&app, &format!("/v1/accounts/{account}/grants")).await;
     let prices: Vec<Value> = grants["grants"]
         .as_array()
         .expect("grants")
@@ -854,12 +839,7 @@ async fn a_top_up_rule_prices_its_grants() {
         (json!(2500), json!("EUR"))
     );
     // Judged at its creation: the empty account is below its line.
-    let grants: Value = app
-        .get(&format!("/v1/accounts/{account}/grants"), ADMIN_KEY)
-        .await
-        .json()
-        .await
-        .expect("json");
+    let grants = json_of(&app, &format!("/v1/accounts/{account}/grants")).await;
     let grant = &grants["grants"][0];
     assert_eq!(grant["topup_rule_id"], made["rule_id"], "{grants}");
     assert_eq!(
@@ -892,12 +872,7 @@ async fn a_top_up_rule_prices_its_grants() {
 #[actix_web::test]
 async fn money_is_an_integer_in_the_api_document() {
     let app = TestApp::spawn().await;
-    let doc: Value = app
-        .get("/openapi.json", ADMIN_KEY)
-        .await
-        .json()
-        .await
-        .expect("json");
+    let doc = json_of(&app, "/openapi.json").await;
     let money = [
         "amount_paid",
         "deferred",
