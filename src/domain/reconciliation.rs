@@ -226,22 +226,25 @@ impl Report {
     /// `reconciliation_2026-11-01_2026-12-01.csv` (with the time of day,
     /// `…_2026-11-01T10-30-00Z_…`, when a bound is not a UTC midnight).
     pub fn csv_file_name(&self) -> String {
-        let bound = |text: &str| {
-            let instant = DateTime::parse_from_rfc3339(text).map(|t| t.with_timezone(&Utc));
-            match instant {
-                Ok(instant) if instant.time() == chrono::NaiveTime::MIN => {
-                    instant.format("%Y-%m-%d").to_string()
-                }
-                Ok(instant) => instant.format("%Y-%m-%dT%H-%M-%SZ").to_string(),
-                Err(_) => "period".to_owned(),
-            }
-        };
-        format!(
-            "reconciliation_{}_{}.csv",
-            bound(&self.from),
-            bound(&self.to)
-        )
+        period_file_name("reconciliation", &self.from, &self.to)
     }
+}
+
+/// `<prefix>_<from>_<to>.csv` for a report of a period: each bound a date
+/// when it is a UTC midnight, else with its time of day
+/// (`…_2026-11-01T10-30-00Z_…`).
+pub fn period_file_name(prefix: &str, from: &str, to: &str) -> String {
+    let bound = |text: &str| {
+        let instant = DateTime::parse_from_rfc3339(text).map(|t| t.with_timezone(&Utc));
+        match instant {
+            Ok(instant) if instant.time() == chrono::NaiveTime::MIN => {
+                instant.format("%Y-%m-%d").to_string()
+            }
+            Ok(instant) => instant.format("%Y-%m-%dT%H-%M-%SZ").to_string(),
+            Err(_) => "period".to_owned(),
+        }
+    };
+    format!("{prefix}_{}_{}.csv", bound(from), bound(to))
 }
 
 use crate::time::rfc3339;

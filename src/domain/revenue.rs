@@ -31,7 +31,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::domain::checks::Discrepancy;
-use crate::domain::reconciliation::{csv_text, joined, reconcile, AccountLine};
+use crate::domain::reconciliation::{csv_text, joined, period_file_name, reconcile, AccountLine};
 use crate::error::ApiError;
 
 /// Tokens of a period, as the money figures beside them count them.
@@ -187,14 +187,7 @@ pub struct RevenueReport {
 impl RevenueReport {
     /// `revenue_<from>_<to>.csv`, as the reconciliation names its file.
     pub fn csv_file_name(&self) -> String {
-        let bound = |text: &str| match DateTime::parse_from_rfc3339(text) {
-            Ok(instant) if instant.time() == chrono::NaiveTime::MIN => {
-                instant.format("%Y-%m-%d").to_string()
-            }
-            Ok(instant) => instant.format("%Y-%m-%dT%H-%M-%SZ").to_string(),
-            Err(_) => "period".to_owned(),
-        };
-        format!("revenue_{}_{}.csv", bound(&self.from), bound(&self.to))
+        period_file_name("revenue", &self.from, &self.to)
     }
 }
 

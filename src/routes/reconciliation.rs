@@ -114,20 +114,36 @@ async fn get_reconciliation(
             .await?
         }
     };
+    Ok(csv_or_json(
+        &request,
+        report.csv_file_name(),
+        || to_csv(&report),
+        &report,
+    ))
+}
+
+/// A report's answer: CSV, as a download named `file_name`, when the
+/// request's `Accept` asks for `text/csv`; else JSON.
+pub(crate) fn csv_or_json(
+    request: &HttpRequest,
+    file_name: String,
+    csv: impl FnOnce() -> String,
+    json: &impl serde::Serialize,
+) -> HttpResponse {
     let wants_csv = request
         .headers()
         .get(header::ACCEPT)
         .and_then(|value| value.to_str().ok())
         .is_some_and(|accept| accept.contains("text/csv"));
-    Ok(if wants_csv {
+    if wants_csv {
         HttpResponse::Ok()
             .content_type("text/csv; charset=utf-8")
             .insert_header(header::ContentDisposition {
                 disposition: header::DispositionType::Attachment,
-                parameters: vec![header::DispositionParam::Filename(report.csv_file_name())],
+                parameters: vec![header::DispositionParam::Filename(file_name)],
             })
-            .body(to_csv(&report))
+            .body(csv())
     } else {
-        HttpResponse::Ok().json(report)
-    })
+        HttpResponse::Ok().json(json)
+    }
 }

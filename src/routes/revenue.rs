@@ -1,7 +1,6 @@
 //! Revenue in money (finance, admin): the period report, JSON or CSV with
 //! `Accept: text/csv`, and the deferred balance at an instant.
 
-use actix_web::http::header;
 use actix_web::{get, web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 use uuid::Uuid;
@@ -100,22 +99,12 @@ async fn get_revenue(
         )
     })
     .await?;
-    let wants_csv = request
-        .headers()
-        .get(header::ACCEPT)
-        .and_then(|value| value.to_str().ok())
-        .is_some_and(|accept| accept.contains("text/csv"));
-    Ok(if wants_csv {
-        HttpResponse::Ok()
-            .content_type("text/csv; charset=utf-8")
-            .insert_header(header::ContentDisposition {
-                disposition: header::DispositionType::Attachment,
-                parameters: vec![header::DispositionParam::Filename(report.csv_file_name())],
-            })
-            .body(to_csv(&report))
-    } else {
-        HttpResponse::Ok().json(report)
-    })
+    Ok(super::reconciliation::csv_or_json(
+        &request,
+        report.csv_file_name(),
+        || to_csv(&report),
+        &report,
+    ))
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]

@@ -7,7 +7,7 @@ use std::process::{Command, Output};
 
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
-use serde_json::Value;
+use serde_json::{json, Value};
 use uuid::Uuid;
 
 use crate::helpers::{server_url, TestDatabase};
@@ -392,6 +392,54 @@ fn keys_are_listed_and_revoked_and_credits_are_idempotent_from_the_command_line(
     assert!(reused.stdout.is_empty());
     let listed = json_stdout(&run(&url, &["account", "list"]));
     assert_eq!(listed["accounts"][0]["available"], 500, "{listed}");
+    // A price: both flags, an ISO 4217 code, whole minor units.
+    let priced = [
+        "credit",
+        "--account",
+        &account,
+        "--amount",
+        "10",
+        "--external-ref",
+        "invoice-43",
+        "--amount-paid",
+        "1999",
+        "--currency",
+        "EUR",
+    ];
+    let credit = json_stdout(&run(&url, &priced));
+    assert_eq!(
+        (credit["amount_paid"].clone(), credit["currency"].clone()),
+        (json!(1999), json!("EUR"))
+    );
+    for (flags, says) in [
+        (&["--amount-paid", "1999"][..], "--currency"),
+        (
+            &["--amount-paid", "1999", "--currency", "EURO"][..],
+            "ISO 4217",
+        ),
+        (
+            &["--amount-paid=-5", "--currency", "EUR"][..],
+            "--amount-paid",
+        ),
+    ] {
+        let mut args = vec![
+            "credit",
+            "--account",
+            &account,
+            "--amount",
+            "1",
+            "--external-ref",
+            "x",
+        ];
+        args.extend_from_slice(flags);
+        let refused = run(&url, &args);
+        assert!(!refused.status.success(), "{flags:?} was accepted");
+        assert!(
+            text(&refused.stderr).contains(says),
+            "{flags:?}: {}",
+            text(&refused.stderr)
+        );
+    }
 
     // api-key list / revoke.
     let created = json_stdout(&run(

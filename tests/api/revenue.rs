@@ -3,7 +3,7 @@
 //! The property: random histories on two accounts — credits priced in EUR
 //! or USD (promotional ones at 0 among them) or unpriced, with and without
 //! expiries; positive adjustments priced or not, removals; reserves, full
-//! and partial commits, releases; grants made to lapse — and after every
+//! and partial commits, releases, extensions; grants made to lapse — and after every
 //! step an instant; retention passes in between. At every instant the service's deferred revenue, and
 //! over every step's period its sales, recognised revenue, breakage,
 //! adjustments and tokens, must equal a replay of the exported ledger done
@@ -66,6 +66,11 @@ enum Step {
     Release {
         which: usize,
     },
+    /// Asks a held reservation for a day more (capped at its grants'
+    /// lapse): it moves no token.
+    Extend {
+        which: usize,
+    },
     /// One of the account's grants lapses now; the next reserve writes it.
     Lapse {
         account: usize,
@@ -95,6 +100,7 @@ fn step() -> impl Strategy<Value = Step> {
         4 => (0..2_usize, 1..6_i64).prop_map(|(account, tokens)| Step::Reserve { account, tokens }),
         4 => (any::<usize>(), 1..6_i64).prop_map(|(which, part)| Step::Commit { which, part }),
         1 => any::<usize>().prop_map(|which| Step::Release { which }),
+        1 => any::<usize>().prop_map(|which| Step::Extend { which }),
         1 => (0..2_usize, any::<usize>()).prop_map(|(account, which)| Step::Lapse { account, which }),
         1 => Just(Step::Retention),
     ]
@@ -130,18 +136,15 @@ struct Entry {
     at: DateTime<Utc>,
 }
 
+/// An admin's GET, as JSON.
+async fn json_of(app: &TestApp, path: &str) -> Value {
+    app.get(path, ADMIN_KEY).await.json().await.expect(path)
+}
+
 /// One account's exported books: its grants and its ledger in entry order.
 async fn exported(app: &TestApp, account: Uuid) -> (HashMap<Uuid, Grant>, Vec<Entry>) {
     let mut grants = HashMap::new();
-    let page: Value = app
-        .get(
-            &format!("/v1/accounts/{account}/grants?limit=1000"),
-            ADMIN_KEY,
-        )
-        .await
-        .json()
-        .await
-        .expect("grants");
+    let page = json_of(app, &format!("/v1/accounts/{account}/grants?limit=1000")).await;
     for grant in page["grants"].as_array().expect("grants") {
         let price = grant["amount_paid"].as_i64().map(|paid| {
             let currency = grant["currency"].as_str().expect("a price has a currency");
@@ -162,15 +165,8 @@ async fn exported(app: &TestApp, account: Uuid) -> (HashMap<Uuid, Grant>, Vec<En
     let mut entries = Vec::new();
     let mut after = 0_i64;
     loop {
-        let page: Value = app
-            .get(
-                &format!("/v1/accounts/{account}/ledger?after={after}&limit=1000"),
-                ADMIN_KEY,
-            )
-            .await
-            .json()
-            .await
-            .expect("ledger");
+        let path = format!("/v1/accounts/{account}/ledger?after={after}&limit=1000");
+        let page = json_of(app, &path).await;
         for entry in page["entries"].as_array().expect("entries") {
             after = entry["entry_id"].as_i64().expect("id");
             entries.push(Entry {
@@ -506,6 +502,25 @@ async fn apply(app: &TestApp, conn: &mut PgConnection, history: &mut History, st
                 .await;
             assert_eq!(answer.status(), StatusCode::OK, "a release");
         }
+        Step::Extend { which } => {
+            if history.held.is_empty() {
+                return;
+            }
+            let (account, reservation, _) = history.held[which % history.held.len()];
+            let id = history.accounts[account];
+            let answer = app
+                .post(
+                    &format!("/v1/accounts/{id}/reservations/{reservation}/extend"),
+                    &history.kiosks[account],
+                    &json!({"ttl_seconds": 86_400}),
+                )
+                .await;
+            assert!(
+                !answer.status().is_server_error(),
+                "an extension: {}",
+                answer.status()
+            );
+        }
         Step::Lapse { account, which } => {
             let grants = &history.grants[*account];
             if grants.is_empty() {
@@ -795,12 +810,7 @@ async fn a_price_is_checked_and_replayed() {
         StatusCode::UNPROCESSABLE_ENTITY
     );
     // Nothing of the refusals was written: 5 unpriced tokens, 2 priced.
-    let grants: Value = app
-        .get(&format!("/v1/accounts/{account}/grants"), ADMIN_KEY)
-        .await
-        .json()
-        .await
-        .expect("json");
+    let grants = json_of(&app, &format!("/v1/accounts/{account}/grants")).await;
     let prices: Vec<Value> = grants["grants"]
         .as_array()
         .expect("grants")
@@ -829,12 +839,7 @@ async fn a_top_up_rule_prices_its_grants() {
         (json!(2500), json!("EUR"))
     );
     // Judged at its creation: the empty account is below its line.
-    let grants: Value = app
-        .get(&format!("/v1/accounts/{account}/grants"), ADMIN_KEY)
-        .await
-        .json()
-        .await
-        .expect("json");
+    let grants = json_of(&app, &format!("/v1/accounts/{account}/grants")).await;
     let grant = &grants["grants"][0];
     assert_eq!(grant["topup_rule_id"], made["rule_id"], "{grants}");
     assert_eq!(
@@ -860,4 +865,57 @@ async fn a_top_up_rule_prices_its_grants() {
             .await;
         assert_eq!(refused.status(), StatusCode::BAD_REQUEST, "{body}");
     }
+}
+
+/// Money is never a float: every money member of the OpenAPI document is an
+/// integer.
+#[actix_web::test]
+async fn money_is_an_integer_in_the_api_document() {
+    let app = TestApp::spawn().await;
+    let doc = json_of(&app, "/openapi.json").await;
+    let money = [
+        "amount_paid",
+        "deferred",
+        "deferred_opening",
+        "deferred_closing",
+        "sales",
+        "recognized",
+        "breakage",
+        "adjustments",
+    ];
+    let mut seen = 0;
+    for (name, schema) in doc["components"]["schemas"].as_object().expect("schemas") {
+        let Some(properties) = schema["properties"].as_object() else {
+            continue;
+        };
+        for (member, property) in properties {
+            if money.contains(&member.as_str()) {
+                seen += 1;
+                assert!(integer(&doc, property), "{name}.{member}: {property}");
+            }
+        }
+    }
+    assert!(seen >= 10, "only {seen} money members found");
+}
+
+/// Whether a schema is an integer (or null), following `$ref`s and the
+/// members of a `oneOf` / `anyOf`.
+fn integer(doc: &Value, schema: &Value) -> bool {
+    if let Some(reference) = schema["$ref"].as_str() {
+        let name = reference.trim_start_matches("#/components/schemas/");
+        return integer(doc, &doc["components"]["schemas"][name]);
+    }
+    for union in ["oneOf", "anyOf"] {
+        if let Some(members) = schema[union].as_array() {
+            return members
+                .iter()
+                .filter(|member| member["type"] != json!("null"))
+                .all(|member| integer(doc, member));
+        }
+    }
+    let types = match &schema["type"] {
+        Value::Array(types) => types.clone(),
+        single => vec![single.clone()],
+    };
+    types.contains(&json!("integer")) && !types.contains(&json!("number"))
 }
