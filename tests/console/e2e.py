@@ -231,7 +231,7 @@ def revenue_report(driver, to=None):
         # One read of the page (the result is redrawn under a report in flight).
         message, period = d.execute_script("""
             const summary = document.getElementById('revenue-summary');
-            return [document.querySelector('#revenue-form ~ .message').textContent,
+            return [document.querySelector('#revenue-form ~ .message')?.textContent ?? '',
                     summary && document.getElementById('revenue-status')
                       ? [summary.dataset.from, summary.dataset.to] : null]""")
         if "instant_not_closed" in message:
