@@ -41,6 +41,9 @@ from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 TB_URL = os.environ["TB_URL"].rstrip("/")
+# Text a page must never show: a null, undefined or NaN handed to the DOM,
+# or an object rendered as text ("[object HTMLHeadingElement]" included).
+STRAY_TEXT = re.compile(r".{0,30}(?:\b(?:null|undefined|NaN)\b|\[object \w+\]).{0,30}")
 ADMIN_KEY = os.environ["TB_ADMIN_KEY"]
 SHOTS = os.environ["CONSOLE_SCREENSHOTS"]
 DOWNLOADS = os.environ["CONSOLE_DOWNLOADS"]
@@ -397,7 +400,7 @@ def scenario(driver):
     # No stray text anywhere on the rendered page (a null handed to the
     # DOM's own append once printed "null" under the grants table).
     page_text = driver.execute_script("return document.body.innerText")
-    stray = re.findall(r".{0,30}\b(?:null|undefined|NaN|\[object Object\])\b.{0,30}", page_text)
+    stray = STRAY_TEXT.findall(page_text)
     check(not stray, f"stray text on the account page: {stray}")
     check(text_of(driver, f"{promo_row} [data-field=status]") == "active", f"promo grant {text_of(driver, promo_row)!r}")
     check(text_of(driver, f"{promo_row} [data-field=priority]") == "10", f"promo grant {text_of(driver, promo_row)!r}")
@@ -686,8 +689,7 @@ def revenue_scenario(driver, suffix):
         check(bar.get_attribute("data-minor") == str(minor) and float(bar.get_attribute("height")) > 0,
               f"{currency} bar of {today}: {bar.get_attribute('data-minor')}, height {bar.get_attribute('height')}")
     wait_text(driver, "#revenue-chart-EUR figcaption", "EUR: recognized 3.40, breakage 0.00")
-    stray = re.findall(r".{0,30}(?:\b(?:null|undefined|NaN)\b|\[object \w+\]).{0,30}",
-                       driver.execute_script("return document.body.innerText"))
+    stray = STRAY_TEXT.findall(driver.execute_script("return document.body.innerText"))
     check(not stray, f"stray text on the revenue page: {stray}")
     check_layout(driver, "04b-revenue")
 
