@@ -27,6 +27,19 @@ pub enum ApiError {
     MethodNotAllowed { allowed: Vec<&'static str> },
     #[error("insufficient tokens")]
     InsufficientTokens { available: i64, reserved: i64 },
+    /// The presented kiosk key's budget (`budget_tokens` per
+    /// `budget_period`) has fewer than the asked tokens left.
+    #[error(
+        "this kiosk key's budget of {budget_tokens} tokens per {budget_period} has {remaining} \
+         left{}: an admin raises it with PATCH /v1/api-keys/{{key_id}}",
+        resets_at.as_deref().map(|at| format!(" until {at}")).unwrap_or_default()
+    )]
+    KeyBudgetExhausted {
+        remaining: i64,
+        resets_at: Option<String>,
+        budget_tokens: i64,
+        budget_period: String,
+    },
     #[error("reservation is not held (state {state})")]
     ReservationNotHeld { state: String },
     #[error("this reservation belongs to a generation job; its worker resolves it")]
@@ -86,6 +99,7 @@ impl ApiError {
             ApiError::NotFound(_) => "not_found",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::InsufficientTokens { .. } => "insufficient_tokens",
+            ApiError::KeyBudgetExhausted { .. } => "key_budget_exhausted",
             ApiError::ReservationNotHeld { .. } => "reservation_not_held",
             ApiError::ReservationOwnedByJob => "reservation_owned_by_job",
             ApiError::AccountSuspended => "account_suspended",
@@ -110,6 +124,7 @@ impl ApiError {
             ApiError::NotFound(_) => "Not found",
             ApiError::MethodNotAllowed { .. } => "Method not allowed",
             ApiError::InsufficientTokens { .. } => "Insufficient tokens",
+            ApiError::KeyBudgetExhausted { .. } => "Key budget exhausted",
             ApiError::ReservationNotHeld { .. } => "Reservation not held",
             ApiError::ReservationOwnedByJob => "Reservation owned by a job",
             ApiError::AccountSuspended => "Account suspended",
@@ -167,6 +182,12 @@ impl ApiError {
                 available: 1,
                 reserved: 2,
             },
+            ApiError::KeyBudgetExhausted {
+                remaining: 0,
+                resets_at: Some("x".into()),
+                budget_tokens: 10,
+                budget_period: "day".into(),
+            },
             ApiError::ReservationNotHeld {
                 state: "committed".into(),
             },
@@ -209,6 +230,7 @@ impl ApiError {
             | ApiError::NotFound(_)
             | ApiError::MethodNotAllowed { .. }
             | ApiError::InsufficientTokens { .. }
+            | ApiError::KeyBudgetExhausted { .. }
             | ApiError::ReservationNotHeld { .. }
             | ApiError::ReservationOwnedByJob
             | ApiError::AccountSuspended
@@ -250,6 +272,14 @@ impl ApiError {
                 extra.insert("available".into(), json!(available));
                 extra.insert("reserved".into(), json!(reserved));
             }
+            ApiError::KeyBudgetExhausted {
+                remaining,
+                resets_at,
+                ..
+            } => {
+                extra.insert("remaining".into(), json!(remaining));
+                extra.insert("resets_at".into(), json!(resets_at));
+            }
             ApiError::ReservationNotHeld { state } => {
                 extra.insert("state".into(), json!(state));
             }
@@ -276,7 +306,9 @@ impl ResponseError for ApiError {
             ApiError::Forbidden => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
-            ApiError::InsufficientTokens { .. } => StatusCode::PAYMENT_REQUIRED,
+            ApiError::InsufficientTokens { .. } | ApiError::KeyBudgetExhausted { .. } => {
+                StatusCode::PAYMENT_REQUIRED
+            }
             ApiError::ReservationNotHeld { .. }
             | ApiError::ReservationOwnedByJob
             | ApiError::AccountSuspended
@@ -483,6 +515,7 @@ pub enum ProblemCode {
     NotFound,
     MethodNotAllowed,
     InsufficientTokens,
+    KeyBudgetExhausted,
     ReservationNotHeld,
     ReservationOwnedByJob,
     AccountSuspended,
@@ -522,6 +555,15 @@ pub struct Problem {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub reserved: Option<i64>,
+    /// With `key_budget_exhausted`: the tokens the key's budget has left in
+    /// its period.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub remaining: Option<i64>,
+    /// With `key_budget_exhausted`: when the budget's period ends (RFC
+    /// 3339); null for a `total` budget, which never resets.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resets_at: Option<String>,
     /// With `reservation_not_held`: the reservation's state.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]

@@ -256,7 +256,10 @@ impl Metrics {
                 &webhook_deliveries_total,
                 &["delivered", "retrying", "exhausted", "endpoint_gone"],
             ),
-            (&reservations_total, &["created", "insufficient", "limited"]),
+            (
+                &reservations_total,
+                &["created", "insufficient", "key_budget", "limited"],
+            ),
             (
                 &reservation_resolutions_total,
                 &["committed", "released", "expired"],
@@ -401,6 +404,7 @@ impl Metrics {
                     "created"
                 }
                 EngineOutcome::InsufficientTokens => "insufficient",
+                EngineOutcome::KeyBudgetExhausted => "key_budget",
                 EngineOutcome::TooManyActiveReservations => "limited",
                 _ => return,
             };

@@ -17,7 +17,7 @@ use utoipa::{Modify, OpenApi};
 use crate::domain::{
     accounts, api_keys, audit, checks, credits, events, history, idempotency, jobs, ledger,
 };
-use crate::domain::{grants, reconciliation, reservations, revenue, system, topups};
+use crate::domain::{grants, key_budgets, reconciliation, reservations, revenue, system, topups};
 use crate::engine::types;
 use crate::error::{ApiError, ExistingBooking, Problem, ProblemCode};
 use crate::routes;
@@ -74,6 +74,7 @@ mod problems;
         routes::jobs::list_jobs,
         routes::reconciliation::get_reconciliation,
         routes::revenue::get_revenue,
+        routes::api_keys::update_key,
         routes::revenue::get_deferred,
         routes::events::list_events,
         routes::webhooks::create_endpoint,
@@ -137,6 +138,9 @@ mod problems;
         reconciliation::Totals,
         reconciliation::RuleCredits,
         revenue::RevenueReport,
+        key_budgets::KeyBudget,
+        key_budgets::BudgetSpec,
+        key_budgets::BudgetPeriod,
         revenue::RevenueAccount,
         revenue::CurrencyLine,
         revenue::TokenFigures,

@@ -163,6 +163,8 @@ text_enum! {
         JobFailed => "job.failed",
         InvariantViolated => "invariant.violated",
         EndpointDisabled => "endpoint.disabled",
+        KeyBudgetLow => "key.budget_low",
+        KeyBudgetExhausted => "key.budget_exhausted",
     }
 }
 

@@ -21,6 +21,7 @@ use uuid::Uuid;
 use crate::db::models::{ApiKeyRow, NewApiKey};
 use crate::db::schema::{accounts, api_keys};
 use crate::domain::audit::{self, Audit};
+use crate::domain::key_budgets::{self, BudgetSpec, KeyBudget};
 use crate::domain::paging::{page_limit, page_of};
 use crate::engine::types::{AccountId, ApiKeyId, Label};
 use crate::error::ApiError;
@@ -375,6 +376,9 @@ pub struct ApiKeyView {
     pub expires_at: Option<DateTime<Utc>>,
     #[serde(with = "crate::time::micros_option")]
     pub revoked_at: Option<DateTime<Utc>>,
+    /// A kiosk key's spending limit and what it spent in the current
+    /// period; null: none (docs/api.md, "Key budgets").
+    pub budget: Option<KeyBudget>,
 }
 
 /// One page of the key list, in key id order; `next_after` is the cursor
@@ -405,6 +409,8 @@ pub fn list_api_keys(
         query = query.filter(api_keys::account_id.eq(account.0));
     }
     let (rows, next_after) = page_of(query.load(conn)?, limit, |row: &ApiKeyRow| ApiKeyId(row.id));
+    let ids: Vec<Uuid> = rows.iter().map(|row| row.id).collect();
+    let mut budgets = key_budgets::budgets_of(conn, &ids)?;
     let keys = rows
         .into_iter()
         .map(|row| {
@@ -418,6 +424,7 @@ pub fn list_api_keys(
                 last_used_at: row.last_used_at,
                 expires_at: row.expires_at,
                 revoked_at: row.revoked_at,
+                budget: budgets.remove(&row.id),
             })
         })
         .collect::<Result<_, ApiError>>()?;
@@ -453,6 +460,8 @@ pub struct CreatedApiKey {
     /// When the key stops working (401 from then on); null: never.
     #[serde(with = "crate::time::micros_option")]
     pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// A kiosk key's spending limit; null: none.
+    pub budget: Option<KeyBudget>,
 }
 
 impl std::fmt::Debug for CreatedApiKey {
@@ -475,7 +484,7 @@ pub fn create_api_key(
     account: Option<AccountId>,
     label: &Label,
 ) -> Result<CreatedApiKey, ApiError> {
-    create_api_key_by(conn, &Audit::local(), scope, account, label, None)
+    create_api_key_by(conn, &Audit::local(), scope, account, label, None, None)
 }
 
 /// Parses an optional `expires_at` (RFC 3339 or a date, `crate::time`),
@@ -494,8 +503,8 @@ pub fn parse_expires_at(text: Option<&str>) -> Result<Option<DateTime<Utc>>, Api
 }
 
 /// Creates a key and its audit event (`api_key.created`) in one
-/// transaction. Kiosk keys must name an existing account; admin and
-/// finance keys must not name one.
+/// transaction. Kiosk keys must name an existing account, and may carry a
+/// budget; admin and finance keys must not name one.
 pub fn create_api_key_by(
     conn: &mut PgConnection,
     by: &Audit,
@@ -503,11 +512,15 @@ pub fn create_api_key_by(
     account: Option<AccountId>,
     label: &Label,
     expires_at: Option<DateTime<Utc>>,
+    budget: Option<&BudgetSpec>,
 ) -> Result<CreatedApiKey, ApiError> {
     if (scope == Scope::Kiosk) != account.is_some() {
         return Err(ApiError::InvalidRequest(
             "kiosk keys are created on an account; admin and finance keys on /v1/api-keys".into(),
         ));
+    }
+    if let Some(budget) = budget {
+        key_budgets::check(conn, budget)?;
     }
     if let Some(account) = account {
         let exists: bool = diesel::select(diesel::dsl::exists(accounts::table.find(account.0)))
@@ -532,6 +545,9 @@ pub fn create_api_key_by(
             })
             .returning(ApiKeyRow::as_returning())
             .get_result(conn)?;
+        if budget.is_some() {
+            key_budgets::write(conn, row.id, budget)?;
+        }
         audit::record(
             conn,
             by,
@@ -543,10 +559,12 @@ pub fn create_api_key_by(
                 "account_id": row.account_id,
                 "label": row.label,
                 "expires_at": row.expires_at,
+                "budget_tokens": budget.map(|budget| budget.budget_tokens),
             })),
         )?;
         Ok::<_, ApiError>(row)
     })?;
+    let budget = key_budgets::budgets_of(conn, &[row.id])?.remove(&row.id);
     Ok(CreatedApiKey {
         key_id: ApiKeyId(row.id),
         key: format!("{KEY_PREFIX}{}_{secret}", key_id.simple()),
@@ -555,6 +573,7 @@ pub fn create_api_key_by(
         label: row.label,
         created_at: row.created_at,
         expires_at: row.expires_at,
+        budget,
     })
 }
 

@@ -11,6 +11,7 @@ pub mod history;
 pub mod idempotency;
 pub mod job_leases;
 pub mod jobs;
+pub mod key_budgets;
 pub mod ledger;
 pub mod ledger_digest;
 pub mod paging;

@@ -555,7 +555,7 @@ pub fn get_rule(
     decode(shown.ok_or(ApiError::NotFound("top-up rule"))?)
 }
 
-fn lock_account(conn: &mut PgConnection, account: AccountId) -> Result<(), ApiError> {
+pub(crate) fn lock_account(conn: &mut PgConnection, account: AccountId) -> Result<(), ApiError> {
     #[derive(QueryableByName)]
     struct Locked {
         #[diesel(sql_type = SqlUuid)]
@@ -570,7 +570,7 @@ fn lock_account(conn: &mut PgConnection, account: AccountId) -> Result<(), ApiEr
     Ok(())
 }
 
-fn check_time_zone(conn: &mut PgConnection, zone: &str) -> Result<(), ApiError> {
+pub(crate) fn check_time_zone(conn: &mut PgConnection, zone: &str) -> Result<(), ApiError> {
     #[derive(QueryableByName)]
     struct Known {
         #[diesel(sql_type = Bool)]

@@ -28,6 +28,7 @@ pub enum Outcome {
     Forbidden,
     AccountSuspended,
     InsufficientTokens,
+    KeyBudgetExhausted,
     TooManyActiveReservations,
     NotHeld,
     OwnedByJob,
@@ -43,7 +44,7 @@ pub enum Outcome {
     ExpiryPassed,
 }
 
-const OUTCOMES: [(Outcome, &str); 22] = [
+const OUTCOMES: [(Outcome, &str); 23] = [
     (Outcome::Created, "created"),
     (Outcome::Replayed, "replayed"),
     (Outcome::Committed, "committed"),
@@ -57,6 +58,7 @@ const OUTCOMES: [(Outcome, &str); 22] = [
     (Outcome::Forbidden, "forbidden"),
     (Outcome::AccountSuspended, "account_suspended"),
     (Outcome::InsufficientTokens, "insufficient_tokens"),
+    (Outcome::KeyBudgetExhausted, "key_budget_exhausted"),
     (
         Outcome::TooManyActiveReservations,
         "too_many_active_reservations",
@@ -193,6 +195,21 @@ impl Answer {
             Outcome::InsufficientTokens => ApiError::InsufficientTokens {
                 available: self.number("available"),
                 reserved: self.number("reserved"),
+            },
+            Outcome::KeyBudgetExhausted => ApiError::KeyBudgetExhausted {
+                remaining: self.number("remaining"),
+                resets_at: self
+                    .detail
+                    .get("resets_at")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned),
+                budget_tokens: self.number("budget_tokens"),
+                budget_period: self
+                    .detail
+                    .get("budget_period")
+                    .and_then(Value::as_str)
+                    .unwrap_or("period")
+                    .to_owned(),
             },
             Outcome::TooManyActiveReservations => ApiError::TooManyActiveReservations {
                 limit: i32::try_from(self.number("limit")).unwrap_or(i32::MAX),

@@ -179,6 +179,22 @@ fn data_of(event_type: EventType) -> (bool, &'static str, Vec<(&'static str, Val
                 ),
             ],
         ),
+        EventType::KeyBudgetLow | EventType::KeyBudgetExhausted => (
+            false,
+            if event_type == EventType::KeyBudgetLow {
+                "A kiosk key spent `budget_low_percent` of its budget in the current period \
+                 (once a period)."
+            } else {
+                "A kiosk key spent all of its budget in the current period (once a period): \
+                 its reserves are refused with `key_budget_exhausted` until it resets."
+            },
+            vec![
+                ("account_id", json!({"type": "string", "format": "uuid"})),
+                ("key_id", json!({"type": "string", "format": "uuid"})),
+                ("label", json!({"type": "string"})),
+                ("budget", reference("KeyBudget")),
+            ],
+        ),
         EventType::EndpointDisabled => (
             false,
             "A webhook endpoint was disabled (410, or failing for \

@@ -20,6 +20,7 @@ use crate::domain::audit::Audit;
 use crate::domain::grants::{self, GrantPage, GrantStatus, GRANT_PAGE_DEFAULT, GRANT_PAGE_MAX};
 use crate::domain::history::{self, BalancesAsOf, BalancesAsOfPage};
 use crate::domain::idempotency::{self, Claim, Created, ReplayedApiKey};
+use crate::domain::key_budgets::BudgetSpec;
 use crate::domain::ledger::{self, LedgerPage};
 use crate::domain::paging::page_limit;
 use crate::domain::reconciliation::InstantParam;
@@ -406,6 +407,8 @@ struct CreateKioskKey {
     /// When the key stops working (RFC 3339, in the future); absent: never.
     #[schema(format = DateTime, value_type = Option<String>)]
     expires_at: Option<String>,
+    /// Its spending limit (docs/api.md, "Key budgets"); absent: none.
+    budget: Option<BudgetSpec>,
 }
 
 /// A kiosk key bound to this account; the key is in this answer only.
@@ -459,12 +462,13 @@ async fn create_kiosk_key(
         scope: KioskScope::Kiosk,
         label,
         expires_at,
+        budget,
     } = body.into_inner();
     let scope = Scope::Kiosk;
     let expires_at = parse_expires_at(expires_at.as_deref())?;
     let claim = idempotency_key(&request)?
         .map(|key| {
-            let canonical = key_canonical(scope, &label, expires_at);
+            let canonical = key_canonical(scope, &label, expires_at, budget.as_ref());
             Claim::new(
                 caller.actor(),
                 idempotency_scope(&request),
@@ -475,7 +479,15 @@ async fn create_kiosk_key(
         .transpose()?;
     let by = Audit::of(&caller);
     create_key_once(&state, claim, move |conn| {
-        create_api_key_by(conn, &by, scope, Some(account), &label, expires_at)
+        create_api_key_by(
+            conn,
+            &by,
+            scope,
+            Some(account),
+            &label,
+            expires_at,
+            budget.as_ref(),
+        )
     })
     .await
 }

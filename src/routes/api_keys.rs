@@ -1,6 +1,6 @@
 //! Admin and finance keys; the key list; revocation of any key.
 
-use actix_web::{delete, get, post, web, HttpRequest, HttpResponse};
+use actix_web::{delete, get, patch, post, web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 use uuid::Uuid;
 
@@ -12,6 +12,7 @@ use crate::domain::api_keys::{
 };
 use crate::domain::audit::Audit;
 use crate::domain::idempotency::{self, Claim, Created, ReplayedApiKey};
+use crate::domain::key_budgets::{set_budget, BudgetSpec, KeyBudget};
 use crate::engine::types::AccountId;
 use crate::engine::types::{ApiKeyId, Label};
 use crate::error::{ApiError, Problem};
@@ -20,6 +21,7 @@ pub fn configure(config: &mut web::ServiceConfig) {
     config
         .service(create_key)
         .service(list_keys)
+        .service(update_key)
         .service(revoke_key);
 }
 
@@ -51,10 +53,19 @@ pub(super) fn key_canonical(
     scope: Scope,
     label: &Label,
     expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    budget: Option<&BudgetSpec>,
 ) -> serde_json::Value {
     let mut canonical = serde_json::json!({"scope": scope.as_str(), "label": label.as_str()});
     if let Some(expires_at) = expires_at {
         canonical["expires_at"] = serde_json::json!(expires_at);
+    }
+    if let Some(budget) = budget {
+        canonical["budget"] = serde_json::json!([
+            budget.budget_tokens,
+            budget.budget_period,
+            budget.budget_time_zone,
+            budget.budget_low_percent
+        ]);
     }
     canonical
 }
@@ -133,7 +144,7 @@ async fn create_key(
     let expires_at = parse_expires_at(expires_at.as_deref())?;
     let claim = idempotency_key(&request)?
         .map(|key| {
-            let canonical = key_canonical(scope, &label, expires_at);
+            let canonical = key_canonical(scope, &label, expires_at, None);
             Claim::new(
                 caller.actor(),
                 idempotency_scope(&request),
@@ -144,7 +155,7 @@ async fn create_key(
         .transpose()?;
     let by = Audit::of(&caller);
     create_key_once(&state, claim, move |conn| {
-        create_api_key_by(conn, &by, scope, None, &label, expires_at)
+        create_api_key_by(conn, &by, scope, None, &label, expires_at, None)
     })
     .await
 }
@@ -225,4 +236,72 @@ async fn revoke_key(
     let by = Audit::of(&caller);
     run_blocking(&state.pool, move |conn| revoke_api_key(conn, &by, key)).await?;
     Ok(HttpResponse::NoContent().finish())
+}
+
+/// A key's change: its budget (only a kiosk key has one).
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+struct UpdateKey {
+    /// The kiosk key's new spending limit; null removes it. Required: it is
+    /// what a PATCH changes.
+    #[schema(required = true)]
+    budget: Option<BudgetSpec>,
+}
+
+/// A kiosk key's budget after a PATCH.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+struct UpdatedKey {
+    key_id: ApiKeyId,
+    /// The limit and what the key spent in the current period; null: none.
+    budget: Option<KeyBudget>,
+}
+
+/// Sets or removes a kiosk key's budget (admin).
+///
+/// `{"budget": {"budget_tokens": 200, "budget_period": "day",
+/// "budget_time_zone": "Europe/Berlin"}}`; `{"budget": null}` removes it.
+/// The same period and time zone keep the period's count; another starts
+/// a new count. Decided under the account's row lock, as the engine
+/// counts it.
+#[utoipa::path(
+    tag = "api-keys",
+    params(("key_id" = Uuid, Path, description = "The kiosk key (its `key_id`)")),
+    request_body = UpdateKey,
+    responses(
+        (status = 200, description = "The key's budget now", body = UpdatedKey),
+        (status = 400, description = "Invalid JSON, budget or time zone, no `budget`, or not \
+                                      a kiosk key",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Not an admin key",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such key",
+         body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body larger than 64 KiB",
+         body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])),
+)]
+#[patch("/v1/api-keys/{key_id}")]
+async fn update_key(
+    caller: Caller,
+    state: State,
+    path: web::Path<Uuid>,
+    body: JsonObject<serde_json::Map<String, serde_json::Value>>,
+) -> Result<HttpResponse, ApiError> {
+    caller.authorize_admin()?;
+    let key = ApiKeyId(path.into_inner());
+    let body = body.into_inner();
+    if !body.contains_key("budget") {
+        return Err(ApiError::InvalidRequest(
+            "send budget: the new budget, or null to remove it".into(),
+        ));
+    }
+    let UpdateKey { budget } = serde_json::from_value(serde_json::Value::Object(body))
+        .map_err(|error| ApiError::InvalidRequest(format!("invalid JSON body: {error}")))?;
+    let by = Audit::of(&caller);
+    let budget = run_blocking(&state.pool, move |conn| set_budget(conn, &by, key, budget)).await?;
+    Ok(HttpResponse::Ok().json(UpdatedKey {
+        key_id: key,
+        budget,
+    }))
 }

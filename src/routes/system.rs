@@ -9,6 +9,7 @@ use serde::Serialize;
 use super::State;
 use crate::db::{migrations_applied, run_blocking};
 use crate::domain::api_keys::{Caller, Scope};
+use crate::domain::key_budgets::{budgets_of, KeyBudget};
 use crate::domain::system::{database_summary, DatabaseSummary};
 use crate::engine::types::{AccountId, ApiKeyId};
 use crate::error::{ApiError, Problem};
@@ -109,21 +110,35 @@ pub struct WhoAmI {
     pub scope: Scope,
     /// The account of a kiosk key; null for the others.
     pub account_id: Option<AccountId>,
+    /// A kiosk key's spending limit and what it spent in the current
+    /// period (a booth reads its own); null: none.
+    pub budget: Option<KeyBudget>,
 }
 
-/// The calling key's scope and account (any valid key).
+/// The calling key's scope, account and budget (any valid key).
 ///
-/// Lets a client, such as the console, show only what the key may do.
+/// Lets a client, such as the console, show only what the key may do, and
+/// a booth how much of its budget is left.
 #[utoipa::path(
     tag = "api-keys",
     responses((status = 200, description = "The calling key", body = WhoAmI)),
     security(("bearer" = [])),
 )]
 #[get("/v1/me")]
-async fn who_am_i(caller: Caller) -> HttpResponse {
-    HttpResponse::Ok().json(WhoAmI {
+async fn who_am_i(caller: Caller, state: State) -> Result<HttpResponse, ApiError> {
+    let budget = match caller.key_id {
+        Some(key) if caller.scope == Scope::Kiosk => {
+            run_blocking(&state.pool, move |conn| {
+                budgets_of(conn, &[key.0]).map(|mut budgets| budgets.remove(&key.0))
+            })
+            .await?
+        }
+        _ => None,
+    };
+    Ok(HttpResponse::Ok().json(WhoAmI {
         key_id: caller.key_id,
         scope: caller.scope,
         account_id: caller.account_id,
-    })
+        budget,
+    }))
 }

@@ -181,6 +181,7 @@ async fn the_key_list_has_no_secret_and_filters_by_account() {
         fields,
         [
             "account_id",
+            "budget",
             "created_at",
             "expires_at",
             "key_id",

@@ -32,6 +32,7 @@ mod history;
 mod id_spellings;
 mod jobs;
 mod json_numbers;
+mod key_budgets;
 mod keys_audit;
 mod layers;
 mod leaks;

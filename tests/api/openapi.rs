@@ -8,7 +8,7 @@ use crate::helpers::{problem, TestApp, ADMIN_KEY};
 
 /// Every route the application registers, as actix spells the path. The
 /// document must list exactly these, and the app must answer each.
-const ROUTES: [(&str, &str); 49] = [
+const ROUTES: [(&str, &str); 50] = [
     ("get", "/healthz"),
     ("get", "/readyz"),
     ("get", "/metrics"),
@@ -56,6 +56,7 @@ const ROUTES: [(&str, &str); 49] = [
     ("get", "/v1/reconciliation"),
     ("get", "/v1/revenue"),
     ("get", "/v1/revenue/deferred"),
+    ("patch", "/v1/api-keys/{key_id}"),
     ("get", "/v1/events"),
     ("post", "/v1/webhook-endpoints"),
     ("get", "/v1/webhook-endpoints"),
@@ -76,13 +77,14 @@ const ROUTES: [(&str, &str); 49] = [
 ];
 
 /// The codes of `ApiError::code()`.
-const PROBLEM_CODES: [&str; 17] = [
+const PROBLEM_CODES: [&str; 18] = [
     "invalid_request",
     "unauthorized",
     "forbidden",
     "not_found",
     "method_not_allowed",
     "insufficient_tokens",
+    "key_budget_exhausted",
     "reservation_not_held",
     "reservation_owned_by_job",
     "account_suspended",
@@ -228,7 +230,7 @@ async fn v1_operations_need_a_bearer_key_and_document_401() {
             "{method} {path} does not require the bearer scheme"
         );
     }
-    assert_eq!(checked, 41, "every /v1 operation was checked");
+    assert_eq!(checked, 42, "every /v1 operation was checked");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -369,12 +369,24 @@ async fn problems_are_typed_by_status_and_code() {
             ["schema"]["$ref"],
         "#/components/schemas/Problem402"
     );
+    let choices: BTreeSet<&str> = schemas["Problem402"]["oneOf"]
+        .as_array()
+        .expect("402 answers two codes: a oneOf")
+        .iter()
+        .filter_map(|choice| choice["$ref"].as_str())
+        .collect();
     assert_eq!(
-        schemas["Problem402"]["$ref"],
-        "#/components/schemas/InsufficientTokensProblem"
+        choices,
+        BTreeSet::from([
+            "#/components/schemas/InsufficientTokensProblem",
+            "#/components/schemas/KeyBudgetExhaustedProblem"
+        ])
     );
     for member in ["available", "reserved", "code", "detail"] {
         assert!(required("InsufficientTokensProblem").contains(&member.to_owned()));
+    }
+    for member in ["remaining", "resets_at"] {
+        assert!(required("KeyBudgetExhaustedProblem").contains(&member.to_owned()));
     }
     assert!(required("TooManyActiveReservationsProblem")
         .contains(&"max_active_reservations".to_owned()));

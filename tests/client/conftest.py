@@ -46,18 +46,24 @@ class Admin:
             f"{response.status_code} {response.text}"
         return response.json() if response.content else None
 
-    def account(self, credit: int = 0, max_active_reservations: Optional[int] = None) -> Account:
+    def account(
+        self,
+        credit: int = 0,
+        max_active_reservations: Optional[int] = None,
+        budget: Optional[Dict[str, Any]] = None,
+    ) -> Account:
+        """A new account and a kiosk key of it (with ``budget``, its spending
+        limit)."""
         body: Dict[str, Any] = {"name": f"client test {uuid.uuid4()}"}
         if max_active_reservations is not None:
             body["max_active_reservations"] = max_active_reservations
         account_id = self._ok(self.http.post("/v1/accounts", json=body))["account_id"]
         if credit:
             self.credit(account_id, credit)
-        key = self._ok(
-            self.http.post(
-                f"/v1/accounts/{account_id}/api-keys", json={"scope": "kiosk", "label": "test"}
-            )
-        )["key"]
+        key_body: Dict[str, Any] = {"scope": "kiosk", "label": "test"}
+        if budget is not None:
+            key_body["budget"] = budget
+        key = self._ok(self.http.post(f"/v1/accounts/{account_id}/api-keys", json=key_body))["key"]
         return Account(account_id, key)
 
     def credit(self, account_id: str, amount: int) -> None:

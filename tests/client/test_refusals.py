@@ -17,6 +17,7 @@ from token_billing_kiosk import (
     ApiError,
     IdempotencyKeyReused,
     InsufficientTokens,
+    KeyBudgetExhausted,
     Kiosk,
     RateLimited,
     ReservationNotHeld,
@@ -25,6 +26,20 @@ from token_billing_kiosk import (
 )
 
 MakeKiosk = Callable[..., Kiosk]
+
+
+def test_a_spent_key_budget_is_its_own_refusal(admin: Admin, new_kiosk: MakeKiosk) -> None:
+    account = admin.account(credit=10, budget={"budget_tokens": 2, "budget_period": "total"})
+    kiosk = new_kiosk(account)
+    held = kiosk.reserve(2)
+    with pytest.raises(KeyBudgetExhausted) as spent:
+        kiosk.reserve(1)
+    assert (spent.value.status, spent.value.code) == (402, "key_budget_exhausted")
+    assert (spent.value.remaining, spent.value.resets_at) == (0, None)
+    assert not isinstance(spent.value, InsufficientTokens)
+    # A release gives the budget back.
+    kiosk.release(held)
+    kiosk.release(kiosk.reserve(2))
 
 
 def test_insufficient_tokens_carries_available_and_reserved(

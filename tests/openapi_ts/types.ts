@@ -17,7 +17,14 @@ type Event = components["schemas"]["EventView"];
 type Low = Extract<Event, { type: "account.balance_low" }>;
 type Requested = Extract<Event, { type: "topup.requested" }>;
 type Reserve = paths["/v1/accounts/{account_id}/reservations"]["post"]["responses"];
-type Insufficient = Reserve[402]["content"]["application/problem+json"];
+type Insufficient = Extract<
+  Reserve[402]["content"]["application/problem+json"],
+  { code: "insufficient_tokens" }
+>;
+type BudgetSpent = Extract<
+  Reserve[402]["content"]["application/problem+json"],
+  { code: "key_budget_exhausted" }
+>;
 type Busy = Extract<
   Reserve[429]["content"]["application/problem+json"],
   { code: "too_many_active_reservations" }
@@ -60,5 +67,7 @@ export type Checks = [
   Expect<Equal<Insufficient["code"], "insufficient_tokens">>,
   Expect<Equal<Insufficient["available"], number>>,
   Expect<Equal<Insufficient["reserved"], number>>,
+  Expect<Equal<BudgetSpent["remaining"], number>>,
+  Expect<Equal<BudgetSpent["resets_at"], string | null>>,
   Expect<Equal<Busy["max_active_reservations"], number>>,
 ];

@@ -114,6 +114,20 @@ export class InsufficientTokens extends ApiError {
   }
 }
 
+/**
+ * 402: this kiosk key's budget (its spending limit per period) has fewer
+ * tokens left than asked: `remaining` until `resetsAt` (RFC 3339; null for a
+ * budget that never resets). The account may still hold tokens.
+ */
+export class KeyBudgetExhausted extends ApiError {
+  get remaining(): number {
+    return integer(this.problem.remaining);
+  }
+  get resetsAt(): string | null {
+    return typeof this.problem.resets_at === "string" ? this.problem.resets_at : null;
+  }
+}
+
 /** 409: the account is suspended; nothing can be spent. */
 export class AccountSuspended extends ApiError {}
 
@@ -146,6 +160,7 @@ export class ReservationNotHeld extends ApiError {
 
 const BY_CODE: Record<string, typeof ApiError> = {
   insufficient_tokens: InsufficientTokens,
+  key_budget_exhausted: KeyBudgetExhausted,
   account_suspended: AccountSuspended,
   too_many_active_reservations: TooManyActiveReservations,
   rate_limited: RateLimited,

@@ -77,6 +77,8 @@ export const EVENT_TYPES = [
   "job.failed",
   "invariant.violated",
   "endpoint.disabled",
+  "key.budget_low",
+  "key.budget_exhausted",
 ] as const;
 
 export type EventType = (typeof EVENT_TYPES)[number];
@@ -190,6 +192,29 @@ export interface EventData {
     last_status_code: number | null;
     last_error: string | null;
   };
+  "key.budget_low": KeyBudgetEventData;
+  "key.budget_exhausted": KeyBudgetEventData;
+}
+
+/** A kiosk key's budget (`GET /v1/me`, the key list, `key.budget_*`). */
+export interface KeyBudget {
+  budget_tokens: number;
+  budget_period: "day" | "week" | "month" | "total";
+  budget_time_zone: string;
+  budget_low_percent: number;
+  /** Tokens the key's reservations hold or used in the current period. */
+  spent: number;
+  remaining: number;
+  /** When the period's count starts again; null for `total`. */
+  resets_at: string | null;
+}
+
+/** `key.budget_low` / `key.budget_exhausted`: which key, and its budget. */
+export interface KeyBudgetEventData {
+  account_id: string;
+  key_id: string;
+  label: string;
+  budget: KeyBudget;
 }
 
 /** An event of one type: `data` typed by its `type`. */

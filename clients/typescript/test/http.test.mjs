@@ -7,6 +7,7 @@ import { test } from "node:test";
 import {
   Http,
   InsufficientTokens,
+  KeyBudgetExhausted,
   RateLimited,
   TooManyActiveReservations,
   Unauthorized,
@@ -86,6 +87,10 @@ test("refusals are never retried and are typed, with their fields", async () => 
     [[402, problem("insufficient_tokens", { available: 1, reserved: 4 })], InsufficientTokens, (error) => {
       assert.equal(error.available, 1);
       assert.equal(error.reserved, 4);
+    }],
+    [[402, problem("key_budget_exhausted", { remaining: 3, resets_at: "2026-12-07T00:00:00.000000Z" })], KeyBudgetExhausted, (error) => {
+      assert.equal(error.remaining, 3);
+      assert.equal(error.resetsAt, "2026-12-07T00:00:00.000000Z");
     }],
     [[429, problem("too_many_active_reservations", { max_active_reservations: 2 }), { "Retry-After": "1" }], TooManyActiveReservations, (error) => {
       assert.equal(error.maxActiveReservations, 2);

@@ -129,7 +129,9 @@ CREATE TYPE engine_reservation AS (
     job_id                uuid,
     created_at            timestamptz,
     resolved_at           timestamptz,
-    draws                 jsonb
+    draws                 jsonb,
+    budget_key_id         uuid,         -- the key whose budget it counts in (NULL: none)
+    budget_period_start   timestamptz   -- and the period it counts in
 );
 
 CREATE TYPE engine_job AS (
@@ -141,4 +143,16 @@ CREATE TYPE engine_job AS (
     params         jsonb,
     cost           bigint,
     reservation_id uuid
+);
+
+-- A change of a kiosk key's budget count (api_keys.budget_spent), written
+-- by engine_record with the movements: `tokens` > 0, a reserve made
+-- against the budget in the period starting at `period_start` (its
+-- reservation then carries the key and the period); < 0, what a settled
+-- reservation `reservation` gives back to the period it counted in.
+CREATE TYPE engine_budget_move AS (
+    key_id       uuid,
+    period_start timestamptz,
+    reservation  uuid,
+    tokens       bigint
 );

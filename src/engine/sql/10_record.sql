@@ -224,7 +224,8 @@ $$;
 -- instructions where this form makes it 5.49 M
 -- (bench/engine_instructions.sh, docs/decisions/0001-one-engine.md).
 CREATE FUNCTION engine_record(p_moves engine_movement[], p_made engine_reservation[] DEFAULT '{}',
-    p_changed engine_reservation[] DEFAULT '{}', p_jobs engine_job[] DEFAULT '{}')
+    p_changed engine_reservation[] DEFAULT '{}', p_jobs engine_job[] DEFAULT '{}',
+    p_budgets engine_budget_move[] DEFAULT '{}')
 RETURNS integer
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -250,6 +251,8 @@ DECLARE
     g engine_grant_balances;
     j integer;
     k integer;
+    spender api_keys;
+    notice text;
 BEGIN
     -- The operations' own rows first, each table only when it has some.
     IF cardinality(p_jobs) > 0 THEN
@@ -261,9 +264,11 @@ BEGIN
     END IF;
     IF cardinality(p_made) > 0 THEN
         INSERT INTO reservations (id, account_id, request_id, amount, requested_ttl_seconds, state,
-            committed_amount, expires_at, job_id, created_at, resolved_at, draws)
+            committed_amount, expires_at, job_id, created_at, resolved_at, draws, budget_key_id,
+            budget_period_start)
         SELECT r.id, r.account_id, r.request_id, r.amount, r.requested_ttl_seconds, r.state,
-               r.committed_amount, r.expires_at, r.job_id, r.created_at, r.resolved_at, r.draws
+               r.committed_amount, r.expires_at, r.job_id, r.created_at, r.resolved_at, r.draws,
+               r.budget_key_id, r.budget_period_start
         FROM unnest(p_made) r;
     END IF;
     IF cardinality(p_changed) > 0 THEN
@@ -272,6 +277,55 @@ BEGIN
             expires_at = c.expires_at
         FROM unnest(p_changed) c
         WHERE r.id = c.id AND r.id = ANY (ARRAY(SELECT x.id FROM unnest(p_changed) x));
+    END IF;
+    -- The keys' budget counts (only a key with a budget has any), one
+    -- statement per table: the reservations made against a budget carry
+    -- the key and the period they count in; each key's count takes the
+    -- batch's reserves in their period (a count of an earlier period
+    -- starts again from 0), and what its settled reservations give back
+    -- only while the key still counts their period. A count reaching
+    -- budget_low_percent of the budget sends key.budget_low, the budget
+    -- key.budget_exhausted, each once a period.
+    IF cardinality(p_budgets) > 0 THEN
+        FOR spender IN
+            UPDATE api_keys x
+            SET budget_spent = CASE WHEN d.start IS NULL OR x.budget_period_start = d.start
+                                    THEN x.budget_spent ELSE 0 END
+                               + d.taken
+                               + COALESCE((SELECT sum(b.tokens) FROM unnest(p_budgets) b
+                                           WHERE b.key_id = x.id AND b.tokens < 0
+                                             AND b.period_start
+                                                 = COALESCE(d.start, x.budget_period_start)), 0),
+                budget_notified = CASE WHEN d.start IS NULL OR x.budget_period_start = d.start
+                                       THEN x.budget_notified END,
+                budget_period_start = COALESCE(d.start, x.budget_period_start)
+            FROM (SELECT b.key_id, max(b.period_start) FILTER (WHERE b.tokens > 0) AS start,
+                         COALESCE(sum(b.tokens) FILTER (WHERE b.tokens > 0), 0) AS taken
+                  FROM unnest(p_budgets) b GROUP BY b.key_id) d
+            WHERE x.id = d.key_id
+            RETURNING x.*
+        LOOP
+            -- Each notice once a period, in order (a batch may cross both).
+            FOREACH notice IN ARRAY ARRAY['low', 'exhausted'] LOOP
+                CONTINUE WHEN spender.budget_notified IS NOT DISTINCT FROM 'exhausted'
+                    OR (notice = 'low' AND (spender.budget_notified IS NOT DISTINCT FROM 'low'
+                        OR spender.budget_spent * 100
+                           < spender.budget_tokens * spender.budget_low_percent))
+                    OR (notice = 'exhausted' AND spender.budget_spent < spender.budget_tokens);
+                spender.budget_notified := notice;
+                PERFORM engine_emit_event(CASE notice WHEN 'low' THEN 'key.budget_low'
+                                                      ELSE 'key.budget_exhausted' END,
+                    spender.account_id,
+                    jsonb_build_object('account_id', spender.account_id, 'key_id', spender.id,
+                        'label', spender.label,
+                        'budget', engine_key_budget_json(spender.budget_tokens,
+                            spender.budget_period, spender.budget_time_zone,
+                            spender.budget_low_percent, spender.budget_spent,
+                            spender.budget_period_start, engine_now())),
+                    engine_now());
+                UPDATE api_keys SET budget_notified = notice WHERE id = spender.id;
+            END LOOP;
+        END LOOP;
     END IF;
     IF cardinality(p_moves) = 0 THEN
         RETURN 0; -- (an extension: the reservation's row alone)

@@ -6,9 +6,12 @@
 -- Inlined where it is called (one probe of the primary key): by
 -- engine_verify_keys and engine_key_refusal below.
 CREATE FUNCTION engine_valid_key(p_id uuid, p_hash bytea)
-RETURNS TABLE (key_id uuid, scope text, account_id uuid, last_used_at timestamptz)
+RETURNS TABLE (key_id uuid, scope text, account_id uuid, last_used_at timestamptz,
+               budget_tokens bigint, budget_period text, budget_time_zone text,
+               budget_spent bigint, budget_period_start timestamptz)
 LANGUAGE sql STABLE AS $$
-    SELECT k.id, k.scope, k.account_id, k.last_used_at FROM api_keys k
+    SELECT k.id, k.scope, k.account_id, k.last_used_at, k.budget_tokens, k.budget_period,
+           k.budget_time_zone, k.budget_spent, k.budget_period_start FROM api_keys k
     WHERE k.id = p_id AND k.secret_hash = p_hash AND k.revoked_at IS NULL
       AND (k.expires_at IS NULL OR k.expires_at > now())
 $$;
@@ -75,19 +78,25 @@ $$;
 -- valid key), not_found (another account's kiosk key: `detail` names the
 -- account as what is not found) or forbidden. One row, always, with the
 -- valid key and its last use (NULL when authorised or not valid):
--- engine_apply writes a stale use (engine_key_use_stale, engine_touch_keys).
--- Inlined where it is called.
+-- engine_apply writes a stale use (engine_key_use_stale, engine_touch_keys);
+-- and the key's budget (NULL: none): its tokens, period, time zone and
+-- the count of the period starting at `budget_period_start`
+-- (engine_key_budget_left). Inlined where it is called.
 CREATE FUNCTION engine_key_refusal(p_authorized boolean, p_key_id uuid, p_key_hash bytea,
     p_account uuid)
-RETURNS TABLE (refusal text, detail jsonb, valid_key uuid, last_used_at timestamptz)
+RETURNS TABLE (refusal text, detail jsonb, valid_key uuid, last_used_at timestamptz,
+               budget_tokens bigint, budget_period text, budget_time_zone text,
+               budget_spent bigint, budget_period_start timestamptz)
 LANGUAGE sql STABLE AS $$
     SELECT r.refusal, CASE WHEN r.refusal = 'not_found' THEN '{"what": "account"}'::jsonb END,
-           r.key_id, r.last_used_at
+           r.key_id, r.last_used_at, r.budget_tokens, r.budget_period, r.budget_time_zone,
+           r.budget_spent, r.budget_period_start
     FROM (SELECT CASE WHEN p_authorized THEN NULL
                       WHEN v.key_id IS NULL THEN 'unauthorized'
                       ELSE NULLIF(engine_spend_authority(v.scope, v.account_id, p_account), 'ok')
                  END AS refusal,
-                 v.key_id, v.last_used_at
+                 v.key_id, v.last_used_at, v.budget_tokens, v.budget_period, v.budget_time_zone,
+                 v.budget_spent, v.budget_period_start
           FROM (SELECT 1) one
           LEFT JOIN LATERAL (SELECT k.* FROM engine_valid_key(p_key_id, p_key_hash) k
                              WHERE NOT p_authorized LIMIT 1) v ON true) r
@@ -108,4 +117,54 @@ BEGIN
                           ORDER BY k.id
                           FOR UPDATE SKIP LOCKED));
 END;
+$$;
+
+-- Key budgets, written once. The period of a budget holding the instant
+-- `p_at`: a day, a week (from Monday) or a month in the time zone `p_tz`
+-- (a name PostgreSQL knows), from its start (included) to its end
+-- (excluded); `total` starts at -infinity and never ends (NULL).
+CREATE FUNCTION engine_key_period_start(p_period text, p_tz text, p_at timestamptz)
+RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN p_period = 'total' THEN '-infinity'::timestamptz
+                ELSE date_trunc(p_period, p_at AT TIME ZONE p_tz) AT TIME ZONE p_tz END
+$$;
+
+CREATE FUNCTION engine_key_period_end(p_period text, p_tz text, p_at timestamptz)
+RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN p_period <> 'total'
+                THEN (date_trunc(p_period, p_at AT TIME ZONE p_tz) + ('1 ' || p_period)::interval)
+                     AT TIME ZONE p_tz END
+$$;
+
+-- The tokens of a key's budget (`p_budget` per `p_period` in `p_tz`) still
+-- free at `p_at`, when `p_spent` counts the period starting at
+-- `p_spent_start` (another period's count is 0 for this one); NULL when
+-- the key has no budget. A spend of more is refused: key_budget_exhausted
+-- (engine_spend_refusal).
+CREATE FUNCTION engine_key_budget_left(p_budget bigint, p_period text, p_tz text,
+    p_spent bigint, p_spent_start timestamptz, p_at timestamptz) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT p_budget - CASE WHEN p_spent_start = engine_key_period_start(p_period, p_tz, p_at)
+                           THEN p_spent ELSE 0 END
+$$;
+
+-- A key's budget as the API and the key.budget_* events show it at `p_at`
+-- (NULL: no budget): the limit, its period and time zone, the tokens its
+-- reservations hold or used in the current period (`spent`), what is
+-- left, and when the period resets (NULL: total, never).
+CREATE FUNCTION engine_key_budget_json(p_budget bigint, p_period text, p_tz text,
+    p_low_percent smallint, p_spent bigint, p_spent_start timestamptz, p_at timestamptz)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN p_budget IS NOT NULL THEN jsonb_build_object(
+        'budget_tokens', p_budget, 'budget_period', p_period, 'budget_time_zone', p_tz,
+        'budget_low_percent', p_low_percent,
+        'spent', p_budget - engine_key_budget_left(p_budget, p_period, p_tz, p_spent,
+                                                   p_spent_start, p_at),
+        'remaining', GREATEST(engine_key_budget_left(p_budget, p_period, p_tz, p_spent,
+                                                     p_spent_start, p_at), 0),
+        'resets_at', engine_time(engine_key_period_end(p_period, p_tz, p_at)))
+    END
 $$;

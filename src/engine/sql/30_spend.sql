@@ -29,14 +29,17 @@ $$;
 
 -- A spend's refusals, written once: what refuses `p_amount` tokens to an
 -- account in status `p_status` holding `p_available` tokens and
--- `p_active` held reservations of at most `p_max_active` (0: no limit), in
--- this order: account_suspended, insufficient_tokens,
--- too_many_active_reservations; NULL when none does. (The key's refusal,
--- asked before it, is engine_key_refusal.)
+-- `p_active` held reservations of at most `p_max_active` (0: no limit),
+-- spent with a key whose budget has `p_budget_left` tokens free (NULL: no
+-- budget; engine_key_budget_left), in this order: account_suspended,
+-- key_budget_exhausted, insufficient_tokens, too_many_active_reservations;
+-- NULL when none does. (The key's refusal, asked before it, is
+-- engine_key_refusal.)
 CREATE FUNCTION engine_spend_refusal(p_status text, p_available bigint, p_amount bigint,
-    p_active integer, p_max_active integer) RETURNS text
+    p_active integer, p_max_active integer, p_budget_left bigint DEFAULT NULL) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN p_status <> 'active' THEN 'account_suspended'
+                WHEN p_budget_left < p_amount THEN 'key_budget_exhausted'
                 WHEN p_available < p_amount THEN 'insufficient_tokens'
                 WHEN p_max_active > 0 AND p_active >= p_max_active
                     THEN 'too_many_active_reservations'
@@ -45,7 +48,9 @@ $$;
 
 -- One spend (`o`: a reserve or a job creation, engine_request), decided
 -- against the account as the batch has left it so far (`a`; its id NULL
--- when there is none) at `p_at` (the batch's stamp). The caller
+-- when there is none) at `p_at` (the batch's stamp), `p_key_pending` the
+-- tokens the batch's earlier reserves, not written yet, took from the
+-- presented key's budget. The caller
 -- (engine_apply) holds the account's row lock and writes nothing of this
 -- batch's operations before their one write (engine_record), so the
 -- grants are read as they were when the batch began: a reserve takes the
@@ -63,30 +68,36 @@ $$;
 --                               reservation (reserve: same amount and
 --                               requested TTL = replayed) or a job
 --                               (create_job: same request hash = replayed);
---   account_suspended, insufficient_tokens {available, reserved},
---   too_many_active_reservations {limit}
+--   account_suspended, key_budget_exhausted {remaining, resets_at,
+--   budget_tokens, budget_period}, insufficient_tokens {available,
+--   reserved}, too_many_active_reservations {limit}
 --                               engine_spend_refusal;
 --   created                     the reservation (and job) as they are to
 --                               be written (`made`, `job`), and the
 --                               movements: one reserve entry per grant
---                               drawn, the first counting the reservation.
+--                               drawn, the first counting the reservation;
+--                               with a key that has a budget, `budget`: the
+--                               reserve's count in its period.
 -- The object is the reservation (reserve) or the job as engine_job_view
 -- shows it (create_job): the earlier one of a replay.
 CREATE FUNCTION engine_spend(o engine_request, a engine_account, p_from bigint, p_at timestamptz,
+    p_key_pending bigint,
     OUT outcome text, OUT detail jsonb, OUT object jsonb, OUT lapsing boolean,
     OUT made engine_reservation, OUT job engine_job, OUT moves engine_movement[],
-    OUT valid_key uuid, OUT last_used_at timestamptz)
+    OUT valid_key uuid, OUT last_used_at timestamptz, OUT budget engine_budget_move)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     seen record;
     job_row generation_jobs;
+    budget_left bigint;
 BEGIN
     lapsing := false;
     -- The key's refusal, an earlier use of the request_id (one probe of the
     -- (account_id, request_id) index), whether a grant lapses, and the
     -- draws, in one statement.
-    SELECT k.refusal, k.detail AS refusal_detail, k.valid_key, k.last_used_at,
+    SELECT k.refusal, k.detail AS refusal_detail, k.valid_key, k.last_used_at, k.budget_tokens,
+           k.budget_period, k.budget_time_zone, k.budget_spent, k.budget_period_start,
            (SELECT to_jsonb(x) FROM reservations x
             WHERE o.op = 'reserve' AND x.account_id = o.account AND x.request_id = o.request
               AND x.job_id IS NULL LIMIT 1) AS earlier,
@@ -138,10 +149,20 @@ BEGIN
         END IF;
         RETURN;
     END IF;
+    IF seen.budget_tokens IS NOT NULL THEN
+        budget_left := engine_key_budget_left(seen.budget_tokens, seen.budget_period,
+            seen.budget_time_zone, seen.budget_spent, seen.budget_period_start, p_at)
+            - p_key_pending;
+    END IF;
     outcome := engine_spend_refusal(a.status, a.available, o.amount, a.active_reservations,
-                                    a.max_active_reservations);
+                                    a.max_active_reservations, budget_left);
     IF outcome IS NOT NULL THEN
         detail := CASE outcome
+            WHEN 'key_budget_exhausted' THEN
+                jsonb_build_object('remaining', GREATEST(budget_left, 0),
+                    'resets_at', engine_time(engine_key_period_end(seen.budget_period,
+                                                                   seen.budget_time_zone, p_at)),
+                    'budget_tokens', seen.budget_tokens, 'budget_period', seen.budget_period)
             WHEN 'insufficient_tokens' THEN
                 jsonb_build_object('available', a.available, 'reserved', a.reserved)
             WHEN 'too_many_active_reservations' THEN
@@ -167,5 +188,12 @@ BEGIN
         object := to_jsonb(made);
     END IF;
     moves := seen.moves;
+    IF seen.budget_tokens IS NOT NULL THEN
+        made.budget_key_id := seen.valid_key;
+        made.budget_period_start := engine_key_period_start(seen.budget_period,
+            seen.budget_time_zone, p_at);
+        budget := ROW(seen.valid_key, made.budget_period_start, o.new_id,
+                      o.amount)::engine_budget_move;
+    END IF;
 END;
 $$;

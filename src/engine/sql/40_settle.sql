@@ -148,7 +148,8 @@ $$;
 -- earlier than it was), capped by engine_extension_expiry.
 CREATE FUNCTION engine_settle(o engine_request, p_at timestamptz,
     OUT outcome text, OUT detail jsonb, OUT object jsonb, OUT changed engine_reservation,
-    OUT moves engine_movement[], OUT valid_key uuid, OUT last_used_at timestamptz)
+    OUT moves engine_movement[], OUT valid_key uuid, OUT last_used_at timestamptz,
+    OUT budget engine_budget_move)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
@@ -166,7 +167,7 @@ BEGIN
     LEFT JOIN LATERAL (
         SELECT ROW(x.id, x.account_id, x.request_id, x.amount, x.requested_ttl_seconds, x.state,
                    x.committed_amount, x.expires_at, x.job_id, x.created_at, x.resolved_at,
-                   x.draws)::engine_reservation AS found
+                   x.draws, x.budget_key_id, x.budget_period_start)::engine_reservation AS found
         FROM reservations x WHERE x.id = o.reservation FOR UPDATE) l ON true;
     valid_key := seen.valid_key; last_used_at := seen.last_used_at;
     IF seen.refusal IS NOT NULL THEN
@@ -221,6 +222,11 @@ BEGIN
                             ELSE 'not_held' END;
     IF verdict = 'expired_on_access' THEN
         detail := jsonb_build_object('state', 'expired', 'resolved', true);
+    END IF;
+    IF existing.budget_key_id IS NOT NULL AND changed.committed_amount < existing.amount THEN
+        -- What it did not use goes back to its key's budget, in its period.
+        budget := ROW(existing.budget_key_id, existing.budget_period_start, o.reservation,
+                      changed.committed_amount - existing.amount)::engine_budget_move;
     END IF;
     object := to_jsonb(changed);
     moves := ARRAY(

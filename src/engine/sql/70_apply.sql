@@ -167,6 +167,9 @@ DECLARE
     made engine_reservation[] := '{}';
     changed engine_reservation[] := '{}';
     jobs engine_job[] := '{}';
+    budgets engine_budget_move[] := '{}';  -- the keys' budget counts pending
+    bm engine_budget_move;
+    pending bigint;
     stale uuid[] := '{}';
     op_moves engine_movement[];
     op_changed boolean;
@@ -223,8 +226,9 @@ BEGIN
         IF (cardinality(moves) > 0 OR cardinality(changed) > 0)
            AND (o.op IN ('credit', 'adjust', 'finish_job') OR mark = ANY (touched)
                 OR (o.op IN ('reserve', 'create_job') AND returned[j])) THEN
-            written := engine_record(moves, made, changed, jobs);
+            written := engine_record(moves, made, changed, jobs, budgets);
             moves := '{}'; made := '{}'; changed := '{}'; jobs := '{}'; touched := '{}';
+            budgets := '{}';
             spent := array_fill(0::bigint, ARRAY[cardinality(ids)]);
             returned := array_fill(false, ARRAY[cardinality(ids)]);
             -- (A top-up may have moved an account meanwhile.)
@@ -259,14 +263,23 @@ BEGIN
         END IF;
         a := CASE WHEN j IS NOT NULL THEN accts[j] END;
         IF o.op IN ('reserve', 'create_job') THEN
+            -- What the batch's pending reserves took from this key's budget.
+            -- (A loop, not a statement: most batches have none.)
+            pending := 0;
+            FOREACH bm IN ARRAY budgets LOOP
+                IF bm.key_id = o.key_id AND bm.tokens > 0 THEN
+                    pending := pending + bm.tokens;
+                END IF;
+            END LOOP;
             LOOP
-                r := engine_spend(o, a, COALESCE(spent[j], 0), at);
+                r := engine_spend(o, a, COALESCE(spent[j], 0), at, pending);
                 EXIT WHEN NOT r.lapsing;
                 -- A grant lapses first: written (after the pending writes),
                 -- and the decision is taken again.
                 IF cardinality(moves) > 0 OR cardinality(changed) > 0 THEN
-                    written := engine_record(moves, made, changed, jobs);
+                    written := engine_record(moves, made, changed, jobs, budgets);
                     moves := '{}'; made := '{}'; changed := '{}'; jobs := '{}'; touched := '{}';
+                    budgets := '{}'; pending := 0;
                     spent := array_fill(0::bigint, ARRAY[cardinality(ids)]);
                     returned := array_fill(false, ARRAY[cardinality(ids)]);
                 END IF;
@@ -279,6 +292,9 @@ BEGIN
             IF r.outcome = 'created' THEN
                 op_moves := r.moves;
                 made := made || r.made;
+                IF (r.budget).key_id IS NOT NULL THEN
+                    budgets := budgets || r.budget;
+                END IF;
                 IF o.op = 'create_job' THEN
                     jobs := jobs || r.job;
                 END IF;
@@ -290,6 +306,9 @@ BEGIN
             op_changed := (r.changed).id IS NOT NULL;
             IF op_changed THEN
                 changed := changed || r.changed;
+            END IF;
+            IF (r.budget).key_id IS NOT NULL THEN
+                budgets := budgets || r.budget;
             END IF;
         END IF;
         IF r.valid_key IS NOT NULL AND engine_key_use_stale(r.last_used_at)
@@ -309,7 +328,7 @@ BEGIN
         RETURN NEXT;
     END LOOP;
     IF cardinality(moves) > 0 OR cardinality(changed) > 0 THEN
-        written := engine_record(moves, made, changed, jobs);
+        written := engine_record(moves, made, changed, jobs, budgets);
     END IF;
     IF cardinality(stale) > 0 THEN
         PERFORM engine_touch_keys(stale);

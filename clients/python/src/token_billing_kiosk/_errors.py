@@ -86,6 +86,19 @@ class InsufficientTokens(ApiError):
         self.reserved = _int(self.problem.get("reserved"))
 
 
+class KeyBudgetExhausted(ApiError):
+    """402: this kiosk key's budget (its spending limit per period) has
+    fewer tokens left than asked: ``remaining`` tokens until ``resets_at``
+    (RFC 3339; None for a budget that never resets). The account may still
+    hold tokens; an admin raises the key's budget."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.remaining = _int(self.problem.get("remaining"))
+        resets_at = self.problem.get("resets_at")
+        self.resets_at: Optional[str] = resets_at if isinstance(resets_at, str) else None
+
+
 class AccountSuspended(ApiError):
     """409: the account is suspended; nothing can be spent."""
 
@@ -132,10 +145,12 @@ def _int(value: Any) -> int:
 #: The members of a problem body the exceptions read.
 PROBLEM_FIELDS = (
     "code", "status", "detail", "available", "reserved", "state", "max_active_reservations",
+    "remaining", "resets_at",
 )
 
 ERRORS_BY_CODE: Dict[str, Type[ApiError]] = {
     "insufficient_tokens": InsufficientTokens,
+    "key_budget_exhausted": KeyBudgetExhausted,
     "account_suspended": AccountSuspended,
     "too_many_active_reservations": TooManyActiveReservations,
     "rate_limited": RateLimited,

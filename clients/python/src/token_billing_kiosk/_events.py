@@ -120,6 +120,13 @@ class EndpointDisabledData(TypedDict):
     last_error: Optional[str]
 
 
+class KeyBudgetData(TypedDict):
+    account_id: str
+    key_id: str
+    label: str
+    budget: Resource
+
+
 #: Each event type's ``data`` type.
 EVENT_DATA: Mapping[str, type] = {
     "account.balance_low": AccountBalanceLowData,
@@ -138,4 +145,6 @@ EVENT_DATA: Mapping[str, type] = {
     "job.failed": JobFinishedData,
     "invariant.violated": InvariantViolatedData,
     "endpoint.disabled": EndpointDisabledData,
+    "key.budget_low": KeyBudgetData,
+    "key.budget_exhausted": KeyBudgetData,
 }

@@ -34,6 +34,8 @@ EVENT_TYPES = (
     "job.failed",
     "invariant.violated",
     "endpoint.disabled",
+    "key.budget_low",
+    "key.budget_exhausted",
 )
 
 _RFC3339 = re.compile(
