@@ -110,6 +110,18 @@ const RULES: &[Rule] = &[
         shared_with: &[],
     },
     Rule {
+        rule: "a kiosk key's budget left in its period",
+        function: "engine_key_budget_left",
+        spellings: &[r"budget\w*\s*-\s*CASE"],
+        shared_with: &[],
+    },
+    Rule {
+        rule: "a budget's period starts and ends in its time zone",
+        function: "engine_key_period_start",
+        spellings: &[r"date_trunc\s*\(\s*p_period"],
+        shared_with: &["engine_key_period_end"],
+    },
+    Rule {
         rule: "a priced grant's tokens are valued by a cumulative floor",
         function: "engine_grant_value",
         spellings: &[r"::numeric\s*\*"],
