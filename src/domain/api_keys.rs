@@ -680,6 +680,7 @@ mod tests {
             label: "booth".into(),
             created_at: chrono::Utc::now(),
             expires_at: None,
+            budget: None,
         };
         assert!(!format!("{created:?}").contains("the-secret-part"));
     }
