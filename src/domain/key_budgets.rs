@@ -54,12 +54,14 @@ pub struct BudgetSpec {
     /// Tokens the key's reservations may hold or use per period,
     /// 1 … 1,000,000,000. A reserve that would pass it is refused (402
     /// `key_budget_exhausted`).
+    #[schema(minimum = 1, maximum = 1_000_000_000)]
     pub budget_tokens: i64,
     pub budget_period: BudgetPeriod,
     /// The periods' time zone, an IANA name (`Europe/Berlin`); default UTC.
     pub budget_time_zone: Option<String>,
     /// `key.budget_low` is sent once a period when this percentage of the
     /// budget is spent, 1 … 100; default 80.
+    #[schema(minimum = 1, maximum = 100)]
     pub budget_low_percent: Option<i64>,
 }
 

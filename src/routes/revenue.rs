@@ -32,7 +32,7 @@ struct RevenueQuery {
     to: Option<String>,
     /// Only this currency (ISO 4217); the unpriced tokens are then left
     /// out (null).
-    #[param(value_type = Option<String>, example = "EUR")]
+    #[param(value_type = Option<String>, pattern = "^[A-Z]{3}$", example = "EUR")]
     currency: Option<Currency>,
     /// Only this account.
     account_id: Option<Uuid>,
@@ -116,7 +116,7 @@ struct DeferredQuery {
     #[param(value_type = Option<InstantParam>, example = "2026-12-01")]
     as_of: Option<String>,
     /// Only this currency (ISO 4217).
-    #[param(value_type = Option<String>, example = "EUR")]
+    #[param(value_type = Option<String>, pattern = "^[A-Z]{3}$", example = "EUR")]
     currency: Option<Currency>,
     /// Only this account.
     account_id: Option<Uuid>,
