@@ -183,23 +183,17 @@ pub fn set_budget(
         scope: String,
         #[diesel(sql_type = Nullable<SqlUuid>)]
         account_id: Option<Uuid>,
-        #[diesel(sql_type = Nullable<Jsonb>)]
-        budget: Option<Value>,
     }
     if let Some(spec) = &spec {
         check(conn, spec)?;
     }
     conn.transaction(|conn| {
-        let found: Found = diesel::sql_query(
-            "SELECT scope, account_id, engine_key_budget_json(k.budget_tokens, k.budget_period, \
-                    k.budget_time_zone, k.budget_low_percent, k.budget_spent, \
-                    k.budget_period_start, now()) AS budget \
-             FROM api_keys k WHERE id = $1",
-        )
-        .bind::<SqlUuid, _>(key.0)
-        .get_result(conn)
-        .optional()?
-        .ok_or(ApiError::NotFound("api key"))?;
+        let found: Found =
+            diesel::sql_query("SELECT scope, account_id FROM api_keys WHERE id = $1")
+                .bind::<SqlUuid, _>(key.0)
+                .get_result(conn)
+                .optional()?
+                .ok_or(ApiError::NotFound("api key"))?;
         let Some(account) = found.account_id.filter(|_| found.scope == "kiosk") else {
             return Err(ApiError::InvalidRequest(
                 "only a kiosk key has a budget: admin and finance keys spend nothing".into(),
@@ -207,6 +201,7 @@ pub fn set_budget(
         };
         // The engine counts a budget under the account's row lock.
         crate::domain::topups::lock_account(conn, AccountId(account))?;
+        let before = budgets_of(conn, &[key.0])?.remove(&key.0);
         write(conn, key.0, spec.as_ref())?;
         let now = budgets_of(conn, &[key.0])?.remove(&key.0);
         audit::record(
@@ -214,7 +209,7 @@ pub fn set_budget(
             by,
             "api_key.budget_changed",
             &format!("api_key:{}", key.0),
-            Some(serde_json::json!({"budget": found.budget})),
+            Some(serde_json::json!({"budget": before})),
             Some(serde_json::json!({"budget": now})),
         )?;
         Ok(now)

@@ -205,9 +205,9 @@ WITH priced AS (
     SELECT e.id, e.created_at, e.kind, e.amount, g.id AS grant_id, g.account_id, g.currency,
            g.tokens, g.paid,
            (e.kind = 'credit' OR (e.kind = 'adjustment' AND e.amount > 0)) AS made,
-           CASE WHEN e.kind IN ('commit', 'grant_expire') THEN e.amount
-                WHEN e.kind = 'adjustment' AND e.amount < 0 THEN -e.amount ELSE 0 END AS gone
+           d.consumed + d.debited + d.expired AS gone
     FROM priced g JOIN ledger_entries e ON e.grant_id = g.id
+    CROSS JOIN LATERAL engine_grant_deltas(e.kind, e.amount, e.reservation_id) d
     WHERE e.created_at < $2
 ), entries AS (
     SELECT m.*, engine_grant_value_of(m.paid, (sum(m.gone) OVER w)::bigint - m.gone, m.gone, m.tokens)

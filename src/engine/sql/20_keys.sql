@@ -160,11 +160,10 @@ RETURNS jsonb
 LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN p_budget IS NOT NULL THEN jsonb_build_object(
         'budget_tokens', p_budget, 'budget_period', p_period, 'budget_time_zone', p_tz,
-        'budget_low_percent', p_low_percent,
-        'spent', p_budget - engine_key_budget_left(p_budget, p_period, p_tz, p_spent,
-                                                   p_spent_start, p_at),
-        'remaining', GREATEST(engine_key_budget_left(p_budget, p_period, p_tz, p_spent,
-                                                     p_spent_start, p_at), 0),
+        'budget_low_percent', p_low_percent, 'spent', p_budget - l.tokens,
+        'remaining', GREATEST(l.tokens, 0),
         'resets_at', engine_time(engine_key_period_end(p_period, p_tz, p_at)))
     END
+    FROM (SELECT engine_key_budget_left(p_budget, p_period, p_tz, p_spent, p_spent_start,
+                                        p_at) AS tokens) l
 $$;
