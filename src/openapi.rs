@@ -17,7 +17,9 @@ use utoipa::{Modify, OpenApi};
 use crate::domain::{
     accounts, api_keys, audit, checks, credits, events, history, idempotency, jobs, ledger,
 };
-use crate::domain::{grants, key_budgets, reconciliation, reservations, revenue, system, topups};
+use crate::domain::{
+    grants, key_budgets, reconciliation, reservations, revenue, system, topups, usage,
+};
 use crate::engine::types;
 use crate::error::{ApiError, ExistingBooking, Problem, ProblemCode};
 use crate::routes;
@@ -76,6 +78,7 @@ mod problems;
         routes::revenue::get_revenue,
         routes::api_keys::update_key,
         routes::revenue::get_deferred,
+        routes::usage::get_usage,
         routes::events::list_events,
         routes::webhooks::create_endpoint,
         routes::webhooks::list_endpoints,
@@ -148,6 +151,10 @@ mod problems;
         revenue::DeferredReport,
         revenue::DeferredLine,
         revenue::DeferredTotal,
+        usage::UsageReport,
+        usage::UsageLine,
+        usage::UsageFigures,
+        usage::GroupBy,
         checks::Discrepancy,
         events::EventView,
         events::EventPage,

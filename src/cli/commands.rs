@@ -509,6 +509,7 @@ fn credit_command(database_url: &str, args: crate::cli::CreditArgs) -> anyhow::R
         authority: Authority::Request {
             actor: crate::domain::audit::LOCAL_ACTOR.to_owned(),
             request_id: None,
+            key: None,
         },
         op: Op::Credit {
             amount,

@@ -156,6 +156,7 @@ pub struct LedgerEntryRow {
     pub actor: String,
     pub created_at: DateTime<Utc>,
     pub grant_id: Option<Uuid>,
+    pub api_key_id: Option<Uuid>,
 }
 
 #[derive(Clone, Debug, serde::Deserialize, Queryable, Selectable)]

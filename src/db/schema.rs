@@ -114,6 +114,7 @@ diesel::table! {
         actor -> Text,
         created_at -> Timestamptz,
         grant_id -> Nullable<Uuid>,
+        api_key_id -> Nullable<Uuid>,
     }
 }
 

@@ -377,7 +377,7 @@ pub struct ApiKeyView {
     #[serde(with = "crate::time::micros_option")]
     pub revoked_at: Option<DateTime<Utc>>,
     /// A kiosk key's spending limit and what it spent in the current
-    /// period; null: none (docs/api.md, "Key budgets").
+    /// period; null: none (docs/fleet.md, "Key budgets").
     pub budget: Option<KeyBudget>,
 }
 

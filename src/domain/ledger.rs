@@ -140,6 +140,11 @@ pub struct LedgerEntryView {
     /// grants writes one entry per grant); null for entries written before
     /// grants existed.
     pub grant_id: Option<Uuid>,
+    /// The API key whose request wrote the entry (a reserve, a kiosk's
+    /// commit or release, an admin's credit); null for the service's own
+    /// movements (a job's settlement by the worker, an expiry, a lapse, a
+    /// top-up) and for entries written before keys were recorded.
+    pub api_key_id: Option<Uuid>,
     /// A top-up's credit: the rule that made it (docs/topups.md); else null.
     pub topup_rule_id: Option<Uuid>,
 }

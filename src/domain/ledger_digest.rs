@@ -19,9 +19,11 @@
 //! - `sha256-chain-v2` (format 2, the default): `canonical(entry)` is the
 //!   entry as a compact JSON object of **every column**, keys sorted by
 //!   name, times in UTC with microseconds (`2026-12-01T14:03:00.123456Z`),
-//!   `null` for absent values. tests/api/backup.rs changes each column of
-//!   the table in turn and sees the digest change, so a column added later
-//!   that this encoding misses fails the build.
+//!   `null` for absent values — except a column added after format 2
+//!   (`api_key_id`), which is a member only when it has a value, so a
+//!   digest kept before it existed computes the same. tests/api/backup.rs
+//!   changes each column of the table in turn and sees the digest change,
+//!   so a column added later that this encoding misses fails the build.
 //! - `sha256-chain-v1` (format 1), for digests kept before format 2: the
 //!   compact JSON array `[id, account_id, kind, amount, available_after,
 //!   reserved_after, used_after, reservation_id, job_id, external_ref,
@@ -116,7 +118,9 @@ fn canonical_v2(entry: &LedgerEntryRow) -> String {
         actor,
         created_at,
         grant_id,
+        api_key_id,
     } = entry;
+    let late = api_key_id.map(|key| ("api_key_id", serde_json::json!(key)));
     let object: serde_json::Map<String, serde_json::Value> = [
         ("id", serde_json::json!(id)),
         ("account_id", serde_json::json!(account_id)),
@@ -134,6 +138,7 @@ fn canonical_v2(entry: &LedgerEntryRow) -> String {
         ("grant_id", serde_json::json!(grant_id)),
     ]
     .into_iter()
+    .chain(late)
     .map(|(name, value)| (name.to_owned(), value))
     .collect();
     serde_json::Value::Object(object).to_string()
@@ -247,6 +252,7 @@ mod tests {
             actor: "system".into(),
             created_at: "2026-12-01T14:03:00.5Z".parse().expect("time"),
             grant_id: None,
+            api_key_id: None,
         }
     }
 

@@ -22,3 +22,4 @@ pub mod retention;
 pub mod revenue;
 pub mod system;
 pub mod topups;
+pub mod usage;

@@ -135,17 +135,22 @@ pub enum Authority {
     Request {
         actor: String,
         request_id: Option<String>,
+        /// The caller's key (its ledger entries' `api_key_id`), verified
+        /// by the service; `None` for the bootstrap key and the CLI.
+        key: Option<Uuid>,
     },
 }
 
 impl Authority {
     /// What the engine verifies: a presented key's id and secret hash
     /// (`authorized` false), or nothing — every other caller was
-    /// authorised by the service already (`authorized` true).
+    /// authorised by the service already (`authorized` true; an admin's
+    /// request still names its key, for the ledger's `api_key_id`).
     fn presented(&self) -> (Option<Uuid>, Option<Vec<u8>>, bool) {
         match self {
             Authority::Key { id, secret_hash } => (Some(*id), Some(secret_hash.to_vec()), false),
-            Authority::Verified { .. } | Authority::Request { .. } => (None, None, true),
+            Authority::Request { key, .. } => (*key, None, true),
+            Authority::Verified { .. } => (None, None, true),
         }
     }
 

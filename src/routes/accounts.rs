@@ -407,7 +407,7 @@ struct CreateKioskKey {
     /// When the key stops working (RFC 3339, in the future); absent: never.
     #[schema(format = DateTime, value_type = Option<String>)]
     expires_at: Option<String>,
-    /// Its spending limit (docs/api.md, "Key budgets"); absent: none.
+    /// Its spending limit (docs/fleet.md, "Key budgets"); absent: none.
     budget: Option<BudgetSpec>,
 }
 

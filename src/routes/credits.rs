@@ -114,6 +114,7 @@ fn admin_operation(caller: &Caller, account: AccountId, op: Op) -> Operation {
         authority: Authority::Request {
             actor: caller.actor(),
             request_id: crate::telemetry::current_request_id(),
+            key: caller.key_id.map(|key| key.0),
         },
         op,
     }

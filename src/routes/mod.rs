@@ -24,6 +24,7 @@ pub(crate) mod revenue;
 mod state;
 pub(crate) mod system;
 pub(crate) mod topups;
+pub(crate) mod usage;
 pub(crate) mod webhooks;
 
 pub use state::AppState;
@@ -58,6 +59,7 @@ pub fn configure(config: &mut web::ServiceConfig) {
     webhooks::configure(config);
     reconciliation::configure(config);
     revenue::configure(config);
+    usage::configure(config);
     system::configure(config);
     health::configure(config);
     docs::configure(config);

@@ -273,6 +273,7 @@ fn every_column_is_in_the_digest_and_an_independent_script_agrees() {
         kept = now;
     }
     assert!(changed.contains(&"grant_id".to_owned()), "{changed:?}");
+    assert!(changed.contains(&"api_key_id".to_owned()), "{changed:?}");
 }
 
 #[test]

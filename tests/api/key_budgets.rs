@@ -1,5 +1,5 @@
 //! Key budgets: a kiosk key's spending limit per period, decided by the
-//! engine in the reserve's transaction (docs/api.md, "Key budgets").
+//! engine in the reserve's transaction (docs/fleet.md, "Key budgets").
 
 use std::sync::Arc;
 

@@ -61,5 +61,6 @@ mod throttle_aim;
 mod throttle_paths;
 mod topup_consumption;
 mod topups;
+mod usage;
 mod webhook_durability;
 mod webhooks;

@@ -8,7 +8,7 @@ use crate::helpers::{problem, TestApp, ADMIN_KEY};
 
 /// Every route the application registers, as actix spells the path. The
 /// document must list exactly these, and the app must answer each.
-const ROUTES: [(&str, &str); 50] = [
+const ROUTES: [(&str, &str); 51] = [
     ("get", "/healthz"),
     ("get", "/readyz"),
     ("get", "/metrics"),
@@ -22,6 +22,7 @@ const ROUTES: [(&str, &str); 50] = [
     ("post", "/v1/accounts/{account_id}/api-keys"),
     ("get", "/v1/accounts/{account_id}/ledger"),
     ("get", "/v1/accounts/{account_id}/grants"),
+    ("get", "/v1/accounts/{account_id}/usage"),
     ("post", "/v1/api-keys"),
     ("get", "/v1/api-keys"),
     ("delete", "/v1/api-keys/{key_id}"),
@@ -230,7 +231,7 @@ async fn v1_operations_need_a_bearer_key_and_document_401() {
             "{method} {path} does not require the bearer scheme"
         );
     }
-    assert_eq!(checked, 42, "every /v1 operation was checked");
+    assert_eq!(checked, 43, "every /v1 operation was checked");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

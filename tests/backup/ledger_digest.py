@@ -9,7 +9,8 @@ Format 2, sha256-chain-v2 (the default of `ledger-digest`): each line is
 the entry as a JSON object with every column, as psql prints
 `row_to_json(e)` of `ledger_entries e`. Its canonical form is that object
 with its keys sorted, compact, every time (a column named `…_at`) in UTC
-with six decimals and a `Z`.
+with six decimals and a `Z`; a column added after format 2 (`api_key_id`)
+is left out when it is null, so digests kept before it still compute.
 
 Format 1, sha256-chain-v1 (`ledger-digest --format 1`, for digests kept
 before format 2): each line is a JSON array [id, account_id, kind, amount,
@@ -26,6 +27,7 @@ import sys
 from datetime import datetime, timezone
 
 FORMATS = {1: "sha256-chain-v1", 2: "sha256-chain-v2"}
+LATER_COLUMNS = ("api_key_id",)
 
 
 def utc_micros(text: str) -> str:
@@ -38,6 +40,7 @@ def canonical(entry) -> str:
         entry = {
             name: utc_micros(value) if name.endswith("_at") and value is not None else value
             for name, value in entry.items()
+            if not (name in LATER_COLUMNS and value is None)
         }
         return json.dumps(entry, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
     return json.dumps(entry, separators=(",", ":"), ensure_ascii=False)

@@ -331,6 +331,8 @@ export interface LedgerEntry {
   actor: string;
   created_at: string;
   grant_id: string | null;
+  /** The key whose request wrote the entry; null for the service's own movements. */
+  api_key_id: string | null;
   topup_rule_id: string | null;
 }
 

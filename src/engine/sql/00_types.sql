@@ -35,8 +35,9 @@ CREATE TYPE engine_movement AS (
     reason       text,        -- may be NULL
     actor        text,
     at           timestamptz,
-    grant_id     uuid         -- the grant whose tokens move; NULL when none does (a
+    grant_id     uuid,        -- the grant whose tokens move; NULL when none does (a
                               -- credit or positive adjustment names the grant it made)
+    api_key      uuid         -- the key whose request moves them; NULL: the service's own
 );
 
 -- What a movement does to an account's balances (engine_deltas) and to

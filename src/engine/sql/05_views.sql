@@ -33,7 +33,7 @@ LANGUAGE sql STABLE AS $$
         'reservation_id', p_entry->'reservation_id', 'job_id', p_entry->'job_id',
         'external_ref', p_entry->'external_ref', 'reason', p_entry->'reason',
         'actor', p_entry->'actor', 'created_at', engine_time_of(p_entry->'created_at'),
-        'grant_id', p_entry->'grant_id',
+        'grant_id', p_entry->'grant_id', 'api_key_id', p_entry->'api_key_id',
         -- A top-up's credit names its rule through its grant (the ledger
         -- row itself never changes: the rule is the grant's).
         'topup_rule_id', CASE WHEN p_entry->>'kind' = 'credit' THEN

@@ -409,12 +409,13 @@ BEGIN
     -- Entries get their ids in array order: an account's k-th entry (by
     -- id) is its k-th movement.
     INSERT INTO ledger_entries (account_id, kind, amount, available_after, reserved_after,
-        used_after, reservation_id, job_id, external_ref, reason, actor, created_at, grant_id)
+        used_after, reservation_id, job_id, external_ref, reason, actor, created_at, grant_id,
+        api_key_id)
     SELECT e.account, e.kind, e.amount, e.av, e.rs, e.us, e.reservation, e.job, e.external_ref,
-           e.reason, e.actor, e.at, e.grant_id
+           e.reason, e.actor, e.at, e.grant_id, e.api_key
     FROM unnest(p_moves, av_after, rs_after, us_after)
          AS e (account, kind, amount, active_delta, reservation, job, external_ref, reason,
-               actor, at, grant_id, av, rs, us);
+               actor, at, grant_id, api_key, av, rs, us);
     FOR j IN 1 .. cardinality(ids) LOOP
         IF watch[j] OR (before[j]).low_balance_threshold > 0 THEN
             watched := watched || before[j];

@@ -134,7 +134,7 @@ BEGIN
     END IF;
     PERFORM engine_record(ARRAY(
         SELECT ROW(l.account_id, 'grant_expire', l.remaining, 0, NULL, NULL, NULL, 'grant_expired',
-                   'system', p_at, l.id)::engine_movement
+                   'system', p_at, l.id, NULL)::engine_movement
         FROM unnest(lapsed) l
         ORDER BY l.account_id, l.seq));
     tokens := (SELECT sum(l.remaining)::bigint FROM unnest(lapsed) l);

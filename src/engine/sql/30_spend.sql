@@ -116,7 +116,7 @@ BEGIN
                array_agg(ROW(o.account, 'reserve', d.amount,
                              CASE WHEN d.lo = p_from THEN 1 ELSE 0 END, o.new_id,
                              CASE WHEN o.op = 'create_job' THEN o.job END, NULL, NULL, o.actor,
-                             p_at, d.grant_id)::engine_movement) AS moves
+                             p_at, d.grant_id, k.valid_key)::engine_movement) AS moves
         FROM engine_draws(o.account, p_from, p_from + o.amount) d) dr;
     valid_key := seen.valid_key; last_used_at := seen.last_used_at;
     IF seen.refusal IS NOT NULL THEN

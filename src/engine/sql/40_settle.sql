@@ -241,7 +241,7 @@ BEGIN
                         THEN 'grant_expired'
                         WHEN x.part = 'return' AND verdict = 'expired_on_access'
                         THEN 'expired_on_access' ELSE o.reason END,
-                   o.actor, p_at, x.grant_id)::engine_movement
+                   o.actor, p_at, x.grant_id, seen.valid_key)::engine_movement
         FROM engine_split_draws(existing.draws, existing.amount, changed.committed_amount) x
         LEFT JOIN LATERAL (SELECT g.expires_at FROM credit_grants g
                            WHERE g.id = x.grant_id LIMIT 1) g ON true

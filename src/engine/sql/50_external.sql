@@ -82,7 +82,7 @@ $$;
 CREATE FUNCTION engine_external(
     p_kind text, p_account uuid, p_id uuid, p_amount bigint, p_external_ref text, p_note text,
     p_reason text, p_actor text, p_request_id text, p_priority integer, p_expires_at timestamptz,
-    p_amount_paid bigint, p_currency text, p_topup_rule uuid,
+    p_amount_paid bigint, p_currency text, p_topup_rule uuid, p_api_key uuid,
     OUT outcome text, OUT detail jsonb, OUT object jsonb
 )
 LANGUAGE plpgsql AS $$
@@ -207,13 +207,13 @@ BEGIN
         RETURNING * INTO made_grant;
         written := engine_record(ARRAY[ROW(p_account, p_kind, p_amount, 0, NULL, NULL,
             p_external_ref, CASE p_kind WHEN 'adjustment' THEN p_reason END, p_actor, at,
-            p_id)::engine_movement]);
+            p_id, p_api_key)::engine_movement]);
     ELSE
         -- A removal draws the account's tokens [0, -amount) in draw order
         -- (engine_draws, as a reservation does): one entry per grant.
         written := engine_record(ARRAY(
             SELECT ROW(p_account, p_kind, -d.amount, 0, NULL, NULL, p_external_ref, p_reason,
-                       p_actor, at, d.grant_id)::engine_movement
+                       p_actor, at, d.grant_id, p_api_key)::engine_movement
             FROM engine_draws(p_account, 0, -p_amount) d
             ORDER BY d.lo));
     END IF;

@@ -394,6 +394,7 @@ class LedgerEntry:
     actor: str
     created_at: datetime
     grant_id: Optional[str]
+    api_key_id: Optional[str]
     topup_rule_id: Optional[str]
 
     @classmethod
@@ -413,6 +414,7 @@ class LedgerEntry:
             actor=str(data["actor"]),
             created_at=_time(data, "created_at"),
             grant_id=_optional_str(data, "grant_id"),
+            api_key_id=_optional_str(data, "api_key_id"),
             topup_rule_id=_optional_str(data, "topup_rule_id"),
         )
 
