@@ -121,6 +121,7 @@ mod problems;
         grants::GrantPage,
         topups::TopupRuleBody,
         topups::TopupRuleView,
+        topups::Rollover,
         topups::TopupFiringView,
         topups::TopupRulePage,
         topups::Trigger,

@@ -155,6 +155,7 @@ text_enum! {
         ReservationExpired => "reservation.expired",
         GrantExpired => "grant.expired",
         GrantExpiring => "grant.expiring",
+        GrantRolledOver => "grant.rolled_over",
         TopupGranted => "topup.granted",
         TopupRequested => "topup.requested",
         TopupRequestExpired => "topup.request_expired",

@@ -38,6 +38,9 @@ pub struct AccountReconciliation {
     /// The part of `credited` that top-up rules added (docs/topups.md).
     #[diesel(sql_type = BigInt)]
     pub credited_by_rules: i64,
+    /// The part of `credited` that rollovers carried (docs/topups.md).
+    #[diesel(sql_type = BigInt)]
+    pub rolled_over: i64,
     #[diesel(sql_type = BigInt)]
     pub adjusted: i64,
     #[diesel(sql_type = BigInt)]
@@ -114,10 +117,14 @@ pub struct AccountLine {
     pub credited: i64,
     /// The part of `credited` that automatic top-up rules added (their own
     /// grants, and the customer's credits answering their requests); the
-    /// rest was credited by hand.
+    /// rest, but `rolled_over`, was credited by hand.
     pub credited_by_rules: i64,
     /// `credited_by_rules` rule by rule.
     pub credits_by_rule: Vec<RuleCredits>,
+    /// The part of `credited` that rules' rollovers carried forward: the
+    /// unused tokens of lapsing grants (counted in `grant_expired` too)
+    /// that came back as new grants (docs/topups.md, "Rollover").
+    pub rolled_over: i64,
     /// Signed sum of manual corrections during the period (negative: tokens
     /// taken away).
     pub adjusted: i64,
@@ -180,6 +187,8 @@ pub struct Totals {
     pub credited: i64,
     /// Sum of the accounts' `credited_by_rules`.
     pub credited_by_rules: i64,
+    /// Sum of the accounts' `rolled_over`.
+    pub rolled_over: i64,
     /// Sum of the accounts' `adjusted`.
     pub adjusted: i64,
     /// Sum of the accounts' `committed`.
@@ -291,7 +300,11 @@ pub fn reconcile(
                 .map(|row| (row.account_id, row.succeeded))
                 .collect();
             let by_rule: Vec<CreditedByRule> = diesel::sql_query(
-                "SELECT e.account_id, g.topup_rule_id AS rule_id, sum(e.amount)::bigint AS credited \
+                "SELECT e.account_id, g.topup_rule_id AS rule_id, \
+                        COALESCE(sum(e.amount) FILTER (WHERE g.rolled_over_from IS NULL), 0)::bigint \
+                            AS credited, \
+                        COALESCE(sum(e.amount) FILTER (WHERE g.rolled_over_from IS NOT NULL), 0) \
+                            ::bigint AS rolled_over \
                  FROM ledger_entries e JOIN credit_grants g ON g.id = e.grant_id \
                  WHERE e.kind = 'credit' AND g.topup_rule_id IS NOT NULL \
                    AND e.created_at >= $1 AND e.created_at < $2 \
@@ -302,25 +315,31 @@ pub fn reconcile(
             .bind::<Timestamptz, _>(to)
             .bind::<Nullable<SqlUuid>, _>(account)
             .load(conn)?;
-            let mut rules: std::collections::HashMap<Uuid, Vec<RuleCredits>> =
+            let mut rules: std::collections::HashMap<Uuid, (Vec<RuleCredits>, i64)> =
                 std::collections::HashMap::new();
             for row in by_rule {
-                rules.entry(row.account_id).or_default().push(RuleCredits {
-                    rule_id: row.rule_id,
-                    credited: row.credited,
-                });
+                let (credits, rolled_over) = rules.entry(row.account_id).or_default();
+                *rolled_over += row.rolled_over;
+                if row.credited > 0 {
+                    credits.push(RuleCredits {
+                        rule_id: row.rule_id,
+                        credited: row.credited,
+                    });
+                }
             }
             let rows: Vec<(AccountReconciliation, Vec<RuleCredits>)> = opening
                 .iter()
                 .zip(&closing)
                 .map(|(open, close)| {
-                    let credits = rules.remove(&open.account_id).unwrap_or_default();
+                    let (credits, rolled_over) =
+                        rules.remove(&open.account_id).unwrap_or_default();
                     let mut row = period_row(
                         open,
                         close,
                         jobs.get(&open.account_id).copied().unwrap_or(0),
                     );
                     row.credited_by_rules = credits.iter().map(|rule| rule.credited).sum();
+                    row.rolled_over = rolled_over;
                     (row, credits)
                 })
                 .collect();
@@ -346,6 +365,8 @@ struct CreditedByRule {
     rule_id: Uuid,
     #[diesel(sql_type = BigInt)]
     credited: i64,
+    #[diesel(sql_type = BigInt)]
+    rolled_over: i64,
 }
 
 #[derive(QueryableByName)]
@@ -372,6 +393,7 @@ fn period_row(
         opening_used: open.used,
         credited: close.credited - open.credited,
         credited_by_rules: 0,
+        rolled_over: 0,
         adjusted: close.adjusted - open.adjusted,
         reserved: close.reserved_total - open.reserved_total,
         committed: close.committed - open.committed,
@@ -401,6 +423,7 @@ fn build_report(
             totals.opening += row.opening();
             totals.credited += row.credited;
             totals.credited_by_rules += row.credited_by_rules;
+            totals.rolled_over += row.rolled_over;
             totals.adjusted += row.adjusted;
             totals.committed += row.committed;
             totals.grant_expired += row.grant_expired;
@@ -419,6 +442,7 @@ fn build_report(
                 credited: row.credited,
                 credited_by_rules: row.credited_by_rules,
                 credits_by_rule,
+                rolled_over: row.rolled_over,
                 adjusted: row.adjusted,
                 committed: row.committed,
                 grant_expired: row.grant_expired,
@@ -457,12 +481,12 @@ fn build_report(
 /// defused against formulas wherever a spreadsheet may start a cell).
 pub fn to_csv(report: &Report) -> String {
     let mut csv = String::from(
-        "account_id,name,status,opening,credited,credited_by_rules,adjusted,committed,grant_expired,closing,reserved,\
+        "account_id,name,status,opening,credited,credited_by_rules,rolled_over,adjusted,committed,grant_expired,closing,reserved,\
          released,expired,\
          opening_available,opening_reserved,opening_used,closing_available,closing_reserved,closing_used,\
          jobs_succeeded,job_commit_entries,failed_checks\n",
     );
-    let mut sums = [0_i64; 18];
+    let mut sums = [0_i64; 19];
     for line in &report.accounts {
         let failed: Vec<&str> = report
             .discrepancies
@@ -497,11 +521,12 @@ pub fn to_csv(report: &Report) -> String {
 }
 
 /// An account line's numbers in the CSV's column order.
-fn csv_numbers(line: &AccountLine) -> [i64; 18] {
+fn csv_numbers(line: &AccountLine) -> [i64; 19] {
     [
         line.opening,
         line.credited,
         line.credited_by_rules,
+        line.rolled_over,
         line.adjusted,
         line.committed,
         line.grant_expired,

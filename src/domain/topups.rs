@@ -75,6 +75,20 @@ pub enum Mode {
     Request,
 }
 
+/// A schedule rule's rollover: at the end of each period, what its grant
+/// did not use (up to `max_tokens`) moves into a new grant (docs/topups.md,
+/// "Rollover").
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Rollover {
+    /// Tokens carried forward at most (1 … 1,000,000,000).
+    pub max_tokens: i64,
+    /// The carried grant lapses this long after the lapse that made it (ISO
+    /// 8601 duration, `PT1M` … `P3650D`); none: never. A carried grant is
+    /// never carried again.
+    pub expires_after: Option<String>,
+}
+
 /// A rule as the API takes it (POST), and as a PATCH leaves it (the rule's
 /// fields with the PATCH's members laid over them).
 #[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
@@ -110,6 +124,10 @@ pub struct TopupRuleBody {
     /// `schedule` only: the grant lapses at the end of the period it is for
     /// (this month's allowance lapses at the month's end).
     pub expires_at_period_end: Option<bool>,
+    /// `schedule`, mode `grant`, with `expires_after` or
+    /// `expires_at_period_end` only: when a grant of the rule lapses, its
+    /// unused tokens up to `max_tokens` carry into a new grant.
+    pub rollover: Option<Rollover>,
     /// Tokens the rule may add per day (in `time_zone`); over it, the rule
     /// sends `topup.cap_reached` once instead.
     pub max_tokens_per_day: Option<i64>,
@@ -145,6 +163,8 @@ pub struct RuleSpec {
     pub priority: i16,
     pub expires_after_seconds: Option<i64>,
     pub expires_at_period_end: bool,
+    /// `rollover.max_tokens` and `rollover.expires_after` in seconds.
+    pub rollover: Option<(i64, Option<i64>)>,
     pub max_tokens_per_day: Option<i64>,
     pub max_tokens_per_month: Option<i64>,
     pub price: Option<Price>,
@@ -322,18 +342,18 @@ impl TryFrom<TopupRuleBody> for RuleSpec {
                 }
             },
         };
-        let expires_after_seconds = body
-            .expires_after
-            .as_deref()
-            .map(|text| {
-                let seconds = parse_duration("expires_after", text)?;
+        let expiry = |name: &str, text: Option<&str>| {
+            text.map(|text| {
+                let seconds = parse_duration(name, text)?;
                 if (EXPIRES_AFTER_MIN_SECONDS..=EXPIRES_AFTER_MAX_SECONDS).contains(&seconds) {
                     Ok(seconds)
                 } else {
-                    Err(bad("expires_after must be between PT1M and P3650D"))
+                    Err(bad(format!("{name} must be between PT1M and P3650D")))
                 }
             })
-            .transpose()?;
+            .transpose()
+        };
+        let expires_after_seconds = expiry("expires_after", body.expires_after.as_deref())?;
         let price = Price::of(body.amount_paid, body.currency).map_err(bad)?;
         if price.is_some() && !(body.method == Method::Fixed && mode == Mode::Grant) {
             return Err(bad(
@@ -348,6 +368,25 @@ impl TryFrom<TopupRuleBody> for RuleSpec {
         if expires_at_period_end && expires_after_seconds.is_some() {
             return Err(bad("give expires_after or expires_at_period_end, not both"));
         }
+        let rollover = match &body.rollover {
+            None => None,
+            Some(_) if threshold || mode != Mode::Grant => {
+                return Err(bad(
+                    "rollover applies to a schedule rule in mode grant only: it carries what \
+                     the period's grant did not use",
+                ))
+            }
+            Some(_) if !expires_at_period_end && expires_after_seconds.is_none() => {
+                return Err(bad(
+                    "rollover needs grants that lapse: give expires_at_period_end or \
+                     expires_after",
+                ))
+            }
+            Some(rollover) => Some((
+                within("rollover.max_tokens", rollover.max_tokens, RULE_TOKENS_MAX)?,
+                expiry("rollover.expires_after", rollover.expires_after.as_deref())?,
+            )),
+        };
         let cap = |name: &str, value: Option<i64>| {
             value
                 .map(|value| within(name, value, RULE_TOKENS_MAX))
@@ -388,6 +427,7 @@ impl TryFrom<TopupRuleBody> for RuleSpec {
             priority,
             expires_after_seconds,
             expires_at_period_end,
+            rollover,
             max_tokens_per_day,
             max_tokens_per_month,
             price,
@@ -483,6 +523,8 @@ pub struct TopupRuleView {
     /// ISO 8601 duration.
     pub expires_after: Option<String>,
     pub expires_at_period_end: bool,
+    /// What the rule's lapsing grants carry forward; null: nothing.
+    pub rollover: Option<Rollover>,
     pub max_tokens_per_day: Option<i64>,
     pub max_tokens_per_month: Option<i64>,
     /// What each grant the rule makes was paid, in minor units of
@@ -652,6 +694,8 @@ fn write_rule(
         .bind::<Bool, _>(spec.enabled)
         .bind::<Nullable<BigInt>, _>(spec.price.as_ref().map(|price| price.amount_paid.get()))
         .bind::<Nullable<Text>, _>(spec.price.as_ref().map(|price| price.currency.as_str()))
+        .bind::<Nullable<BigInt>, _>(spec.rollover.map(|(max, _)| max))
+        .bind::<Nullable<BigInt>, _>(spec.rollover.and_then(|(_, after)| after))
         .execute(conn)?;
     Ok(())
 }
@@ -706,9 +750,10 @@ pub fn create_rule(
             "INSERT INTO topup_rules (id, account_id, trigger, threshold_tokens, period, \
              anchor_day, time_zone, method, tokens, target_tokens, mode, request_ttl_seconds, \
              priority, expires_after_seconds, expires_at_period_end, max_tokens_per_day, \
-             max_tokens_per_month, enabled, amount_paid, currency) \
+             max_tokens_per_month, enabled, amount_paid, currency, rollover_max_tokens, \
+             rollover_expires_after_seconds) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
-             $18, $19, $20)",
+             $18, $19, $20, $21, $22)",
             id,
             account,
             &spec,
@@ -807,7 +852,8 @@ pub fn update_rule(
              anchor_day = $6, time_zone = $7, method = $8, tokens = $9, target_tokens = $10, \
              mode = $11, request_ttl_seconds = $12, priority = $13, expires_after_seconds = $14, \
              expires_at_period_end = $15, max_tokens_per_day = $16, max_tokens_per_month = $17, \
-             enabled = $18, amount_paid = $19, currency = $20, updated_at = now(), \
+             enabled = $18, amount_paid = $19, currency = $20, rollover_max_tokens = $21, \
+             rollover_expires_after_seconds = $22, updated_at = now(), \
              next_period_at = CASE WHEN (period, anchor_day, time_zone, trigger) \
                                         IS NOT DISTINCT FROM ($5, $6, $7, $3) \
                                    THEN next_period_at END \

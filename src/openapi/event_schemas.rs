@@ -99,6 +99,20 @@ fn data_of(event_type: EventType) -> (bool, &'static str, Vec<(&'static str, Val
                 ("grant", reference("GrantView")),
             ],
         ),
+        EventType::GrantRolledOver => (
+            true,
+            "A top-up rule's grant lapsed holding `unused` tokens and its rule's `rollover` \
+             carried `tokens` = min(unused, `max_tokens`) into a new grant (`credit`); the \
+             lapse itself is the `grant.expired` before it. Once per lapsed grant.",
+            vec![
+                ("grant_id", json!({"type": "string", "format": "uuid"})),
+                ("unused", json!({"type": "integer", "format": "int64"})),
+                ("tokens", json!({"type": "integer", "format": "int64"})),
+                ("max_tokens", json!({"type": "integer", "format": "int64"})),
+                ("grant", reference("GrantView")),
+                ("credit", reference("CreditView")),
+            ],
+        ),
         EventType::TopupGranted => (
             true,
             "A top-up rule in mode `grant` credited the account.",

@@ -127,6 +127,12 @@ const RULES: &[Rule] = &[
         spellings: &[r"::numeric\s*\*"],
         shared_with: &[],
     },
+    Rule {
+        rule: "a rollover carries min(unused, max_tokens)",
+        function: "engine_rollover_carry",
+        spellings: &[r"LEAST\s*\(\s*[\w.]*(unused|remaining)\s*,\s*[\w.]*max"],
+        shared_with: &[],
+    },
 ];
 
 fn root() -> &'static Path {

@@ -330,6 +330,7 @@ async fn the_upgrade_turns_balances_into_grants_and_the_books_still_reconcile() 
     let mut conn = app.conn();
     // Back to before grants (their expiry first), and up again.
     let down = [
+        include_str!("../../migrations/2026-12-06-000030_rollover/down.sql"),
         include_str!("../../migrations/2026-12-06-000001_grant_prices/down.sql"),
         include_str!("../../migrations/2026-12-04-000010_row_rules_whole_row/down.sql"),
         include_str!("../../migrations/2026-12-04-000001_row_rules/down.sql"),
@@ -348,6 +349,7 @@ async fn the_upgrade_turns_balances_into_grants_and_the_books_still_reconcile() 
         include_str!("../../migrations/2026-12-04-000001_row_rules/up.sql"),
         include_str!("../../migrations/2026-12-04-000010_row_rules_whole_row/up.sql"),
         include_str!("../../migrations/2026-12-06-000001_grant_prices/up.sql"),
+        include_str!("../../migrations/2026-12-06-000030_rollover/up.sql"),
     ];
     for down in down {
         conn.batch_execute(&format!("BEGIN; {down} COMMIT;"))

@@ -51,6 +51,7 @@ mod reconciliation;
 mod representations;
 mod reservations;
 mod revenue;
+mod rollover;
 mod row_rules;
 mod secrets;
 mod security;

@@ -69,6 +69,7 @@ export const EVENT_TYPES = [
   "reservation.expired",
   "grant.expired",
   "grant.expiring",
+  "grant.rolled_over",
   "topup.granted",
   "topup.requested",
   "topup.request_expired",
@@ -172,6 +173,15 @@ export interface EventData {
   "reservation.expired": AccountEventData & { reservation: Reservation; entry: LedgerEntry };
   "grant.expired": AccountEventData & { grant_id: string; amount: number; grant: Grant; entry: LedgerEntry };
   "grant.expiring": AccountEventData & { grant_id: string; amount: number; expires_at: string; grant: Grant };
+  "grant.rolled_over": AccountEventData & {
+    grant_id: string;
+    /** What the lapsed grant held; `tokens` = min(unused, max_tokens) carried. */
+    unused: number;
+    tokens: number;
+    max_tokens: number;
+    grant: Grant;
+    credit: Credit;
+  };
   "topup.granted": AccountEventData & { rule: TopupRule; firing: TopupFiring; credit: Credit };
   "topup.requested": AccountEventData & { rule: TopupRule; request: TopupFiring };
   "topup.request_expired": AccountEventData & {

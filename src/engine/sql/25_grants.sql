@@ -113,12 +113,28 @@ $$;
 -- engine_external), so a lapsed grant is never drawn, and by the reaper
 -- (engine_expire_grants) for the others. The caller holds the accounts'
 -- row locks. Returns the grants lapsed and the tokens that left.
+--
+-- Rollover (docs/topups.md): a lapsed grant of a top-up rule with
+-- `rollover` (rollover_max_tokens set; the rule as it is at the lapse,
+-- deleted or disabled included) that is not itself a carried grant
+-- carries engine_rollover_carry of what it held into a new grant, in this
+-- transaction: a credit (engine_external: credited and the ledger show it,
+-- and, as any credit not a threshold rule's, it counts as use) of the
+-- grant's priority and rule (external_ref `rollover:<its own id>`: no
+-- one can book it first), lapsing `rollover_expires_after_seconds` after
+-- `p_at` (NULL: never), unpriced (the lapsed grant's price is
+-- recognised as its lapse's breakage), naming it (rolled_over_from: one
+-- per grant, a unique index); then `grant.rolled_over`. A lapse is
+-- written once (expired_at, under the account's lock), so is its carry.
 CREATE FUNCTION engine_lapse_grants(p_accounts uuid[], p_at timestamptz,
     OUT grants integer, OUT tokens bigint)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     lapsed credit_grants[];
+    c record;
+    made record;
+    carried uuid;
 BEGIN
     WITH due AS (
         UPDATE credit_grants g SET expired_at = p_at
@@ -138,7 +154,40 @@ BEGIN
         FROM unnest(lapsed) l
         ORDER BY l.account_id, l.seq));
     tokens := (SELECT sum(l.remaining)::bigint FROM unnest(lapsed) l);
+    FOR c IN
+        SELECT l.id, l.account_id, l.priority, l.remaining, r.id AS rule,
+               r.rollover_max_tokens AS max,
+               engine_rollover_carry(l.remaining, r.rollover_max_tokens) AS tokens,
+               p_at + make_interval(secs => r.rollover_expires_after_seconds) AS expires
+        FROM unnest(lapsed) l JOIN topup_rules r ON r.id = l.topup_rule_id
+        WHERE r.rollover_max_tokens IS NOT NULL AND l.rolled_over_from IS NULL
+        ORDER BY l.account_id, l.seq
+    LOOP
+        carried := gen_random_uuid();
+        SELECT * INTO made FROM engine_external('credit', c.account_id, carried, c.tokens,
+            'rollover:' || carried, 'rollover of grant ' || c.id, NULL, 'topup-rule:' || c.rule,
+            NULL, c.priority, c.expires, NULL, NULL, c.rule, NULL);
+        IF made.outcome <> 'created' THEN
+            RAISE EXCEPTION 'engine_lapse_grants: the rollover of grant % was %', c.id, made.outcome;
+        END IF;
+        UPDATE credit_grants SET rolled_over_from = c.id WHERE id = carried;
+        PERFORM engine_tally_add('topup_credited', c.tokens);
+        PERFORM engine_emit_event('grant.rolled_over', a.id, engine_event_account(a)
+            || jsonb_build_object('grant_id', c.id, 'unused', c.remaining, 'tokens', c.tokens,
+                'max_tokens', c.max,
+                'grant', (SELECT engine_grant_json(to_jsonb(g)) FROM credit_grants g
+                          WHERE g.id = c.id),
+                'credit', made.object->'credit'), p_at)
+        FROM accounts a WHERE a.id = c.account_id;
+    END LOOP;
 END;
+$$;
+
+-- What a rollover carries of the `p_unused` tokens a lapsing grant held:
+-- at most the rule's `p_max` (rollover.max_tokens).
+CREATE FUNCTION engine_rollover_carry(p_unused bigint, p_max bigint) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT LEAST(p_unused, p_max)
 $$;
 
 -- The reaper's lapse: the accounts of up to `p_limit` grants due to lapse

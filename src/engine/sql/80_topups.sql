@@ -124,6 +124,9 @@ LANGUAGE sql STABLE AS $$
         'priority', CASE WHEN p_rule->>'mode' = 'grant' THEN p_rule->'priority' END,
         'expires_after', engine_duration_text((p_rule->>'expires_after_seconds')::bigint),
         'expires_at_period_end', p_rule->'expires_at_period_end',
+        'rollover', CASE WHEN p_rule->>'rollover_max_tokens' IS NOT NULL THEN jsonb_build_object(
+            'max_tokens', p_rule->'rollover_max_tokens', 'expires_after',
+            engine_duration_text((p_rule->>'rollover_expires_after_seconds')::bigint)) END,
         'max_tokens_per_day', p_rule->'max_tokens_per_day',
         'max_tokens_per_month', p_rule->'max_tokens_per_month',
         'amount_paid', p_rule->'amount_paid', 'currency', p_rule->'currency',

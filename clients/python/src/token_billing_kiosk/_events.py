@@ -72,6 +72,15 @@ class GrantExpiringData(AccountEventData):
     grant: Resource
 
 
+class GrantRolledOverData(AccountEventData):
+    grant_id: str
+    unused: int
+    tokens: int
+    max_tokens: int
+    grant: Resource
+    credit: Resource
+
+
 class TopupGrantedData(AccountEventData):
     rule: Resource
     firing: Resource
@@ -137,6 +146,7 @@ EVENT_DATA: Mapping[str, type] = {
     "reservation.expired": ReservationExpiredData,
     "grant.expired": GrantExpiredData,
     "grant.expiring": GrantExpiringData,
+    "grant.rolled_over": GrantRolledOverData,
     "topup.granted": TopupGrantedData,
     "topup.requested": TopupRequestedData,
     "topup.request_expired": TopupRequestExpiredData,

@@ -26,6 +26,7 @@ EVENT_TYPES = (
     "reservation.expired",
     "grant.expired",
     "grant.expiring",
+    "grant.rolled_over",
     "topup.granted",
     "topup.requested",
     "topup.request_expired",
