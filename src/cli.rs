@@ -220,7 +220,9 @@ pub enum ApiKeyCommand {
     /// Create a key; prints it as JSON, with its secret `key` shown this once only.
     #[command(after_help = "Examples:\n  \
         token-billing api-key create --scope admin --label ops | jq -r .key\n  \
-        token-billing api-key create --scope kiosk --account <ACCOUNT_ID> --label \"booth 1\"")]
+        token-billing api-key create --scope kiosk --account <ACCOUNT_ID> --label \"booth 1\"\n  \
+        token-billing api-key create --scope kiosk --account <ACCOUNT_ID> --label \"booth 2\" \\\n    \
+          --budget-tokens 200 --budget-period day --budget-time-zone Europe/Berlin")]
     Create {
         /// What the key may do: admin (everything), finance (read), kiosk (one account).
         #[arg(long, value_enum)]
@@ -231,6 +233,16 @@ pub enum ApiKeyCommand {
         /// A note telling people what the key is for (1–200 characters).
         #[arg(long, default_value = "created from the command line")]
         label: String,
+        /// A kiosk key's spending limit per --budget-period, 1–1,000,000,000
+        /// tokens (docs/fleet.md); none by default.
+        #[arg(long, requires = "budget_period")]
+        budget_tokens: Option<i64>,
+        /// The budget's period.
+        #[arg(long, value_enum, requires = "budget_tokens")]
+        budget_period: Option<CliBudgetPeriod>,
+        /// The budget's time zone, an IANA name (default UTC).
+        #[arg(long, requires = "budget_tokens")]
+        budget_time_zone: Option<String>,
     },
     /// List keys in creation order as JSON `{keys, next_after}`, without their secrets.
     #[command(after_help = "Examples:\n  \
@@ -269,6 +281,25 @@ impl From<CliScope> for Scope {
             CliScope::Admin => Scope::Admin,
             CliScope::Finance => Scope::Finance,
             CliScope::Kiosk => Scope::Kiosk,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum CliBudgetPeriod {
+    Day,
+    Week,
+    Month,
+    Total,
+}
+
+impl From<CliBudgetPeriod> for crate::domain::key_budgets::BudgetPeriod {
+    fn from(period: CliBudgetPeriod) -> Self {
+        match period {
+            CliBudgetPeriod::Day => Self::Day,
+            CliBudgetPeriod::Week => Self::Week,
+            CliBudgetPeriod::Month => Self::Month,
+            CliBudgetPeriod::Total => Self::Total,
         }
     }
 }

@@ -399,12 +399,25 @@ fn account_command(database_url: &str, action: AccountCommand) -> anyhow::Result
 }
 
 fn api_key_command(database_url: &str, action: ApiKeyCommand) -> anyhow::Result<()> {
-    let (scope, account, label) = match action {
+    let (scope, account, label, budget) = match action {
         ApiKeyCommand::Create {
             scope,
             account,
             label,
-        } => (scope, account, label),
+            budget_tokens,
+            budget_period,
+            budget_time_zone,
+        } => {
+            let budget = budget_tokens.zip(budget_period).map(|(tokens, period)| {
+                crate::domain::key_budgets::BudgetSpec {
+                    budget_tokens: tokens,
+                    budget_period: period.into(),
+                    budget_time_zone,
+                    budget_low_percent: None,
+                }
+            });
+            (scope, account, label, budget)
+        }
         ApiKeyCommand::List {
             account,
             after,
@@ -452,8 +465,14 @@ fn api_key_command(database_url: &str, action: ApiKeyCommand) -> anyhow::Result<
         _ => {}
     }
     let mut conn = connect(database_url)?;
-    let key = api_keys::create_api_key(&mut conn, scope, account.map(types::AccountId), &label)
-        .map_err(|error| match error {
+    let key = api_keys::create_api_key(
+        &mut conn,
+        scope,
+        account.map(types::AccountId),
+        &label,
+        budget.as_ref(),
+    )
+    .map_err(|error| match error {
             crate::error::ApiError::NotFound(_) => anyhow::anyhow!(
                 "no account has the id given with --account (`token-billing account list` shows them)"
             ),

@@ -315,7 +315,8 @@ pub fn actors_for_kiosk(
 }
 
 /// Replaces every string `actor` member anywhere in `value` (an event's
-/// data: its `entry`, `credit`, `adjustment`) by its name in `names`.
+/// data: its `entry`, `credit`, `adjustment`) by its name in `names`, and
+/// empties every `api_key_id` (an entry's key).
 pub fn rename_actors(
     value: &mut serde_json::Value,
     names: &std::collections::HashMap<String, String>,
@@ -331,6 +332,8 @@ pub fn rename_actors(
                             "key".clone_into(actor);
                         }
                     }
+                    // A ledger entry's key, likewise.
+                    named if key == "api_key_id" => *named = serde_json::Value::Null,
                     other => rename_actors(other, names),
                 }
             }
@@ -483,8 +486,9 @@ pub fn create_api_key(
     scope: Scope,
     account: Option<AccountId>,
     label: &Label,
+    budget: Option<&BudgetSpec>,
 ) -> Result<CreatedApiKey, ApiError> {
-    create_api_key_by(conn, &Audit::local(), scope, account, label, None, None)
+    create_api_key_by(conn, &Audit::local(), scope, account, label, None, budget)
 }
 
 /// Parses an optional `expires_at` (RFC 3339 or a date, `crate::time`),
@@ -520,6 +524,11 @@ pub fn create_api_key_by(
         ));
     }
     if let Some(budget) = budget {
+        if scope != Scope::Kiosk {
+            return Err(ApiError::InvalidRequest(
+                "budget: only a kiosk key has a budget".into(),
+            ));
+        }
         key_budgets::check(conn, budget)?;
     }
     if let Some(account) = account {

@@ -143,7 +143,8 @@ pub struct LedgerEntryView {
     /// The API key whose request wrote the entry (a reserve, a kiosk's
     /// commit or release, an admin's credit); null for the service's own
     /// movements (a job's settlement by the worker, an expiry, a lapse, a
-    /// top-up) and for entries written before keys were recorded.
+    /// top-up) and for entries written before keys were recorded. Null to
+    /// a kiosk key, which sees no key's id (`actor` names the key).
     pub api_key_id: Option<Uuid>,
     /// A top-up's credit: the rule that made it (docs/topups.md); else null.
     pub topup_rule_id: Option<Uuid>,
@@ -211,6 +212,7 @@ pub fn as_kiosk_sees_it(
         if let Some(name) = names.get(&entry.actor) {
             entry.actor.clone_from(name);
         }
+        entry.api_key_id = None;
     }
     Ok(page)
 }

@@ -147,6 +147,39 @@ fn results_are_json_alone_on_stdout_and_logs_have_no_colour() {
     assert_eq!(key["scope"], "kiosk");
     assert_eq!(key["account_id"], id.as_str());
     assert!(key["key"].as_str().expect("secret").len() >= 64);
+    assert_eq!(key["budget"], Value::Null);
+    // A booth's key with a budget, as the API sets it.
+    let budgeted = json_stdout(&run(
+        &url,
+        &[
+            "api-key",
+            "create",
+            "--scope",
+            "kiosk",
+            "--account",
+            &id,
+            "--label",
+            "booth 2",
+            "--budget-tokens",
+            "200",
+            "--budget-period",
+            "day",
+            "--budget-time-zone",
+            "Europe/Berlin",
+        ],
+    ));
+    assert_eq!(budgeted["budget"]["budget_tokens"], 200, "{budgeted}");
+    assert_eq!(budgeted["budget"]["budget_period"], "day");
+    assert_eq!(budgeted["budget"]["budget_time_zone"], "Europe/Berlin");
+    let refused = run(
+        &url,
+        &[
+            "api-key", "create", "--scope", "admin", "--budget-tokens", "5", "--budget-period",
+            "total",
+        ],
+    );
+    assert!(!refused.status.success());
+    assert!(text(&refused.stderr).contains("kiosk"), "{}", text(&refused.stderr));
 
     let report = json_stdout(&run(&url, &["reconcile"]));
     assert_eq!(report["status"], "ok");
