@@ -1,12 +1,13 @@
 // One account: balances and the invariant, its credit grants, its
-// automatic top-up rules, the balance chart over a period, reservations in
+// automatic top-up rules, the balance chart over a period, the usage per
+// booth (kiosk key) of a period with its chart by day, reservations in
 // flight, recent jobs, the ledger, and (admin) kiosk keys, credit,
-// adjustment, suspend/reactivate and limits. Seven requests: the account,
-// its grants, its top-up rules, the period's ledger, held reservations,
-// recent jobs, and (admin) the account's keys.
+// adjustment, suspend/reactivate and limits. Nine requests: the account,
+// its grants, its top-up rules, the period's ledger, the usage by key and
+// by day, held reservations, recent jobs, and (admin) the account's keys.
 
 import { freshId, get, query, request } from "./api.js";
-import { balanceChart, pointsOf } from "./chart.js";
+import { balanceChart, dayBarChart, daysOf, pointsOf } from "./chart.js";
 import {
   busyButton,
   clear,
@@ -21,6 +22,7 @@ import {
   tokens,
 } from "./dom.js";
 import { lowMarker, statusBadge } from "./accounts.js";
+import { periodForm } from "./period.js";
 
 const PERIODS = [
   ["15m", "last 15 minutes", 900],
@@ -35,6 +37,20 @@ const LEDGER_PAGES_MAX = 5;
 const LEDGER_ROWS_PER_PAGE = 20;
 /** The grants card reads at most this many pages of 100 grants. */
 const GRANT_PAGES_MAX = 5;
+/** The usage card's figures: the API's names and their columns. */
+const USAGE_FIGURES = [
+  ["reserved", "Reserved"],
+  ["used", "Used"],
+  ["released", "Released"],
+  ["expired", "Expired"],
+  ["jobs_succeeded", "Jobs succeeded"],
+  ["jobs_failed", "Jobs failed"],
+];
+/** The usage chart's bars per day. */
+const USAGE_SERIES = ["used", "released", "expired"];
+/** Times the usage card asks again while its period's end is not closed
+ * yet (409 instant_not_closed), each after the answer's Retry-After. */
+const USAGE_RETRIES = 3;
 
 /** An `<input type=datetime-local>` value, read as UTC, in RFC 3339 ("2026-12-05T10:00:00Z"). */
 function utcFromInput(value) {
@@ -51,6 +67,7 @@ export async function renderAccount(container, context, accountId) {
     grants: h("section", { class: "card", "aria-labelledby": "grants-title" }),
     topups: h("section", { class: "card", "aria-labelledby": "topups-title" }),
     chart: h("section", { class: "card", "aria-labelledby": "chart-title" }),
+    usage: h("section", { class: "card", id: "usage-card", "aria-labelledby": "usage-title" }),
     inFlight: h("section", { class: "card", "aria-labelledby": "in-flight-title" }),
     jobs: h("section", { class: "card", "aria-labelledby": "jobs-title" }),
     ledger: h("section", { class: "card", "aria-labelledby": "ledger-title" }),
@@ -64,6 +81,7 @@ export async function renderAccount(container, context, accountId) {
     sections.grants,
     sections.topups,
     sections.chart,
+    sections.usage,
     sections.inFlight,
     sections.jobs,
     sections.ledger,
@@ -200,6 +218,89 @@ export async function renderAccount(container, context, accountId) {
         h("button", { type: "button", disabled: state.ledgerPage >= pages - 1, onclick: () => { state.ledgerPage += 1; showLedger(); } }, "Older"),
       ),
     );
+  };
+
+  // Usage per booth: the API's report by key (the table) and by day (the
+  // chart) for the card's period; every figure is the API's, none is
+  // added up here.
+  const usage = periodForm({
+    formId: "usage-form",
+    path: `${base}/usage`,
+    submit: "Show usage",
+    csvName: "usage",
+    downloadId: "usage-download-csv",
+    filters: () => ({ group_by: "key" }),
+  });
+  const usageResult = h("div", { id: "usage-result" });
+  fill(sections.usage,
+    h("h2", { id: "usage-title" }, "Usage per booth"),
+    h("p", { class: "muted" }, "What each kiosk key reserved, used, released and let expire, and how its jobs ended. A reservation counts for the key that made it; “no key” is what no kiosk key made (an admin key, the CLI)."),
+    usage.form,
+    usage.message.element,
+    usageResult,
+  );
+  let usageTicket = 0;
+  // Never throws: an error is shown in the card.
+  const loadUsage = async () => {
+    usageTicket += 1;
+    const ticket = usageTicket;
+    usage.message.clear();
+    const chosen = usage.parameters();
+    for (let attempt = 0; ; attempt += 1) {
+      try {
+        const [byKey, byDay] = await Promise.all([
+          get(`${base}/usage${query(chosen)}`),
+          get(`${base}/usage${query({ ...chosen, group_by: "day" })}`),
+        ]);
+        if (ticket !== usageTicket) return;
+        usage.message.clear();
+        fill(usageResult, showUsage(byKey, byDay));
+        return;
+      } catch (error) {
+        if (ticket !== usageTicket) return;
+        if (error.code === "instant_not_closed" && attempt < USAGE_RETRIES) {
+          const seconds = Math.min(Math.max(error.retryAfter || 1, 1), 10);
+          usage.message.ok(`The books up to ${time(chosen.to)} are not closed yet; asking again in ${seconds} s.`);
+          await new Promise((resolve) => setTimeout(resolve, seconds * 1000));
+          continue;
+        }
+        clear(usageResult);
+        usage.message.error(error);
+        return;
+      }
+    }
+  };
+  onSubmit(usage.form, loadUsage);
+
+  const showUsage = (report, days) => {
+    const cells = (figures) => USAGE_FIGURES.map(([name]) => h("td", { class: "number", "data-field": name }, tokens(figures[name])));
+    const rows = report.lines.map((line) => h(
+      "tr",
+      { "data-key-id": line.api_key_id || "none" },
+      h("th", { scope: "row", "data-field": "booth", title: line.api_key_id },
+        line.api_key_id ? line.label || line.api_key_id : "no key"),
+      cells(line),
+    ));
+    rows.push(h("tr", { class: "totals", "data-key-id": "totals" }, h("th", { scope: "row", "data-field": "booth" }, "Totals"), cells(report.totals)));
+    const dayList = daysOf(days.from, days.to);
+    const summary = `Per UTC day: used ${tokens(days.totals.used)}, released ${tokens(days.totals.released)} and expired ${tokens(days.totals.expired)} tokens `
+      + `over ${dayList.length} days, ${days.lines.length} of them with reservations.`;
+    return [
+      h("p", { class: "muted", id: "usage-period", "data-from": report.from, "data-to": report.to }, `${time(report.from)} to ${time(report.to)}.`),
+      report.lines.length
+        ? table(
+          "Usage per booth, and the totals",
+          [h("th", { scope: "col" }, "Booth"), ...USAGE_FIGURES.map(([, title]) => h("th", { scope: "col", class: "number" }, title))],
+          rows,
+          { id: "usage-table" },
+        )
+        : h("p", { id: "usage-none" }, "No reservation in this period."),
+      dayBarChart({ id: "usage-chart" }, summary, dayList, days.lines, USAGE_SERIES, {
+        format: tokens,
+        valueAttribute: "data-tokens",
+        title: (line, name) => `${line.day}: ${name} ${tokens(line[name])} tokens`,
+      }),
+    ];
   };
 
   let grants = [];
@@ -374,6 +475,8 @@ export async function renderAccount(container, context, accountId) {
   };
 
   const refresh = async () => {
+    // The usage card's default period (untouched) ends now again.
+    usage.reset();
     const requests = [
       get(base),
       loadLedger(),
@@ -381,6 +484,7 @@ export async function renderAccount(container, context, accountId) {
       get(`${base}/jobs${query({ limit: 10 })}`),
       loadGrants(),
       get(`${base}/topup-rules`),
+      loadUsage(),
     ];
     const [fresh, , reservations, jobPage, , rulePage] = await Promise.all(requests);
     account = fresh;

@@ -60,6 +60,8 @@ export async function request(path, { method = "GET", body, accept, key, headers
       problem = { detail: `HTTP ${response.status} ${response.statusText}` };
     }
     const error = new ApiError(response.status, problem);
+    // Seconds to wait before asking again (409 instant_not_closed, 429, 503).
+    error.retryAfter = Number(response.headers.get("Retry-After")) || null;
     if (response.status === 401 && !key) unauthorizedListeners.forEach((listener) => listener(error));
     throw error;
   }

@@ -137,3 +137,48 @@ export function balanceChart(points, from, to, summary) {
 
   return chartFigure({ id: "balance-chart", "data-points": points.length - 2 }, summary, SERIES, [...area.grid, ...labels, ...lines]);
 }
+
+const DAY_MS = 86400 * 1000;
+
+/** The UTC days of the period [from, to) (RFC 3339 instants): "YYYY-MM-DD"s. */
+export function daysOf(from, to) {
+  const start = new Date(from);
+  const first = Date.UTC(start.getUTCFullYear(), start.getUTCMonth(), start.getUTCDate());
+  const last = new Date(to).getTime() - 1;
+  const days = [];
+  for (let day = first; day <= last || days.length === 0; day += DAY_MS) {
+    days.push(new Date(day).toISOString().slice(0, 10));
+  }
+  return days;
+}
+
+/**
+ * A chart of bars per UTC day as a <figure>: for each of `lines` (`{day,
+ * …}`, a day of `days`) one bar per name of `series`, side by side, its
+ * value as the API gave it in `valueAttribute` and `title(line, name)` as
+ * its tooltip; `format` writes the axis' values. `attributes` (with
+ * `data-days`) go on the figure, `summary` is its caption.
+ */
+export function dayBarChart(attributes, summary, days, lines, series, { format, valueAttribute, title }) {
+  const values = lines.filter((line) => days.includes(line.day));
+  const area = plot(Math.max(0, ...values.flatMap((line) => series.map((name) => line[name]))), format);
+  const slot = (area.right - area.left) / days.length;
+  const width = Math.max(0.5, Math.min(24, (slot * 0.76) / series.length));
+  const bars = values.flatMap((line) =>
+    series.map((name, index) => {
+      const top = line[name] > 0 ? Math.min(area.y(line[name]), area.bottom - 1) : area.bottom;
+      const x = area.left + days.indexOf(line.day) * slot + slot / 2 + (index - series.length / 2) * width;
+      return svg(
+        "rect",
+        { class: `bar ${name}`, x: x.toFixed(1), y: top.toFixed(1), width: width.toFixed(1), height: (area.bottom - top).toFixed(1), "data-day": line.day, "data-series": name, [valueAttribute]: line[name] },
+        svg("title", {}, title(line, name)),
+      );
+    }));
+  const middle = Math.floor((days.length - 1) / 2);
+  const labels = [...new Set([0, middle, days.length - 1])].map((index) => {
+    const anchor = days.length === 1 ? "middle" : index === 0 ? "start" : index === days.length - 1 ? "end" : "middle";
+    const x = anchor === "start" ? area.left : anchor === "end" ? area.right : area.left + (index + 0.5) * slot;
+    return area.xLabel(x, days[index].slice(5), anchor);
+  });
+  return chartFigure({ ...attributes, "data-days": days.length }, summary, series, [...area.grid, ...labels, ...bars]);
+}

@@ -27,28 +27,32 @@ function save(text, headers, fallback) {
 }
 
 /**
- * Renders a period page into `container`: `title`, the form (`formId`;
- * `fields` are the page's own `field()`s, `filters()` their query
- * parameters), a `submit` button, "Download CSV", and the report of
- * `path` for the period, drawn by `show(report)` into the result
- * (`resultId`). The first report (the default period) comes at once.
+ * A period form (`formId`): From and To in UTC to the second (default:
+ * the last 30 days up to now, as the API's defaults), the caller's own
+ * `fields` (`filters()` their query parameters), a `submit` button and
+ * "Download CSV" (`downloadId`) of `path` for the period. `parameters()`
+ * are the query of the chosen period; `message` shows errors and results;
+ * `reset()` moves an untouched default period to end now.
  */
-export async function renderPeriodPage(container, { title, path, formId, resultId, submit, csvName, fields = [], filters = () => ({}), show }) {
-  container.append(h("h1", {}, title));
+export function periodForm({ formId, path, submit, csvName, downloadId = "download-csv", fields = [], filters = () => ({}) }) {
   // "To" is now (to the second: the books up to this instant), "From" 30
   // days before, as the API's defaults.
-  const to = new Date(Math.floor(Date.now() / 1000) * 1000);
-  const from = new Date(to.getTime() - 30 * 86400 * 1000);
+  const defaults = () => {
+    const to = new Date(Math.floor(Date.now() / 1000) * 1000);
+    return [new Date(to.getTime() - 30 * 86400 * 1000), to];
+  };
+  const [from, to] = defaults();
   const fromField = field("From (UTC, inclusive)", { type: "datetime-local", step: 1, name: "from", required: true, value: toLocalInput(from) });
   const toField = field("To (UTC, exclusive)", { type: "datetime-local", step: 1, name: "to", required: true, value: toLocalInput(to) });
+  let edited = false;
+  for (const control of [fromField.control, toField.control]) control.addEventListener("input", () => { edited = true; });
   const message = messageArea();
-  const result = h("div", { id: resultId });
   const parameters = () => ({
     from: fromLocalInput(fromField.control.value).toISOString(),
     to: fromLocalInput(toField.control.value).toISOString(),
     ...filters(),
   });
-  const download = busyButton("Download CSV", { id: "download-csv" }, async () => {
+  const download = busyButton("Download CSV", { id: downloadId }, async () => {
     message.clear();
     try {
       const chosen = parameters();
@@ -68,6 +72,25 @@ export async function renderPeriodPage(container, { title, path, formId, resultI
     h("button", { type: "submit" }, submit),
     download,
   );
+  const reset = () => {
+    if (edited) return;
+    const [start, end] = defaults();
+    fromField.control.value = toLocalInput(start);
+    toField.control.value = toLocalInput(end);
+  };
+  return { form, message, parameters, reset };
+}
+
+/**
+ * Renders a period page into `container`: `title`, the period form
+ * (periodForm), and the report of `path` for the period, drawn by
+ * `show(report)` into the result (`resultId`). The first report (the
+ * default period) comes at once.
+ */
+export async function renderPeriodPage(container, { title, path, formId, resultId, submit, csvName, fields = [], filters = () => ({}), show }) {
+  container.append(h("h1", {}, title));
+  const { form, message, parameters } = periodForm({ formId, path, submit, csvName, fields, filters });
+  const result = h("div", { id: resultId });
   container.append(h("section", { class: "card" }, form, message.element), result);
 
   const run = async () => {

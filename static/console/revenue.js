@@ -5,8 +5,8 @@
 // lines with their failed checks, and the CSV. The API's money is integer
 // minor units (2000 is 20.00 EUR); money() only writes it for display.
 
-import { chartFigure, plot } from "./chart.js";
-import { field, h, money, svg, table, tokens } from "./dom.js";
+import { dayBarChart, daysOf } from "./chart.js";
+import { field, h, money, table, tokens } from "./dom.js";
 import { accountCell, failedChecks, renderPeriodPage, reportHeading, statusBadge } from "./period.js";
 
 const MONEY = {
@@ -26,7 +26,6 @@ const TOKENS = {
   deferred_closing: "Deferred closing",
 };
 const DAY_SERIES = ["recognized", "breakage"];
-const DAY_MS = 86400 * 1000;
 
 export function renderRevenue(container) {
   const currency = field("Currency (optional)", {
@@ -130,46 +129,19 @@ function show(report) {
   ];
 }
 
-/** The UTC days of the period [from, to): "YYYY-MM-DD"s. */
-function daysOf(report) {
-  const start = new Date(report.from);
-  const first = Date.UTC(start.getUTCFullYear(), start.getUTCMonth(), start.getUTCDate());
-  const last = new Date(report.to).getTime() - 1;
-  const days = [];
-  for (let day = first; day <= last || days.length === 0; day += DAY_MS) {
-    days.push(new Date(day).toISOString().slice(0, 10));
-  }
-  return days;
-}
-
 /** A currency's recognized revenue and breakage per UTC day, as bars. */
 function dayChart(report, line) {
   const { currency } = line;
-  const days = daysOf(report);
+  const days = daysOf(report.from, report.to);
   const values = report.days.filter((day) => day.currency === currency && days.includes(day.day));
-  const area = plot(Math.max(0, ...values.flatMap((day) => DAY_SERIES.map((name) => day[name]))), (value) => money(value, currency));
-  const slot = (area.right - area.left) / days.length;
-  const width = Math.max(0.5, Math.min(24, slot * 0.38));
-  const bars = values.flatMap((day) =>
-    DAY_SERIES.map((name, index) => {
-      const top = day[name] > 0 ? Math.min(area.y(day[name]), area.bottom - 1) : area.bottom;
-      const x = area.left + days.indexOf(day.day) * slot + slot / 2 + (index - 1) * width;
-      return svg(
-        "rect",
-        { class: `bar ${name}`, x: x.toFixed(1), y: top.toFixed(1), width: width.toFixed(1), height: (area.bottom - top).toFixed(1), "data-day": day.day, "data-series": name, "data-minor": day[name] },
-        svg("title", {}, `${day.day}: ${name} ${money(day[name], currency)} ${currency}`),
-      );
-    }));
-  const middle = Math.floor((days.length - 1) / 2);
-  const labels = [...new Set([0, middle, days.length - 1])].map((index) => {
-    const anchor = days.length === 1 ? "middle" : index === 0 ? "start" : index === days.length - 1 ? "end" : "middle";
-    const x = anchor === "start" ? area.left : anchor === "end" ? area.right : area.left + (index + 0.5) * slot;
-    return area.xLabel(x, days[index].slice(5), anchor);
-  });
   const summary = `${currency}: recognized ${money(line.recognized, currency)}, breakage ${money(line.breakage, currency)} `
     + `over ${days.length} UTC days, ${values.length} of them with revenue or breakage.`;
   return [
     h("h3", {}, currency),
-    chartFigure({ id: `revenue-chart-${currency}`, "data-currency": currency, "data-days": days.length }, summary, DAY_SERIES, [...area.grid, ...labels, ...bars]),
+    dayBarChart({ id: `revenue-chart-${currency}`, "data-currency": currency }, summary, days, values, DAY_SERIES, {
+      format: (value) => money(value, currency),
+      valueAttribute: "data-minor",
+      title: (day, name) => `${day.day}: ${name} ${money(day[name], currency)} ${currency}`,
+    }),
   ];
 }

@@ -12,9 +12,14 @@ change, download the reconciliation CSV and
 check its rows; credit an account of its own with priced grants (EUR, USD,
 a promotional one, a priced adjustment, an unpriced credit), let its kiosk
 commit 20 tokens, and see the Revenue page's figures (in cents, as the API
-answers them), its chart of the day and its CSV; see the system page, sign
-in as finance, find no write control and see the Revenue page, try a kiosk
-key and be refused. At 1280x800 and at a tablet width
+answers them), its chart of the day and its CSV; give an account two kiosk
+keys (booths) that reserve, commit, release and run a job, the admin key a
+reservation of no key, and see the account page's "Usage per booth" table
+show, cell for cell, what GET /v1/accounts/{id}/usage answers for the
+page's period (each key's line, the "no key" line, the totals), its chart
+by day a bar for today, and its period form answer an empty period; see
+the system page, sign in as finance, find no write control and see the
+usage card and the Revenue page, try a kiosk key and be refused. At 1280x800 and at a tablet width
 (820x1180) every page must fit without horizontal scrolling, and every form
 control must have a label. Every wait polls a condition (WebDriverWait).
 """
@@ -284,7 +289,9 @@ def main():
                   and "401" not in entry["message"] and "403" not in entry["message"]
                   and "422" not in entry["message"]
                   # The revenue report's 409 instant_not_closed, asked again (revenue_report).
-                  and not ("/v1/revenue?" in entry["message"] and " 409 " in entry["message"])]
+                  and not ("/v1/revenue?" in entry["message"] and " 409 " in entry["message"])
+                  # The usage card's 409 instant_not_closed, asked again by the card.
+                  and not ("/usage?" in entry["message"] and " 409 " in entry["message"])]
         check(not severe, f"errors in the browser console: {severe}")
     except Exception:
         shot(driver, "failure")
@@ -522,6 +529,7 @@ def scenario(driver):
     print(f"downloaded {os.path.basename(path)}: {len(rows)} account line(s)")
 
     shop_id = revenue_scenario(driver, suffix)
+    usage_scenario(driver, suffix)
 
     # System.
     driver.find_element(By.CSS_SELECTOR, "#nav a[data-page=system]").click()
@@ -544,7 +552,12 @@ def scenario(driver):
     write_controls = "#create-account, #credit, #adjustment, #limits, #create-key, #toggle-status, #keys-table, button.danger"
     check(not driver.find_elements(By.CSS_SELECTOR, write_controls), "finance sees write controls")
     buttons = [b.text for b in driver.find_elements(By.TAG_NAME, "button")]
-    check(set(buttons) <= {"Refresh", "Newer", "Older", "Sign out", "Sign in", ""}, f"finance buttons {buttons}")
+    check(set(buttons) <= {"Refresh", "Newer", "Older", "Show usage", "Download CSV", "Sign out", "Sign in", ""},
+          f"finance buttons {buttons}")
+    # The usage card reads for finance too: booth 1's reservations (5, the
+    # job's 1, the held 2), as the reconciliation's `reserved` above.
+    wait_text(driver, "#usage-table tr[data-key-id]:first-child [data-field=booth]", "booth 1")
+    wait_text(driver, "#usage-table tr[data-key-id]:first-child [data-field=reserved]", "8")
     check_layout(driver, "06-account-finance")
     # A top-up rule that waits: it fired once, and a kiosk holds the balance
     # below its line again without using anything (docs/topups.md): the
@@ -596,6 +609,139 @@ def scenario(driver):
           "a kiosk key was kept")
     check(not driver.find_element(By.ID, "nav").is_displayed(), "a kiosk key got the navigation")
     shot(driver, "07-kiosk-refused")
+
+
+USAGE_FIGURES = ("reserved", "used", "released", "expired", "jobs_succeeded", "jobs_failed")
+
+
+def usage_row(driver, key_id):
+    """The usage table's row of a key ("none": the line of no key; "totals"):
+    its booth cell and its figures as shown (thousands separators dropped)."""
+    row = f"#usage-table tr[data-key-id='{key_id}']"
+    return (text_of(driver, f"{row} [data-field=booth]"),
+            {name: text_of(driver, f"{row} [data-field={name}]").replace(",", "") for name in USAGE_FIGURES})
+
+
+def usage_scenario(driver, suffix):
+    """Two booths (kiosk keys) on one account and a reservation of the
+    admin (bootstrap) key, which names no key: the account page's usage
+    card shows per key what GET …/usage answers for the card's period, cell
+    for cell, and its chart by day has today's bars."""
+    status, venue = api("POST", "/v1/accounts", ADMIN_KEY, {"name": f"Fair stand {suffix}"})
+    check(status == 201, f"account {status} {venue}")
+    venue_id = venue["account_id"]
+    base = f"/v1/accounts/{venue_id}"
+    status, _ = api("POST", f"{base}/credits", ADMIN_KEY, {"amount": 100, "external_ref": f"usage-{suffix}"})
+    check(status == 201, f"credit {status}")
+    booths = {}
+    for name in ("north", "south"):
+        status, key = api("POST", f"{base}/api-keys", ADMIN_KEY, {"scope": "kiosk", "label": f"{name} door {suffix}"})
+        check(status == 201, f"kiosk key {status} {key}")
+        booths[name] = key
+    # Before any reservation: a period ending here has none.
+    before = datetime.now(timezone.utc).replace(microsecond=0)
+    day_before = before.date().isoformat()
+
+    def reserve(key, amount):
+        status, held = api("POST", f"{base}/reservations", key,
+                           {"request_id": str(uuid.uuid4()), "amount": amount, "ttl_seconds": 600})
+        check(status == 201, f"reserve {amount}: {status} {held}")
+        return held["reservation_id"]
+
+    def settle(key, reservation, commit=None):
+        action, body = ("commit", {"amount": commit}) if commit is not None else ("release", {})
+        status, answer = api("POST", f"{base}/reservations/{reservation}/{action}", key, body)
+        check(status == 200, f"{action} {reservation}: {status} {answer}")
+
+    north, south = booths["north"]["key"], booths["south"]["key"]
+    # North: reserves 10, uses 6 (4 back), and a job of 1 token succeeds.
+    settle(north, reserve(north, 10), commit=6)
+    job_request = str(uuid.uuid4())
+    status, job = api("POST", f"{base}/jobs", north,
+                      {"request_id": job_request, "kind": "standard", "params": {"prompt": "a fair"}})
+    check(status == 201, f"job {status} {job}")
+    status, job = api("GET", f"{base}/jobs/{job_request}?wait_seconds=30", north)
+    check(job["status"] == "succeeded", f"job {job}")
+    # South: releases 8 unused, then uses 5.
+    settle(south, reserve(south, 8))
+    settle(south, reserve(south, 5), commit=5)
+    # The bootstrap admin key (no key id): reserves 3 and releases them.
+    settle(ADMIN_KEY, reserve(ADMIN_KEY, 3))
+    done = datetime.now(timezone.utc)
+    # The card's period ends at the second it opens (excluded): open it
+    # once the second of the last entry has passed.
+    next_second = done.replace(microsecond=0) + timedelta(seconds=1)
+    wait(driver, 5).until(lambda d: datetime.now(timezone.utc) >= next_second)
+
+    go(driver, f"#/accounts/{venue_id}")
+    wait_text(driver, "#account-name", f"Fair stand {suffix}")
+    wait_text(driver, "#usage-table tr[data-key-id=totals]", "Totals")
+    period = driver.find_element(By.ID, "usage-period")
+    start, end = period.get_attribute("data-from"), period.get_attribute("data-to")
+    drift = (instant(end) - datetime.now(timezone.utc)).total_seconds()
+    check(-120 <= drift <= 1 and (instant(end) - instant(start)) == timedelta(days=30),
+          f"the usage card's default period {start} to {end}")
+
+    def usage(group_by, start=start, end=end):
+        status, report = api("GET", f"{base}/usage?" + urllib.parse.urlencode(
+            {"from": start, "to": end, "group_by": group_by}), ADMIN_KEY)
+        check(status == 200, f"usage by {group_by}: {status} {report}")
+        return report
+
+    report = usage("key")
+    # The API's own answer, as the scenario made it (its tests own it; this
+    # says what the page is checked against).
+    wanted = {
+        booths["north"]["key_id"]: {"reserved": 11, "used": 7, "released": 4, "jobs_succeeded": 1},
+        booths["south"]["key_id"]: {"reserved": 13, "used": 5, "released": 8},
+        None: {"reserved": 3, "released": 3},
+    }
+    found = {line["api_key_id"]: {name: line[name] for name in USAGE_FIGURES if line[name]} for line in report["lines"]}
+    check(found == wanted, f"the API's usage by key: {report['lines']}")
+    # The page: one row per line, and the totals, each cell the API's.
+    rows = [r.get_attribute("data-key-id") for r in driver.find_elements(By.CSS_SELECTOR, "#usage-table tbody tr")]
+    check(rows == [line["api_key_id"] or "none" for line in report["lines"]] + ["totals"], f"usage rows {rows}")
+    for line in report["lines"]:
+        key_id = line["api_key_id"] or "none"
+        booth, figures = usage_row(driver, key_id)
+        check(booth == (line["label"] if line["api_key_id"] else "no key"), f"usage row {key_id}: booth {booth!r}")
+        wrong = {name: (figures[name], line[name]) for name in USAGE_FIGURES if figures[name] != str(line[name])}
+        check(not wrong, f"usage row {booth!r} (shown, the API's): {wrong}")
+    booth, figures = usage_row(driver, "totals")
+    wrong = {name: (figures[name], report["totals"][name]) for name in USAGE_FIGURES
+             if figures[name] != str(report["totals"][name])}
+    check(booth == "Totals" and not wrong, f"usage totals (shown, the API's): {wrong}")
+
+    # The chart by day: today's bars are the API's day line.
+    days = usage("day")
+    check(len(days["lines"]) in (1, 2) and days["totals"] == report["totals"], f"usage by day {days}")
+    for line in days["lines"]:
+        for name in ("used", "released", "expired"):
+            bar = driver.find_element(By.CSS_SELECTOR, f"#usage-chart rect[data-series={name}][data-day='{line['day']}']")
+            check(bar.get_attribute("data-tokens") == str(line[name])
+                  and (float(bar.get_attribute("height")) > 0) == (line[name] > 0),
+                  f"the {name} bar of {line['day']}: {bar.get_attribute('data-tokens')}, height "
+                  f"{bar.get_attribute('height')}; the API's {line[name]}")
+    # Today's (the day the booths' work ended; the day before should
+    # midnight have passed meanwhile) has a used bar with the API's figure.
+    today = next((line for line in days["lines"] if line["day"] in (day_before, done.date().isoformat())
+                  and line["used"] > 0), None)
+    check(today is not None and driver.find_elements(
+        By.CSS_SELECTOR, f"#usage-chart rect[data-series=used][data-day='{today['day']}']"),
+          f"no used bar for today ({done.date()}): {days['lines']}")
+    wait_text(driver, "#usage-chart figcaption", f"used {report['totals']['used']}, released {report['totals']['released']}")
+    stray = STRAY_TEXT.findall(driver.execute_script("return document.body.innerText"))
+    check(not stray, f"stray text on the account page: {stray}")
+    check_layout(driver, "04c-account-usage")
+
+    # The period form: a period ending before the first reservation has none.
+    control = driver.find_element(By.CSS_SELECTOR, "#usage-form input[name=to]")
+    driver.execute_script("arguments[0].value = arguments[1]", control, before.strftime("%Y-%m-%dT%H:%M:%S"))
+    driver.find_element(By.CSS_SELECTOR, "#usage-form button[type=submit]").click()
+    wait_text(driver, "#usage-none", "No reservation in this period.", seconds=20)
+    check(driver.find_element(By.ID, "usage-period").get_attribute("data-to").startswith(
+        before.strftime("%Y-%m-%dT%H:%M:%S")), "the usage card did not report the period asked")
+    check(not driver.find_elements(By.CSS_SELECTOR, "#usage-chart rect"), "bars in an empty period")
 
 
 def revenue_scenario(driver, suffix):
