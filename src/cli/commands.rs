@@ -473,11 +473,11 @@ fn api_key_command(database_url: &str, action: ApiKeyCommand) -> anyhow::Result<
         budget.as_ref(),
     )
     .map_err(|error| match error {
-            crate::error::ApiError::NotFound(_) => anyhow::anyhow!(
-                "no account has the id given with --account (`token-billing account list` shows them)"
-            ),
-            other => anyhow::anyhow!(cli_message(&other)),
-        })?;
+        crate::error::ApiError::NotFound(_) => anyhow::anyhow!(
+            "no account has the id given with --account (`token-billing account list` shows them)"
+        ),
+        other => anyhow::anyhow!(cli_message(&other)),
+    })?;
     print_json(&key)
 }
 

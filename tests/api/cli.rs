@@ -174,12 +174,22 @@ fn results_are_json_alone_on_stdout_and_logs_have_no_colour() {
     let refused = run(
         &url,
         &[
-            "api-key", "create", "--scope", "admin", "--budget-tokens", "5", "--budget-period",
+            "api-key",
+            "create",
+            "--scope",
+            "admin",
+            "--budget-tokens",
+            "5",
+            "--budget-period",
             "total",
         ],
     );
     assert!(!refused.status.success());
-    assert!(text(&refused.stderr).contains("kiosk"), "{}", text(&refused.stderr));
+    assert!(
+        text(&refused.stderr).contains("kiosk"),
+        "{}",
+        text(&refused.stderr)
+    );
 
     let report = json_stdout(&run(&url, &["reconcile"]));
     assert_eq!(report["status"], "ok");

@@ -356,3 +356,74 @@ async fn a_budget_is_checked_and_set_by_an_admin_only() {
         .iter()
         .all(|key| key["budget"].is_null()));
 }
+
+/// One batch releases two reservations of one key counted in two periods
+/// (the key's previous day and today): only today's gives back, as a
+/// release of each alone would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_gives_back_only_to_the_period_the_key_still_counts() {
+    use token_billing::engine::types::{AccountId, ReservationId};
+    use token_billing::engine::{apply, Authority, Op, Operation, Outcome};
+    let app = TestApp::spawn().await;
+    let account = app.funded_account(100).await;
+    let (key, _) = budgeted_key(
+        &app,
+        account,
+        json!({"budget_tokens": 50, "budget_period": "day"}),
+    )
+    .await;
+    let yesterdays = reserve(&app, account, &key, 3).await.expect("3");
+    let mut conn = app.conn();
+    // The first was counted in the key's previous day: the count moved on.
+    diesel::sql_query(
+        "UPDATE reservations SET budget_period_start = budget_period_start - interval '1 day' \
+         WHERE id = $1",
+    )
+    .bind::<SqlUuid, _>(yesterdays.parse::<Uuid>().expect("uuid"))
+    .execute(&mut conn)
+    .expect("yesterday's");
+    let todays = reserve(&app, account, &key, 4).await.expect("4");
+    assert_eq!(budget_of(&app, &key).await["spent"], 7);
+    let release = |id: &str| Operation {
+        account: AccountId(account),
+        authority: Authority::Verified {
+            actor: "test".into(),
+        },
+        op: Op::Release {
+            reservation: ReservationId(id.parse().expect("uuid")),
+        },
+    };
+    // Both orders: the earlier period first, then last.
+    let answers = apply(&mut conn, &[release(&yesterdays), release(&todays)]).expect("batch");
+    assert!(
+        answers.iter().all(|a| a.outcome == Outcome::Released),
+        "{answers:?}"
+    );
+    assert_eq!(
+        budget_of(&app, &key).await["spent"],
+        3,
+        "only today's 4 back"
+    );
+    let (first, second) = (
+        reserve(&app, account, &key, 5).await.expect("5"),
+        reserve(&app, account, &key, 6).await.expect("6"),
+    );
+    diesel::sql_query(
+        "UPDATE reservations SET budget_period_start = budget_period_start - interval '1 day' \
+         WHERE id = $1",
+    )
+    .bind::<SqlUuid, _>(second.parse::<Uuid>().expect("uuid"))
+    .execute(&mut conn)
+    .expect("yesterday's");
+    assert_eq!(budget_of(&app, &key).await["spent"], 14);
+    let answers = apply(&mut conn, &[release(&first), release(&second)]).expect("batch");
+    assert!(
+        answers.iter().all(|a| a.outcome == Outcome::Released),
+        "{answers:?}"
+    );
+    assert_eq!(
+        budget_of(&app, &key).await["spent"],
+        9,
+        "only today's 5 back"
+    );
+}

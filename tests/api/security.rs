@@ -291,7 +291,10 @@ async fn a_kiosk_never_sees_another_keys_id() {
         .await
         .expect("json");
     assert_eq!(ledger["entries"][0]["actor"], json!(admin_id.to_string()));
-    assert_eq!(ledger["entries"][0]["api_key_id"], json!(admin_id.to_string()));
+    assert_eq!(
+        ledger["entries"][0]["api_key_id"],
+        json!(admin_id.to_string())
+    );
 }
 
 /// The kiosk's feed, long-polling until the credit's event is listed.

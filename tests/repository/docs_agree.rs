@@ -86,7 +86,13 @@ fn all_properties() -> Vec<(String, String, Value)> {
 /// The API's reference pages: a field must be named where a reader of the
 /// API looks for it, not only in passing elsewhere.
 fn reference_docs() -> String {
-    ["docs/api.md", "docs/webhooks.md", "docs/finance.md"]
+    [
+        "docs/api.md",
+        "docs/webhooks.md",
+        "docs/finance.md",
+        "docs/fleet.md",
+        "docs/topups.md",
+    ]
         .iter()
         .map(|page| read(page))
         .collect()
@@ -104,7 +110,7 @@ fn every_public_field_is_named_in_the_docs() {
         .collect();
     assert!(
         missing.is_empty(),
-        "fields of the API that docs/api.md, webhooks.md and finance.md do not name (as `field`, or \"field\": in an example): {missing:#?}"
+        "fields of the API that docs/api.md, webhooks.md, finance.md, fleet.md and topups.md do not name (as `field`, or \"field\": in an example): {missing:#?}"
     );
 }
 

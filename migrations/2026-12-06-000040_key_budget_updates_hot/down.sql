@@ -1,0 +1,1 @@
+ALTER TABLE public.api_keys RESET (fillfactor);
