@@ -93,9 +93,9 @@ fn reference_docs() -> String {
         "docs/fleet.md",
         "docs/topups.md",
     ]
-        .iter()
-        .map(|page| read(page))
-        .collect()
+    .iter()
+    .map(|page| read(page))
+    .collect()
 }
 
 #[test]
