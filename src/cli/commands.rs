@@ -249,16 +249,9 @@ fn reconcile_command(
     account: Option<uuid::Uuid>,
     csv: bool,
 ) -> ExitCode {
-    use crate::config::{RECONCILIATION_RANGE_DEFAULT, RECONCILIATION_RANGE_MAX};
-    use crate::domain::reconciliation::{parse_period, reconcile, to_csv};
+    use crate::domain::reconciliation::{reconcile, report_period, to_csv};
     let result = (|| -> anyhow::Result<bool> {
-        let (from, to) = parse_period(
-            from,
-            to,
-            chrono::Utc::now(),
-            RECONCILIATION_RANGE_DEFAULT,
-            RECONCILIATION_RANGE_MAX,
-        )?;
+        let (from, to) = report_period(from, to)?;
         let mut conn = connect(database_url)?;
         let report = reconcile(&mut conn, from, to, account)?;
         if csv {

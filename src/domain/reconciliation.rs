@@ -627,6 +627,22 @@ pub fn parse_period(
     Ok((from, to))
 }
 
+/// A report's period as the reconciliation, the revenue and the usage
+/// reports take it (the API and `token-billing reconcile`): `to` defaults
+/// to now, `from` to 30 days before, at most 366 days (`parse_period`).
+pub fn report_period(
+    from: Option<&str>,
+    to: Option<&str>,
+) -> Result<(DateTime<Utc>, DateTime<Utc>), ApiError> {
+    parse_period(
+        from,
+        to,
+        Utc::now(),
+        crate::config::RECONCILIATION_RANGE_DEFAULT,
+        crate::config::RECONCILIATION_RANGE_MAX,
+    )
+}
+
 /// The OpenAPI schema of an instant in a query string (`from`, `to`,
 /// `as_of`): the shape `crate::time::parse_instant` reads, a date or a date and time with a
 /// UTC offset. A value of this shape that is no real instant (a 13th month)

@@ -6,12 +6,11 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::State;
-use crate::config::{RECONCILIATION_RANGE_DEFAULT, RECONCILIATION_RANGE_MAX};
 use crate::db::read_replica::run_read_blocking;
 use crate::db::run_blocking;
 use crate::domain::api_keys::Caller;
 use crate::domain::history;
-use crate::domain::reconciliation::{parse_period, reconcile, to_csv, InstantParam, Report};
+use crate::domain::reconciliation::{reconcile, report_period, to_csv, InstantParam, Report};
 use crate::error::{ApiError, Problem};
 
 pub fn configure(config: &mut web::ServiceConfig) {
@@ -83,13 +82,7 @@ async fn get_reconciliation(
         to,
         account_id,
     } = query.into_inner();
-    let (from, to) = parse_period(
-        from.as_deref(),
-        to.as_deref(),
-        chrono::Utc::now(),
-        RECONCILIATION_RANGE_DEFAULT,
-        RECONCILIATION_RANGE_MAX,
-    )?;
+    let (from, to) = report_period(from.as_deref(), to.as_deref())?;
     // The horizon is the primary's (its writers run there): the period must
     // be closed there (else 409 instant_not_closed), and a read replica
     // answers only once it has replayed that far; a replica that lags

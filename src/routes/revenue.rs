@@ -6,10 +6,9 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::State;
-use crate::config::{RECONCILIATION_RANGE_DEFAULT, RECONCILIATION_RANGE_MAX};
 use crate::db::run_blocking;
 use crate::domain::api_keys::Caller;
-use crate::domain::reconciliation::{parse_period, InstantParam};
+use crate::domain::reconciliation::{report_period, InstantParam};
 use crate::domain::revenue::{deferred_at, revenue, to_csv, DeferredReport, RevenueReport};
 use crate::engine::types::Currency;
 use crate::error::{ApiError, Problem};
@@ -82,13 +81,7 @@ async fn get_revenue(
         currency,
         account_id,
     } = query.into_inner();
-    let (from, to) = parse_period(
-        from.as_deref(),
-        to.as_deref(),
-        chrono::Utc::now(),
-        RECONCILIATION_RANGE_DEFAULT,
-        RECONCILIATION_RANGE_MAX,
-    )?;
+    let (from, to) = report_period(from.as_deref(), to.as_deref())?;
     let report = run_blocking(&state.pool, move |conn| {
         revenue(
             conn,

@@ -6,10 +6,9 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::State;
-use crate::config::{RECONCILIATION_RANGE_DEFAULT, RECONCILIATION_RANGE_MAX};
 use crate::db::run_blocking;
 use crate::domain::api_keys::{Caller, Scope};
-use crate::domain::reconciliation::{parse_period, InstantParam};
+use crate::domain::reconciliation::{report_period, InstantParam};
 use crate::domain::usage::{to_csv, usage, GroupBy, UsageReport};
 use crate::engine::types::AccountId;
 use crate::error::{ApiError, Problem};
@@ -76,13 +75,7 @@ async fn get_usage(
     let account = AccountId(path.into_inner());
     caller.authorize_read(account)?;
     let UsageQuery { from, to, group_by } = query.into_inner();
-    let (from, to) = parse_period(
-        from.as_deref(),
-        to.as_deref(),
-        chrono::Utc::now(),
-        RECONCILIATION_RANGE_DEFAULT,
-        RECONCILIATION_RANGE_MAX,
-    )?;
+    let (from, to) = report_period(from.as_deref(), to.as_deref())?;
     // A kiosk key sees its own usage alone.
     let only_key = match caller.scope {
         Scope::Kiosk => Some(caller.key_id.ok_or(ApiError::Forbidden)?.0),
