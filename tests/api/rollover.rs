@@ -625,3 +625,72 @@ async fn rollover_is_validated_and_shown() {
     assert_eq!(status, StatusCode::OK, "{removed}");
     assert_eq!(removed["rollover"], Value::Null);
 }
+
+/// A rollover is not use: the threshold rule's count of its tokens that
+/// nothing has used yet (`unconsumed_tokens`) stays as it was across a
+/// lapse that carries, so the rule does not fire again sooner (no firing
+/// without consumption). An API credit, which is use, lowers it.
+#[tokio::test]
+async fn a_rollover_is_not_use_against_a_threshold_rule() {
+    let app = TestApp::spawn_with_flags(&["--reaper-schedule", "0 0 0 1 1 *"]).await;
+    let account = app.funded_account(200).await;
+    let key = app.kiosk_key(account).await;
+    let made = rule(
+        &app,
+        account,
+        json!({"trigger": "schedule", "period": "monthly", "anchor_day": 1,
+               "method": "fixed", "tokens": ALLOWANCE, "expires_at_period_end": true,
+               "rollover": {"max_tokens": 30}, "allow_uncapped": true}),
+    )
+    .await;
+    let mut conn = app.conn();
+    let (scheduled, _, _) =
+        run_schedules(&mut conn, Utc::now() + Duration::days(40), 100).expect("the period fires");
+    assert!(scheduled >= 1);
+    let allowance = allowance_of(
+        &mut conn,
+        made["rule_id"]
+            .as_str()
+            .expect("an id")
+            .parse()
+            .expect("a uuid"),
+    );
+    // 300 available; the threshold rule fires when a spend goes below 250.
+    rule(
+        &app,
+        account,
+        json!({"trigger": "threshold", "threshold_tokens": 250, "method": "fixed",
+               "tokens": 100, "allow_uncapped": true}),
+    )
+    .await;
+    let id = reserve(&app, account, &key, 60).await;
+    settle(&app, account, &key, id, "commit").await;
+    let unconsumed = |conn: &mut PgConnection| {
+        count(
+            conn,
+            "SELECT topup_unconsumed AS n FROM accounts WHERE id = $1",
+            account,
+        )
+    };
+    let before = unconsumed(&mut conn);
+    assert!(before >= 30, "the threshold rule fired: {before}");
+    // The allowance (drawn first: it lapses soonest) lapses holding 40 and
+    // carries 30.
+    age_grants(&mut conn, account);
+    run_pass(&mut conn, &REAPER, None).expect("pass");
+    let carried = carried_from(&mut conn, account, allowance);
+    assert_eq!(carried.len(), 1, "one carry");
+    assert_eq!(carried[0]["amount"], json!(30));
+    assert_eq!(unconsumed(&mut conn), before, "a rollover is not use");
+    // A credit from elsewhere is.
+    let response = app
+        .post(
+            &format!("/v1/accounts/{account}/credits"),
+            ADMIN_KEY,
+            &json!({"amount": 10, "external_ref": format!("paid-{account}")}),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+    assert_eq!(unconsumed(&mut conn), before - 10);
+    assert_account_invariants(&mut conn, account);
+}

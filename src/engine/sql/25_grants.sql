@@ -118,8 +118,8 @@ $$;
 -- `rollover` (rollover_max_tokens set; the rule as it is at the lapse,
 -- deleted or disabled included) that is not itself a carried grant
 -- carries engine_rollover_carry of what it held into a new grant, in this
--- transaction: a credit (engine_external: credited and the ledger show it,
--- and, as any credit not a threshold rule's, it counts as use) of the
+-- transaction: a credit (engine_external: credited and the ledger show it;
+-- unlike other credits, it is not use against a threshold rule) of the
 -- grant's priority and rule (external_ref `rollover:<its own id>`: no
 -- one can book it first), lapsing `rollover_expires_after_seconds` after
 -- `p_at` (NULL: never), unpriced (the lapsed grant's price is
@@ -166,11 +166,10 @@ BEGIN
         carried := gen_random_uuid();
         SELECT * INTO made FROM engine_external('credit', c.account_id, carried, c.tokens,
             'rollover:' || carried, 'rollover of grant ' || c.id, NULL, 'topup-rule:' || c.rule,
-            NULL, c.priority, c.expires, NULL, NULL, c.rule, NULL);
+            NULL, c.priority, c.expires, NULL, NULL, c.rule, NULL, c.id);
         IF made.outcome <> 'created' THEN
             RAISE EXCEPTION 'engine_lapse_grants: the rollover of grant % was %', c.id, made.outcome;
         END IF;
-        UPDATE credit_grants SET rolled_over_from = c.id WHERE id = carried;
         PERFORM engine_tally_add('topup_credited', c.tokens);
         PERFORM engine_emit_event('grant.rolled_over', a.id, engine_event_account(a)
             || jsonb_build_object('grant_id', c.id, 'unused', c.remaining, 'tokens', c.tokens,

@@ -78,11 +78,13 @@ $$;
 -- credits): its grant carries it (and so its entry, engine_entry_json). A
 -- credit whose external_ref is the id of one of the account's top-up
 -- requests answers that request (engine_topup_answer) and names its rule
--- the same way.
+-- the same way. `p_rolled_over_from` names the lapsed grant a rollover's
+-- credit carries (engine_lapse_grants; NULL otherwise).
 CREATE FUNCTION engine_external(
     p_kind text, p_account uuid, p_id uuid, p_amount bigint, p_external_ref text, p_note text,
     p_reason text, p_actor text, p_request_id text, p_priority integer, p_expires_at timestamptz,
     p_amount_paid bigint, p_currency text, p_topup_rule uuid, p_api_key uuid,
+    p_rolled_over_from uuid,
     OUT outcome text, OUT detail jsonb, OUT object jsonb
 )
 LANGUAGE plpgsql AS $$
@@ -192,18 +194,20 @@ BEGIN
         -- then judges.
         rule := engine_topup_answer(p_account, p_external_ref, p_id, at);
     END IF;
-    IF p_kind = 'credit' AND NOT EXISTS (SELECT 1 FROM topup_rules r
-                                         WHERE r.id = rule AND r.trigger = 'threshold') THEN
+    IF p_kind = 'credit' AND p_rolled_over_from IS NULL
+       AND NOT EXISTS (SELECT 1 FROM topup_rules r WHERE r.id = rule AND r.trigger = 'threshold') THEN
         -- A credit that is not the threshold rule's own (the API's, or a
         -- schedule's) was paid for elsewhere: its tokens count as used
         -- against what the threshold rule added (engine_topup_consumption).
+        -- A rollover's is not: it carries tokens that were already there.
         PERFORM engine_topup_consumption(p_account, p_amount, 0);
     END IF;
     IF p_amount > 0 THEN
         INSERT INTO credit_grants (id, account_id, source, amount, remaining, priority, external_ref,
-            created_at, expires_at, drawable, topup_rule_id, amount_paid, currency)
+            created_at, expires_at, drawable, topup_rule_id, amount_paid, currency,
+            rolled_over_from)
         VALUES (p_id, p_account, p_kind, p_amount, p_amount, p_priority, p_external_ref, at,
-            p_expires_at, true, rule, p_amount_paid, p_currency)
+            p_expires_at, true, rule, p_amount_paid, p_currency, p_rolled_over_from)
         RETURNING * INTO made_grant;
         written := engine_record(ARRAY[ROW(p_account, p_kind, p_amount, 0, NULL, NULL,
             p_external_ref, CASE p_kind WHEN 'adjustment' THEN p_reason END, p_actor, at,

@@ -253,7 +253,7 @@ BEGIN
                     CASE o.op WHEN 'credit' THEN 'credit' ELSE 'adjustment' END, o.account,
                     o.new_id, o.amount, o.external_ref, o.note, o.reason, o.actor,
                     o.http_request_id, o.priority, o.expires_at, o.amount_paid, o.currency, NULL,
-                    o.key_id);
+                    o.key_id, NULL);
                 outcome := r.outcome; detail := r.detail; object := r.object;
             END IF;
             IF j IS NOT NULL THEN

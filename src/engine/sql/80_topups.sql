@@ -348,7 +348,7 @@ BEGIN
                 p_at);
             SELECT * INTO made FROM engine_external('credit', rule.account_id, firing, amount,
                 'topup:' || firing, 'automatic top-up', NULL, 'topup-rule:' || rule.id, NULL,
-                rule.priority, expires, rule.amount_paid, rule.currency, rule.id, NULL);
+                rule.priority, expires, rule.amount_paid, rule.currency, rule.id, NULL, NULL);
             IF made.outcome <> 'created' THEN
                 RAISE EXCEPTION 'engine_topup_fire: the top-up credit of rule % was %',
                     rule.id, made.outcome;
