@@ -63,6 +63,9 @@ pub struct GrantView {
     pub amount_paid: Option<i64>,
     /// ISO 4217 code of `amount_paid`; null exactly when it is null.
     pub currency: Option<String>,
+    /// The lapsed grant whose unused tokens a rollover carried into this
+    /// one (docs/topups.md, "Rollover"); null for any other grant.
+    pub rolled_over_from: Option<Uuid>,
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]

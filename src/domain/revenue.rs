@@ -207,7 +207,8 @@ WITH priced AS (
            (e.kind = 'credit' OR (e.kind = 'adjustment' AND e.amount > 0)) AS made,
            d.consumed + d.debited + d.expired AS gone
     FROM priced g JOIN ledger_entries e ON e.grant_id = g.id
-    CROSS JOIN LATERAL engine_grant_deltas(e.kind, e.amount, e.reservation_id) d
+    CROSS JOIN LATERAL engine_grant_deltas(e.kind, e.amount,
+                                          engine_deltas(e.kind, e.amount, e.reservation_id)) d
     WHERE e.created_at < $2
 ), entries AS (
     SELECT m.*, engine_grant_value_of(m.paid, (sum(m.gone) OVER w)::bigint - m.gone, m.gone, m.tokens)

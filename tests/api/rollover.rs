@@ -682,6 +682,17 @@ async fn a_rollover_is_not_use_against_a_threshold_rule() {
     assert_eq!(carried.len(), 1, "one carry");
     assert_eq!(carried[0]["amount"], json!(30));
     assert_eq!(unconsumed(&mut conn), before, "a rollover is not use");
+    // The grants API names the carried grant's origin.
+    let (status, page) = call(&app, "GET", &format!("/v1/accounts/{account}/grants"), None).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let shown: Vec<(Value, Value)> = page["grants"]
+        .as_array()
+        .expect("grants")
+        .iter()
+        .map(|grant| (grant["rolled_over_from"].clone(), grant["amount"].clone()))
+        .filter(|(from, _)| !from.is_null())
+        .collect();
+    assert_eq!(shown, vec![(json!(allowance), json!(30))]);
     // A credit from elsewhere is.
     let response = app
         .post(

@@ -386,4 +386,6 @@ export interface Grant {
   /** What was paid for the grant, in integer minor units of `currency`; null: unpriced. */
   amount_paid: number | null;
   currency: string | null;
+  /** The lapsed grant a rollover carried this one's tokens from; null otherwise. */
+  rolled_over_from: string | null;
 }

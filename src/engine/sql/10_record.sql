@@ -76,21 +76,21 @@ $$;
 --   expire        +a             -a
 --   grant_expire  -a (none)      -a (set)                            +a
 --
--- (As engine_deltas, and from it: a grant's reserved, consumed and expired
--- move as the account's reserved, used and grant_expired; its remaining
--- as available, but for a credit and an adjustment. One value; an unknown
--- kind moves nothing.)
-CREATE FUNCTION engine_grant_deltas(p_kind text, p_amount bigint, p_reservation uuid)
+-- (From the account's, `p_account` = engine_deltas of the movement: a
+-- grant's reserved, consumed and expired move as the account's reserved,
+-- used and grant_expired; its remaining as available, but for a credit
+-- and an adjustment. One value; an unknown kind moves nothing. It takes
+-- the account's deltas rather than computing them again: inlined, each
+-- call of engine_deltas is its whole expression.)
+CREATE FUNCTION engine_grant_deltas(p_kind text, p_amount bigint, p_account engine_balances)
 RETURNS engine_grant_balances
 LANGUAGE sql IMMUTABLE AS $$
     SELECT ROW(CASE WHEN p_kind = 'credit' THEN 0
                     WHEN p_kind = 'adjustment' THEN LEAST(p_amount, 0)
-                    ELSE (engine_deltas(p_kind, p_amount, p_reservation)).available END,
-               (engine_deltas(p_kind, p_amount, p_reservation)).reserved,
-               (engine_deltas(p_kind, p_amount, p_reservation)).used,
+                    ELSE p_account.available END,
+               p_account.reserved, p_account.used,
                CASE WHEN p_kind = 'adjustment' THEN -LEAST(p_amount, 0) ELSE 0 END,
-               (engine_deltas(p_kind, p_amount, p_reservation)).grant_expired
-           )::engine_grant_balances
+               p_account.grant_expired)::engine_grant_balances
 $$;
 
 -- The low-balance rule: an account is low when a threshold is set (> 0)
@@ -252,6 +252,7 @@ DECLARE
     j integer;
     k integer;
     spender api_keys;
+    b accounts;
     notice text;
 BEGIN
     -- The operations' own rows first, each table only when it has some.
@@ -371,7 +372,7 @@ BEGIN
                 k := cardinality(gids);
                 g_rem[k] := 0; g_res[k] := 0; g_con[k] := 0; g_deb[k] := 0; g_exp[k] := 0;
             END IF;
-            g := engine_grant_deltas(m.kind, m.amount, m.reservation);
+            g := engine_grant_deltas(m.kind, m.amount, d);
             g_rem[k] := g_rem[k] + g.remaining;
             g_res[k] := g_res[k] + g.reserved;
             g_con[k] := g_con[k] + g.consumed;
@@ -417,14 +418,14 @@ BEGIN
          AS e (account, kind, amount, active_delta, reservation, job, external_ref, reason,
                actor, at, grant_id, api_key, av, rs, us);
     FOR j IN 1 .. cardinality(ids) LOOP
-        IF watch[j] OR (before[j]).low_balance_threshold > 0 THEN
-            watched := watched || before[j];
+        b := before[j];
+        IF watch[j] OR b.low_balance_threshold > 0 THEN
+            watched := watched || b;
         END IF;
         -- Accounts whose threshold top-up rule must fire or re-arm.
-        IF (before[j]).topup_threshold > 0
-           AND engine_topup_due(av[j], (before[j]).topup_threshold, (before[j]).topup_armed,
-                                engine_topup_unconsumed((before[j]).topup_unconsumed,
-                                                        us[j] - (before[j]).used, 0)) THEN
+        IF b.topup_threshold > 0
+           AND engine_topup_due(av[j], b.topup_threshold, b.topup_armed,
+                                engine_topup_unconsumed(b.topup_unconsumed, us[j] - b.used, 0)) THEN
             topups := topups || ids[j];
         END IF;
     END LOOP;

@@ -37,7 +37,8 @@ LANGUAGE sql STABLE AS $$
         'created_at', engine_time_of(p_grant->'created_at'),
         'expired_at', engine_time_of(p_grant->'expired_at'),
         'topup_rule_id', p_grant->'topup_rule_id',
-        'amount_paid', p_grant->'amount_paid', 'currency', p_grant->'currency')
+        'amount_paid', p_grant->'amount_paid', 'currency', p_grant->'currency',
+        'rolled_over_from', p_grant->'rolled_over_from')
 $$;
 
 -- When a grant's lapse is due at `p_at`, written once: its expiry has

@@ -176,19 +176,22 @@ BEGIN
     END IF;
     existing := seen.found;
     verdict := engine_settle_verdict(o.op, o.account, o.amount, o.job, existing, now());
-    object := CASE WHEN existing.id IS NOT NULL AND verdict <> 'not_found' THEN to_jsonb(existing) END;
+    -- (The object of a refusal or a replay is the reservation as it is;
+    -- a settlement's is the reservation as it becomes.)
     CASE verdict
         WHEN 'not_found' THEN
             outcome := 'not_found'; detail := '{"what": "reservation"}';
             RETURN;
         WHEN 'owned_by_job', 'not_due' THEN
-            outcome := verdict;
+            outcome := verdict; object := to_jsonb(existing);
             RETURN;
         WHEN 'replayed', 'not_held' THEN
             outcome := verdict; detail := jsonb_build_object('state', existing.state);
+            object := to_jsonb(existing);
             RETURN;
         WHEN 'amount_exceeds_held' THEN
             outcome := verdict; detail := jsonb_build_object('held', existing.amount, 'amount', o.amount);
+            object := to_jsonb(existing);
             RETURN;
         WHEN 'extend' THEN
             -- The expiry it asks for, and the cap: the earliest expiry of

@@ -189,13 +189,16 @@ BEGIN
         RETURN;
     END IF;
     FOR i IN 1 .. batch LOOP
-        IF engine_op_incomplete(p_ops[i]) IS NOT FALSE THEN
+        -- (The operation in a variable first: the check's fifty reads of
+        -- `p_ops[i]` would each fetch it from the array again.)
+        o := p_ops[i];
+        IF engine_op_incomplete(o) IS NOT FALSE THEN
             RAISE EXCEPTION 'engine_apply: operation % (%) lacks a required field or names an unknown operation',
-                i, COALESCE(p_ops[i].op, 'NULL')
+                i, COALESCE(o.op, 'NULL')
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
-        finishes := finishes OR p_ops[i].op = 'finish_job';
-        named := named || p_ops[i].account;
+        finishes := finishes OR o.op = 'finish_job';
+        named := named || o.account;
     END LOOP;
     locked := engine_lock_accounts(named);
     ids := locked.ids;

@@ -444,6 +444,9 @@ class Grant:
     #: (cents); None: unpriced. Money is never a float.
     amount_paid: Optional[int]
     currency: Optional[str]
+    #: The lapsed grant a rollover carried this one's tokens from; None
+    #: for any other grant.
+    rolled_over_from: Optional[str]
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "Grant":
@@ -462,4 +465,5 @@ class Grant:
             topup_rule_id=_optional_str(data, "topup_rule_id"),
             amount_paid=_optional_int(data, "amount_paid"),
             currency=_optional_str(data, "currency"),
+            rolled_over_from=_optional_str(data, "rolled_over_from"),
         )
