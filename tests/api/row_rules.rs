@@ -2,7 +2,8 @@
 //! enforces them since the migration row_rules: one CHECK per table that
 //! calls the table's rule function (`migrations/2026-12-04-000001_row_rules`;
 //! since `2026-12-04-000010_row_rules_whole_row` the function takes the
-//! whole row).
+//! whole row), and api_keys' since `2026-12-06-000050_api_keys_rules` (a
+//! budgeted key's count is written by a reserve).
 //! They must refuse exactly what the constraints they replaced refused,
 //! with the same error: the same SQLSTATE, constraint name, table and
 //! message (the first broken rule by name, as PostgreSQL checks them).
@@ -31,9 +32,14 @@ const BEFORE_BOOKS_IDENTITY: &str =
     include_str!("../../migrations/2026-12-05-000001_accounts_books_identity/down.sql");
 
 const OLD_CONSTRAINTS: &str = concat!(
+    include_str!("../../migrations/2026-12-06-000050_api_keys_rules/down.sql"),
     include_str!("../../migrations/2026-12-04-000010_row_rules_whole_row/down.sql"),
     include_str!("../../migrations/2026-12-04-000001_row_rules/down.sql"),
 );
+
+/// The account of the rows the candidates copy (a kiosk key candidate
+/// names it).
+const RULES_ACCOUNT: Uuid = Uuid::from_u128(0x5eed_0000_0000_4000_8000_0000_0000_0001);
 
 /// A table, the columns a candidate gets fresh values for (so that one
 /// passing every rule is written, not refused as a duplicate), and the
@@ -193,6 +199,61 @@ fn tables() -> Vec<Table> {
             ],
         },
         Table {
+            name: "api_keys",
+            fresh: |_| json!({"id": Uuid::new_v4()}),
+            values: vec![
+                (
+                    "secret_hash",
+                    vec![
+                        json!(format!("\\x{}", "ab".repeat(32))),
+                        json!(format!("\\x{}", "ab".repeat(31))),
+                    ],
+                ),
+                (
+                    "scope",
+                    vec![
+                        json!("admin"),
+                        json!("finance"),
+                        json!("kiosk"),
+                        json!("root"),
+                    ],
+                ),
+                ("account_id", vec![Value::Null, json!(RULES_ACCOUNT)]),
+                (
+                    "label",
+                    vec![
+                        json!(""),
+                        json!("k"),
+                        json!("k".repeat(200)),
+                        json!("k".repeat(201)),
+                    ],
+                ),
+                (
+                    "budget_tokens",
+                    vec![
+                        Value::Null,
+                        json!(0),
+                        json!(1),
+                        json!(1_000_000_000),
+                        json!(1_000_000_001),
+                    ],
+                ),
+                (
+                    "budget_period",
+                    vec![Value::Null, json!("day"), json!("total"), json!("year")],
+                ),
+                (
+                    "budget_low_percent",
+                    vec![json!(0), json!(1), json!(100), json!(101)],
+                ),
+                ("budget_spent", vec![json!(-1), json!(0), json!(5)]),
+                (
+                    "budget_notified",
+                    vec![Value::Null, json!("low"), json!("exhausted"), json!("high")],
+                ),
+            ],
+        },
+        Table {
             name: "events",
             fresh: |n| json!({"id": Uuid::new_v4(), "seq": 1_000_000_000 + n}),
             values: vec![(
@@ -303,12 +364,12 @@ struct Name {
     name: String,
 }
 
-/// The CHECK constraints of the six tables, by name.
+/// The CHECK constraints of the seven tables, by name.
 fn check_constraints(conn: &mut PgConnection) -> Vec<String> {
     diesel::sql_query(
         "SELECT conname::text AS name FROM pg_constraint WHERE contype = 'c' \
          AND conrelid::regclass::text IN ('accounts', 'reservations', 'ledger_entries', \
-         'credit_grants', 'generation_jobs', 'events') ORDER BY 1",
+         'credit_grants', 'generation_jobs', 'events', 'api_keys') ORDER BY 1",
     )
     .load::<Name>(conn)
     .expect("constraints")
@@ -328,7 +389,7 @@ fn the_rule_functions_refuse_what_the_old_constraints_refused() {
         .expect("the row rules before the books' identity");
     // A row of each table: an account with a grant (its credit's entry
     // and event), a committed reservation, a held one, a job.
-    let account = AccountId(Uuid::new_v4());
+    let account = AccountId(RULES_ACCOUNT);
     diesel::sql_query("INSERT INTO accounts (id, name) VALUES ($1, 'rules')")
         .bind::<diesel::sql_types::Uuid, _>(account.0)
         .execute(&mut conn)
@@ -346,6 +407,14 @@ fn the_rule_functions_refuse_what_the_old_constraints_refused() {
     .expect("commit");
     reserve(&mut conn, account, 5);
     create_job(&mut conn, account);
+    // An admin key (api_keys' rules, api_keys_rules): candidates make it
+    // a kiosk key of the account, with or without a budget.
+    diesel::sql_query(
+        "INSERT INTO api_keys (id, secret_hash, scope, label) \
+         VALUES (gen_random_uuid(), sha256('rules'), 'admin', 'rules')",
+    )
+    .execute(&mut conn)
+    .expect("key");
 
     let constraints = check_constraints(&mut conn);
     assert!(
@@ -367,7 +436,7 @@ fn the_rule_functions_refuse_what_the_old_constraints_refused() {
     );
     let (old, old_names) = judged.expect("judged");
     assert_eq!(new, outcomes(&mut conn), "the rule functions are back");
-    assert_eq!(old_names.len(), 28, "{old_names:?}");
+    assert_eq!(old_names.len(), 33, "{old_names:?}");
 
     // Every old constraint refused some candidate: the comparison covers
     // every rule.
