@@ -29,6 +29,8 @@
 # the engine's). Printed: per version and batch size the median over the
 # rounds of the backend's CPU ms per cycle (utime + stime from
 # /proc/<pid>/stat) and per operation, and the ratio this / base.
+# ENGINE_CPU_ROUNDS_FILE=PATH writes every round's figure there too
+# (a line per version and batch size), to see a run's spread.
 #
 # Beside them, in the same rounds, the fixed hand-written reference: the
 # two statements of bench/reference_cycle.pgbench.sql (read from that file,
@@ -283,6 +285,11 @@ for b in batches:
     for process, _ in sessions.values():
         process.stdin.close()
         process.wait()
+
+if os.environ.get("ENGINE_CPU_ROUNDS_FILE"):
+    with open(os.environ["ENGINE_CPU_ROUNDS_FILE"], "w") as f:
+        for key, values in results.items():
+            f.write(f"{key[0]} {key[1]} " + " ".join(f"{v:.4f}" for v in values) + "\n")
 
 print(f"Backend CPU per reserve → commit cycle, medians of {rounds} rounds of {cycles} cycles "
       f"(this checkout's engine vs {base}'s, alternating):")

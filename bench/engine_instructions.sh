@@ -6,13 +6,17 @@
 #
 # Usage:
 #   bench/engine_instructions.sh [--cycles "N1 N2"] [--batch B] [--keep DIR] [--base COMMIT]
-#                                [NAME=FILE.sql]...
+#                                [--reference] [NAME=FILE.sql]...
 # Defaults: 100 and 300 cycles, lone operations (B = 1). --keep: callgrind's
 # files are copied to DIR (callgrind_annotate --inclusive=yes DIR/this.300.callgrind
 # says where the instructions go). --base COMMIT: one more database,
 # "base", with the engine of COMMIT (its src/engine/sql) instead of this
 # checkout's, on this build's schema: what a change of the engine's SQL
-# saved.
+# saved. --reference: one more database, "reference", set up and given
+# the same history as "this", whose cycles are the fixed hand-written
+# reference's two statements (bench/reference_cycle.pgbench.sql, read from
+# that file as bench/engine_cpu.sh reads it; lone cycles only): the
+# engine's price counted instead of timed.
 #
 # Each NAME gets a database of its own on a private cluster (port
 # ENGINE_INSTRUCTIONS_PORT, default 5482; initdb in a temporary directory,
@@ -35,26 +39,27 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-counts="100 300" batch=1 keep="" base="" experiments=()
+counts="100 300" batch=1 keep="" base="" reference=0 experiments=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --cycles) counts="$2"; shift ;;
     --batch) batch="$2"; shift ;;
     --keep) keep="$2"; shift ;;
     --base) base="$(git rev-parse --verify "$2^{commit}")"; shift ;;
+    --reference) reference=1 ;;
     *=*) experiments+=("$1") ;;
-    *) sed -n '7,15p' "$0" >&2; exit 2 ;;
+    *) sed -n '7,20p' "$0" >&2; exit 2 ;;
   esac
   shift
 done
 # Each NAME is a database of its own: a new one, never "this" or "base"
 # (which would be installed twice) or a NAME given before.
-taken=" this base "
+taken=" this base reference "
 for experiment in "${experiments[@]}"; do
   name="${experiment%%=*}"
   [[ "$name" =~ ^[a-z_][a-z0-9_]*$ ]] \
     || { echo "$name: a NAME is a lowercase identifier (the database's name)" >&2; exit 2; }
-  [[ "$taken" != *" $name "* ]] || { echo "$name: NAME taken (this, base, or given twice)" >&2; exit 2; }
+  [[ "$taken" != *" $name "* ]] || { echo "$name: NAME taken (this, base, reference, or given twice)" >&2; exit 2; }
   taken+="$name "
   [ -f "${experiment#*=}" ] || { echo "${experiment#*=}: no such file" >&2; exit 2; }
 done
@@ -108,11 +113,43 @@ END \$\$;
 SQL
 }
 
+# The reference's two statements in a DO block (`acc` the account, `r`
+# the reservation), on the accounts the engine's cycles use.
+reference_sql="$(grep -v '^--\|^\\' bench/reference_cycle.pgbench.sql \
+  | sed -e 's/bench_uuid(:n)/acc/g' -e 's/:r_id/r/g' \
+        -e 's/ SELECT id FROM held \\gset r_$/ SELECT id INTO r FROM held;/' \
+        -e 's/ SELECT count(\*) AS committed FROM settled \\gset c_$/ SELECT count(*) INTO c FROM settled;/')"
+[ "$(grep -c ' INTO [rc] FROM ' <<< "$reference_sql")" = 2 ] \
+  || { echo "bench/reference_cycle.pgbench.sql: not the two statements expected" >&2; exit 1; }
+reference_block() { # n first
+  cat <<SQL
+DO \$\$
+DECLARE r uuid; acc uuid; c integer;
+BEGIN
+  FOR i IN $2 .. $2 + $1 - 1 LOOP
+    acc := bench_uuid(1 + (i::bigint * 7919) % 1000);
+    r := NULL;
+    $(sed -n 1p <<< "$reference_sql")
+    IF r IS NULL THEN RAISE 'reference reserve refused'; END IF;
+    COMMIT;
+    $(sed -n 2p <<< "$reference_sql")
+    IF c <> 1 THEN RAISE 'reference commit answered %', c; END IF;
+    COMMIT;
+  END LOOP;
+END \$\$;
+SQL
+}
+
 declare -A pad
 names=(this)
 files=("")
 if [ -n "$base" ]; then
   names+=(base)
+  files+=("")
+fi
+if [ "$reference" = 1 ]; then
+  [ "$batch" = 1 ] || { echo "--reference: lone cycles only (no --batch)" >&2; exit 2; }
+  names+=(reference)
   files+=("")
 fi
 for experiment in "${experiments[@]}"; do
@@ -162,8 +199,13 @@ for name in "${names[@]}"; do
     { echo "SET search_path TO engine_bench, public;"
       echo "SET synchronous_commit = off;"
       echo "SET plan_cache_mode = force_generic_plan;"
-      block 30 "$batch" 1 "${pad[$name]}" | tr '\n' ' '; echo
-      block "$n" "$batch" 31 "${pad[$name]}" | tr '\n' ' '; echo
+      if [ "$name" = reference ]; then
+        reference_block 30 1 | tr '\n' ' '; echo
+        reference_block "$n" 31 | tr '\n' ' '; echo
+      else
+        block 30 "$batch" 1 "${pad[$name]}" | tr '\n' ' '; echo
+        block "$n" "$batch" 31 "${pad[$name]}" | tr '\n' ' '; echo
+      fi
     } > "$dir/cycles_${name}_$n.sql"
   done
 done
@@ -190,3 +232,12 @@ for name in "${names[@]}"; do
   awk -v name="$name" -v per="$per" -v this="$this" \
     'BEGIN { printf "| %s | %.3f | **%.3f** |\n", name, per / 1e6, per / this }'
 done
+if [ "$reference" = 1 ]; then
+  awk -v this="$this" -v ref="$(( (total[reference.$n2] - total[reference.$n1]) / (n2 - n1) ))" \
+    'BEGIN { printf "\nA lone cycle of this engine costs **%.2fx** the fixed reference'"'"'s instructions.\n", this / ref }'
+  if [ -n "$base" ]; then
+    awk -v base="$(( (total[base.$n2] - total[base.$n1]) / (n2 - n1) ))" \
+      -v ref="$(( (total[reference.$n2] - total[reference.$n1]) / (n2 - n1) ))" \
+      'BEGIN { printf "The base'"'"'s lone cycle costs %.2fx them.\n", base / ref }'
+  fi
+fi
