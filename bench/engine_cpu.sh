@@ -124,13 +124,7 @@ SQL
 fi
 
 # The reference's two statements as PL/pgSQL: account `acc`, reservation `r`.
-grep -v '^--\|^\\' bench/reference_cycle.pgbench.sql \
-  | sed -e 's/bench_uuid(:n)/acc/g' -e 's/:r_id/r/g' \
-        -e 's/ SELECT id FROM held \\gset r_$/ SELECT id INTO r FROM held;/' \
-        -e 's/ SELECT count(\*) AS committed FROM settled \\gset c_$/ SELECT count(*) INTO c FROM settled;/' \
-  > "$dir/reference.sql"
-[ "$(grep -c ' INTO [rc] FROM ' "$dir/reference.sql")" = 2 ] \
-  || { echo "bench/reference_cycle.pgbench.sql: not the two statements expected" >&2; exit 1; }
+reference_cycle_plpgsql > "$dir/reference.sql"
 
 python3 - "$port" "$database" "$cycles" "$rounds" "$base" "$dir/reference.sql" "$armed" $batches <<'PY'
 import os, statistics, subprocess, sys

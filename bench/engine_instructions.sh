@@ -115,12 +115,7 @@ SQL
 
 # The reference's two statements in a DO block (`acc` the account, `r`
 # the reservation), on the accounts the engine's cycles use.
-reference_sql="$(grep -v '^--\|^\\' bench/reference_cycle.pgbench.sql \
-  | sed -e 's/bench_uuid(:n)/acc/g' -e 's/:r_id/r/g' \
-        -e 's/ SELECT id FROM held \\gset r_$/ SELECT id INTO r FROM held;/' \
-        -e 's/ SELECT count(\*) AS committed FROM settled \\gset c_$/ SELECT count(*) INTO c FROM settled;/')"
-[ "$(grep -c ' INTO [rc] FROM ' <<< "$reference_sql")" = 2 ] \
-  || { echo "bench/reference_cycle.pgbench.sql: not the two statements expected" >&2; exit 1; }
+reference_sql="$(reference_cycle_plpgsql)"
 reference_block() { # n first
   cat <<SQL
 DO \$\$

@@ -6,6 +6,7 @@
 #   private_cluster_stop DIR
 #   private_cluster_sample PORT DATABASE   # "transactions xids wal_lsn"
 #   private_cluster_install_engine PORT DATABASE SCHEMA [COMMIT]
+#   reference_cycle_plpgsql   # the fixed reference's two statements, for PL/pgSQL
 #
 # The cluster's data directory is DIR/data, its log DIR/postgres.log; it
 # listens on 127.0.0.1:PORT (trust authentication, user postgres).
@@ -64,4 +65,19 @@ private_cluster_install_engine() {
     fi
   } | psql -X -q -h 127.0.0.1 -p "$port" -U postgres -d "$database" -v ON_ERROR_STOP=1 -1 \
       > /dev/null
+}
+
+# The two statements of the fixed reference (bench/reference_cycle.pgbench.sql,
+# read from that file, never copied) as PL/pgSQL, one per line: `:n`'s
+# account becomes the variable `acc`, `:r_id` the variable `r`, and the
+# answers go INTO `r` (the reservation) and `c` (how many committed).
+reference_cycle_plpgsql() {
+  local sql
+  sql="$(grep -v '^--\|^\\' bench/reference_cycle.pgbench.sql \
+    | sed -e 's/bench_uuid(:n)/acc/g' -e 's/:r_id/r/g' \
+          -e 's/ SELECT id FROM held \\gset r_$/ SELECT id INTO r FROM held;/' \
+          -e 's/ SELECT count(\*) AS committed FROM settled \\gset c_$/ SELECT count(*) INTO c FROM settled;/')"
+  [ "$(grep -c ' INTO [rc] FROM ' <<< "$sql")" = 2 ] \
+    || { echo "bench/reference_cycle.pgbench.sql: not the two statements expected" >&2; return 1; }
+  printf '%s\n' "$sql"
 }
