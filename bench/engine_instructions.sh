@@ -15,8 +15,8 @@
 # saved. --reference: one more database, "reference", set up and given
 # the same history as "this", whose cycles are the fixed hand-written
 # reference's two statements (bench/reference_cycle.pgbench.sql, read from
-# that file as bench/engine_cpu.sh reads it; lone cycles only): the
-# engine's price counted instead of timed.
+# that file by reference_cycle_plpgsql, as bench/engine_cpu.sh does; lone
+# cycles only): the engine's price counted instead of timed.
 #
 # Each NAME gets a database of its own on a private cluster (port
 # ENGINE_INSTRUCTIONS_PORT, default 5482; initdb in a temporary directory,
@@ -221,18 +221,20 @@ done
 echo "Instructions per reserve → commit cycle (batches of $batch; callgrind, ($n2 - $n1) cycles):"
 echo "| database | M instructions per cycle | / this |"
 echo "|---|---|---|"
-this=$(( (total[this.$n2] - total[this.$n1]) / (n2 - n1) ))
+# Each database's instructions per cycle, once: the difference of its two runs.
+declare -A per
 for name in "${names[@]}"; do
-  per=$(( (total[$name.$n2] - total[$name.$n1]) / (n2 - n1) ))
-  awk -v name="$name" -v per="$per" -v this="$this" \
+  per[$name]=$(( (total[$name.$n2] - total[$name.$n1]) / (n2 - n1) ))
+done
+for name in "${names[@]}"; do
+  awk -v name="$name" -v per="${per[$name]}" -v this="${per[this]}" \
     'BEGIN { printf "| %s | %.3f | **%.3f** |\n", name, per / 1e6, per / this }'
 done
 if [ "$reference" = 1 ]; then
-  awk -v this="$this" -v ref="$(( (total[reference.$n2] - total[reference.$n1]) / (n2 - n1) ))" \
+  awk -v this="${per[this]}" -v ref="${per[reference]}" \
     'BEGIN { printf "\nA lone cycle of this engine costs **%.2fx** the fixed reference'"'"'s instructions.\n", this / ref }'
   if [ -n "$base" ]; then
-    awk -v base="$(( (total[base.$n2] - total[base.$n1]) / (n2 - n1) ))" \
-      -v ref="$(( (total[reference.$n2] - total[reference.$n1]) / (n2 - n1) ))" \
+    awk -v base="${per[base]}" -v ref="${per[reference]}" \
       'BEGIN { printf "The base'"'"'s lone cycle costs %.2fx them.\n", base / ref }'
   fi
 fi
