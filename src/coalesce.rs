@@ -472,7 +472,12 @@ mod tests {
         .bind::<Text, _>(&name)
         .execute(&mut admin)
         .expect("terminate the backend");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while alive(&mut admin) > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the backend outlived 10 s"
+            );
             std::thread::yield_now();
         }
 
