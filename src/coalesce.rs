@@ -406,8 +406,9 @@ fn same_error(error: &ApiError) -> ApiError {
 mod tests {
     use std::sync::Arc;
 
+    use diesel::dsl::sql;
     use diesel::prelude::*;
-    use diesel::sql_types::Text;
+    use diesel::sql_types::{Bool, Integer};
     use tokio::sync::oneshot::error::TryRecvError;
     use tokio::sync::oneshot::Receiver;
     use uuid::Uuid;
@@ -450,36 +451,24 @@ mod tests {
     fn an_operation_sent_once_never_goes_to_a_connection_that_is_dead_too() {
         let server = std::env::var("TEST_DATABASE_SERVER")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
-        let name = format!("coalesce-test-{}", Uuid::new_v4().simple());
-        let mut admin = PgConnection::establish(&format!("{server}/postgres"))
-            .expect("PostgreSQL reachable (TEST_DATABASE_SERVER)");
-        let mut dead =
-            PgConnection::establish(&format!("{server}/postgres?application_name={name}"))
-                .expect("a second connection");
-        let alive = |admin: &mut PgConnection| -> i64 {
-            diesel::sql_query(
-                "SELECT count(*) AS n FROM pg_stat_activity WHERE application_name = $1",
-            )
-            .bind::<Text, _>(&name)
-            .get_result::<Count>(admin)
-            .expect("count the backend")
-            .n
+        let connect = || {
+            PgConnection::establish(&format!("{server}/postgres"))
+                .expect("PostgreSQL reachable (TEST_DATABASE_SERVER)")
         };
-        assert_eq!(alive(&mut admin), 1);
-        diesel::sql_query(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+        let (mut admin, mut dead) = (connect(), connect());
+        let pid: i32 = diesel::select(sql::<Integer>("pg_backend_pid()"))
+            .get_result(&mut dead)
+            .expect("the backend's pid");
+        // With a timeout, pg_terminate_backend waits until the backend is
+        // gone (true), or says it is not (false) after 10 s.
+        let gone: bool = diesel::select(
+            sql::<Bool>("pg_terminate_backend(")
+                .bind::<Integer, _>(pid)
+                .sql(", 10000)"),
         )
-        .bind::<Text, _>(&name)
-        .execute(&mut admin)
+        .get_result(&mut admin)
         .expect("terminate the backend");
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while alive(&mut admin) > 0 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the backend outlived 10 s"
-            );
-            std::thread::yield_now();
-        }
+        assert!(gone, "the backend outlived 10 s");
 
         let metrics = Arc::new(Metrics::new().expect("metrics"));
         let pool = crate::db::build_pool(&format!("{server}/postgres"), 1);
@@ -500,12 +489,6 @@ mod tests {
         assert!(queue.waiting[0].resent && queue.waiting[0].operation.account == account);
         assert!(queue.busy.is_empty());
         assert!(crate::error::take_lost_on_this_thread());
-    }
-
-    #[derive(diesel::QueryableByName)]
-    struct Count {
-        #[diesel(sql_type = diesel::sql_types::BigInt)]
-        n: i64,
     }
 
     #[test]
