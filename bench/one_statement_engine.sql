@@ -5,7 +5,9 @@
 -- included. It answers only reserves and commits that succeed (anything
 -- else raises), draws through engine_draws, asks engine_spend_refusal and
 -- engine_reservation_expired, and checks the key as the reference does; no
--- lapse, budget, job, threshold, top-up or event. Counted with
+-- lapse, budget, job, threshold, top-up or event (and a reserve drawing
+-- from several grants would stamp each entry with the balances after all
+-- of them: the seed's accounts have one grant each). Counted with
 --   bench/engine_instructions.sh --reference one_statement=bench/one_statement_engine.sql
 -- Installed over engine_noop.sql's engine_apply (whose object builder
 -- answers), in the benchmark's own schema. Never installed anywhere else.
@@ -25,7 +27,10 @@ BEGIN
             WHERE a.id = o.account
               AND engine_spend_refusal(a.status, a.available, o.amount, a.active_reservations,
                                        a.max_active_reservations) IS NULL
-              AND EXISTS (SELECT 1 FROM api_keys WHERE id = o.key_id AND secret_hash = o.key_hash AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now()) AND (scope = 'admin' OR (scope = 'kiosk' AND account_id = o.account)))
+              AND EXISTS (SELECT 1 FROM api_keys k
+                          WHERE k.id = o.key_id AND k.secret_hash = o.key_hash AND k.revoked_at IS NULL
+                            AND (k.expires_at IS NULL OR k.expires_at > now())
+                            AND (k.scope = 'admin' OR (k.scope = 'kiosk' AND k.account_id = o.account)))
               AND NOT EXISTS (SELECT 1 FROM reservations x WHERE x.account_id = o.account
                               AND x.request_id = o.request AND x.job_id IS NULL)
             RETURNING a.available, a.reserved, a.used),
@@ -53,7 +58,10 @@ BEGIN
             UPDATE reservations x SET state = 'committed', committed_amount = x.amount, resolved_at = now()
             WHERE x.id = o.reservation AND x.account_id = o.account AND x.state = 'held'
               AND NOT engine_reservation_expired(x.expires_at, now()) AND x.job_id IS NULL
-              AND EXISTS (SELECT 1 FROM api_keys WHERE id = o.key_id AND secret_hash = o.key_hash AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now()) AND (scope = 'admin' OR (scope = 'kiosk' AND account_id = o.account)))
+              AND EXISTS (SELECT 1 FROM api_keys k
+                          WHERE k.id = o.key_id AND k.secret_hash = o.key_hash AND k.revoked_at IS NULL
+                            AND (k.expires_at IS NULL OR k.expires_at > now())
+                            AND (k.scope = 'admin' OR (k.scope = 'kiosk' AND k.account_id = o.account)))
             RETURNING x.amount, x.draws),
         moved AS (UPDATE accounts a SET reserved = a.reserved - (SELECT s.amount FROM settled s),
                       used = a.used + (SELECT s.amount FROM settled s),
