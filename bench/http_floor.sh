@@ -4,7 +4,7 @@
 # reference, in one run.
 #
 # Usage:
-#   bench/http_floor.sh [--kiosks "2 8"] [--seconds S] [--rounds R]
+#   bench/http_floor.sh [--kiosks "2 8"] [--seconds S] [--rounds R] [--engine NAME=FILE]...
 # Defaults: 2 and 8 kiosks, spread over 1,000 accounts, 4 s, 3 rounds.
 # Needs a release build (cargo build --release) and the PostgreSQL server
 # packages (initdb, pgbench).
@@ -35,21 +35,29 @@
 #     accounts in id order, as the service's engine does). What an engine
 #     as lean as the hand-written SQL reaches behind this service's HTTP.
 #     (Its books line means nothing either: the statements move no grant.)
+#   - NAME (--engine NAME=FILE, each): the same, except that FILE.sql is
+#     run in the service's engine schema instead of the no-op engine: an
+#     engine built another way (bench/one_statement_engine.sql), measured
+#     through the same HTTP. Its books are checked as the service's are.
 # Printed: cycles/s medians per cell, and service / reference,
 # floor / reference, handwritten / reference, service / floor, service /
-# handwritten. When floor / reference is below a target for service /
+# handwritten (and NAME / handwritten). When floor / reference is below a target for service /
 # reference, no engine reaches that target on this stack and machine; when
 # handwritten / reference is, no engine doing the reference's statements
 # per operation does.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-kiosk_counts="2 8" seconds=4 rounds=3
+kiosk_counts="2 8" seconds=4 rounds=3 engines=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --kiosks) kiosk_counts="$2"; shift ;;
     --seconds) seconds="$2"; shift ;;
     --rounds) rounds="$2"; shift ;;
+    --engine)
+      [[ "$2" =~ ^[a-z_][a-z0-9_]*=.+$ ]] && [ -f "${2#*=}" ] \
+        || { echo "--engine NAME=FILE: $2" >&2; exit 2; }
+      engines+=("$2"); shift ;;
     *) sed -n '5,10p' "$0" >&2; exit 2 ;;
   esac
   shift
@@ -166,7 +174,7 @@ reference_run() { # kiosks
   sed -n 's/^tps = \([0-9.]*\).*/\1/p' <<< "$output"
 }
 
-service_run() { # kiosks engine(real|noop|handwritten)
+service_run() { # kiosks engine(real|noop|handwritten|a FILE.sql)
   admin "DROP DATABASE IF EXISTS tb_floor_service WITH (FORCE)"
   local url="postgres://postgres@127.0.0.1:$port/tb_floor_service"
   DATABASE_URL="$url" BIND_ADDR="127.0.0.1:$http" ADMIN_API_KEY="$key" RATE_LIMIT_PER_SECOND=0 \
@@ -191,7 +199,11 @@ service_run() { # kiosks engine(real|noop|handwritten)
     schema="$(psql "${pg[@]}" -d tb_floor_service -tAc \
       "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'engine\\_%'")"
     local files=(-f bench/engine_noop.sql)
-    [ "$2" = noop ] || files+=(-f "$dir/handwritten.sql")
+    case "$2" in
+      noop) ;;
+      handwritten) files+=(-f "$dir/handwritten.sql") ;;
+      *) files=(-f "$2") ;;
+    esac
     # One transaction: no operation meets the no-op engine on its way to
     # the hand-written one.
     PGOPTIONS="-c search_path=$schema,public" psql "${pg[@]}" -d tb_floor_service -1 \
@@ -215,13 +227,17 @@ results="$dir/results"
 for kiosks in $kiosk_counts; do
   for round in $(seq 1 "$rounds"); do
     order="reference service floor handwritten"
-    [ $((round % 2)) = 0 ] && order="handwritten floor service reference"
+    for engine in "${engines[@]}"; do order+=" ${engine%%=*}"; done
+    [ $((round % 2)) = 0 ] && order="$(tr ' ' '\n' <<< "$order" | tac | tr '\n' ' ')"
     for what in $order; do
       case "$what" in
         reference) figure="$(reference_run "$kiosks")" ;;
         service) figure="$(service_run "$kiosks" real)" ;;
         floor) figure="$(service_run "$kiosks" noop)" ;;
         handwritten) figure="$(service_run "$kiosks" handwritten)" ;;
+        *) for engine in "${engines[@]}"; do
+             [ "${engine%%=*}" = "$what" ] && figure="$(service_run "$kiosks" "${engine#*=}")"
+           done ;;
       esac
       echo "$kiosks $round $what $figure" | tee -a "$results" >&2
     done
@@ -239,4 +255,14 @@ print("|---|---|---|---|---|---|---|---|---|---|")
 for kiosks, cell in sorted(cells.items()):
     r, s, f, h = (statistics.median(cell[w]) for w in ("reference", "service", "floor", "handwritten"))
     print(f"| {kiosks} | {r:,.0f} | {s:,.0f} | {f:,.0f} | {h:,.0f} | **{s / r:.2f}** | **{f / r:.2f}** | **{h / r:.2f}** | {s / f:.2f} | {s / h:.2f} |")
+others = sorted({w for cell in cells.values() for w in cell} - {"reference", "service", "floor", "handwritten"})
+if others:
+    print()
+    print("| kiosks | engine | cycles/s | / handwritten | / service |")
+    print("|---|---|---|---|---|")
+    for kiosks, cell in sorted(cells.items()):
+        h, s = statistics.median(cell["handwritten"]), statistics.median(cell["service"])
+        for w in others:
+            e = statistics.median(cell[w])
+            print(f"| {kiosks} | {w} | {e:,.0f} | **{e / h:.2f}** | {e / s:.2f} |")
 PY
