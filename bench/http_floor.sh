@@ -41,10 +41,10 @@
 #     through the same HTTP. Its books are checked as the service's are.
 # Printed: cycles/s medians per cell, and service / reference,
 # floor / reference, handwritten / reference, service / floor, service /
-# handwritten (and NAME / handwritten). When floor / reference is below a target for service /
-# reference, no engine reaches that target on this stack and machine; when
-# handwritten / reference is, no engine doing the reference's statements
-# per operation does.
+# handwritten, and NAME / handwritten and / service. When floor /
+# reference is below a target for service / reference, no engine reaches
+# that target on this stack and machine; when handwritten / reference
+# is, no engine doing the reference's statements per operation does.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -55,8 +55,10 @@ while [ $# -gt 0 ]; do
     --seconds) seconds="$2"; shift ;;
     --rounds) rounds="$2"; shift ;;
     --engine)
+      # (A NAME of its own: not a cell's above.)
       [[ "$2" =~ ^[a-z_][a-z0-9_]*=.+$ ]] && [ -f "${2#*=}" ] \
-        || { echo "--engine NAME=FILE: $2" >&2; exit 2; }
+        && [[ ! " reference service floor handwritten " =~ " ${2%%=*} " ]] \
+        || { echo "--engine NAME=FILE (a new NAME, an existing FILE): $2" >&2; exit 2; }
       engines+=("$2"); shift ;;
     *) sed -n '5,10p' "$0" >&2; exit 2 ;;
   esac
