@@ -182,7 +182,7 @@ $$;
 -- order (the worker sends them sorted; the look-up by `= ANY` walks the
 -- primary key in order), as a batch that finishes jobs does after its
 -- accounts, so neither waits on the other crosswise. The jobs whose
--- reservation is due (or no longer held) take the full path: their
+-- reservation is due (or no longer held) are settled as a batch is: their
 -- accounts locked in id order, then the jobs, then one engine_settle
 -- extending their reservations; a job whose reservation is no longer held
 -- (expired meanwhile, or past its expiry on this access) fails
