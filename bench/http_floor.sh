@@ -48,18 +48,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-kiosk_counts="2 8" seconds=4 rounds=3 engines=()
+kiosk_counts="2 8" seconds=4 rounds=3 engines=""
+declare -A engine_file # NAME → FILE (--engine)
 while [ $# -gt 0 ]; do
   case "$1" in
     --kiosks) kiosk_counts="$2"; shift ;;
     --seconds) seconds="$2"; shift ;;
     --rounds) rounds="$2"; shift ;;
     --engine)
-      # (A NAME of its own: not a cell's above.)
+      # (A NAME of its own: not a cell's above, nor one given before.)
       [[ "$2" =~ ^[a-z_][a-z0-9_]*=.+$ ]] && [ -f "${2#*=}" ] \
-        && [[ ! " reference service floor handwritten " =~ " ${2%%=*} " ]] \
+        && [[ ! " reference service floor handwritten$engines " =~ " ${2%%=*} " ]] \
         || { echo "--engine NAME=FILE (a new NAME, an existing FILE): $2" >&2; exit 2; }
-      engines+=("$2"); shift ;;
+      engines+=" ${2%%=*}"; engine_file[${2%%=*}]="${2#*=}"; shift ;;
     *) sed -n '5,10p' "$0" >&2; exit 2 ;;
   esac
   shift
@@ -228,8 +229,7 @@ service_run() { # kiosks engine(real|noop|handwritten|a FILE.sql)
 results="$dir/results"
 for kiosks in $kiosk_counts; do
   for round in $(seq 1 "$rounds"); do
-    order="reference service floor handwritten"
-    for engine in "${engines[@]}"; do order+=" ${engine%%=*}"; done
+    order="reference service floor handwritten$engines"
     [ $((round % 2)) = 0 ] && order="$(tr ' ' '\n' <<< "$order" | tac | tr '\n' ' ')"
     for what in $order; do
       case "$what" in
@@ -237,9 +237,7 @@ for kiosks in $kiosk_counts; do
         service) figure="$(service_run "$kiosks" real)" ;;
         floor) figure="$(service_run "$kiosks" noop)" ;;
         handwritten) figure="$(service_run "$kiosks" handwritten)" ;;
-        *) for engine in "${engines[@]}"; do
-             [ "${engine%%=*}" = "$what" ] && figure="$(service_run "$kiosks" "${engine#*=}")"
-           done ;;
+        *) figure="$(service_run "$kiosks" "${engine_file[$what]}")" ;;
       esac
       echo "$kiosks $round $what $figure" | tee -a "$results" >&2
     done

@@ -1,8 +1,9 @@
 -- For bench/engine_instructions.sh and bench/http_floor.sh only, a
--- measurement and not an engine: what a reserve → commit cycle costs when each operation is decided
--- and written by one statement whose conditions are the engine's named
--- rules (the design docs/decisions/0001-one-engine.md points to), on this
--- schema, with what the engine's success path does: the key's refusal
+-- measurement and not an engine: what a reserve → commit cycle costs when
+-- each operation is decided and written by one statement whose conditions
+-- are the engine's named rules (the design
+-- docs/decisions/0001-one-engine.md points to), on this schema, with what
+-- the engine's success path does: the key's refusal
 -- (engine_key_refusal), the spend's refusals with the key's budget
 -- (engine_spend_refusal, engine_key_budget_left), the replay and lapse
 -- probes, the draws (engine_draws) and the grants' arithmetic
