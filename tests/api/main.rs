@@ -43,6 +43,7 @@ mod no_secret_echoed;
 mod openapi;
 mod openapi_types;
 mod operate;
+mod operation_fields;
 mod operator_findings;
 mod read_replica;
 mod reaper;

@@ -211,18 +211,14 @@ $$;
 -- accounts' row locks. Returns the number of entries written (the
 -- account's latest entries are this call's, under its lock).
 --
--- One statement per table that has rows to write, each a plain one: the
--- reservations made, those changed, the accounts (all of them, one row
--- each), the grants, the entries, then the events — only when one of the
--- batch's accounts can have one (a threshold set, a credit, adjustment or
--- expiry, a balance reaching 0). The arithmetic (each account's and
--- grant's totals, each entry's balances after it) is a loop over the
--- movements in this function's variables, not one statement of running
--- sums: a statement starts (ExecutorStart) every plan node it names, rows
--- or none: the one statement that wrote every table, with its windows,
--- aggregates and sub-queries, made a lone reserve → commit cycle 6.14 M
--- instructions where this form makes it 5.49 M
--- (bench/engine_instructions.sh, docs/decisions/0001-one-engine.md).
+-- One plain statement per table that has rows to write: the reservations
+-- made, those changed, the accounts (one row each), the grants, the
+-- entries, then the events — only when one of the batch's accounts can
+-- have one (a threshold set, a credit, adjustment or expiry, a balance
+-- reaching 0). The arithmetic (each account's and grant's totals, each
+-- entry's balances after it) is a loop in this function's variables: a
+-- statement starts every plan node it names, rows or none, and one
+-- statement of running sums cost more (docs/decisions/0001-one-engine.md).
 CREATE FUNCTION engine_record(p_moves engine_movement[], p_made engine_reservation[] DEFAULT '{}',
     p_changed engine_reservation[] DEFAULT '{}', p_jobs engine_job[] DEFAULT '{}',
     p_budgets engine_budget_move[] DEFAULT '{}')
@@ -422,11 +418,13 @@ BEGIN
         IF watch[j] OR b.low_balance_threshold > 0 THEN
             watched := watched || b;
         END IF;
-        -- Accounts whose threshold top-up rule must fire or re-arm.
-        IF b.topup_threshold > 0
-           AND engine_topup_due(av[j], b.topup_threshold, b.topup_armed,
+        -- Accounts whose threshold top-up rule must fire or re-arm. (Two
+        -- tests: the rule's is compiled only where a rule is set.)
+        IF b.topup_threshold > 0 THEN
+            IF engine_topup_due(av[j], b.topup_threshold, b.topup_armed,
                                 engine_topup_unconsumed(b.topup_unconsumed, us[j] - b.used, 0)) THEN
-            topups := topups || ids[j];
+                topups := topups || ids[j];
+            END IF;
         END IF;
     END LOOP;
 

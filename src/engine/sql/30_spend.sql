@@ -170,12 +170,12 @@ BEGIN
         RETURN;
     END IF;
     outcome := 'created';
-    made.id := o.new_id; made.account_id := o.account; made.request_id := o.request;
-    made.amount := o.amount; made.requested_ttl_seconds := o.requested_ttl; made.state := 'held';
-    made.committed_amount := 0; made.expires_at := now() + make_interval(secs => o.ttl);
-    made.created_at := now(); made.draws := seen.draws;
+    -- (One assignment, not one per field: each is compiled once a transaction.)
+    made := ROW(o.new_id, o.account, o.request, o.amount, o.requested_ttl, 'held', 0,
+                now() + make_interval(secs => o.ttl),
+                CASE WHEN o.op = 'create_job' THEN o.job END, now(), NULL, seen.draws, NULL,
+                NULL)::engine_reservation;
     IF o.op = 'create_job' THEN
-        made.job_id := o.job;
         job := ROW(o.job, o.account, o.request, o.hash, o.kind, o.params, o.amount,
                    o.new_id)::engine_job;
         -- The job as it will be written (its columns' defaults), for its view.

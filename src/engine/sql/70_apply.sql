@@ -5,39 +5,52 @@
 -- Whether an operation lacks a field its kind needs, carries one it may
 -- not, or names an unknown kind (the fields each kind sets are listed at
 -- engine_apply), written once: engine_apply refuses a batch holding such
--- an operation, and then nothing at all is written.
+-- an operation, and then nothing at all is written. (A branch per kind:
+-- only the one used is compiled in a transaction, tests/api/operation_fields.rs.)
 CREATE FUNCTION engine_op_incomplete(o engine_request) RETURNS boolean
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT o.account IS NULL OR o.actor IS NULL OR NOT CASE o.op
-        WHEN 'reserve' THEN o.request IS NOT NULL AND o.amount IS NOT NULL AND o.ttl IS NOT NULL
-                            AND o.new_id IS NOT NULL
-        WHEN 'create_job' THEN o.request IS NOT NULL AND o.amount IS NOT NULL AND o.ttl IS NOT NULL
-                            AND o.new_id IS NOT NULL AND o.job IS NOT NULL AND o.hash IS NOT NULL
-                            AND o.kind IS NOT NULL AND o.params IS NOT NULL
-        WHEN 'commit' THEN o.reservation IS NOT NULL AND o.amount IS NOT NULL
-        WHEN 'commit_all' THEN o.reservation IS NOT NULL AND o.amount IS NULL
-        WHEN 'release' THEN o.reservation IS NOT NULL
-        WHEN 'extend' THEN o.reservation IS NOT NULL AND o.ttl IS NOT NULL
-        WHEN 'expire' THEN o.reservation IS NOT NULL
-        WHEN 'credit' THEN o.new_id IS NOT NULL AND o.amount IS NOT NULL
-                           AND o.external_ref IS NOT NULL AND o.priority IS NOT NULL
-        WHEN 'adjust' THEN o.new_id IS NOT NULL AND o.amount IS NOT NULL
-                           AND o.external_ref IS NOT NULL AND o.reason IS NOT NULL
-                           AND (o.priority IS NOT NULL) = (o.amount > 0)
-        WHEN 'finish_job' THEN o.job IS NOT NULL AND o.lease_token IS NOT NULL
-                           AND (o.status = 'succeeded' AND o.result IS NOT NULL
-                                OR o.status = 'failed' AND o.result IS NULL)
-        ELSE false END
-       OR ((o.expires_at IS NOT NULL OR o.amount_paid IS NOT NULL OR o.currency IS NOT NULL)
-           AND NOT (o.op IN ('credit', 'adjust') AND o.amount > 0))
-       OR (o.amount_paid IS NULL) <> (o.currency IS NULL)
-       OR o.authorized IS NULL
-       -- Credits, adjustments and job finishes are the service's own
-       -- (authorised); a spending operation's key is verified here.
-       OR (o.authorized = false AND (o.op IN ('credit', 'adjust', 'finish_job', 'expire')
-                                     OR o.key_id IS NULL OR o.key_hash IS NULL
-                                     -- (a settlement by a job is the service's)
-                                     OR (o.job IS NOT NULL AND o.op <> 'create_job')))
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF (o.account IS NULL OR o.actor IS NULL OR o.authorized IS NULL
+        OR ((o.expires_at IS NOT NULL OR o.amount_paid IS NOT NULL OR o.currency IS NOT NULL)
+            AND NOT (o.op IN ('credit', 'adjust') AND o.amount > 0))
+        OR (o.amount_paid IS NULL) <> (o.currency IS NULL)
+        -- Credits, adjustments and job finishes are the service's own
+        -- (authorised); a spending operation's key is verified here.
+        OR (o.authorized = false AND (o.op IN ('credit', 'adjust', 'finish_job', 'expire')
+                                      OR o.key_id IS NULL OR o.key_hash IS NULL
+                                      -- (a settlement by a job is the service's)
+                                      OR (o.job IS NOT NULL AND o.op <> 'create_job'))))
+       IS NOT FALSE THEN
+        RETURN true;
+    END IF;
+    CASE o.op
+        WHEN 'reserve' THEN
+            RETURN o.request IS NULL OR o.amount IS NULL OR o.ttl IS NULL OR o.new_id IS NULL;
+        WHEN 'create_job' THEN
+            RETURN o.request IS NULL OR o.amount IS NULL OR o.ttl IS NULL OR o.new_id IS NULL
+                OR o.job IS NULL OR o.hash IS NULL OR o.kind IS NULL OR o.params IS NULL;
+        WHEN 'commit' THEN
+            RETURN o.reservation IS NULL OR o.amount IS NULL;
+        WHEN 'commit_all' THEN
+            RETURN o.reservation IS NULL OR o.amount IS NOT NULL;
+        WHEN 'release', 'expire' THEN
+            RETURN o.reservation IS NULL;
+        WHEN 'extend' THEN
+            RETURN o.reservation IS NULL OR o.ttl IS NULL;
+        WHEN 'credit' THEN
+            RETURN o.new_id IS NULL OR o.amount IS NULL OR o.external_ref IS NULL
+                OR o.priority IS NULL;
+        WHEN 'adjust' THEN
+            RETURN o.new_id IS NULL OR o.amount IS NULL OR o.external_ref IS NULL
+                OR o.reason IS NULL OR (o.priority IS NOT NULL) <> (o.amount > 0);
+        WHEN 'finish_job' THEN
+            RETURN o.job IS NULL OR o.lease_token IS NULL
+                OR NOT COALESCE(o.status = 'succeeded' AND o.result IS NOT NULL
+                                OR o.status = 'failed' AND o.result IS NULL, false);
+        ELSE
+            RETURN true;
+    END CASE;
+END;
 $$;
 
 -- The accounts `p_ids` that exist, locked (FOR NO KEY UPDATE) in id order
@@ -142,14 +155,9 @@ $$;
 --
 -- Plans. Every statement this runs, itself or in the functions it calls,
 -- is planned once per session (force_generic_plan) and reads a few rows by
--- key, so sequential scans are off while it runs: a session's generic plan
--- is made with the statistics of the moment, and made on a new database's
--- small tables it scanned them whole long after they had grown (a reserve
--- read every reservation of the table for its replay probe). The
--- three-path engine had this setting on its lean paths; the one path had
--- lost it: with it back, the run of record against 19d87d7 went from a
--- mean of 0.69 to 0.87 (BENCHMARKS.md). A table with no index for a
--- look-up is still scanned.
+-- key, so sequential scans are off while it runs: a generic plan made on a
+-- new database's small tables would scan them whole long after they grew.
+-- (A table with no index for a look-up is still scanned.)
 CREATE FUNCTION engine_apply(p_ops engine_request[])
 RETURNS TABLE (op_position integer, outcome text, detail jsonb, object jsonb)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
@@ -226,16 +234,18 @@ BEGIN
         mark := CASE WHEN o.op IN ('reserve', 'create_job') THEN o.op || ':' || o.request
                      ELSE o.reservation::text END;
         -- The pending writes first, when this operation must see them.
-        IF (cardinality(moves) > 0 OR cardinality(changed) > 0)
-           AND (o.op IN ('credit', 'adjust', 'finish_job') OR mark = ANY (touched)
-                OR (o.op IN ('reserve', 'create_job') AND returned[j])) THEN
-            written := engine_record(moves, made, changed, jobs, budgets);
-            moves := '{}'; made := '{}'; changed := '{}'; jobs := '{}'; touched := '{}';
-            budgets := '{}';
-            spent := array_fill(0::bigint, ARRAY[cardinality(ids)]);
-            returned := array_fill(false, ARRAY[cardinality(ids)]);
-            -- (A top-up may have moved an account meanwhile.)
-            accts := (engine_lock_accounts(ids)).accounts;
+        -- (Two tests: the second is compiled only once writes are pending.)
+        IF cardinality(moves) > 0 OR cardinality(changed) > 0 THEN
+            IF o.op IN ('credit', 'adjust', 'finish_job') OR mark = ANY (touched)
+               OR (o.op IN ('reserve', 'create_job') AND returned[j]) THEN
+                written := engine_record(moves, made, changed, jobs, budgets);
+                moves := '{}'; made := '{}'; changed := '{}'; jobs := '{}'; touched := '{}';
+                budgets := '{}';
+                spent := array_fill(0::bigint, ARRAY[cardinality(ids)]);
+                returned := array_fill(false, ARRAY[cardinality(ids)]);
+                -- (A top-up may have moved an account meanwhile.)
+                accts := (engine_lock_accounts(ids)).accounts;
+            END IF;
         END IF;
         IF o.op IN ('credit', 'adjust', 'finish_job') THEN
             IF o.op = 'finish_job' THEN
