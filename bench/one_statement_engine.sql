@@ -4,7 +4,7 @@
 -- are the engine's named rules (the design
 -- docs/decisions/0001-one-engine.md points to), on this schema, with what
 -- the engine's success path does: the key's refusal
--- (engine_key_refusal), the spend's refusals with the key's budget
+-- (engine_valid_key, engine_key_refusal), the spend's refusals with the key's budget
 -- (engine_spend_refusal, engine_key_budget_left), the replay and lapse
 -- probes, the draws (engine_draws) and the grants' arithmetic
 -- (engine_deltas, engine_grant_deltas), every entry's balances after it,
@@ -30,8 +30,14 @@ DECLARE
     w record;
 BEGIN
     IF o.op = 'reserve' THEN
-        WITH k AS (SELECT * FROM engine_key_refusal(o.authorized, o.key_id, o.key_hash,
-                                                    o.account)),
+        WITH k AS (SELECT engine_key_refusal(o.authorized, s.v, o.account) AS refusal,
+                          (s.v).key_id AS valid_key, (s.v).last_used_at AS last_used_at,
+                          (s.v).budget_tokens AS budget_tokens, (s.v).budget_period AS budget_period,
+                          (s.v).budget_time_zone AS budget_time_zone,
+                          (s.v).budget_spent AS budget_spent,
+                          (s.v).budget_period_start AS budget_period_start
+                   FROM (SELECT (SELECT x::engine_key FROM engine_valid_key(o.key_id, o.key_hash) x
+                                 WHERE NOT o.authorized LIMIT 1) AS v OFFSET 0) s),
         d AS MATERIALIZED (SELECT dr.grant_id, dr.lo, dr.amount,
                                   engine_deltas('reserve', dr.amount, NULL) AS delta
                            FROM engine_draws(o.account, 0, o.amount) dr),
@@ -93,8 +99,14 @@ BEGIN
             RAISE EXCEPTION 'one-statement reserve refused on %', o.account;
         END IF;
     ELSE
-        WITH k AS (SELECT * FROM engine_key_refusal(o.authorized, o.key_id, o.key_hash,
-                                                    o.account)),
+        WITH k AS (SELECT engine_key_refusal(o.authorized, s.v, o.account) AS refusal,
+                          (s.v).key_id AS valid_key, (s.v).last_used_at AS last_used_at,
+                          (s.v).budget_tokens AS budget_tokens, (s.v).budget_period AS budget_period,
+                          (s.v).budget_time_zone AS budget_time_zone,
+                          (s.v).budget_spent AS budget_spent,
+                          (s.v).budget_period_start AS budget_period_start
+                   FROM (SELECT (SELECT x::engine_key FROM engine_valid_key(o.key_id, o.key_hash) x
+                                 WHERE NOT o.authorized LIMIT 1) AS v OFFSET 0) s),
         settled AS (
             UPDATE reservations x SET state = 'committed',
                 committed_amount = COALESCE(o.amount, x.amount), resolved_at = now()

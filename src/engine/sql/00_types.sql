@@ -118,6 +118,22 @@ CREATE TYPE engine_account AS (
     max_active_reservations integer
 );
 
+-- A presented key that is valid (engine_valid_key), as a batch's
+-- operations are decided against it: who it is, where it may spend, when
+-- it was last used, and its budget (NULL: none) with the count of the
+-- period starting at budget_period_start.
+CREATE TYPE engine_key AS (
+    key_id              uuid,
+    scope               text,
+    account_id          uuid,
+    last_used_at        timestamptz,
+    budget_tokens       bigint,
+    budget_period       text,
+    budget_time_zone    text,
+    budget_spent        bigint,
+    budget_period_start timestamptz
+);
+
 CREATE TYPE engine_reservation AS (
     id                    uuid,
     account_id            uuid,

@@ -4,11 +4,8 @@
 -- valid when it is known, the SHA-256 of the presented secret (`p_hash`)
 -- matches, and it is neither revoked nor expired. At most one row: the key.
 -- Inlined where it is called (one probe of the primary key): by
--- engine_verify_keys and engine_key_refusal below.
-CREATE FUNCTION engine_valid_key(p_id uuid, p_hash bytea)
-RETURNS TABLE (key_id uuid, scope text, account_id uuid, last_used_at timestamptz,
-               budget_tokens bigint, budget_period text, budget_time_zone text,
-               budget_spent bigint, budget_period_start timestamptz)
+-- engine_verify_keys below and engine_lock_accounts (70_apply.sql).
+CREATE FUNCTION engine_valid_key(p_id uuid, p_hash bytea) RETURNS SETOF engine_key
 LANGUAGE sql STABLE AS $$
     SELECT k.id, k.scope, k.account_id, k.last_used_at, k.budget_tokens, k.budget_period,
            k.budget_time_zone, k.budget_spent, k.budget_period_start FROM api_keys k
@@ -72,34 +69,19 @@ LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 -- A spending operation's key refusal, written once: NULL when the
--- service authorised the operation (`p_authorized`) or the key `p_key_id`
--- with the secret's hash `p_key_hash` is valid (engine_valid_key) and may
--- spend on `p_account` (engine_spend_authority); else unauthorized (no such
--- valid key), not_found (another account's kiosk key: `detail` names the
--- account as what is not found) or forbidden. One row, always, with the
--- valid key and its last use (NULL when authorised or not valid):
--- engine_apply writes a stale use (engine_key_use_stale, engine_touch_keys);
--- and the key's budget (NULL: none): its tokens, period, time zone and
--- the count of the period starting at `budget_period_start`
--- (engine_key_budget_left). Inlined where it is called.
-CREATE FUNCTION engine_key_refusal(p_authorized boolean, p_key_id uuid, p_key_hash bytea,
-    p_account uuid)
-RETURNS TABLE (refusal text, detail jsonb, valid_key uuid, last_used_at timestamptz,
-               budget_tokens bigint, budget_period text, budget_time_zone text,
-               budget_spent bigint, budget_period_start timestamptz)
-LANGUAGE sql STABLE AS $$
-    SELECT r.refusal, CASE WHEN r.refusal = 'not_found' THEN '{"what": "account"}'::jsonb END,
-           r.key_id, r.last_used_at, r.budget_tokens, r.budget_period, r.budget_time_zone,
-           r.budget_spent, r.budget_period_start
-    FROM (SELECT CASE WHEN p_authorized THEN NULL
-                      WHEN v.key_id IS NULL THEN 'unauthorized'
-                      ELSE NULLIF(engine_spend_authority(v.scope, v.account_id, p_account), 'ok')
-                 END AS refusal,
-                 v.key_id, v.last_used_at, v.budget_tokens, v.budget_period, v.budget_time_zone,
-                 v.budget_spent, v.budget_period_start
-          FROM (SELECT 1) one
-          LEFT JOIN LATERAL (SELECT k.* FROM engine_valid_key(p_key_id, p_key_hash) k
-                             WHERE NOT p_authorized LIMIT 1) v ON true) r
+-- service authorised the operation (`p_authorized`) or the presented key
+-- is valid (`p_key`, engine_valid_key's row; NULL: not valid) and may spend
+-- on `p_account` (engine_spend_authority); else unauthorized (no valid
+-- key), not_found (another account's kiosk key) or forbidden. engine_apply
+-- asks it of each operation, against the keys its batch presented, found
+-- once for the batch (engine_lock_accounts).
+CREATE FUNCTION engine_key_refusal(p_authorized boolean, p_key engine_key, p_account uuid)
+RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN p_authorized THEN NULL
+                WHEN p_key.key_id IS NULL THEN 'unauthorized'
+                ELSE NULLIF(engine_spend_authority(p_key.scope, p_key.account_id, p_account), 'ok')
+           END
 $$;
 
 -- A verified key's last use, written once a minute at most

@@ -33,8 +33,8 @@ $$;
 -- spent with a key whose budget has `p_budget_left` tokens free (NULL: no
 -- budget; engine_key_budget_left), in this order: account_suspended,
 -- key_budget_exhausted, insufficient_tokens, too_many_active_reservations;
--- NULL when none does. (The key's refusal, asked before it, is
--- engine_key_refusal.)
+-- NULL when none does. (The key's refusal, which engine_apply asks first,
+-- is engine_key_refusal.)
 CREATE FUNCTION engine_spend_refusal(p_status text, p_available bigint, p_amount bigint,
     p_active integer, p_max_active integer, p_budget_left bigint DEFAULT NULL) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
@@ -48,17 +48,17 @@ $$;
 
 -- One spend (`o`: a reserve or a job creation, engine_request), decided
 -- against the account as the batch has left it so far (`a`; its id NULL
--- when there is none) at `p_at` (the batch's stamp), `p_key_pending` the
--- tokens the batch's earlier reserves, not written yet, took from the
--- presented key's budget. The caller
+-- when there is none) at `p_at` (the batch's stamp), with the presented
+-- key `p_key` (valid, and allowed to spend here: engine_apply asked
+-- engine_key_refusal first; NULL when the service authorised it), and
+-- `p_key_pending` the tokens the batch's earlier reserves, not written
+-- yet, took from that key's budget. The caller
 -- (engine_apply) holds the account's row lock and writes nothing of this
 -- batch's operations before their one write (engine_record), so the
 -- grants are read as they were when the batch began: a reserve takes the
 -- account's drawable tokens [p_from, p_from + amount) in draw order
 -- (engine_draws), p_from being what the batch's earlier reserves on the
 -- account took. In this order:
---   unauthorized / not_found / forbidden
---                               the key's refusal (engine_key_refusal);
 --   not_found {what: account}   the account does not exist;
 --   (lapsing)                   a grant of the account is due to lapse:
 --                               no outcome; the caller writes the lapse
@@ -81,10 +81,10 @@ $$;
 -- The object is the reservation (reserve) or the job as engine_job_view
 -- shows it (create_job): the earlier one of a replay.
 CREATE FUNCTION engine_spend(o engine_request, a engine_account, p_from bigint, p_at timestamptz,
-    p_key_pending bigint,
+    p_key engine_key, p_key_pending bigint,
     OUT outcome text, OUT detail jsonb, OUT object jsonb, OUT lapsing boolean,
     OUT made engine_reservation, OUT job engine_job, OUT moves engine_movement[],
-    OUT valid_key uuid, OUT last_used_at timestamptz, OUT budget engine_budget_move)
+    OUT budget engine_budget_move)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
@@ -93,36 +93,26 @@ DECLARE
     budget_left bigint;
 BEGIN
     lapsing := false;
-    -- The key's refusal, an earlier use of the request_id (one probe of the
-    -- (account_id, request_id) index), whether a grant lapses, and the
-    -- draws, in one statement.
-    SELECT k.refusal, k.detail AS refusal_detail, k.valid_key, k.last_used_at, k.budget_tokens,
-           k.budget_period, k.budget_time_zone, k.budget_spent, k.budget_period_start,
-           (SELECT to_jsonb(x) FROM reservations x
+    -- An earlier use of the request_id (one probe of the (account_id,
+    -- request_id) index), whether a grant lapses, and the draws, in one
+    -- statement.
+    SELECT (SELECT to_jsonb(x) FROM reservations x
             WHERE o.op = 'reserve' AND x.account_id = o.account AND x.request_id = o.request
               AND x.job_id IS NULL LIMIT 1) AS earlier,
            (SELECT j FROM generation_jobs j
             WHERE o.op = 'create_job' AND j.account_id = o.account AND j.request_id = o.request
             LIMIT 1) AS earlier_job,
            EXISTS (SELECT 1 FROM engine_lapsing_grants(o.account, p_at)) AS lapsing,
-           dr.draws, dr.moves
+           -- The draws once, as the reservation's `draws` and as its
+           -- movements. (In engine_draws' order, the draw order: an
+           -- aggregate's own ORDER BY sorts again.)
+           jsonb_agg(jsonb_build_object('grant_id', d.grant_id, 'amount', d.amount)) AS draws,
+           array_agg(ROW(o.account, 'reserve', d.amount,
+                         CASE WHEN d.lo = p_from THEN 1 ELSE 0 END, o.new_id,
+                         CASE WHEN o.op = 'create_job' THEN o.job END, NULL, NULL, o.actor,
+                         p_at, d.grant_id, p_key.key_id)::engine_movement) AS moves
     INTO seen
-    FROM engine_key_refusal(o.authorized, o.key_id, o.key_hash, o.account) k
-    -- The draws once, as the reservation's `draws` and as its movements.
-    CROSS JOIN LATERAL (
-        -- (In engine_draws' order, the draw order: an aggregate's own ORDER
-        -- BY sorts again.)
-        SELECT jsonb_agg(jsonb_build_object('grant_id', d.grant_id, 'amount', d.amount)) AS draws,
-               array_agg(ROW(o.account, 'reserve', d.amount,
-                             CASE WHEN d.lo = p_from THEN 1 ELSE 0 END, o.new_id,
-                             CASE WHEN o.op = 'create_job' THEN o.job END, NULL, NULL, o.actor,
-                             p_at, d.grant_id, k.valid_key)::engine_movement) AS moves
-        FROM engine_draws(o.account, p_from, p_from + o.amount) d) dr;
-    valid_key := seen.valid_key; last_used_at := seen.last_used_at;
-    IF seen.refusal IS NOT NULL THEN
-        outcome := seen.refusal; detail := seen.refusal_detail;
-        RETURN;
-    END IF;
+    FROM engine_draws(o.account, p_from, p_from + o.amount) d;
     IF a.id IS NULL THEN
         outcome := 'not_found'; detail := '{"what": "account"}';
         RETURN;
@@ -149,9 +139,9 @@ BEGIN
         END IF;
         RETURN;
     END IF;
-    IF seen.budget_tokens IS NOT NULL THEN
-        budget_left := engine_key_budget_left(seen.budget_tokens, seen.budget_period,
-            seen.budget_time_zone, seen.budget_spent, seen.budget_period_start, p_at)
+    IF p_key.budget_tokens IS NOT NULL THEN
+        budget_left := engine_key_budget_left(p_key.budget_tokens, p_key.budget_period,
+            p_key.budget_time_zone, p_key.budget_spent, p_key.budget_period_start, p_at)
             - p_key_pending;
     END IF;
     outcome := engine_spend_refusal(a.status, a.available, o.amount, a.active_reservations,
@@ -160,9 +150,9 @@ BEGIN
         detail := CASE outcome
             WHEN 'key_budget_exhausted' THEN
                 jsonb_build_object('remaining', GREATEST(budget_left, 0),
-                    'resets_at', engine_time(engine_key_period_end(seen.budget_period,
-                                                                   seen.budget_time_zone, p_at)),
-                    'budget_tokens', seen.budget_tokens, 'budget_period', seen.budget_period)
+                    'resets_at', engine_time(engine_key_period_end(p_key.budget_period,
+                                                                   p_key.budget_time_zone, p_at)),
+                    'budget_tokens', p_key.budget_tokens, 'budget_period', p_key.budget_period)
             WHEN 'insufficient_tokens' THEN
                 jsonb_build_object('available', a.available, 'reserved', a.reserved)
             WHEN 'too_many_active_reservations' THEN
@@ -188,11 +178,11 @@ BEGIN
         object := to_jsonb(made);
     END IF;
     moves := seen.moves;
-    IF seen.budget_tokens IS NOT NULL THEN
-        made.budget_key_id := seen.valid_key;
-        made.budget_period_start := engine_key_period_start(seen.budget_period,
-            seen.budget_time_zone, p_at);
-        budget := ROW(seen.valid_key, made.budget_period_start, o.new_id,
+    IF p_key.budget_tokens IS NOT NULL THEN
+        made.budget_key_id := p_key.key_id;
+        made.budget_period_start := engine_key_period_start(p_key.budget_period,
+            p_key.budget_time_zone, p_at);
+        budget := ROW(p_key.key_id, made.budget_period_start, o.new_id,
                       o.amount)::engine_budget_move;
     END IF;
 END;

@@ -132,7 +132,10 @@ LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 -- One settlement (`o`: commit, commit_all, release, extend, expire) of
--- its reservation, decided at `p_at` (the batch's stamp). The caller
+-- its reservation, decided at `p_at` (the batch's stamp), with the
+-- presented key `p_key` (valid, and allowed to spend here: engine_apply
+-- asked engine_key_refusal first; NULL when the service authorised it),
+-- whose id its entries carry. The caller
 -- (engine_apply) holds the account's row lock; the reservation's is taken
 -- here. Nothing is written: the reservation as it becomes (`changed`) and
 -- the movements (`moves`) go to the batch's one write (engine_record).
@@ -146,35 +149,23 @@ $$;
 -- grant_expired): it leaves reserved and the account, and is never made
 -- available. An extension sets expires_at to now + ttl (a job's never
 -- earlier than it was), capped by engine_extension_expiry.
-CREATE FUNCTION engine_settle(o engine_request, p_at timestamptz,
+CREATE FUNCTION engine_settle(o engine_request, p_at timestamptz, p_key engine_key,
     OUT outcome text, OUT detail jsonb, OUT object jsonb, OUT changed engine_reservation,
-    OUT moves engine_movement[], OUT valid_key uuid, OUT last_used_at timestamptz,
-    OUT budget engine_budget_move)
+    OUT moves engine_movement[], OUT budget engine_budget_move)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    seen record;
     existing engine_reservation;
     verdict text;
     asked timestamptz;
     cap timestamptz;
 BEGIN
-    -- The key's refusal and the reservation (its row lock), in one
-    -- statement.
-    SELECT k.refusal, k.detail AS refusal_detail, k.valid_key, k.last_used_at, l.found
-    INTO seen
-    FROM engine_key_refusal(o.authorized, o.key_id, o.key_hash, o.account) k
-    LEFT JOIN LATERAL (
-        SELECT ROW(x.id, x.account_id, x.request_id, x.amount, x.requested_ttl_seconds, x.state,
-                   x.committed_amount, x.expires_at, x.job_id, x.created_at, x.resolved_at,
-                   x.draws, x.budget_key_id, x.budget_period_start)::engine_reservation AS found
-        FROM reservations x WHERE x.id = o.reservation FOR UPDATE) l ON true;
-    valid_key := seen.valid_key; last_used_at := seen.last_used_at;
-    IF seen.refusal IS NOT NULL THEN
-        outcome := seen.refusal; detail := seen.refusal_detail;
-        RETURN;
-    END IF;
-    existing := seen.found;
+    -- The reservation, row-locked (all NULL when there is none).
+    SELECT x.id, x.account_id, x.request_id, x.amount, x.requested_ttl_seconds, x.state,
+           x.committed_amount, x.expires_at, x.job_id, x.created_at, x.resolved_at, x.draws,
+           x.budget_key_id, x.budget_period_start
+    INTO existing
+    FROM reservations x WHERE x.id = o.reservation FOR UPDATE;
     verdict := engine_settle_verdict(o.op, o.account, o.amount, o.job, existing, now());
     -- (The object of a refusal or a replay is the reservation as it is;
     -- a settlement's is the reservation as it becomes.)
@@ -244,7 +235,7 @@ BEGIN
                         THEN 'grant_expired'
                         WHEN x.part = 'return' AND verdict = 'expired_on_access'
                         THEN 'expired_on_access' ELSE o.reason END,
-                   o.actor, p_at, x.grant_id, seen.valid_key)::engine_movement
+                   o.actor, p_at, x.grant_id, p_key.key_id)::engine_movement
         FROM engine_split_draws(existing.draws, existing.amount, changed.committed_amount) x
         LEFT JOIN LATERAL (SELECT g.expires_at FROM credit_grants g
                            WHERE g.id = x.grant_id LIMIT 1) g ON true

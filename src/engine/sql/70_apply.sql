@@ -55,16 +55,24 @@ $$;
 
 -- The accounts `p_ids` that exist, locked (FOR NO KEY UPDATE) in id order
 -- — two batches never wait on each other crosswise — and read as they are
--- once locked (a batch that waited reads what the one before it wrote).
-CREATE FUNCTION engine_lock_accounts(p_ids uuid[], OUT ids uuid[], OUT accounts engine_account[])
+-- once locked (a batch that waited reads what the one before it wrote);
+-- and, in the same statement, the keys the operations `p_ops` present
+-- (one per operation, in order: the valid key, engine_valid_key, or NULL
+-- when it is not valid or the service authorised the operation), found
+-- once for the batch: a batch of one kiosk's operations reads its key once.
+CREATE FUNCTION engine_lock_accounts(p_ids uuid[], p_ops engine_request[], OUT ids uuid[],
+    OUT accounts engine_account[], OUT keys engine_key[])
 LANGUAGE plpgsql AS $$
 BEGIN
     -- (In the sub-query's order: an aggregate's own ORDER BY sorts again.)
     SELECT COALESCE(array_agg(x.id), '{}'),
            COALESCE(array_agg(ROW(x.id, x.status, x.available, x.reserved, x.used, x.credited,
                                   x.adjusted, x.grant_expired, x.active_reservations,
-                                  x.max_active_reservations)::engine_account), '{}')
-    INTO ids, accounts
+                                  x.max_active_reservations)::engine_account), '{}'),
+           ARRAY(SELECT (SELECT v::engine_key FROM engine_valid_key(p.key_id, p.key_hash) v
+                          WHERE NOT p.authorized LIMIT 1)
+                 FROM unnest(p_ops) WITH ORDINALITY AS p ORDER BY p.ordinality)
+    INTO ids, accounts, keys
     FROM (SELECT * FROM public.accounts WHERE id = ANY (p_ids) ORDER BY id FOR NO KEY UPDATE) x;
 END;
 $$;
@@ -129,7 +137,9 @@ $$;
 -- when the service has authorised it already (the ADMIN_API_KEY bootstrap
 -- admin, an admin request, a worker, the reaper); false when the operation
 -- carries the caller's key — key_id and key_hash (SHA-256 of its secret),
--- both set — verified here in the same statement (engine_key_refusal).
+-- both set — verified here: the batch's keys are read once, with its
+-- accounts' locks (engine_lock_accounts), and each operation's refusal is
+-- engine_key_refusal's.
 -- Credits, adjustments, expiries, job finishes and a job's settlements are
 -- always the service's; http_request_id is the audit event's request id.
 -- A missing field is an error (the whole batch fails, nothing is written),
@@ -167,6 +177,8 @@ DECLARE
     o engine_request;
     ids uuid[];               -- the batch's accounts that exist, in id order
     accts engine_account[];   -- each as the batch has left it so far
+    keys engine_key[];        -- the key each operation presents (NULL: none valid)
+    presented engine_key;
     last_op integer[];        -- each one's last operation in the batch
     spent bigint[];           -- tokens the pending reserves drew from each
     returned boolean[];       -- whether a pending movement gave tokens back to it
@@ -208,9 +220,10 @@ BEGIN
         finishes := finishes OR o.op = 'finish_job';
         named := named || o.account;
     END LOOP;
-    locked := engine_lock_accounts(named);
+    locked := engine_lock_accounts(named, p_ops);
     ids := locked.ids;
     accts := locked.accounts;
+    keys := locked.keys;
     IF finishes THEN
         PERFORM 1 FROM generation_jobs g
         WHERE g.id = ANY (ARRAY(SELECT u.job FROM unnest(p_ops) u WHERE u.op = 'finish_job'))
@@ -244,7 +257,8 @@ BEGIN
                 spent := array_fill(0::bigint, ARRAY[cardinality(ids)]);
                 returned := array_fill(false, ARRAY[cardinality(ids)]);
                 -- (A top-up may have moved an account meanwhile.)
-                accts := (engine_lock_accounts(ids)).accounts;
+                locked := engine_lock_accounts(ids, p_ops);
+                accts := locked.accounts; keys := locked.keys;
             END IF;
         END IF;
         IF o.op IN ('credit', 'adjust', 'finish_job') THEN
@@ -270,7 +284,23 @@ BEGIN
                 outcome := r.outcome; detail := r.detail; object := r.object;
             END IF;
             IF j IS NOT NULL THEN
-                accts := (engine_lock_accounts(ids)).accounts;
+                locked := engine_lock_accounts(ids, p_ops);
+                accts := locked.accounts; keys := locked.keys;
+            END IF;
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        -- The key's refusal comes first; a valid key's stale use is
+        -- written whatever the outcome.
+        presented := keys[i];
+        IF presented.key_id IS NOT NULL AND engine_key_use_stale(presented.last_used_at)
+           AND NOT presented.key_id = ANY (stale) THEN
+            stale := stale || presented.key_id;
+        END IF;
+        outcome := engine_key_refusal(o.authorized, presented, o.account);
+        IF outcome IS NOT NULL THEN
+            IF outcome = 'not_found' THEN
+                detail := '{"what": "account"}';
             END IF;
             RETURN NEXT;
             CONTINUE;
@@ -286,7 +316,7 @@ BEGIN
                 END IF;
             END LOOP;
             LOOP
-                r := engine_spend(o, a, COALESCE(spent[j], 0), at, pending);
+                r := engine_spend(o, a, COALESCE(spent[j], 0), at, presented, pending);
                 EXIT WHEN NOT r.lapsing;
                 -- A grant lapses first: written (after the pending writes),
                 -- and the decision is taken again.
@@ -298,7 +328,8 @@ BEGIN
                     returned := array_fill(false, ARRAY[cardinality(ids)]);
                 END IF;
                 PERFORM engine_lapse_grants(ARRAY[o.account], at);
-                accts := (engine_lock_accounts(ids)).accounts;
+                locked := engine_lock_accounts(ids, p_ops);
+                accts := locked.accounts; keys := locked.keys;
                 a := accts[j];
             END LOOP;
             op_moves := '{}';
@@ -315,7 +346,7 @@ BEGIN
                 spent[j] := spent[j] + o.amount;
             END IF;
         ELSE
-            r := engine_settle(o, at);
+            r := engine_settle(o, at, presented);
             op_moves := COALESCE(r.moves, '{}');
             op_changed := (r.changed).id IS NOT NULL;
             IF op_changed THEN
@@ -324,10 +355,6 @@ BEGIN
             IF (r.budget).key_id IS NOT NULL THEN
                 budgets := budgets || r.budget;
             END IF;
-        END IF;
-        IF r.valid_key IS NOT NULL AND engine_key_use_stale(r.last_used_at)
-           AND NOT r.valid_key = ANY (stale) THEN
-            stale := stale || r.valid_key;
         END IF;
         IF cardinality(op_moves) > 0 OR op_changed THEN
             moves := moves || op_moves;
