@@ -105,8 +105,8 @@ impl Caller {
     }
 
     // Who may spend an account's tokens (its own kiosk or an admin) is the
-    // money engine's rule, `engine_authorize_spend`, checked in the same
-    // statement as the spending itself.
+    // money engine's rule, `engine_key_refusal`, checked in the spending
+    // operation's own transaction.
 
     /// Admin-only actions on an account (credits, adjustments, keys).
     pub fn authorize_admin_on(&self, account: AccountId) -> Result<(), ApiError> {
@@ -150,9 +150,10 @@ fn parse_key(presented: &str) -> Option<(Uuid, &str)> {
 /// key's id and the SHA-256 of its secret.
 ///
 /// The spending endpoints hand the key to the money engine, which verifies
-/// it inside the batch statement (`engine_authorize_spend`): no extra round
-/// trip, and `revoked_at` is still read on every request. Everything else
-/// calls [`verify`].
+/// it in the batch's own transaction, after the batch's locks
+/// (`engine_valid_key`, `engine_key_refusal`): no extra round trip, and
+/// `revoked_at` is still read on every request. Everything else calls
+/// [`verify`].
 ///
 /// [`verify`]: Credentials::verify
 #[derive(Clone, Debug)]
@@ -201,7 +202,7 @@ impl Credentials {
 }
 
 /// What the money engine is told of a presented key: the engine verifies
-/// a key itself (`engine_verify_keys`) in the statement that spends; the
+/// a key itself (`engine_valid_key`) in the transaction that spends; the
 /// bootstrap admin key was verified by the service already.
 impl From<Credentials> for crate::engine::Authority {
     fn from(credentials: Credentials) -> Self {

@@ -885,6 +885,58 @@ pub async fn eventually<T>(
     }
 }
 
+/// A session of `app`'s database in an open transaction, in which the
+/// engine has applied `op` (an engine_request's fields by name, the others
+/// NULL) and answered `created`: what that operation locked stays locked,
+/// and what it wrote unseen, until the caller runs COMMIT on it.
+pub fn applied_in_an_open_transaction(app: &TestApp, op: &Value) -> PgConnection {
+    #[derive(QueryableByName)]
+    struct Outcome {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        outcome: String,
+    }
+    let schema = token_billing::engine::install::SCHEMA;
+    let mut holder = app.conn();
+    holder
+        .batch_execute(&format!("SET search_path TO {schema}, public; BEGIN;"))
+        .expect("a transaction");
+    let answer = diesel::sql_query(
+        "SELECT outcome FROM engine_apply(\
+             ARRAY[jsonb_populate_record(NULL::engine_request, $1::jsonb)])",
+    )
+    .bind::<diesel::sql_types::Text, _>(op.to_string())
+    .get_result::<Outcome>(&mut holder)
+    .expect("engine_apply");
+    assert_eq!(answer.outcome, "created", "{op}");
+    holder
+}
+
+/// Waits until a session of `app`'s database waits for a lock (a request
+/// blocked behind a transaction a test holds open).
+pub async fn until_a_session_waits_for_a_lock(app: &TestApp) {
+    let mut watcher = app.conn();
+    eventually(
+        "a session waits for a lock",
+        std::time::Duration::from_secs(10),
+        || {
+            #[derive(QueryableByName)]
+            struct Waiting {
+                #[diesel(sql_type = diesel::sql_types::BigInt)]
+                waiting: i64,
+            }
+            let waiting = diesel::sql_query(
+                "SELECT count(*) AS waiting FROM pg_stat_activity \
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .get_result::<Waiting>(&mut watcher)
+            .expect("pg_stat_activity")
+            .waiting;
+            (waiting > 0).then_some(())
+        },
+    )
+    .await;
+}
+
 /// The server process id of `conn`'s session (`pg_backend_pid()`).
 pub fn backend_pid(conn: &mut PgConnection) -> i32 {
     #[derive(QueryableByName)]

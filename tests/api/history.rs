@@ -1068,27 +1068,7 @@ async fn waited_for_a_lock_then_stamped(app: TestApp) {
         let app = std::sync::Arc::clone(&app);
         tokio::spawn(async move { app.reserve(account, &key, Uuid::new_v4(), 1).await.status() })
     };
-    let mut watcher = app.conn();
-    crate::helpers::eventually(
-        "the reserve waits for the account's lock",
-        Duration::from_secs(10),
-        || {
-            #[derive(QueryableByName)]
-            struct Waiting {
-                #[diesel(sql_type = BigInt)]
-                waiting: i64,
-            }
-            let waiting = diesel::sql_query(
-                "SELECT count(*) AS waiting FROM pg_stat_activity \
-                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
-            )
-            .get_result::<Waiting>(&mut watcher)
-            .expect("pg_stat_activity")
-            .waiting;
-            (waiting > 0).then_some(())
-        },
-    )
-    .await;
+    crate::helpers::until_a_session_waits_for_a_lock(&app).await;
     #[derive(QueryableByName)]
     struct Now {
         #[diesel(sql_type = Timestamptz)]

@@ -9,6 +9,7 @@ mod auth;
 mod auth_throttle;
 mod backup;
 mod bad_input;
+mod batch_reads;
 mod books_guard;
 mod bounded_labels;
 mod chaos_run;

@@ -134,6 +134,17 @@ CREATE TYPE engine_key AS (
     budget_period_start timestamptz
 );
 
+-- One interval of an account's drawable tokens in draw order
+-- (engine_grant_pools): [lo, hi) held by the grant `grant_id` (NULL: no
+-- grant). A batch reads its spending accounts' intervals once
+-- (engine_lock_accounts) and draws from them (engine_draws).
+CREATE TYPE engine_pool AS (
+    account_id uuid,
+    grant_id   uuid,
+    lo         bigint,
+    hi         bigint
+);
+
 CREATE TYPE engine_reservation AS (
     id                    uuid,
     account_id            uuid,

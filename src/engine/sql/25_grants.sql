@@ -88,17 +88,19 @@ LANGUAGE sql STABLE AS $$
     WHERE g.account_id = p_account AND g.drawable
 $$;
 
--- The draws of a spend taking the account's drawable tokens [p_from, p_to)
--- in draw order (engine_grant_pools): one row per grant it draws from
--- (grant_id NULL: tokens no grant holds), with the start of its interval
--- (`lo`, the draw order) and the tokens it takes.
-CREATE FUNCTION engine_draws(p_account uuid, p_from bigint, p_to bigint)
+-- The draws of a spend taking the account `p_account`'s drawable tokens
+-- [p_from, p_to) in draw order, from its intervals `p_pools`
+-- (engine_grant_pools, in their order; intervals of other accounts are
+-- passed over): one row per grant it draws from (grant_id NULL: tokens no
+-- grant holds), in draw order, with the start of its interval (`lo`) and
+-- the tokens it takes.
+CREATE FUNCTION engine_draws(p_pools engine_pool[], p_account uuid, p_from bigint, p_to bigint)
 RETURNS TABLE (grant_id uuid, lo bigint, amount bigint)
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql IMMUTABLE AS $$
     SELECT p.grant_id, GREATEST(p_from, p.lo),
            (LEAST(p_to, p.hi) - GREATEST(p_from, p.lo))::bigint
-    FROM engine_grant_pools(p_account) p
-    WHERE p.lo < p_to AND p.hi > p_from
+    FROM unnest(p_pools) p
+    WHERE p.account_id = p_account AND p.lo < p_to AND p.hi > p_from
 $$;
 
 -- The lapse, written once: every grant of `p_accounts` that still holds

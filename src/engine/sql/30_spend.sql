@@ -52,11 +52,12 @@ $$;
 -- key `p_key` (valid, and allowed to spend here: engine_apply asked
 -- engine_key_refusal first; NULL when the service authorised it), and
 -- `p_key_pending` the tokens the batch's earlier reserves, not written
--- yet, took from that key's budget. The caller
--- (engine_apply) holds the account's row lock and writes nothing of this
--- batch's operations before their one write (engine_record), so the
--- grants are read as they were when the batch began: a reserve takes the
--- account's drawable tokens [p_from, p_from + amount) in draw order
+-- yet, took from that key's budget. The caller (engine_apply) holds the
+-- account's row lock and writes nothing of this batch's operations before
+-- their one write (engine_record), so the grants are as they were when
+-- the batch read them (engine_lock_accounts: `p_pools`, the drawable
+-- tokens in draw order; `p_lapsing`, whether a grant is due to lapse): a
+-- reserve takes the account's drawable tokens [p_from, p_from + amount)
 -- (engine_draws), p_from being what the batch's earlier reserves on the
 -- account took. In this order:
 --   not_found {what: account}   the account does not exist;
@@ -81,7 +82,7 @@ $$;
 -- The object is the reservation (reserve) or the job as engine_job_view
 -- shows it (create_job): the earlier one of a replay.
 CREATE FUNCTION engine_spend(o engine_request, a engine_account, p_from bigint, p_at timestamptz,
-    p_key engine_key, p_key_pending bigint,
+    p_key engine_key, p_key_pending bigint, p_pools engine_pool[], p_lapsing boolean,
     OUT outcome text, OUT detail jsonb, OUT object jsonb, OUT lapsing boolean,
     OUT made engine_reservation, OUT job engine_job, OUT moves engine_movement[],
     OUT budget engine_budget_move)
@@ -94,15 +95,13 @@ DECLARE
 BEGIN
     lapsing := false;
     -- An earlier use of the request_id (one probe of the (account_id,
-    -- request_id) index), whether a grant lapses, and the draws, in one
-    -- statement.
+    -- request_id) index) and the draws, in one statement.
     SELECT (SELECT to_jsonb(x) FROM reservations x
             WHERE o.op = 'reserve' AND x.account_id = o.account AND x.request_id = o.request
               AND x.job_id IS NULL LIMIT 1) AS earlier,
            (SELECT j FROM generation_jobs j
             WHERE o.op = 'create_job' AND j.account_id = o.account AND j.request_id = o.request
             LIMIT 1) AS earlier_job,
-           EXISTS (SELECT 1 FROM engine_lapsing_grants(o.account, p_at)) AS lapsing,
            -- The draws once, as the reservation's `draws` and as its
            -- movements. (In engine_draws' order, the draw order: an
            -- aggregate's own ORDER BY sorts again.)
@@ -112,12 +111,12 @@ BEGIN
                          CASE WHEN o.op = 'create_job' THEN o.job END, NULL, NULL, o.actor,
                          p_at, d.grant_id, p_key.key_id)::engine_movement) AS moves
     INTO seen
-    FROM engine_draws(o.account, p_from, p_from + o.amount) d;
+    FROM engine_draws(p_pools, o.account, p_from, p_from + o.amount) d;
     IF a.id IS NULL THEN
         outcome := 'not_found'; detail := '{"what": "account"}';
         RETURN;
     END IF;
-    IF seen.lapsing THEN
+    IF p_lapsing THEN
         lapsing := true;
         RETURN;
     END IF;

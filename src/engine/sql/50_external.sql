@@ -218,7 +218,8 @@ BEGIN
         written := engine_record(ARRAY(
             SELECT ROW(p_account, p_kind, -d.amount, 0, NULL, NULL, p_external_ref, p_reason,
                        p_actor, at, d.grant_id, p_api_key)::engine_movement
-            FROM engine_draws(p_account, 0, -p_amount) d
+            FROM engine_draws(ARRAY(SELECT ROW(p_account, g.grant_id, g.lo, g.hi)::engine_pool
+                                    FROM engine_grant_pools(p_account) g), p_account, 0, -p_amount) d
             ORDER BY d.lo));
     END IF;
     -- Its last entry (a removal writes one per grant it draws from): the

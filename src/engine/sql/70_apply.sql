@@ -53,27 +53,49 @@ BEGIN
 END;
 $$;
 
--- The accounts `p_ids` that exist, locked (FOR NO KEY UPDATE) in id order
--- — two batches never wait on each other crosswise — and read as they are
--- once locked (a batch that waited reads what the one before it wrote);
--- and, in the same statement, the keys the operations `p_ops` present
--- (one per operation, in order: the valid key, engine_valid_key, or NULL
--- when it is not valid or the service authorised the operation), found
--- once for the batch: a batch of one kiosk's operations reads its key once.
-CREATE FUNCTION engine_lock_accounts(p_ids uuid[], p_ops engine_request[], OUT ids uuid[],
-    OUT accounts engine_account[], OUT keys engine_key[])
+-- What a batch of operations `p_ops` decides on, read once for the
+-- batch: the accounts `p_ids` that exist, locked (FOR NO KEY UPDATE) in id
+-- order — two batches never wait on each other crosswise — and read as
+-- they are once locked; the batch's stamp, taken after the locks
+-- (engine_now); then, in a statement of its own (one that began before a
+-- lock's wait would not see what the batch before it wrote): the key each
+-- operation presents (in order: the valid key, engine_valid_key, or NULL
+-- when it is not valid or the service authorised the operation), and for
+-- each account a reserve or a job spends on, its drawable tokens in draw
+-- order (engine_grant_pools) and whether a grant of it is due to lapse
+-- (engine_lapsing_grants, `lapsing`: those accounts). A batch of one
+-- kiosk's operations on one account reads its key and grants once.
+CREATE FUNCTION engine_lock_accounts(p_ids uuid[], p_ops engine_request[], p_keyed boolean,
+    p_spends boolean, OUT ids uuid[],
+    OUT accounts engine_account[], OUT at timestamptz, OUT keys engine_key[],
+    OUT pools engine_pool[], OUT lapsing uuid[])
 LANGUAGE plpgsql AS $$
 BEGIN
     -- (In the sub-query's order: an aggregate's own ORDER BY sorts again.)
     SELECT COALESCE(array_agg(x.id), '{}'),
            COALESCE(array_agg(ROW(x.id, x.status, x.available, x.reserved, x.used, x.credited,
                                   x.adjusted, x.grant_expired, x.active_reservations,
-                                  x.max_active_reservations)::engine_account), '{}'),
-           ARRAY(SELECT (SELECT v::engine_key FROM engine_valid_key(p.key_id, p.key_hash) v
-                          WHERE NOT p.authorized LIMIT 1)
-                 FROM unnest(p_ops) WITH ORDINALITY AS p ORDER BY p.ordinality)
-    INTO ids, accounts, keys
+                                  x.max_active_reservations)::engine_account), '{}')
+    INTO ids, accounts
     FROM (SELECT * FROM public.accounts WHERE id = ANY (p_ids) ORDER BY id FOR NO KEY UPDATE) x;
+    at := engine_now();
+    -- (Each read only when an operation needs it: most batches of
+    -- settlements present keys and spend nothing; the reaper's and the
+    -- workers' present none.)
+    IF p_keyed THEN
+        keys := ARRAY(SELECT (SELECT v::engine_key FROM engine_valid_key(p.key_id, p.key_hash) v
+                              WHERE NOT p.authorized LIMIT 1)
+                      FROM unnest(p_ops) WITH ORDINALITY AS p ORDER BY p.ordinality);
+    END IF;
+    IF p_spends THEN
+        WITH spending AS (SELECT DISTINCT u.account FROM unnest(p_ops) u
+                          WHERE u.op IN ('reserve', 'create_job'))
+        SELECT ARRAY(SELECT ROW(s.account, g.grant_id, g.lo, g.hi)::engine_pool
+                     FROM spending s CROSS JOIN LATERAL engine_grant_pools(s.account) g),
+               ARRAY(SELECT s.account FROM spending s
+                     WHERE EXISTS (SELECT 1 FROM engine_lapsing_grants(s.account, at)))
+        INTO pools, lapsing;
+    END IF;
 END;
 $$;
 
@@ -177,7 +199,6 @@ DECLARE
     o engine_request;
     ids uuid[];               -- the batch's accounts that exist, in id order
     accts engine_account[];   -- each as the batch has left it so far
-    keys engine_key[];        -- the key each operation presents (NULL: none valid)
     presented engine_key;
     last_op integer[];        -- each one's last operation in the batch
     spent bigint[];           -- tokens the pending reserves drew from each
@@ -199,6 +220,8 @@ DECLARE
     r record;
     mark text;
     finishes boolean := false;
+    keyed boolean := false;   -- whether an operation presents a key
+    spends boolean := false;  -- whether one is a reserve or a job creation
     named uuid[] := '{}';     -- the accounts the operations name
     locked record;
     -- (What engine_record wrote: assigned, not PERFORMed — a function call
@@ -218,19 +241,20 @@ BEGIN
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
         finishes := finishes OR o.op = 'finish_job';
+        keyed := keyed OR NOT o.authorized;
+        spends := spends OR o.op IN ('reserve', 'create_job');
         named := named || o.account;
     END LOOP;
-    locked := engine_lock_accounts(named, p_ops);
+    locked := engine_lock_accounts(named, p_ops, keyed, spends);
     ids := locked.ids;
     accts := locked.accounts;
-    keys := locked.keys;
+    at := locked.at;
     IF finishes THEN
         PERFORM 1 FROM generation_jobs g
         WHERE g.id = ANY (ARRAY(SELECT u.job FROM unnest(p_ops) u WHERE u.op = 'finish_job'))
           AND g.account_id = ANY (ids)
         ORDER BY g.id FOR UPDATE;
     END IF;
-    at := engine_now();
     spent := array_fill(0::bigint, ARRAY[cardinality(ids)]);
     returned := array_fill(false, ARRAY[cardinality(ids)]);
     last_op := array_fill(0, ARRAY[cardinality(ids)]);
@@ -257,8 +281,8 @@ BEGIN
                 spent := array_fill(0::bigint, ARRAY[cardinality(ids)]);
                 returned := array_fill(false, ARRAY[cardinality(ids)]);
                 -- (A top-up may have moved an account meanwhile.)
-                locked := engine_lock_accounts(ids, p_ops);
-                accts := locked.accounts; keys := locked.keys;
+                locked := engine_lock_accounts(ids, p_ops, keyed, spends);
+                accts := locked.accounts;
             END IF;
         END IF;
         IF o.op IN ('credit', 'adjust', 'finish_job') THEN
@@ -284,15 +308,15 @@ BEGIN
                 outcome := r.outcome; detail := r.detail; object := r.object;
             END IF;
             IF j IS NOT NULL THEN
-                locked := engine_lock_accounts(ids, p_ops);
-                accts := locked.accounts; keys := locked.keys;
+                locked := engine_lock_accounts(ids, p_ops, keyed, spends);
+                accts := locked.accounts;
             END IF;
             RETURN NEXT;
             CONTINUE;
         END IF;
         -- The key's refusal comes first; a valid key's stale use is
         -- written whatever the outcome.
-        presented := keys[i];
+        presented := (locked.keys)[i];
         IF presented.key_id IS NOT NULL AND engine_key_use_stale(presented.last_used_at)
            AND NOT presented.key_id = ANY (stale) THEN
             stale := stale || presented.key_id;
@@ -316,7 +340,8 @@ BEGIN
                 END IF;
             END LOOP;
             LOOP
-                r := engine_spend(o, a, COALESCE(spent[j], 0), at, presented, pending);
+                r := engine_spend(o, a, COALESCE(spent[j], 0), at, presented, pending,
+                                  locked.pools, o.account = ANY (locked.lapsing));
                 EXIT WHEN NOT r.lapsing;
                 -- A grant lapses first: written (after the pending writes),
                 -- and the decision is taken again.
@@ -328,8 +353,8 @@ BEGIN
                     returned := array_fill(false, ARRAY[cardinality(ids)]);
                 END IF;
                 PERFORM engine_lapse_grants(ARRAY[o.account], at);
-                locked := engine_lock_accounts(ids, p_ops);
-                accts := locked.accounts; keys := locked.keys;
+                locked := engine_lock_accounts(ids, p_ops, keyed, spends);
+                accts := locked.accounts;
                 a := accts[j];
             END LOOP;
             op_moves := '{}';

@@ -1,0 +1,109 @@
+//! What a batch decides on is read after its accounts' locks
+//! (`engine_lock_accounts`, `src/engine/sql/70_apply.sql`): the keys it
+//! presents and the grants it draws from are read once for the batch, in a
+//! statement that starts once the locks are held, so a batch that waited
+//! for an account sees what the transaction it waited for wrote. A read in
+//! the statement that waited would see the database as it was before the
+//! wait: a key's budget already spent, a grant already drawn.
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use token_billing::domain::api_keys::Credentials;
+
+use crate::helpers::{
+    applied_in_an_open_transaction, until_a_session_waits_for_a_lock, TestApp, ADMIN_KEY,
+};
+
+/// A reserve of `amount` on `account` as the engine's request (the
+/// service's own when `key` is None, else by the kiosk key presented).
+fn reserve_op(account: Uuid, amount: i64, key: Option<&str>) -> Value {
+    let mut op = json!({"op": "reserve", "account": account, "actor": "holder",
+                        "authorized": true, "request": Uuid::new_v4(), "amount": amount,
+                        "ttl": 300, "new_id": Uuid::new_v4()});
+    if let Some(presented) = key {
+        let Some(Credentials::Key { id, secret_hash }) = Credentials::parse(presented) else {
+            panic!("a kiosk key: {presented}");
+        };
+        op["authorized"] = json!(false);
+        op["key_id"] = json!(id);
+        op["key_hash"] = json!(format!("\\x{}", hex::encode(secret_hash)));
+    }
+    op
+}
+
+/// A reserve that waited for its account draws from the grants as the
+/// transaction it waited for left them: the promotional grant (drawn
+/// first) was emptied meanwhile, so it draws from the paid one. Read before
+/// the wait, the draw would name the empty grant and the write would fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reserve_that_waited_draws_from_the_grants_as_they_were_left() {
+    let app = std::sync::Arc::new(TestApp::spawn().await);
+    let account = app.create_account(0).await;
+    let mut grants = Vec::new();
+    for (external_ref, priority) in [("promo", 0), ("paid", 50)] {
+        let response = app
+            .post(
+                &format!("/v1/accounts/{account}/credits"),
+                ADMIN_KEY,
+                &json!({"amount": 5, "external_ref": external_ref, "priority": priority}),
+            )
+            .await;
+        assert_eq!(response.status(), StatusCode::CREATED);
+        let body: Value = response.json().await.expect("json");
+        grants.push(body["grant_id"].clone());
+    }
+    let key = app.kiosk_key(account).await;
+    let mut holder = applied_in_an_open_transaction(&app, &reserve_op(account, 5, None));
+    let reserving = {
+        let app = std::sync::Arc::clone(&app);
+        tokio::spawn(async move { app.reserve(account, &key, Uuid::new_v4(), 1).await })
+    };
+    until_a_session_waits_for_a_lock(&app).await;
+    diesel::connection::SimpleConnection::batch_execute(&mut holder, "COMMIT").expect("commit");
+    let response = reserving.await.expect("reserve");
+    let status = response.status();
+    let body: Value = response.json().await.expect("json");
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(
+        body["draws"],
+        json!([{"grant_id": grants[1], "amount": 1}]),
+        "drawn from the paid grant, the promotional one being empty: {body}"
+    );
+    app.assert_invariants(account);
+}
+
+/// A reserve that waited for its account is decided against its key's
+/// budget as the transaction it waited for left it: that transaction spent
+/// the whole budget with the same key, so the reserve is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reserve_that_waited_sees_the_budget_spent_meanwhile() {
+    let app = std::sync::Arc::new(TestApp::spawn().await);
+    let account = app.funded_account(100).await;
+    let response = app
+        .post(
+            &format!("/v1/accounts/{account}/api-keys"),
+            ADMIN_KEY,
+            &json!({"scope": "kiosk", "label": "booth 7",
+                    "budget": {"budget_tokens": 10, "budget_period": "total"}}),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let created: Value = response.json().await.expect("json");
+    let secret = created["key"].as_str().expect("key").to_owned();
+    let mut holder = applied_in_an_open_transaction(&app, &reserve_op(account, 10, Some(&secret)));
+    let reserving = {
+        let app = std::sync::Arc::clone(&app);
+        let secret = secret.clone();
+        tokio::spawn(async move { app.reserve(account, &secret, Uuid::new_v4(), 1).await })
+    };
+    until_a_session_waits_for_a_lock(&app).await;
+    diesel::connection::SimpleConnection::batch_execute(&mut holder, "COMMIT").expect("commit");
+    let response = reserving.await.expect("reserve");
+    let status = response.status();
+    let body: Value = response.json().await.expect("json");
+    assert_eq!(status, StatusCode::PAYMENT_REQUIRED, "{body}");
+    assert_eq!(body["code"], "key_budget_exhausted", "{body}");
+    assert_eq!(app.account(account).await["reserved"], 10);
+}
