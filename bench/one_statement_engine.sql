@@ -3,8 +3,8 @@
 -- each operation is decided and written by one statement whose conditions
 -- are the engine's named rules (the design
 -- docs/decisions/0001-one-engine.md points to), on this schema, with what
--- the engine's success path does: the key's refusal
--- (engine_valid_key, engine_key_refusal), the spend's refusals with the key's budget
+-- the engine's success path does: the key's refusal (engine_valid_key,
+-- engine_key_refusal), the spend's refusals with the key's budget
 -- (engine_spend_refusal, engine_key_budget_left), the replay and lapse
 -- probes, the draws (engine_draws) and the grants' arithmetic
 -- (engine_deltas, engine_grant_deltas), every entry's balances after it,
@@ -24,23 +24,33 @@
 -- caller's search_path), by that script and by
 --   bench/http_floor.sh --engine one_statement=bench/one_statement_engine.sql
 -- Never installed anywhere else.
+-- The key's refusal of `o` as the engine decides it (engine_valid_key,
+-- engine_key_refusal), with the valid key's fields.
+CREATE FUNCTION bench_key_refusal(o engine_request)
+RETURNS TABLE (refusal text, valid_key uuid, last_used_at timestamptz, budget_tokens bigint,
+               budget_period text, budget_time_zone text, budget_spent bigint,
+               budget_period_start timestamptz)
+LANGUAGE sql STABLE AS $$
+    SELECT engine_key_refusal(o.authorized, s.v, o.account), (s.v).key_id, (s.v).last_used_at,
+           (s.v).budget_tokens, (s.v).budget_period, (s.v).budget_time_zone, (s.v).budget_spent,
+           (s.v).budget_period_start
+    FROM (SELECT (SELECT x::engine_key FROM engine_valid_key(o.key_id, o.key_hash) x
+                  WHERE NOT o.authorized LIMIT 1) AS v OFFSET 0) s
+$$;
+
 CREATE FUNCTION bench_one_statement(o engine_request, p_at timestamptz) RETURNS jsonb
 LANGUAGE plpgsql AS $one$
 DECLARE
     w record;
 BEGIN
     IF o.op = 'reserve' THEN
-        WITH k AS (SELECT engine_key_refusal(o.authorized, s.v, o.account) AS refusal,
-                          (s.v).key_id AS valid_key, (s.v).last_used_at AS last_used_at,
-                          (s.v).budget_tokens AS budget_tokens, (s.v).budget_period AS budget_period,
-                          (s.v).budget_time_zone AS budget_time_zone,
-                          (s.v).budget_spent AS budget_spent,
-                          (s.v).budget_period_start AS budget_period_start
-                   FROM (SELECT (SELECT x::engine_key FROM engine_valid_key(o.key_id, o.key_hash) x
-                                 WHERE NOT o.authorized LIMIT 1) AS v OFFSET 0) s),
+        WITH k AS (SELECT * FROM bench_key_refusal(o)),
         d AS MATERIALIZED (SELECT dr.grant_id, dr.lo, dr.amount,
                                   engine_deltas('reserve', dr.amount, NULL) AS delta
-                           FROM engine_draws(o.account, 0, o.amount) dr),
+                           FROM (SELECT ARRAY(SELECT ROW(o.account, g.grant_id, g.lo,
+                                                         g.hi)::engine_pool
+                                              FROM engine_grant_pools(o.account) g) AS pools) p
+                           CROSS JOIN LATERAL engine_draws(p.pools, o.account, 0, o.amount) dr),
         moved AS (
             UPDATE accounts a
             SET available = a.available - o.amount, reserved = a.reserved + o.amount,
@@ -99,14 +109,7 @@ BEGIN
             RAISE EXCEPTION 'one-statement reserve refused on %', o.account;
         END IF;
     ELSE
-        WITH k AS (SELECT engine_key_refusal(o.authorized, s.v, o.account) AS refusal,
-                          (s.v).key_id AS valid_key, (s.v).last_used_at AS last_used_at,
-                          (s.v).budget_tokens AS budget_tokens, (s.v).budget_period AS budget_period,
-                          (s.v).budget_time_zone AS budget_time_zone,
-                          (s.v).budget_spent AS budget_spent,
-                          (s.v).budget_period_start AS budget_period_start
-                   FROM (SELECT (SELECT x::engine_key FROM engine_valid_key(o.key_id, o.key_hash) x
-                                 WHERE NOT o.authorized LIMIT 1) AS v OFFSET 0) s),
+        WITH k AS (SELECT * FROM bench_key_refusal(o)),
         settled AS (
             UPDATE reservations x SET state = 'committed',
                 committed_amount = COALESCE(o.amount, x.amount), resolved_at = now()

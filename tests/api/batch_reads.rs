@@ -6,6 +6,10 @@
 //! the statement that waited would see the database as it was before the
 //! wait: a key's budget already spent, a grant already drawn.
 
+use std::sync::Arc;
+
+use diesel::connection::SimpleConnection;
+use diesel::PgConnection;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use uuid::Uuid;
@@ -33,13 +37,33 @@ fn reserve_op(account: Uuid, amount: i64, key: Option<&str>) -> Value {
     op
 }
 
+/// A kiosk's reserve of one token on `account` with `key`, sent while
+/// `holder` holds the account in its open transaction: once the reserve
+/// waits for the lock, the holder commits. The reserve's answer.
+async fn reserve_behind(
+    app: &Arc<TestApp>,
+    mut holder: PgConnection,
+    account: Uuid,
+    key: String,
+) -> (StatusCode, Value) {
+    let reserving = {
+        let app = Arc::clone(app);
+        tokio::spawn(async move { app.reserve(account, &key, Uuid::new_v4(), 1).await })
+    };
+    until_a_session_waits_for_a_lock(app).await;
+    holder.batch_execute("COMMIT").expect("commit");
+    let response = reserving.await.expect("reserve");
+    let status = response.status();
+    (status, response.json().await.expect("json"))
+}
+
 /// A reserve that waited for its account draws from the grants as the
 /// transaction it waited for left them: the promotional grant (drawn
 /// first) was emptied meanwhile, so it draws from the paid one. Read before
 /// the wait, the draw would name the empty grant and the write would fail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reserve_that_waited_draws_from_the_grants_as_they_were_left() {
-    let app = std::sync::Arc::new(TestApp::spawn().await);
+    let app = Arc::new(TestApp::spawn().await);
     let account = app.create_account(0).await;
     let mut grants = Vec::new();
     for (external_ref, priority) in [("promo", 0), ("paid", 50)] {
@@ -55,16 +79,8 @@ async fn a_reserve_that_waited_draws_from_the_grants_as_they_were_left() {
         grants.push(body["grant_id"].clone());
     }
     let key = app.kiosk_key(account).await;
-    let mut holder = applied_in_an_open_transaction(&app, &reserve_op(account, 5, None));
-    let reserving = {
-        let app = std::sync::Arc::clone(&app);
-        tokio::spawn(async move { app.reserve(account, &key, Uuid::new_v4(), 1).await })
-    };
-    until_a_session_waits_for_a_lock(&app).await;
-    diesel::connection::SimpleConnection::batch_execute(&mut holder, "COMMIT").expect("commit");
-    let response = reserving.await.expect("reserve");
-    let status = response.status();
-    let body: Value = response.json().await.expect("json");
+    let holder = applied_in_an_open_transaction(&app, &reserve_op(account, 5, None));
+    let (status, body) = reserve_behind(&app, holder, account, key).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     assert_eq!(
         body["draws"],
@@ -79,7 +95,7 @@ async fn a_reserve_that_waited_draws_from_the_grants_as_they_were_left() {
 /// the whole budget with the same key, so the reserve is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reserve_that_waited_sees_the_budget_spent_meanwhile() {
-    let app = std::sync::Arc::new(TestApp::spawn().await);
+    let app = Arc::new(TestApp::spawn().await);
     let account = app.funded_account(100).await;
     let response = app
         .post(
@@ -92,17 +108,8 @@ async fn a_reserve_that_waited_sees_the_budget_spent_meanwhile() {
     assert_eq!(response.status(), StatusCode::CREATED);
     let created: Value = response.json().await.expect("json");
     let secret = created["key"].as_str().expect("key").to_owned();
-    let mut holder = applied_in_an_open_transaction(&app, &reserve_op(account, 10, Some(&secret)));
-    let reserving = {
-        let app = std::sync::Arc::clone(&app);
-        let secret = secret.clone();
-        tokio::spawn(async move { app.reserve(account, &secret, Uuid::new_v4(), 1).await })
-    };
-    until_a_session_waits_for_a_lock(&app).await;
-    diesel::connection::SimpleConnection::batch_execute(&mut holder, "COMMIT").expect("commit");
-    let response = reserving.await.expect("reserve");
-    let status = response.status();
-    let body: Value = response.json().await.expect("json");
+    let holder = applied_in_an_open_transaction(&app, &reserve_op(account, 10, Some(&secret)));
+    let (status, body) = reserve_behind(&app, holder, account, secret).await;
     assert_eq!(status, StatusCode::PAYMENT_REQUIRED, "{body}");
     assert_eq!(body["code"], "key_budget_exhausted", "{body}");
     assert_eq!(app.account(account).await["reserved"], 10);

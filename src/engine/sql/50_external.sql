@@ -218,8 +218,11 @@ BEGIN
         written := engine_record(ARRAY(
             SELECT ROW(p_account, p_kind, -d.amount, 0, NULL, NULL, p_external_ref, p_reason,
                        p_actor, at, d.grant_id, p_api_key)::engine_movement
-            FROM engine_draws(ARRAY(SELECT ROW(p_account, g.grant_id, g.lo, g.hi)::engine_pool
-                                    FROM engine_grant_pools(p_account) g), p_account, 0, -p_amount) d
+            -- (The intervals as a column, not as engine_draws' argument: a
+            -- call whose argument holds a sub-select is not inlined.)
+            FROM (SELECT ARRAY(SELECT ROW(p_account, g.grant_id, g.lo, g.hi)::engine_pool
+                               FROM engine_grant_pools(p_account) g) AS pools) p
+            CROSS JOIN LATERAL engine_draws(p.pools, p_account, 0, -p_amount) d
             ORDER BY d.lo));
     END IF;
     -- Its last entry (a removal writes one per grant it draws from): the

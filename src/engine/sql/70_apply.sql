@@ -159,7 +159,7 @@ $$;
 -- when the service has authorised it already (the ADMIN_API_KEY bootstrap
 -- admin, an admin request, a worker, the reaper); false when the operation
 -- carries the caller's key — key_id and key_hash (SHA-256 of its secret),
--- both set — verified here: the batch's keys are read once, with its
+-- both set — verified here: the batch's keys are read once, after its
 -- accounts' locks (engine_lock_accounts), and each operation's refusal is
 -- engine_key_refusal's.
 -- Credits, adjustments, expiries, job finishes and a job's settlements are
@@ -171,7 +171,9 @@ $$;
 -- finishes, in id order (a replica's heartbeat takes job rows in id order
 -- too, without account locks, so the two never wait on each other
 -- crosswise); two batches never deadlock. The transaction's stamp is taken
--- after the locks (engine_now). Then each operation, in array order, is
+-- after the accounts' locks (engine_now), and what the operations decide
+-- on is read after it, once for the batch and again whenever the batch has
+-- written (engine_lock_accounts). Then each operation, in array order, is
 -- decided by the one function of its kind — engine_spend, engine_settle,
 -- engine_external, engine_finish_job — each seeing what the ones before
 -- it did: the batch keeps each account as its operations leave it
