@@ -47,8 +47,7 @@ BEGIN
         WITH k AS (SELECT * FROM bench_key_refusal(o)),
         d AS MATERIALIZED (SELECT dr.grant_id, dr.lo, dr.amount,
                                   engine_deltas('reserve', dr.amount, NULL) AS delta
-                           FROM (SELECT ARRAY(SELECT ROW(o.account, g.grant_id, g.lo,
-                                                         g.hi)::engine_pool
+                           FROM (SELECT ARRAY(SELECT g::engine_pool
                                               FROM engine_grant_pools(o.account) g) AS pools) p
                            CROSS JOIN LATERAL engine_draws(p.pools, o.account, 0, o.amount) dr),
         moved AS (

@@ -74,16 +74,15 @@ $$;
 -- tokens [from, to) takes the overlap with each interval. One account per
 -- call, so that the planner inlines it (a call whose argument is a
 -- sub-select is not inlined, and would be planned on every call).
-CREATE FUNCTION engine_grant_pools(p_account uuid)
-RETURNS TABLE (grant_id uuid, lo bigint, hi bigint)
+CREATE FUNCTION engine_grant_pools(p_account uuid) RETURNS SETOF engine_pool
 LANGUAGE sql STABLE AS $$
-    SELECT p.grant_id, p.hi - p.remaining, p.hi
+    SELECT p_account, p.grant_id, p.hi - p.remaining, p.hi
     FROM (SELECT g.id AS grant_id, g.remaining,
                  (sum(g.remaining) OVER (ORDER BY g.priority, g.expires_at, g.seq))::bigint AS hi
           FROM credit_grants g
           WHERE g.account_id = p_account AND g.drawable) p
     UNION ALL
-    SELECT NULL::uuid, COALESCE(sum(g.remaining), 0)::bigint, 4611686018427387904
+    SELECT p_account, NULL::uuid, COALESCE(sum(g.remaining), 0)::bigint, 4611686018427387904
     FROM credit_grants g
     WHERE g.account_id = p_account AND g.drawable
 $$;

@@ -220,8 +220,8 @@ BEGIN
                        p_actor, at, d.grant_id, p_api_key)::engine_movement
             -- (The intervals as a column, not as engine_draws' argument: a
             -- call whose argument holds a sub-select is not inlined.)
-            FROM (SELECT ARRAY(SELECT ROW(p_account, g.grant_id, g.lo, g.hi)::engine_pool
-                               FROM engine_grant_pools(p_account) g) AS pools) p
+            FROM (SELECT ARRAY(SELECT g::engine_pool FROM engine_grant_pools(p_account) g)
+                      AS pools) p
             CROSS JOIN LATERAL engine_draws(p.pools, p_account, 0, -p_amount) d
             ORDER BY d.lo));
     END IF;

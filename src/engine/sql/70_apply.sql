@@ -90,7 +90,7 @@ BEGIN
     IF p_spends THEN
         WITH spending AS (SELECT DISTINCT u.account FROM unnest(p_ops) u
                           WHERE u.op IN ('reserve', 'create_job'))
-        SELECT ARRAY(SELECT ROW(s.account, g.grant_id, g.lo, g.hi)::engine_pool
+        SELECT ARRAY(SELECT g::engine_pool
                      FROM spending s CROSS JOIN LATERAL engine_grant_pools(s.account) g),
                ARRAY(SELECT s.account FROM spending s
                      WHERE EXISTS (SELECT 1 FROM engine_lapsing_grants(s.account, at)))
