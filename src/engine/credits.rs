@@ -1,5 +1,5 @@
 //! Top-ups (credits) and signed corrections (adjustments) as the engine
-//! shows them (`engine_credit_json`, `engine_adjustment_json`): the API's
+//! shows them (`engine_external_json`): the API's
 //! answers and the `credit.created` / `adjustment.created` events.
 //!
 //! Both are movements of the money engine (`engine_credit`,
@@ -15,7 +15,7 @@ use super::types::AccountId;
 
 /// A credit as the API and `credit.created` show it, with the balances of
 /// its ledger entry (a replay answers exactly as the first request did):
-/// the engine writes it (`engine_credit_json`, src/engine/sql/05_views.sql).
+/// the engine writes it (`engine_external_json`, src/engine/sql/05_views.sql).
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CreditView {
     pub credit_id: Uuid,
@@ -47,7 +47,7 @@ pub struct CreditView {
 }
 
 /// An adjustment as the API and `adjustment.created` show it
-/// (`engine_adjustment_json`).
+/// (`engine_external_json`).
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AdjustmentView {
     pub adjustment_id: Uuid,

@@ -197,8 +197,8 @@ struct Row {
 // its own (`db::prepared::StaticSql`), which holds its text.
 
 /// The one statement every batch is: one array of `engine_request`, one
-/// element per operation (see `sql/70_apply.sql` for which fields each
-/// operation sets).
+/// element per operation (`engine_op_incomplete` in `sql/70_apply.sql`
+/// says which fields each operation sets).
 struct ApplyStatement;
 impl StaticSql for ApplyStatement {
     const SQL: &'static str = "SELECT op_position, outcome, detail, object FROM engine_apply($1) \

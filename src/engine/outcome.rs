@@ -281,12 +281,12 @@ impl Answer {
         Ok((decode(self.into_object(None)?, "engine object")?, replay))
     }
 
-    /// A credit as the API shows it (`engine_credit_json`), or the error.
+    /// A credit as the API shows it (`engine_external_json`), or the error.
     pub fn into_credit(self, operation: &Operation) -> Result<(CreditView, Replay), ApiError> {
         self.into_external(operation, "credit")
     }
 
-    /// An adjustment as the API shows it (`engine_adjustment_json`), or the
+    /// An adjustment as the API shows it (`engine_external_json`), or the
     /// error.
     pub fn into_adjustment(
         self,

@@ -222,7 +222,7 @@ async function fleet() {
       let err = "";
       child.stdout.on("data", (chunk) => (out += chunk));
       child.stderr.on("data", (chunk) => (err += chunk));
-      child.on("exit", (code) => resolve({ index, code, err, lines: out.split("\n").filter(Boolean).map((line) => JSON.parse(line)) }));
+      child.on("close", (code) => resolve({ index, code, err, lines: out.split("\n").filter(Boolean).map((line) => JSON.parse(line)) }));
     });
   });
   const results = await Promise.all(lives);

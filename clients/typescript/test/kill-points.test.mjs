@@ -45,7 +45,9 @@ function life(environment, randomKillMs) {
     child.stdout.on("data", (chunk) => (out += chunk));
     child.stderr.on("data", (chunk) => (err += chunk));
     const timer = randomKillMs === null ? null : setTimeout(() => child.kill("SIGKILL"), randomKillMs);
-    child.on("exit", (code, signal) => {
+    // "close", not "exit": exit can come before the last of stdout is read
+    // (a kill event lost, December 7's CI); close waits for the pipes.
+    child.on("close", (code, signal) => {
       if (timer !== null) clearTimeout(timer);
       const lines = out.split("\n").filter(Boolean).map((line) => JSON.parse(line));
       resolve({ code, signal, lines, err });

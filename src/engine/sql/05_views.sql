@@ -55,33 +55,24 @@ LANGUAGE sql STABLE AS $$
         'draws', COALESCE(p_reservation->'draws', '[]'))
 $$;
 
--- A credit with the balances of its ledger entry and its grant (the credits
--- API's answer, `credit.created`'s `credit`).
-CREATE FUNCTION engine_credit_json(p_credit jsonb, p_entry jsonb, p_grant jsonb) RETURNS jsonb
-LANGUAGE sql STABLE AS $$
-    SELECT jsonb_build_object('credit_id', p_credit->'id', 'account_id', p_credit->'account_id',
-        'amount', p_credit->'amount', 'external_ref', p_credit->'external_ref',
-        'note', p_credit->'note', 'created_at', engine_time_of(p_credit->'created_at'),
-        'available', p_entry->'available_after', 'reserved', p_entry->'reserved_after',
-        'used', p_entry->'used_after', 'ledger_entry_id', p_entry->'id',
-        'grant_id', p_grant->'id', 'expires_at', engine_time_of(p_grant->'expires_at'),
-        'priority', p_grant->'priority', 'topup_rule_id', p_grant->'topup_rule_id',
-        'amount_paid', p_grant->'amount_paid', 'currency', p_grant->'currency')
-$$;
-
--- An adjustment with the balances of its (last) ledger entry and the grant
--- a positive one made (null for a removal): the adjustments API's answer,
--- `adjustment.created`'s `adjustment`.
-CREATE FUNCTION engine_adjustment_json(p_adjustment jsonb, p_entry jsonb, p_grant jsonb)
+-- A credit or an adjustment as the API answers it ({"credit": …} or
+-- {"adjustment": …}): the booking with the balances of its (last) ledger
+-- entry and its grant (a removal has none); a credit says its note and the
+-- top-up rule that made it, an adjustment its reason. The object of
+-- engine_external's outcome (a replay's included), and of credit.created
+-- and adjustment.created.
+CREATE FUNCTION engine_external_json(p_kind text, p_row jsonb, p_entry jsonb, p_grant jsonb)
 RETURNS jsonb
 LANGUAGE sql STABLE AS $$
-    SELECT jsonb_build_object('adjustment_id', p_adjustment->'id',
-        'account_id', p_adjustment->'account_id', 'amount', p_adjustment->'amount',
-        'reason', p_adjustment->'reason', 'external_ref', p_adjustment->'external_ref',
-        'created_at', engine_time_of(p_adjustment->'created_at'),
+    SELECT jsonb_build_object(p_kind, jsonb_build_object(p_kind || '_id', p_row->'id',
+        'account_id', p_row->'account_id', 'amount', p_row->'amount',
+        'external_ref', p_row->'external_ref', 'created_at', engine_time_of(p_row->'created_at'),
         'available', p_entry->'available_after', 'reserved', p_entry->'reserved_after',
         'used', p_entry->'used_after', 'ledger_entry_id', p_entry->'id',
         'grant_id', p_grant->'id', 'expires_at', engine_time_of(p_grant->'expires_at'),
         'priority', p_grant->'priority', 'amount_paid', p_grant->'amount_paid',
         'currency', p_grant->'currency')
+        || CASE p_kind WHEN 'credit' THEN jsonb_build_object('note', p_row->'note',
+                                              'topup_rule_id', p_grant->'topup_rule_id')
+                       ELSE jsonb_build_object('reason', p_row->'reason') END)
 $$;

@@ -253,20 +253,16 @@ DECLARE
 BEGIN
     -- The operations' own rows first, each table only when it has some.
     IF cardinality(p_jobs) > 0 THEN
+        -- (The types' fields are these columns, in this order.)
         INSERT INTO generation_jobs (id, account_id, request_id, request_hash, kind, params, cost,
             reservation_id)
-        SELECT j.id, j.account_id, j.request_id, j.request_hash, j.kind, j.params, j.cost,
-               j.reservation_id
-        FROM unnest(p_jobs) j;
+        SELECT * FROM unnest(p_jobs);
     END IF;
     IF cardinality(p_made) > 0 THEN
         INSERT INTO reservations (id, account_id, request_id, amount, requested_ttl_seconds, state,
             committed_amount, expires_at, job_id, created_at, resolved_at, draws, budget_key_id,
             budget_period_start)
-        SELECT r.id, r.account_id, r.request_id, r.amount, r.requested_ttl_seconds, r.state,
-               r.committed_amount, r.expires_at, r.job_id, r.created_at, r.resolved_at, r.draws,
-               r.budget_key_id, r.budget_period_start
-        FROM unnest(p_made) r;
+        SELECT * FROM unnest(p_made);
     END IF;
     IF cardinality(p_changed) > 0 THEN
         UPDATE reservations r
@@ -487,23 +483,12 @@ BEGIN
         INSERT INTO events (type, account_id, data, created_at)
         SELECT ev.type, ev.account_id, ev.data, ev.created_at
         FROM (
-            SELECT m.id, 1 AS step,
-                   CASE m.kind WHEN 'credit' THEN 'credit.created'
-                               ELSE 'adjustment.created' END AS type,
-                   m.account_id,
+            SELECT m.id, 1 AS step, m.kind || '.created' AS type, m.account_id,
                    m.account_json
-                       || CASE m.kind
-                          WHEN 'credit' THEN jsonb_build_object('credit',
-                              (SELECT engine_credit_json(b.booking, to_jsonb(m.entry),
-                                          (SELECT to_jsonb(g) FROM credit_grants g
-                                           WHERE g.id = b.id))
-                               FROM engine_external_booking((m.entry).external_ref, 'credit') b))
-                          ELSE jsonb_build_object('adjustment',
-                              (SELECT engine_adjustment_json(b.booking, to_jsonb(m.entry),
-                                          (SELECT to_jsonb(g) FROM credit_grants g
-                                           WHERE g.id = b.id))
-                               FROM engine_external_booking((m.entry).external_ref, 'adjustment') b))
-                          END AS data,
+                       || (SELECT engine_external_json(m.kind, b.booking, to_jsonb(m.entry),
+                                      (SELECT to_jsonb(g) FROM credit_grants g WHERE g.id = b.id))
+                           FROM engine_external_booking((m.entry).external_ref, m.kind) b)
+                       AS data,
                    m.created_at
             FROM notable m WHERE m.kind IN ('credit', 'adjustment') AND m.closes
             UNION ALL

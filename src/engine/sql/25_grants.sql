@@ -144,9 +144,8 @@ BEGIN
           AND engine_grant_lapse_due(g.drawable, g.expired_at, g.expires_at, p_at)
         RETURNING g.*
     )
-    SELECT array_agg(d ORDER BY d.account_id, d.seq) INTO lapsed FROM due d;
-    grants := COALESCE(cardinality(lapsed), 0);
-    tokens := 0;
+    SELECT array_agg(d ORDER BY d.account_id, d.seq), count(*), COALESCE(sum(d.remaining), 0)
+    INTO lapsed, grants, tokens FROM due d;
     IF lapsed IS NULL THEN
         RETURN;
     END IF;
@@ -155,7 +154,6 @@ BEGIN
                    'system', p_at, l.id, NULL)::engine_movement
         FROM unnest(lapsed) l
         ORDER BY l.account_id, l.seq));
-    tokens := (SELECT sum(l.remaining)::bigint FROM unnest(lapsed) l);
     FOR c IN
         SELECT l.id, l.account_id, l.priority, l.remaining, r.id AS rule,
                r.rollover_max_tokens AS max,
@@ -228,10 +226,7 @@ $$;
 -- balances) and are marked noticed. Returns how many.
 CREATE FUNCTION engine_notice_expiring_grants(p_notice_hours integer, p_limit integer)
 RETURNS integer
-LANGUAGE plpgsql AS $$
-DECLARE
-    noticed integer;
-BEGIN
+LANGUAGE sql AS $$
     WITH due AS (
         SELECT g.id FROM credit_grants g
         WHERE g.expired_at IS NULL AND g.expiring_notified_at IS NULL
@@ -254,9 +249,7 @@ BEGIN
         ORDER BY m.expires_at, m.id
         RETURNING 1
     )
-    SELECT count(*) INTO noticed FROM written;
-    RETURN noticed;
-END;
+    SELECT count(*)::integer FROM written
 $$;
 
 -- A priced grant's money (docs/finance.md, "Money"): the value of the first

@@ -176,13 +176,11 @@ BEGIN
         WHEN 'owned_by_job', 'not_due' THEN
             outcome := verdict; object := to_jsonb(existing);
             RETURN;
-        WHEN 'replayed', 'not_held' THEN
-            outcome := verdict; detail := jsonb_build_object('state', existing.state);
-            object := to_jsonb(existing);
-            RETURN;
-        WHEN 'amount_exceeds_held' THEN
-            outcome := verdict; detail := jsonb_build_object('held', existing.amount, 'amount', o.amount);
-            object := to_jsonb(existing);
+        WHEN 'replayed', 'not_held', 'amount_exceeds_held' THEN
+            outcome := verdict; object := to_jsonb(existing);
+            detail := CASE verdict WHEN 'amount_exceeds_held'
+                          THEN jsonb_build_object('held', existing.amount, 'amount', o.amount)
+                          ELSE jsonb_build_object('state', existing.state) END;
             RETURN;
         WHEN 'extend' THEN
             -- The expiry it asks for, and the cap: the earliest expiry of
@@ -211,11 +209,9 @@ BEGIN
     changed.committed_amount := CASE verdict WHEN 'commit' THEN o.amount
                                              WHEN 'commit_all' THEN existing.amount ELSE 0 END;
     changed.resolved_at := now();
-    outcome := CASE verdict WHEN 'commit' THEN 'committed' WHEN 'commit_all' THEN 'committed'
-                            WHEN 'release' THEN 'released' WHEN 'expire' THEN 'expired'
-                            ELSE 'not_held' END;
+    outcome := changed.state;
     IF verdict = 'expired_on_access' THEN
-        detail := jsonb_build_object('state', 'expired', 'resolved', true);
+        outcome := 'not_held'; detail := jsonb_build_object('state', 'expired', 'resolved', true);
     END IF;
     IF existing.budget_key_id IS NOT NULL AND changed.committed_amount < existing.amount THEN
         -- What it did not use goes back to its key's budget, in its period.

@@ -1,14 +1,3 @@
--- A credit or an adjustment as the API answers it ({"credit": …} or
--- {"adjustment": …}, engine_credit_json / engine_adjustment_json): the
--- object of engine_external's outcome, a replay's included.
-CREATE FUNCTION engine_external_json(p_kind text, p_row jsonb, p_entry jsonb, p_grant jsonb)
-RETURNS jsonb
-LANGUAGE sql STABLE AS $$
-    SELECT jsonb_build_object(p_kind, CASE p_kind
-        WHEN 'credit' THEN engine_credit_json(p_row, p_entry, p_grant)
-        ELSE engine_adjustment_json(p_row, p_entry, p_grant) END)
-$$;
-
 -- One external_ref, one booking, written once: the booking (credit or
 -- adjustment, on any account) that holds `p_external_ref`, its own kind
 -- `p_kind` first (a reference booked as both before the namespace was one,
@@ -130,6 +119,10 @@ BEGIN
         SELECT * INTO earlier FROM engine_external_booking(p_external_ref, p_kind);
         IF FOUND THEN
             SELECT * INTO made_grant FROM credit_grants g WHERE g.id = earlier.id;
+            -- Its last entry: a negative adjustment wrote one per grant.
+            SELECT * INTO entry FROM ledger_entries
+            WHERE external_ref = p_external_ref AND kind = earlier.kind
+            ORDER BY id DESC LIMIT 1;
             IF earlier.kind = p_kind AND earlier.account_id = p_account AND earlier.amount = p_amount
                AND earlier.said IS NOT DISTINCT FROM
                    (CASE p_kind WHEN 'credit' THEN p_note ELSE p_reason END)
@@ -137,10 +130,6 @@ BEGIN
                AND made_grant.expires_at IS NOT DISTINCT FROM p_expires_at
                AND made_grant.amount_paid IS NOT DISTINCT FROM p_amount_paid
                AND made_grant.currency IS NOT DISTINCT FROM p_currency THEN
-                -- Its last entry: a negative adjustment wrote one per grant.
-                SELECT * INTO entry FROM ledger_entries
-                WHERE external_ref = p_external_ref AND kind = p_kind
-                ORDER BY id DESC LIMIT 1;
                 outcome := 'replayed';
                 object := engine_external_json(p_kind, earlier.booking, to_jsonb(entry),
                     CASE WHEN made_grant.id IS NOT NULL THEN to_jsonb(made_grant) END);
@@ -150,9 +139,7 @@ BEGIN
                 outcome := 'idempotency_key_reused';
                 detail := jsonb_build_object('existing', jsonb_build_object(
                     'kind', earlier.kind, 'id', earlier.id, 'account_id', earlier.account_id,
-                    'entry_id', (SELECT e.id FROM ledger_entries e
-                                 WHERE e.external_ref = p_external_ref AND e.kind = earlier.kind
-                                 ORDER BY e.id DESC LIMIT 1)));
+                    'entry_id', entry.id));
             END IF;
             RETURN;
         END IF;

@@ -22,10 +22,10 @@ $$;
 -- The one rule for a job whose reservation is no longer held: it can never
 -- be charged, so it fails (reservation_expired; its tokens are already
 -- back), and its lease token moves on, which fences off a worker that may
--- still hold it. Only unfinished jobs change; their finished_at is `p_at`
--- (the time of the movement that took their tokens back), or now when
--- NULL. Returns the jobs failed.
-CREATE FUNCTION engine_fail_unreserved_jobs(p_jobs uuid[], p_at timestamptz) RETURNS SETOF uuid
+-- still hold it. Only unfinished jobs change; their finished_at is the
+-- transaction's stamp (engine_now: the time of the movement that took
+-- their tokens back). Returns the jobs failed.
+CREATE FUNCTION engine_fail_unreserved_jobs(p_jobs uuid[]) RETURNS SETOF uuid
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
@@ -33,7 +33,7 @@ DECLARE
 BEGIN
     WITH changed AS (
         UPDATE generation_jobs j
-        SET status = 'failed', finished_at = COALESCE(p_at, engine_now()), updated_at = now(),
+        SET status = 'failed', finished_at = engine_now(), updated_at = now(),
             lease_expires_at = NULL, lease_token = j.lease_token + 1,
             error = jsonb_build_object('code', 'reservation_expired',
                 'message', 'the job''s reservation expired before it finished')
@@ -57,31 +57,6 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT p_attempts >= p_max
 $$;
 
--- A job's final status, written once for every path that finishes a job
--- (engine_finish_job): `p_status` (succeeded with
--- `p_result`, failed with `p_error`), finished at `p_at` (its ledger
--- entries' time), the lease let go; `p_fence` moves the lease token on
--- (the reaper fences off a worker that may still hold the job). Returns
--- the job as it is now.
-CREATE FUNCTION engine_job_finish(p_job uuid, p_status text, p_result jsonb, p_error jsonb,
-    p_at timestamptz, p_fence boolean) RETURNS generation_jobs
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
-DECLARE
-    job generation_jobs;
-BEGIN
-    UPDATE generation_jobs
-    SET status = p_status,
-        result = CASE WHEN p_status = 'succeeded' THEN p_result END,
-        error = p_error,
-        finished_at = p_at,
-        updated_at = now(), lease_expires_at = NULL,
-        lease_token = lease_token + CASE WHEN p_fence THEN 1 ELSE 0 END
-    WHERE id = p_job
-    RETURNING * INTO job;
-    RETURN job;
-END;
-$$;
-
 -- A settlement the service makes itself (authorised): `p_action` of the
 -- reservation `p_reservation` of `p_account` by the job `p_job` (NULL: the
 -- reaper's expiry of an API reservation), as one engine_request for
@@ -94,14 +69,6 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT ROW(p_action, p_account, p_actor, NULL, NULL, true, NULL, p_amount, NULL,
                ceil(p_ttl)::integer, NULL, p_job, p_reservation, NULL, NULL, NULL, NULL, NULL,
                p_reason, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::engine_request
-$$;
-
--- Whether a settlement engine_apply answered (`p_outcome`, `p_detail`)
--- moved its reservation out of `held`.
-CREATE FUNCTION engine_settled(p_outcome text, p_detail jsonb) RETURNS boolean
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT p_outcome IN ('committed', 'released', 'expired')
-           OR COALESCE((p_detail->>'resolved')::boolean, false)
 $$;
 
 -- A fenced job finish. Which claim may finish it:
@@ -148,7 +115,11 @@ BEGIN
         outcome := 'lease_lost';
         RETURN;
     END IF;
-    SELECT r.outcome, r.object, engine_settled(r.outcome, r.detail) AS resolved INTO settled
+    -- (`resolved`: the settlement moved the reservation out of `held`.)
+    SELECT r.outcome, r.object,
+           r.outcome IN ('committed', 'released', 'expired')
+           OR COALESCE((r.detail->>'resolved')::boolean, false) AS resolved
+    INTO settled
     FROM engine_apply(ARRAY[engine_settlement(
              CASE p_status WHEN 'succeeded' THEN 'commit' ELSE 'release' END, job.account_id,
              job.reservation_id, CASE p_status WHEN 'succeeded' THEN job.cost END, NULL, job.id,
@@ -156,16 +127,22 @@ BEGIN
     reservation := jsonb_populate_record(NULL::reservations, settled.object);
     resolved := settled.resolved;
     IF p_status = 'succeeded' AND settled.outcome <> 'committed' THEN
-        PERFORM engine_fail_unreserved_jobs(ARRAY[p_job], engine_now());
+        PERFORM engine_fail_unreserved_jobs(ARRAY[p_job]);
         outcome := 'reservation_lost';
+        SELECT * INTO job FROM generation_jobs WHERE id = p_job;
     ELSE
-        -- The reaper fences off a worker that may still hold the job.
-        PERFORM engine_job_finish(p_job, p_status, p_result, p_error, engine_now(),
-                                  p_lease_token IS NULL);
+        -- The job's final status, the lease let go; the reaper moves the
+        -- token on, fencing off a worker that may still hold the job.
+        UPDATE generation_jobs
+        SET status = p_status, result = CASE WHEN p_status = 'succeeded' THEN p_result END,
+            error = p_error, finished_at = engine_now(), updated_at = now(),
+            lease_expires_at = NULL,
+            lease_token = lease_token + CASE WHEN p_lease_token IS NULL THEN 1 ELSE 0 END
+        WHERE id = p_job
+        RETURNING * INTO job;
         PERFORM engine_job_finished_events(ARRAY[p_job]);
         outcome := 'done';
     END IF;
-    SELECT * INTO job FROM generation_jobs WHERE id = p_job;
 END;
 $$;
 
@@ -174,7 +151,10 @@ $$;
 -- job still running under its token has its lease extended by
 -- `p_lease_seconds`, and its reservation by `p_reservation_seconds` once
 -- the reservation's expiry comes within `p_extend_within` seconds (neither
--- is ever shortened). Most ticks extend no reservation (a reservation
+-- is ever shortened). `p_extend_within` NULL (a replica's heartbeat as the
+-- worker sends it): within half of `p_reservation_seconds`, or two leases
+-- when that is longer, so a reservation always outlives the lease by more
+-- than a heartbeat's interval (half a lease). Most ticks extend no reservation (a reservation
 -- outlives several leases): those jobs' leases move by one conditional
 -- UPDATE, fenced by its own condition (the token, `running`), with no lock
 -- taken before it and no other row touched — a heartbeat writes one row
@@ -190,7 +170,7 @@ $$;
 -- lease_lost (that token no longer holds the job), reservation_lost.
 CREATE FUNCTION engine_heartbeat_jobs(
     p_jobs uuid[], p_tokens bigint[], p_lease_seconds integer,
-    p_reservation_seconds double precision, p_extend_within double precision
+    p_reservation_seconds double precision, p_extend_within double precision DEFAULT NULL
 )
 RETURNS TABLE (job_id uuid, lease_token bigint, outcome text)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
@@ -201,12 +181,13 @@ DECLARE
     extended uuid[] := '{}';
     leased uuid[] := '{}';
     lost uuid[];
-    lost_at timestamptz;
 BEGIN
     IF cardinality(p_jobs) IS DISTINCT FROM cardinality(p_tokens) THEN
         RAISE EXCEPTION 'engine_heartbeat_jobs: % jobs but % tokens',
             cardinality(p_jobs), cardinality(p_tokens);
     END IF;
+    p_extend_within := COALESCE(p_extend_within,
+                                GREATEST(p_reservation_seconds / 2, 2.0 * p_lease_seconds));
     -- Read without locks: a job's reservation is settled only by the
     -- holder of its lease (this worker) or, past its expiry, by the
     -- reaper, so one far from its expiry stays held until the lease moves.
@@ -233,16 +214,15 @@ BEGIN
         -- job keeps its reservation until then, and its lease moves on.)
         SELECT COALESCE(array_agg(f.id) FILTER (WHERE s.outcome IN ('extended', 'extended_capped')),
                         '{}'),
-               array_agg(f.id) FILTER (WHERE s.outcome NOT IN ('extended', 'extended_capped')),
-               engine_now()
-        INTO extended, lost, lost_at
+               array_agg(f.id) FILTER (WHERE s.outcome NOT IN ('extended', 'extended_capped'))
+        INTO extended, lost
         FROM engine_apply(ARRAY(
                  SELECT engine_settlement('extend', f.account_id, f.reservation_id, NULL,
                                           p_reservation_seconds, f.id, NULL, 'system')
                  FROM unnest(fenced) WITH ORDINALITY AS f ORDER BY f.ordinality)) s
         JOIN unnest(fenced) WITH ORDINALITY AS f ON f.ordinality = s.op_position;
         IF lost IS NOT NULL THEN
-            PERFORM engine_fail_unreserved_jobs(lost, lost_at);
+            PERFORM engine_fail_unreserved_jobs(lost);
         END IF;
     END IF;
     -- The leases: of the jobs just extended, and of every other job still
@@ -255,7 +235,7 @@ BEGIN
         FROM (SELECT DISTINCT u.id, u.token FROM unnest(p_jobs, p_tokens) AS u(id, token)) h
         WHERE j.id = h.id AND j.lease_token = h.token AND j.status = 'running'
           AND j.id = ANY (p_jobs)
-          AND (j.id = ANY (extended) OR NOT j.id = ANY (COALESCE(due, '{}')))
+          AND (j.id = ANY (extended) OR NOT j.id = ANY (due))
         RETURNING j.id
     )
     SELECT COALESCE(array_agg(m.id), '{}') INTO leased FROM moved m;
@@ -268,21 +248,6 @@ BEGIN
     LEFT JOIN unnest(fenced) f ON f.id = h.id AND f.lease_token = h.token
     ORDER BY h.id, h.token;
 END;
-$$;
-
--- A replica's heartbeat as the worker sends it: a reservation is extended
--- once its expiry comes within half of `p_reservation_seconds`, or within
--- two leases when that is longer, so it always outlives the lease by more
--- than a heartbeat's interval (half a lease).
-CREATE FUNCTION engine_heartbeat_jobs(
-    p_jobs uuid[], p_tokens bigint[], p_lease_seconds integer,
-    p_reservation_seconds double precision
-)
-RETURNS TABLE (job_id uuid, lease_token bigint, outcome text)
-LANGUAGE sql AS $$
-    SELECT h.job_id, h.lease_token, h.outcome
-    FROM engine_heartbeat_jobs(p_jobs, p_tokens, p_lease_seconds, p_reservation_seconds,
-        GREATEST(p_reservation_seconds / 2, 2.0 * p_lease_seconds)) h
 $$;
 
 -- The worker's heartbeat of one job (engine_heartbeat_jobs) and its retry:
@@ -303,9 +268,7 @@ BEGIN
     SELECT h.outcome INTO outcome
     FROM engine_heartbeat_jobs(ARRAY[p_job], ARRAY[p_lease_token], p_lease_seconds,
                                p_reservation_seconds,
-                               CASE WHEN p_requeue_after IS NULL
-                                    THEN GREATEST(p_reservation_seconds / 2, 2.0 * p_lease_seconds)
-                                    ELSE p_reservation_seconds END) h;
+                               CASE WHEN p_requeue_after IS NOT NULL THEN p_reservation_seconds END) h;
     IF outcome = 'done' AND p_requeue_after IS NOT NULL THEN
         UPDATE generation_jobs
         SET status = 'queued', lease_expires_at = NULL, error = p_error, updated_at = now(),
@@ -353,7 +316,6 @@ LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     orphans uuid[];
-    failed integer;
 BEGIN
     SELECT array_agg(j.id ORDER BY j.id) INTO orphans
     FROM (SELECT j.id, j.account_id FROM generation_jobs j
@@ -366,8 +328,7 @@ BEGIN
     PERFORM 1 FROM accounts
     WHERE id IN (SELECT account_id FROM generation_jobs WHERE id = ANY (orphans))
     ORDER BY id FOR NO KEY UPDATE;
-    SELECT count(*) INTO failed FROM engine_fail_unreserved_jobs(orphans, NULL);
-    RETURN failed;
+    RETURN (SELECT count(*) FROM engine_fail_unreserved_jobs(orphans));
 END;
 $$;
 
@@ -400,8 +361,7 @@ BEGIN
         WHERE s.outcome = 'expired'
         ORDER BY s.op_position);
     failed := ARRAY(SELECT engine_fail_unreserved_jobs(
-        ARRAY(SELECT (e->>'job_id')::uuid FROM unnest(expired) e WHERE e->>'job_id' IS NOT NULL),
-        engine_now()));
+        ARRAY(SELECT (e->>'job_id')::uuid FROM unnest(expired) e WHERE e->>'job_id' IS NOT NULL)));
     RETURN QUERY
     SELECT (e->>'id')::uuid, (e->>'amount')::bigint,
            e->>'job_id' IS NOT NULL AND (e->>'job_id')::uuid = ANY (failed)
@@ -500,19 +460,14 @@ BEGIN
     PERFORM 1 FROM accounts
     WHERE id IN (SELECT j.account_id FROM generation_jobs j WHERE j.id = ANY (candidates))
     ORDER BY id FOR NO KEY UPDATE;
-    WITH due AS (
-        SELECT j.id FROM generation_jobs j
-        WHERE j.id = ANY (candidates) AND j.status = 'running' AND j.lease_expires_at < now()
-        ORDER BY j.id
-        FOR UPDATE SKIP LOCKED
-    ), requeued_jobs AS (
-        UPDATE generation_jobs j
-        SET status = 'queued', lease_expires_at = NULL, lease_token = j.lease_token + 1,
-            next_attempt_at = now(), updated_at = now()
-        FROM due WHERE j.id = due.id
-        RETURNING 1
-    )
-    SELECT count(*) INTO requeued FROM requeued_jobs;
+    UPDATE generation_jobs j
+    SET status = 'queued', lease_expires_at = NULL, lease_token = j.lease_token + 1,
+        next_attempt_at = now(), updated_at = now()
+    WHERE j.id IN (SELECT x.id FROM generation_jobs x
+                   WHERE x.id = ANY (candidates) AND x.status = 'running'
+                     AND x.lease_expires_at < now()
+                   ORDER BY x.id FOR UPDATE SKIP LOCKED);
+    GET DIAGNOSTICS requeued = ROW_COUNT;
     RETURN requeued;
 END;
 $$;

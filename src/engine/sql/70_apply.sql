@@ -3,10 +3,11 @@
 -- ones (a single request is a batch of one).
 
 -- Whether an operation lacks a field its kind needs, carries one it may
--- not, or names an unknown kind (the fields each kind sets are listed at
--- engine_apply), written once: engine_apply refuses a batch holding such
--- an operation, and then nothing at all is written. (A branch per kind:
--- only the one used is compiled in a transaction, tests/api/operation_fields.rs.)
+-- not, or names an unknown kind: the boundary's contract, written once
+-- (each kind's branch lists what it needs; every other field is NULL).
+-- engine_apply refuses a batch holding such an operation, and then nothing
+-- at all is written. (A branch per kind: only the one used is compiled in
+-- a transaction, tests/api/operation_fields.rs.)
 CREATE FUNCTION engine_op_incomplete(o engine_request) RETURNS boolean
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
@@ -23,27 +24,44 @@ BEGIN
        IS NOT FALSE THEN
         RETURN true;
     END IF;
+    -- Every kind: account, actor, authorized. A settlement (commit …
+    -- expire) may name the job acting (`job`: its worker or the reaper; the
+    -- API may not touch a job's reservation) and its ledger `reason`;
+    -- http_request_id is the audit event's request id.
     CASE o.op
         WHEN 'reserve' THEN
+            -- new_id: the reservation; requested_ttl as the client sent it
+            -- (NULL: none).
             RETURN o.request IS NULL OR o.amount IS NULL OR o.ttl IS NULL OR o.new_id IS NULL;
         WHEN 'create_job' THEN
+            -- amount: the job's cost.
             RETURN o.request IS NULL OR o.amount IS NULL OR o.ttl IS NULL OR o.new_id IS NULL
                 OR o.job IS NULL OR o.hash IS NULL OR o.kind IS NULL OR o.params IS NULL;
         WHEN 'commit' THEN
+            -- amount: exactly this many.
             RETURN o.reservation IS NULL OR o.amount IS NULL;
         WHEN 'commit_all' THEN
             RETURN o.reservation IS NULL OR o.amount IS NOT NULL;
         WHEN 'release', 'expire' THEN
+            -- (expire: the reaper's, past the reservation's expiry)
             RETURN o.reservation IS NULL;
         WHEN 'extend' THEN
             RETURN o.reservation IS NULL OR o.ttl IS NULL;
         WHEN 'credit' THEN
+            -- priority: its grant's; note, expires_at (NULL: never) and the
+            -- grant's price (amount_paid and currency, both or neither) may
+            -- be NULL.
             RETURN o.new_id IS NULL OR o.amount IS NULL OR o.external_ref IS NULL
                 OR o.priority IS NULL;
         WHEN 'adjust' THEN
+            -- priority exactly when the amount is positive (its grant's);
+            -- expires_at and the price only then, and may be NULL.
             RETURN o.new_id IS NULL OR o.amount IS NULL OR o.external_ref IS NULL
                 OR o.reason IS NULL OR (o.priority IS NOT NULL) <> (o.amount > 0);
         WHEN 'finish_job' THEN
+            -- account: the job's; lease_token: the worker's lease; result
+            -- when succeeded, error (may be NULL) when failed; reason: the
+            -- ledger reason of a release (may be NULL).
             RETURN o.job IS NULL OR o.lease_token IS NULL
                 OR NOT COALESCE(o.status = 'succeeded' AND o.result IS NOT NULL
                                 OR o.status = 'failed' AND o.result IS NULL, false);
@@ -130,42 +148,17 @@ $$;
 -- engine_fixup and engine_expire_due).
 --
 -- The batch crosses as one array of engine_request (00_types.sql), one
--- element per operation, in order. `op` names the operation; the fields
--- each needs must be set, the others NULL:
---   reserve      account, actor, request, amount, ttl, new_id (the
---                reservation); requested_ttl as the client sent it (NULL:
---                none)
---   create_job   account, actor, request, amount (its cost), ttl, new_id
---                (the reservation), job, hash, kind, params
---   commit       account, actor, reservation, amount (exactly this many)
---   commit_all   account, actor, reservation (all held; amount NULL)
---   release      account, actor, reservation
---   extend       account, actor, reservation, ttl
---   expire       account, actor, reservation (the reaper: past its expiry)
---   credit       account, actor, new_id, amount, external_ref, priority (of
---                its grant); note, expires_at (its grant's; NULL: never) and
---                its grant's price, amount_paid and currency (both or
---                neither; NULL: unpriced), may be NULL
---   adjust       account, actor, new_id, amount, external_ref, reason;
---                priority exactly when the amount is positive (its grant's),
---                expires_at, amount_paid and currency only then (may be NULL)
---   finish_job   account (the job's), actor, job, lease_token (the
---                worker's lease), status (succeeded or failed), result
---                (succeeded) or error (failed; may be NULL), reason (the
---                ledger reason of a release; may be NULL)
--- A settlement (commit … expire) may name the job acting (`job`: its
--- worker or the reaper; the API may not touch a job's reservation) and
--- its ledger `reason`. `authorized` says who vouches for the caller: true
--- when the service has authorised it already (the ADMIN_API_KEY bootstrap
--- admin, an admin request, a worker, the reaper); false when the operation
--- carries the caller's key — key_id and key_hash (SHA-256 of its secret),
--- both set — verified here: the batch's keys are read once, after its
--- accounts' locks (engine_lock_accounts), and each operation's refusal is
--- engine_key_refusal's.
--- Credits, adjustments, expiries, job finishes and a job's settlements are
--- always the service's; http_request_id is the audit event's request id.
--- A missing field is an error (the whole batch fails, nothing is written),
--- never a default.
+-- element per operation, in order; `op` names the operation, and the
+-- fields each needs are engine_op_incomplete's (a missing one fails the
+-- whole batch, nothing written: never a default). `authorized` says who
+-- vouches for the caller: true when the service has authorised it already
+-- (the ADMIN_API_KEY bootstrap admin, an admin request, a worker, the
+-- reaper); false when the operation carries the caller's key — key_id and
+-- key_hash (SHA-256 of its secret), both set — verified here: the batch's
+-- keys are read once, after its accounts' locks (engine_lock_accounts),
+-- and each operation's refusal is engine_key_refusal's. Credits,
+-- adjustments, expiries, job finishes and a job's settlements are always
+-- the service's.
 --
 -- The batch's accounts are locked in id order first, then the jobs it
 -- finishes, in id order (a replica's heartbeat takes job rows in id order
@@ -319,8 +312,8 @@ BEGIN
         -- The key's refusal comes first; a valid key's stale use is
         -- written whatever the outcome.
         presented := (locked.keys)[i];
-        IF presented.key_id IS NOT NULL AND engine_key_use_stale(presented.last_used_at)
-           AND NOT presented.key_id = ANY (stale) THEN
+        -- (A key named twice is written once: engine_touch_keys.)
+        IF presented.key_id IS NOT NULL AND engine_key_use_stale(presented.last_used_at) THEN
             stale := stale || presented.key_id;
         END IF;
         outcome := engine_key_refusal(o.authorized, presented, o.account);
