@@ -417,3 +417,78 @@ fn one_heartbeat_for_many_jobs_answers_each_and_changes_only_what_it_should() {
     let balances = assert_account_invariants(&mut conn, second.0);
     assert_eq!((balances.available, balances.reserved), (9, 1));
 }
+
+/// The heartbeat's window: a reservation is extended once its expiry comes
+/// within half its TTL *or two leases*, whichever is longer, so it always
+/// outlives the lease by more than a heartbeat's interval (half a lease).
+/// With a 30 s lease and a 100 s TTL, a reservation 55 s from its expiry is
+/// past half its TTL (50 s) but within two leases (60 s): it is extended;
+/// one 65 s away is not. A retry always extends it, to outlive its backoff.
+#[test]
+fn a_reservation_within_two_leases_of_its_expiry_is_extended() {
+    use diesel::dsl::sql;
+    use diesel::sql_types::{Double, Uuid as SqlUuid};
+    let database = TestDatabase::create();
+    let mut conn = database.connect();
+    let account = AccountId(
+        create_account(
+            &mut conn,
+            &Name::try_from("window".to_owned()).expect("name"),
+            0,
+        )
+        .expect("account")
+        .id,
+    );
+    credit(&mut conn, account, 10);
+    let mut claimed = Vec::new();
+    for seconds in [55.0, 65.0, 250.0] {
+        create_job(&mut conn, account);
+        let job = job_leases::claim_next(&mut conn, "worker", 30, 3)
+            .expect("claim")
+            .expect("a job");
+        diesel::sql_query(
+            "UPDATE reservations SET expires_at = now() + make_interval(secs => $2) WHERE id = $1",
+        )
+        .bind::<SqlUuid, _>(job.reservation_id)
+        .bind::<Double, _>(seconds)
+        .execute(&mut conn)
+        .expect("expiry");
+        claimed.push(job);
+    }
+    let jobs: Vec<_> = claimed[..2]
+        .iter()
+        .map(|job| (job.id, job.lease_token))
+        .collect();
+    let answers = job_leases::heartbeat_many(&mut conn, &jobs, 30, 100).expect("heartbeat");
+    assert!(answers.iter().all(|(_, _, fenced)| *fenced == Fenced::Done));
+    let ahead = |conn: &mut PgConnection, reservation: uuid::Uuid| -> f64 {
+        reservations::table
+            .find(reservation)
+            .select(sql::<Double>(
+                "extract(epoch FROM expires_at - now())::float8",
+            ))
+            .first(conn)
+            .expect("reservation")
+    };
+    let within = ahead(&mut conn, claimed[0].reservation_id);
+    assert!(
+        (95.0..=100.0).contains(&within),
+        "55 s from its expiry, within two leases: extended to {within} s"
+    );
+    let beyond = ahead(&mut conn, claimed[1].reservation_id);
+    assert!(
+        (60.0..=65.0).contains(&beyond),
+        "65 s from its expiry: left at {beyond} s"
+    );
+    let retried = &claimed[2];
+    let error = JobError::new("provider_unavailable", "try again");
+    let fenced =
+        job_leases::retry_later(&mut conn, retried, retried.lease_token, &error, 10_000, 300)
+            .expect("retry");
+    assert_eq!(fenced, Fenced::Done);
+    let retried = ahead(&mut conn, retried.reservation_id);
+    assert!(
+        (305.0..=310.0).contains(&retried),
+        "a retry 10 s later extends by 310 s: {retried} s"
+    );
+}
