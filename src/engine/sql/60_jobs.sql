@@ -50,6 +50,18 @@ BEGIN
 END;
 $$;
 
+-- The accounts of the jobs `p_jobs`, row-locked in id order: every path
+-- that settles or finishes a list of jobs takes them first, as a batch
+-- does, so no two paths wait on each other crosswise.
+CREATE FUNCTION engine_lock_job_accounts(p_jobs uuid[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM accounts
+    WHERE id IN (SELECT j.account_id FROM generation_jobs j WHERE j.id = ANY (p_jobs))
+    ORDER BY id FOR NO KEY UPDATE;
+END;
+$$;
+
 -- The max-attempts rule: a job that has been claimed `p_attempts` times has
 -- no attempt left when that reaches `p_max`.
 CREATE FUNCTION engine_attempts_exhausted(p_attempts integer, p_max integer) RETURNS boolean
@@ -198,9 +210,7 @@ BEGIN
           AND (r.state <> 'held'
                OR r.expires_at < now() + make_interval(secs => p_extend_within)));
     IF cardinality(due) > 0 THEN
-        PERFORM 1 FROM accounts
-        WHERE id = ANY (ARRAY(SELECT j.account_id FROM generation_jobs j WHERE j.id = ANY (due)))
-        ORDER BY id FOR NO KEY UPDATE;
+        PERFORM engine_lock_job_accounts(due);
         fenced := ARRAY(
             SELECT j FROM generation_jobs j
             JOIN (SELECT DISTINCT u.id, u.token FROM unnest(p_jobs, p_tokens) AS u(id, token)) h
@@ -325,9 +335,7 @@ BEGIN
     IF orphans IS NULL THEN
         RETURN 0;
     END IF;
-    PERFORM 1 FROM accounts
-    WHERE id IN (SELECT account_id FROM generation_jobs WHERE id = ANY (orphans))
-    ORDER BY id FOR NO KEY UPDATE;
+    PERFORM engine_lock_job_accounts(orphans);
     RETURN (SELECT count(*) FROM engine_fail_unreserved_jobs(orphans));
 END;
 $$;
@@ -457,9 +465,7 @@ BEGIN
     IF cardinality(candidates) = 0 THEN
         RETURN 0;
     END IF;
-    PERFORM 1 FROM accounts
-    WHERE id IN (SELECT j.account_id FROM generation_jobs j WHERE j.id = ANY (candidates))
-    ORDER BY id FOR NO KEY UPDATE;
+    PERFORM engine_lock_job_accounts(candidates);
     UPDATE generation_jobs j
     SET status = 'queued', lease_expires_at = NULL, lease_token = j.lease_token + 1,
         next_attempt_at = now(), updated_at = now()
@@ -493,10 +499,8 @@ BEGIN
           AND engine_attempts_exhausted(j.attempts, p_max_attempts)
           AND j.provider_job_id IS NULL
         ORDER BY j.id LIMIT p_limit);
-    -- All their accounts first, in id order: one transaction finishes them all.
-    PERFORM 1 FROM accounts
-    WHERE id IN (SELECT j.account_id FROM generation_jobs j WHERE j.id = ANY (candidates))
-    ORDER BY id FOR NO KEY UPDATE;
+    -- All their accounts first: one transaction finishes them all.
+    PERFORM engine_lock_job_accounts(candidates);
     FOREACH candidate IN ARRAY candidates
     LOOP
         SELECT * INTO finished FROM engine_finish_job(candidate, NULL, p_max_attempts, 'failed',
