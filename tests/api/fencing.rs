@@ -12,20 +12,22 @@ use token_billing::engine::types::{AccountId, Name};
 
 use crate::helpers::{assert_account_invariants, create_job, credit, TestDatabase};
 
+/// A new account named `name` holding `tokens`.
+fn funded(conn: &mut PgConnection, name: &str, tokens: i64) -> AccountId {
+    let account = AccountId(
+        create_account(conn, &Name::try_from(name.to_owned()).expect("name"), 0)
+            .expect("account")
+            .id,
+    );
+    credit(conn, account, tokens);
+    account
+}
+
 #[test]
 fn a_worker_that_lost_its_lease_changes_nothing() {
     let database = TestDatabase::create();
     let mut conn = database.connect();
-    let account = AccountId(
-        create_account(
-            &mut conn,
-            &Name::try_from("fence".to_owned()).expect("name"),
-            0,
-        )
-        .expect("account")
-        .id,
-    );
-    credit(&mut conn, account, 2);
+    let account = funded(&mut conn, "fence", 2);
     create_job(&mut conn, account);
 
     let paused = job_leases::claim_next(&mut conn, "worker-a", 30, 3)
@@ -140,16 +142,7 @@ fn a_worker_that_lost_its_lease_changes_nothing() {
 fn a_job_whose_reservation_expired_fails_instead_of_succeeding_for_free() {
     let database = TestDatabase::create();
     let mut conn = database.connect();
-    let account = AccountId(
-        create_account(
-            &mut conn,
-            &Name::try_from("expiry".to_owned()).expect("name"),
-            0,
-        )
-        .expect("account")
-        .id,
-    );
-    credit(&mut conn, account, 2);
+    let account = funded(&mut conn, "expiry", 2);
     let failed_job = |conn: &mut PgConnection, id| {
         let (status, error): (String, Option<serde_json::Value>) = generation_jobs::table
             .find(id)
@@ -271,20 +264,10 @@ fn one_heartbeat_for_many_jobs_answers_each_and_changes_only_what_it_should() {
     };
     let database = TestDatabase::create();
     let mut conn = database.connect();
-    let mut account = |name: &str, tokens| {
-        let account = AccountId(
-            create_account(
-                &mut conn,
-                &Name::try_from(name.to_owned()).expect("name"),
-                0,
-            )
-            .expect("account")
-            .id,
-        );
-        credit(&mut conn, account, tokens);
-        account
-    };
-    let (first, second) = (account("beats-1", 10), account("beats-2", 10));
+    let (first, second) = (
+        funded(&mut conn, "beats-1", 10),
+        funded(&mut conn, "beats-2", 10),
+    );
     let claim = |conn: &mut PgConnection, account| {
         create_job(conn, account);
         job_leases::claim_next(conn, "worker", 30, 3)
@@ -430,16 +413,7 @@ fn a_reservation_within_two_leases_of_its_expiry_is_extended() {
     use diesel::sql_types::{Double, Uuid as SqlUuid};
     let database = TestDatabase::create();
     let mut conn = database.connect();
-    let account = AccountId(
-        create_account(
-            &mut conn,
-            &Name::try_from("window".to_owned()).expect("name"),
-            0,
-        )
-        .expect("account")
-        .id,
-    );
-    credit(&mut conn, account, 10);
+    let account = funded(&mut conn, "window", 10);
     let mut claimed = Vec::new();
     for seconds in [55.0, 65.0, 250.0] {
         create_job(&mut conn, account);
