@@ -23,6 +23,17 @@ fn funded(conn: &mut PgConnection, name: &str, tokens: i64) -> AccountId {
     account
 }
 
+/// Sets the reservation's expiry `seconds` from now.
+fn expires_in(conn: &mut PgConnection, reservation: uuid::Uuid, seconds: f64) {
+    diesel::sql_query(
+        "UPDATE reservations SET expires_at = now() + make_interval(secs => $2) WHERE id = $1",
+    )
+    .bind::<diesel::sql_types::Uuid, _>(reservation)
+    .bind::<diesel::sql_types::Double, _>(seconds)
+    .execute(conn)
+    .expect("expiry");
+}
+
 #[test]
 fn a_worker_that_lost_its_lease_changes_nothing() {
     let database = TestDatabase::create();
@@ -305,13 +316,7 @@ fn one_heartbeat_for_many_jobs_answers_each_and_changes_only_what_it_should() {
     .execute(&mut conn)
     .expect("far");
     for (job, seconds) in [(&fine, 100.0), (&steady, 250.0)] {
-        diesel::sql_query(
-            "UPDATE reservations SET expires_at = now() + make_interval(secs => $2) WHERE id = $1",
-        )
-        .bind::<SqlUuid, _>(job.reservation_id)
-        .bind::<Double, _>(seconds)
-        .execute(&mut conn)
-        .expect("expiry");
+        expires_in(&mut conn, job.reservation_id, seconds);
     }
     let steady_reservation_before = rows(&mut conn, steady.id).1;
     let stale_before = rows(&mut conn, stale.id);
@@ -410,7 +415,7 @@ fn one_heartbeat_for_many_jobs_answers_each_and_changes_only_what_it_should() {
 #[test]
 fn a_reservation_within_two_leases_of_its_expiry_is_extended() {
     use diesel::dsl::sql;
-    use diesel::sql_types::{Double, Uuid as SqlUuid};
+    use diesel::sql_types::Double;
     let database = TestDatabase::create();
     let mut conn = database.connect();
     let account = funded(&mut conn, "window", 10);
@@ -420,13 +425,7 @@ fn a_reservation_within_two_leases_of_its_expiry_is_extended() {
         let job = job_leases::claim_next(&mut conn, "worker", 30, 3)
             .expect("claim")
             .expect("a job");
-        diesel::sql_query(
-            "UPDATE reservations SET expires_at = now() + make_interval(secs => $2) WHERE id = $1",
-        )
-        .bind::<SqlUuid, _>(job.reservation_id)
-        .bind::<Double, _>(seconds)
-        .execute(&mut conn)
-        .expect("expiry");
+        expires_in(&mut conn, job.reservation_id, seconds);
         claimed.push(job);
     }
     let jobs: Vec<_> = claimed[..2]
