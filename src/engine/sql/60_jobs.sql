@@ -166,11 +166,11 @@ $$;
 -- is ever shortened). `p_extend_within` NULL (a replica's heartbeat as the
 -- worker sends it): within half of `p_reservation_seconds`, or two leases
 -- when that is longer, so a reservation always outlives the lease by more
--- than a heartbeat's interval (half a lease). Most ticks extend no reservation (a reservation
--- outlives several leases): those jobs' leases move by one conditional
--- UPDATE, fenced by its own condition (the token, `running`), with no lock
--- taken before it and no other row touched — a heartbeat writes one row
--- version per job. Without account locks, it takes the job rows in id
+-- than a heartbeat's interval (half a lease). Most ticks extend no
+-- reservation (a reservation outlives several leases): those jobs' leases
+-- move by one conditional UPDATE, fenced by its own condition (the token,
+-- `running`), with no lock taken before it and no other row touched — a
+-- heartbeat writes one row version per job. Without account locks, it takes the job rows in id
 -- order (the worker sends them sorted; the look-up by `= ANY` walks the
 -- primary key in order), as a batch that finishes jobs does after its
 -- accounts, so neither waits on the other crosswise. The jobs whose
