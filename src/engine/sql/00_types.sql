@@ -61,8 +61,8 @@ CREATE TYPE engine_grant_balances AS (
 
 -- One operation as the service sends it: engine_apply's batch is an array
 -- of these (element i is operation i; engine_op_incomplete lists the
--- fields each kind of operation sets, the others NULL). It crosses as one array
--- parameter, bound by src/engine/mod.rs (`EngineRequest`) by position:
+-- fields each kind of operation sets, the others NULL). It crosses as one
+-- array parameter, bound by src/engine/mod.rs (`EngineRequest`) by position:
 -- its `EngineRequestFields` lists these fields' types in this order (a
 -- test checks that every field arrives under its name). Every function
 -- that decides an operation takes it whole: its fields are written here

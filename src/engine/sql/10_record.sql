@@ -253,16 +253,20 @@ DECLARE
 BEGIN
     -- The operations' own rows first, each table only when it has some.
     IF cardinality(p_jobs) > 0 THEN
-        -- (The types' fields are these columns, in this order.)
         INSERT INTO generation_jobs (id, account_id, request_id, request_hash, kind, params, cost,
             reservation_id)
-        SELECT * FROM unnest(p_jobs);
+        SELECT j.id, j.account_id, j.request_id, j.request_hash, j.kind, j.params, j.cost,
+               j.reservation_id
+        FROM unnest(p_jobs) j;
     END IF;
     IF cardinality(p_made) > 0 THEN
         INSERT INTO reservations (id, account_id, request_id, amount, requested_ttl_seconds, state,
             committed_amount, expires_at, job_id, created_at, resolved_at, draws, budget_key_id,
             budget_period_start)
-        SELECT * FROM unnest(p_made);
+        SELECT r.id, r.account_id, r.request_id, r.amount, r.requested_ttl_seconds, r.state,
+               r.committed_amount, r.expires_at, r.job_id, r.created_at, r.resolved_at, r.draws,
+               r.budget_key_id, r.budget_period_start
+        FROM unnest(p_made) r;
     END IF;
     IF cardinality(p_changed) > 0 THEN
         UPDATE reservations r

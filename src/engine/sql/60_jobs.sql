@@ -52,12 +52,13 @@ $$;
 
 -- The accounts of the jobs `p_jobs`, row-locked in id order: every path
 -- that settles or finishes a list of jobs takes them first, as a batch
--- does, so no two paths wait on each other crosswise.
+-- does, so no two paths wait on each other crosswise. (`= ANY (ARRAY(…))`:
+-- found by the primary key whatever the plan, 00_types.sql.)
 CREATE FUNCTION engine_lock_job_accounts(p_jobs uuid[]) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM 1 FROM accounts
-    WHERE id IN (SELECT j.account_id FROM generation_jobs j WHERE j.id = ANY (p_jobs))
+    WHERE id = ANY (ARRAY(SELECT j.account_id FROM generation_jobs j WHERE j.id = ANY (p_jobs)))
     ORDER BY id FOR NO KEY UPDATE;
 END;
 $$;
