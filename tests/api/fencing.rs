@@ -6,22 +6,9 @@ use diesel::prelude::*;
 use serde_json::json;
 
 use token_billing::db::schema::{accounts, generation_jobs, reservations};
-use token_billing::domain::accounts::create_account;
 use token_billing::domain::job_leases::{self, Fenced, JobError};
-use token_billing::engine::types::{AccountId, Name};
 
-use crate::helpers::{assert_account_invariants, create_job, credit, TestDatabase};
-
-/// A new account named `name` holding `tokens`.
-fn funded(conn: &mut PgConnection, name: &str, tokens: i64) -> AccountId {
-    let account = AccountId(
-        create_account(conn, &Name::try_from(name.to_owned()).expect("name"), 0)
-            .expect("account")
-            .id,
-    );
-    credit(conn, account, tokens);
-    account
-}
+use crate::helpers::{assert_account_invariants, create_job, funded, TestDatabase};
 
 /// Sets the reservation's expiry `seconds` from now.
 fn expires_in(conn: &mut PgConnection, reservation: uuid::Uuid, seconds: f64) {

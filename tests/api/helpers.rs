@@ -16,7 +16,7 @@ use token_billing::db;
 use token_billing::db::models::{JobRow, ReservationRow};
 use token_billing::domain::jobs::JobRequest;
 use token_billing::domain::ledger::{replay, Balances};
-use token_billing::engine::types::{AccountId, ExternalRef, RequestId, Tokens};
+use token_billing::engine::types::{AccountId, ExternalRef, Name, RequestId, Tokens};
 use token_billing::engine::{Authority, Op, Operation};
 use token_billing::error::ApiError;
 use token_billing::provider::fake::FakeBackend;
@@ -973,6 +973,21 @@ pub fn engine(
         Some(error) => Err(error),
         None => Ok(answer.object),
     }
+}
+
+/// A new account named `name` (no reservation limit) holding `tokens`.
+pub fn funded(conn: &mut PgConnection, name: &str, tokens: i64) -> AccountId {
+    let account = AccountId(
+        token_billing::domain::accounts::create_account(
+            conn,
+            &Name::try_from(name.to_owned()).expect("name"),
+            0,
+        )
+        .expect("account")
+        .id,
+    );
+    credit(conn, account, tokens);
+    account
 }
 
 /// Credits `tokens` to `account` through the engine.

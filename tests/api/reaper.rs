@@ -13,14 +13,13 @@ use uuid::Uuid;
 
 use token_billing::db::models::JobRow;
 use token_billing::db::schema::{generation_jobs, ledger_entries, reservations};
-use token_billing::domain::accounts::create_account;
 use token_billing::domain::reaper::{run_pass, PassReport, ReaperSettings};
-use token_billing::engine::types::{AccountId, Name};
+use token_billing::engine::types::AccountId;
 use token_billing::scheduler::{reaper_pass, settings};
 
 use crate::crash::start_service_with;
 use crate::helpers::{
-    assert_account_invariants, create_job, credit, reserve, FakeProvider, TestApp, TestDatabase,
+    assert_account_invariants, create_job, funded, reserve, FakeProvider, TestApp, TestDatabase,
     ADMIN_KEY,
 };
 
@@ -29,16 +28,6 @@ const SETTINGS: ReaperSettings = ReaperSettings {
     job_max_attempts: 3,
     grant_expiring_notice_hours: 72,
 };
-
-fn funded(conn: &mut PgConnection, tokens: i64) -> AccountId {
-    let account = AccountId(
-        create_account(conn, &Name::try_from("reaper".to_owned()).expect("name"), 0)
-            .expect("account")
-            .id,
-    );
-    credit(conn, account, tokens);
-    account
-}
 
 fn job(conn: &mut PgConnection, account: AccountId) -> JobRow {
     create_job(conn, account)
@@ -107,7 +96,7 @@ fn two_passes_at_once(database: &TestDatabase) -> Vec<PassReport> {
 fn every_fixup_is_made_exactly_once_even_by_two_passes_at_once() {
     let database = TestDatabase::create();
     let mut conn = database.connect();
-    let account = funded(&mut conn, 20);
+    let account = funded(&mut conn, "reaper", 20);
 
     // (a) job succeeded, reservation still held.
     let succeeded = job(&mut conn, account);
@@ -313,7 +302,7 @@ async fn the_start_up_pass_runs_before_readyz_first_answers() {
     let account;
     {
         let mut conn = database.connect();
-        account = funded(&mut conn, 10);
+        account = funded(&mut conn, "reaper", 10);
         let zombie = reserve(&mut conn, account, 3);
         sql(
             &mut conn,
@@ -453,7 +442,7 @@ async fn a_corrupted_balance_is_detected_counted_and_not_fixed() {
 /// Builds `count` held, expired reservations of 1 token on one account,
 /// with a consistent account row and ledger (set-based SQL).
 fn zombies(conn: &mut PgConnection, count: i64) -> Uuid {
-    let account = funded(conn, count).0;
+    let account = funded(conn, "reaper", count).0;
     diesel::sql_query(
         "WITH made AS ( \
              INSERT INTO reservations (id, account_id, request_id, amount, state, expires_at, created_at) \
