@@ -414,6 +414,50 @@ async fn the_rule_fires_below_its_threshold_and_re_arms_at_it() {
     assert!(armed(&call(&app, "GET", &rule_path, None).await.1));
 }
 
+/// Only a live rule fires: disabled, a threshold rule adds nothing however
+/// far the balance falls; enabled again below its line, it fires at once;
+/// deleted, never again.
+#[tokio::test]
+async fn a_disabled_or_deleted_threshold_rule_never_fires() {
+    let app = TestApp::spawn().await;
+    let account = app.funded_account(20).await;
+    let key = app.kiosk_key(account).await;
+    let made = rule(
+        &app,
+        account,
+        json!({"trigger": "threshold", "threshold_tokens": 10, "method": "fixed",
+               "tokens": 10}),
+    )
+    .await;
+    let rule_path = format!(
+        "/v1/accounts/{account}/topup-rules/{}",
+        made["rule_id"].as_str().expect("as the API answers")
+    );
+    let mut conn = app.conn();
+    let (status, shown) = call(&app, "PATCH", &rule_path, Some(json!({"enabled": false}))).await;
+    assert_eq!(status, StatusCode::OK, "{shown}");
+    spend(&app, account, &key, 15).await; // 5, below the line: disabled
+    assert_eq!(available(&app, account), 5);
+    assert_eq!(
+        topup_credits(&mut conn, account),
+        0,
+        "a disabled rule fired"
+    );
+    let (status, shown) = call(&app, "PATCH", &rule_path, Some(json!({"enabled": true}))).await;
+    assert_eq!(status, StatusCode::OK, "{shown}");
+    assert_eq!(
+        available(&app, account),
+        15,
+        "enabled below its line: fires"
+    );
+    assert_eq!(topup_credits(&mut conn, account), 1);
+    let (status, _) = call(&app, "DELETE", &rule_path, None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    spend(&app, account, &key, 15).await; // 0, used what the rule added
+    assert_eq!(available(&app, account), 0);
+    assert_eq!(topup_credits(&mut conn, account), 1, "a deleted rule fired");
+}
+
 /// A request that asks for too little: a crossing while it is open is not
 /// lost — the rule stays armed, and the first movement after the answer,
 /// still below the threshold, asks again.

@@ -179,6 +179,18 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT p_expires_at <= p_at
 $$;
 
+-- The account's live threshold rule: not deleted, enabled (none, or one:
+-- an account has at most one threshold rule that is not deleted). (Two
+-- columns, not SETOF topup_rules: a function typed by a table's rows keeps
+-- the table's migration from being reverted, tests/api/grants.rs.)
+CREATE FUNCTION engine_topup_threshold_rule(p_account uuid)
+RETURNS TABLE (id uuid, threshold_tokens bigint)
+LANGUAGE sql STABLE AS $$
+    SELECT r.id, r.threshold_tokens FROM topup_rules r
+    WHERE r.account_id = p_account AND r.trigger = 'threshold' AND r.deleted_at IS NULL
+      AND r.enabled
+$$;
+
 -- Brings the account's line up to date (its live threshold rule's
 -- threshold less the tokens of the rule's open request; 0 without a live,
 -- enabled threshold rule, which also disarms) and answers it. The caller
@@ -193,9 +205,7 @@ BEGIN
                     - COALESCE((SELECT sum(f.tokens) FROM topup_firings f
                                 WHERE f.rule_id = r.id AND f.state = 'open'), 0), 0)::bigint
     INTO line
-    FROM topup_rules r
-    WHERE r.account_id = p_account AND r.trigger = 'threshold' AND r.deleted_at IS NULL
-      AND r.enabled;
+    FROM engine_topup_threshold_rule(p_account) r;
     line := COALESCE(line, 0);
     UPDATE accounts SET topup_threshold = line
     WHERE id = p_account AND topup_threshold <> line;
@@ -230,9 +240,7 @@ BEGIN
     IF engine_topup_due(account.available, line, account.topup_armed,
                         account.topup_unconsumed) THEN
         PERFORM engine_topup_arm(p_account, false);
-        SELECT r.id INTO rule FROM topup_rules r
-        WHERE r.account_id = p_account AND r.trigger = 'threshold' AND r.deleted_at IS NULL
-          AND r.enabled;
+        SELECT r.id INTO rule FROM engine_topup_threshold_rule(p_account) r;
         -- A crossing while the rule's request is still open (it asked for
         -- too little) is not spent on nothing: the rule stays armed, so
         -- the movement after the answer — still below — asks again.
