@@ -227,7 +227,7 @@ pub fn create_account(
 /// (`account.balance_low` / `account.balance_recovered`) in the caller's
 /// transaction. Returns the account as it now is.
 fn judge_low_balance(conn: &mut PgConnection, account: AccountId) -> Result<AccountRow, ApiError> {
-    diesel::sql_query("SELECT engine_low_balance(a, NULL, now()) FROM accounts a WHERE a.id = $1")
+    diesel::sql_query("SELECT engine_low_balance(a) FROM accounts a WHERE a.id = $1")
         .bind::<diesel::sql_types::Uuid, _>(account.0)
         .execute(conn)?;
     get_account(conn, account)

@@ -537,10 +537,10 @@ END;
 $$;
 
 -- After a change of the account's threshold (no movement): the
--- low-balance state is brought up to date, with its event when it changed
--- and a threshold is set. Switching the threshold off (0) forgets the
--- state without an event.
-CREATE FUNCTION engine_low_balance(p_account accounts, p_entry jsonb, p_at timestamptz)
+-- low-balance state is brought up to date, with its event (no entry: none
+-- moved it) when it changed and a threshold is set. Switching the
+-- threshold off (0) forgets the state without an event.
+CREATE FUNCTION engine_low_balance(p_account accounts)
 RETURNS void
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
@@ -554,8 +554,7 @@ BEGIN
     IF p_account.low_balance_threshold > 0 THEN
         PERFORM engine_emit_event(
             CASE WHEN low THEN 'account.balance_low' ELSE 'account.balance_recovered' END,
-            p_account.id,
-            engine_event_account(p_account) || jsonb_build_object('entry', p_entry), p_at);
+            p_account.id, engine_event_account(p_account) || '{"entry": null}', now());
     END IF;
 END;
 $$;
