@@ -366,8 +366,8 @@ BEGIN
                 PERFORM engine_topup_consumption(rule.account_id, 0, amount);
             END IF;
             -- Added up for the callers' metrics (the tally topup_credited:
-            -- engine_apply_full's position-0 row, the reaper, a rule's
-            -- change count it in token_billing_tokens_total{movement="credited"}).
+            -- a batch's engine_tallies row, the reaper, a rule's change
+            -- count it in token_billing_tokens_total{movement="credited"}).
             PERFORM engine_tally_add('topup_credited', amount);
             PERFORM engine_emit_event('topup.granted', rule.account_id,
                 (SELECT engine_event_account(a) FROM accounts a WHERE a.id = rule.account_id)
