@@ -452,3 +452,34 @@ fn a_reservation_within_two_leases_of_its_expiry_is_extended() {
         "a retry 10 s later extends by 310 s: {retried} s"
     );
 }
+
+/// A retry puts the job back for its backoff: no worker claims it before
+/// then; after it, the next claim takes it (a new token, a second attempt).
+#[test]
+fn a_retried_job_is_claimed_again_only_after_its_backoff() {
+    let database = TestDatabase::create();
+    let mut conn = database.connect();
+    let account = funded(&mut conn, "backoff", 2);
+    create_job(&mut conn, account);
+    let job = job_leases::claim_next(&mut conn, "worker-a", 30, 3)
+        .expect("claim")
+        .expect("a job");
+    let error = JobError::new("provider_unavailable", "try again");
+    let fenced = job_leases::retry_later(&mut conn, &job, job.lease_token, &error, 60_000, 300)
+        .expect("retry");
+    assert_eq!(fenced, Fenced::Done);
+    let early = job_leases::claim_next(&mut conn, "worker-b", 30, 3).expect("claim");
+    assert!(early.is_none(), "claimed during its backoff: {early:?}");
+    diesel::sql_query(
+        "UPDATE generation_jobs SET next_attempt_at = now() - interval '1 second' WHERE id = $1",
+    )
+    .bind::<diesel::sql_types::Uuid, _>(job.id)
+    .execute(&mut conn)
+    .expect("backoff over");
+    let again = job_leases::claim_next(&mut conn, "worker-b", 30, 3)
+        .expect("claim")
+        .expect("the job, its backoff over");
+    assert_eq!(again.id, job.id);
+    assert_eq!(again.attempts, 2);
+    assert!(again.lease_token > job.lease_token);
+}

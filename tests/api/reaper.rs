@@ -224,6 +224,44 @@ fn every_fixup_is_made_exactly_once_even_by_two_passes_at_once() {
     );
 }
 
+/// A job out of attempts that the provider already holds (its result may
+/// still come) never has its tokens released: the exhausted step passes it
+/// over, and the reaper queues it again for a worker to ask the provider.
+#[test]
+fn a_job_the_provider_holds_is_requeued_never_failed_when_out_of_attempts() {
+    #[derive(QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    let database = TestDatabase::create();
+    let mut conn = database.connect();
+    let account = funded(&mut conn, "provider", 5);
+    let submitted = job(&mut conn, account);
+    sql(&mut conn, "UPDATE generation_jobs SET status = 'running', attempts = 3, lease_token = 1, lease_owner = 'dead-worker', provider_job_id = 'pred_1', lease_expires_at = now() - interval '1 second' WHERE id = $1", submitted.id);
+    let failed = diesel::sql_query("SELECT count(*) AS n FROM engine_fail_exhausted_jobs(500, 3)")
+        .get_result::<Count>(&mut conn)
+        .expect("exhausted step")
+        .n;
+    assert_eq!(
+        failed, 0,
+        "the exhausted step failed a job the provider holds"
+    );
+    assert_eq!(job_state(&mut conn, submitted.id).0, "running");
+    let report = run_pass(&mut conn, &SETTINGS, None).expect("pass");
+    assert_eq!(
+        (report.jobs_requeued, report.jobs_failed_attempts_exhausted),
+        (1, 0)
+    );
+    let (status, _, token) = job_state(&mut conn, submitted.id);
+    assert_eq!((status.as_str(), token), ("queued", 2));
+    assert_eq!(
+        entries(&mut conn, submitted.reservation_id),
+        vec![entry("reserve", None)],
+        "its tokens stay held"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn reaper_racing_commit_exactly_one_wins() {
     const ROUNDS: usize = 50;

@@ -260,6 +260,32 @@ async fn target_tops_up_available_and_caps_stop_a_runaway_rule() {
     assert_eq!(capped[0]["cap"]["max_tokens"], json!(30));
     assert_eq!(capped[0]["cap"]["used_tokens"], json!(30));
     crate::openapi_types::assert_data_conforms(&app, "topup.cap_reached", &capped[0]).await;
+
+    // The same with a monthly cap of 25: two firings, then the third
+    // (20 + 10 > 25) is refused.
+    let monthly = app.funded_account(105).await;
+    let key = app.kiosk_key(monthly).await;
+    rule(
+        &app,
+        monthly,
+        json!({"trigger": "threshold", "threshold_tokens": 100, "method": "fixed",
+               "tokens": 10, "max_tokens_per_month": 25}),
+    )
+    .await;
+    for _ in 0..2 {
+        spend(&app, monthly, &key, 10).await;
+        assert_eq!(available(&app, monthly), 105);
+    }
+    spend(&app, monthly, &key, 10).await;
+    assert_eq!(
+        available(&app, monthly),
+        95,
+        "a firing past the monthly cap"
+    );
+    let capped = events_of(&mut conn, monthly, "topup.cap_reached");
+    assert_eq!(capped.len(), 1, "{capped:?}");
+    assert_eq!(capped[0]["cap"]["per"], json!("month"));
+    assert_eq!(capped[0]["cap"]["used_tokens"], json!(20));
 }
 
 /// A schedule fires once per period: two replicas, a restart, and a clock
@@ -518,7 +544,8 @@ async fn a_request_is_answered_by_the_customers_credit_or_expires() {
         &app,
         account,
         json!({"trigger": "threshold", "threshold_tokens": 10, "method": "fixed",
-               "tokens": 50, "mode": "request", "request_ttl": "PT1M"}),
+               "tokens": 50, "mode": "request", "request_ttl": "PT1M",
+               "max_tokens_per_day": 100}),
     )
     .await;
     spend(&app, account, &key, 5).await; // 7: a request
@@ -564,9 +591,11 @@ async fn a_request_is_answered_by_the_customers_credit_or_expires() {
     let expired = events_of(&mut conn, account, "topup.request_expired");
     assert_eq!(expired.len(), 1, "{expired:?}");
     assert_eq!(expired[0]["next"], json!("ask_again"));
-    // Still below: the next movement asks again.
+    // Still below: the next movement asks again (the expired request
+    // does not count toward the daily cap: 50 answered + 50 asked = 100).
     reserve(&app, account, &key, 1).await;
     assert_eq!(events_of(&mut conn, account, "topup.requested").len(), 3);
+    assert_eq!(events_of(&mut conn, account, "topup.cap_reached").len(), 0);
     let states = count(
         &mut conn,
         "SELECT count(DISTINCT state) AS n FROM topup_firings WHERE account_id = $1",
