@@ -232,60 +232,34 @@ async fn target_tops_up_available_and_caps_stop_a_runaway_rule() {
     let balances = app.assert_invariants(account);
     assert_eq!(balances.reserved, 16);
 
-    // A rule that fires on every crossing, 10 tokens, at most 30 a day.
-    let runaway = app.funded_account(105).await;
-    let key = app.kiosk_key(runaway).await;
-    rule(
-        &app,
-        runaway,
-        json!({"trigger": "threshold", "threshold_tokens": 100, "method": "fixed",
-               "tokens": 10, "max_tokens_per_day": 30}),
-    )
-    .await;
-    for _ in 0..3 {
-        spend(&app, runaway, &key, 10).await; // 95 → +10 → 105
-        assert_eq!(available(&app, runaway), 105);
+    // A rule that fires on every crossing, 10 tokens, at most 30 a day, or
+    // 25 a month (its third firing, 20 + 10, is past that).
+    for (per, max, fires) in [("day", 30, 3), ("month", 25, 2)] {
+        let runaway = app.funded_account(105).await;
+        let key = app.kiosk_key(runaway).await;
+        let mut body = json!({"trigger": "threshold", "threshold_tokens": 100,
+                              "method": "fixed", "tokens": 10});
+        body[format!("max_tokens_per_{per}")] = json!(max);
+        rule(&app, runaway, body).await;
+        for _ in 0..fires {
+            spend(&app, runaway, &key, 10).await; // 95 → +10 → 105
+            assert_eq!(available(&app, runaway), 105);
+        }
+        spend(&app, runaway, &key, 10).await; // 95: over the cap
+        assert_eq!(available(&app, runaway), 95, "a firing past the {per} cap");
+        // Back above (re-arms), below again: still capped, no second notice.
+        app.credit(runaway, 10).await;
+        spend(&app, runaway, &key, 10).await;
+        assert_eq!(available(&app, runaway), 95);
+        let mut conn = app.conn();
+        assert_eq!(topup_credits(&mut conn, runaway), fires);
+        let capped = events_of(&mut conn, runaway, "topup.cap_reached");
+        assert_eq!(capped.len(), 1, "{capped:?}");
+        assert_eq!(capped[0]["cap"]["per"], json!(per));
+        assert_eq!(capped[0]["cap"]["max_tokens"], json!(max));
+        assert_eq!(capped[0]["cap"]["used_tokens"], json!(10 * fires));
+        crate::openapi_types::assert_data_conforms(&app, "topup.cap_reached", &capped[0]).await;
     }
-    spend(&app, runaway, &key, 10).await; // 95: over the cap
-    assert_eq!(available(&app, runaway), 95);
-    // Back above (re-arms), below again: still capped, no second notice.
-    app.credit(runaway, 10).await;
-    spend(&app, runaway, &key, 10).await;
-    assert_eq!(available(&app, runaway), 95);
-    let mut conn = app.conn();
-    assert_eq!(topup_credits(&mut conn, runaway), 3);
-    let capped = events_of(&mut conn, runaway, "topup.cap_reached");
-    assert_eq!(capped.len(), 1, "{capped:?}");
-    assert_eq!(capped[0]["cap"]["per"], json!("day"));
-    assert_eq!(capped[0]["cap"]["max_tokens"], json!(30));
-    assert_eq!(capped[0]["cap"]["used_tokens"], json!(30));
-    crate::openapi_types::assert_data_conforms(&app, "topup.cap_reached", &capped[0]).await;
-
-    // The same with a monthly cap of 25: two firings, then the third
-    // (20 + 10 > 25) is refused.
-    let monthly = app.funded_account(105).await;
-    let key = app.kiosk_key(monthly).await;
-    rule(
-        &app,
-        monthly,
-        json!({"trigger": "threshold", "threshold_tokens": 100, "method": "fixed",
-               "tokens": 10, "max_tokens_per_month": 25}),
-    )
-    .await;
-    for _ in 0..2 {
-        spend(&app, monthly, &key, 10).await;
-        assert_eq!(available(&app, monthly), 105);
-    }
-    spend(&app, monthly, &key, 10).await;
-    assert_eq!(
-        available(&app, monthly),
-        95,
-        "a firing past the monthly cap"
-    );
-    let capped = events_of(&mut conn, monthly, "topup.cap_reached");
-    assert_eq!(capped.len(), 1, "{capped:?}");
-    assert_eq!(capped[0]["cap"]["per"], json!("month"));
-    assert_eq!(capped[0]["cap"]["used_tokens"], json!(20));
 }
 
 /// A schedule fires once per period: two replicas, a restart, and a clock
