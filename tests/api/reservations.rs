@@ -49,15 +49,22 @@ async fn reserve_commit_and_replays() {
     assert_eq!(replay.headers()["idempotent-replayed"], "true");
     let replayed: Value = replay.json().await.expect("json");
     assert_eq!(replayed["reservation_id"], reservation["reservation_id"]);
-    // The same request_id with another amount is refused.
-    let (status, body) = problem(app.reserve(account, &kiosk, request_id, 3).await).await;
-    assert_eq!(
-        (status, body["code"].as_str()),
-        (
-            StatusCode::UNPROCESSABLE_ENTITY,
-            Some("idempotency_key_reused")
-        )
-    );
+    // The same request_id with another amount, or another TTL, is refused.
+    let path = format!("/v1/accounts/{account}/reservations");
+    for body in [
+        json!({"request_id": request_id, "amount": 3}),
+        json!({"request_id": request_id, "amount": 2, "ttl_seconds": 60}),
+    ] {
+        let (status, problem_body) = problem(app.post(&path, &kiosk, &body).await).await;
+        assert_eq!(
+            (status, problem_body["code"].as_str()),
+            (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                Some("idempotency_key_reused")
+            ),
+            "{body}"
+        );
+    }
 
     let commit = reservation_path(account, &reservation, "commit");
     let committed = app.post(&commit, &kiosk, &json!({})).await;
