@@ -604,10 +604,7 @@ async fn rollover_is_validated_and_shown() {
         made["rollover"],
         json!({"max_tokens": 25, "expires_after": "P7D"})
     );
-    let path = format!(
-        "/v1/accounts/{account}/topup-rules/{}",
-        made["rule_id"].as_str().expect("an id")
-    );
+    let path = crate::topups::rule_path_of(account, &made);
     // A PATCH that keeps it keeps it; removing the expiry the rollover
     // needs is refused; null removes it.
     let (status, kept) = call(&app, "PATCH", &path, Some(json!({"tokens": 12}))).await;

@@ -80,10 +80,7 @@ async fn reserving_and_releasing_below_the_line_fires_once_until_tokens_are_used
         100,
         "one firing, nothing used"
     );
-    let rule_path = format!(
-        "/v1/accounts/{account}/topup-rules/{}",
-        made["rule_id"].as_str().expect("as the API answers")
-    );
+    let rule_path = crate::topups::rule_path_of(account, &made);
     // Below the line with its 100 unused: the rule says it waits.
     let balance = app.assert_invariants(account).available;
     let held = reserve(&app, account, &key, balance - 45).await;

@@ -68,6 +68,15 @@ pub(crate) async fn rule(app: &TestApp, account: Uuid, body: Value) -> Value {
     made
 }
 
+/// The path of the rule `made` (as the API answered its creation) of
+/// `account`.
+pub(crate) fn rule_path_of(account: Uuid, made: &Value) -> String {
+    format!(
+        "/v1/accounts/{account}/topup-rules/{}",
+        made["rule_id"].as_str().expect("as the API answers")
+    )
+}
+
 pub(crate) fn count(conn: &mut PgConnection, sql: &str, account: Uuid) -> i64 {
     #[derive(QueryableByName)]
     struct Count {
@@ -396,10 +405,7 @@ async fn the_rule_fires_below_its_threshold_and_re_arms_at_it() {
                "tokens": 10, "max_tokens_per_day": 10}),
     )
     .await;
-    let rule_path = format!(
-        "/v1/accounts/{account}/topup-rules/{}",
-        made["rule_id"].as_str().expect("as the API answers")
-    );
+    let rule_path = rule_path_of(account, &made);
     let armed = |shown: &Value| shown["armed"].as_bool().expect("armed");
     assert!(armed(&made), "at the threshold a new rule is armed: {made}");
     spend(&app, account, &key, 1).await; // 9: fires, 19
@@ -429,10 +435,7 @@ async fn a_disabled_or_deleted_threshold_rule_never_fires() {
                "tokens": 10}),
     )
     .await;
-    let rule_path = format!(
-        "/v1/accounts/{account}/topup-rules/{}",
-        made["rule_id"].as_str().expect("as the API answers")
-    );
+    let rule_path = rule_path_of(account, &made);
     let mut conn = app.conn();
     let (status, shown) = call(&app, "PATCH", &rule_path, Some(json!({"enabled": false}))).await;
     assert_eq!(status, StatusCode::OK, "{shown}");
@@ -479,10 +482,7 @@ async fn a_crossing_while_a_request_is_open_asks_again_after_the_answer() {
     assert_eq!(requested.len(), 1, "below at creation: {requested:?}");
     spend(&app, account, &key, 30).await; // 65 + 30 requested < 100, 30 used
     assert_eq!(events_of(&mut conn, account, "topup.requested").len(), 1);
-    let rule_path = format!(
-        "/v1/accounts/{account}/topup-rules/{}",
-        made["rule_id"].as_str().expect("as the API answers")
-    );
+    let rule_path = rule_path_of(account, &made);
     assert_eq!(
         call(&app, "GET", &rule_path, None).await.1["armed"],
         json!(true)
@@ -544,16 +544,7 @@ async fn a_request_is_answered_by_the_customers_credit_or_expires() {
     let (status, _) = call(&app, "POST", &path, Some(credit)).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(app.snapshot(account), before);
-    let (_, shown) = call(
-        &app,
-        "GET",
-        &format!(
-            "/v1/accounts/{account}/topup-rules/{}",
-            made["rule_id"].as_str().expect("as the API answers")
-        ),
-        None,
-    )
-    .await;
+    let (_, shown) = call(&app, "GET", &rule_path_of(account, &made), None).await;
     assert_eq!(shown["last_firing"]["state"], json!("fulfilled"), "{shown}");
     assert_eq!(shown["armed"], json!(true), "{shown}");
 
