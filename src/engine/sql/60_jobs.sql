@@ -171,10 +171,11 @@ $$;
 -- reservation (a reservation outlives several leases): those jobs' leases
 -- move by one conditional UPDATE, fenced by its own condition (the token,
 -- `running`), with no lock taken before it and no other row touched — a
--- heartbeat writes one row version per job. Without account locks, it takes the job rows in id
--- order (the worker sends them sorted; the look-up by `= ANY` walks the
--- primary key in order), as a batch that finishes jobs does after its
--- accounts, so neither waits on the other crosswise. The jobs whose
+-- heartbeat writes one row version per job. Without account locks, it
+-- takes the job rows in id order (the worker sends them sorted; the
+-- look-up by `= ANY` walks the primary key in order), as a batch that
+-- finishes jobs does after its accounts, so neither waits on the other
+-- crosswise. The jobs whose
 -- reservation is due (or no longer held) are settled as a batch is: their
 -- accounts locked in id order, then the jobs, then one engine_settle
 -- extending their reservations; a job whose reservation is no longer held
