@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use diesel::connection::SimpleConnection;
-use diesel::PgConnection;
+use diesel::{PgConnection, RunQueryDsl};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use uuid::Uuid;
@@ -113,4 +113,67 @@ async fn a_reserve_that_waited_sees_the_budget_spent_meanwhile() {
     assert_eq!(status, StatusCode::PAYMENT_REQUIRED, "{body}");
     assert_eq!(body["code"], "key_budget_exhausted", "{body}");
     assert_eq!(app.account(account).await["reserved"], 10);
+}
+
+/// A batch that gives tokens back and then spends on the same account
+/// draws in draw order from the grants as the give-back left them: the
+/// release returns the promotional grant's token (drawn first), and the
+/// reserve after it in the same batch draws that token again, not the paid
+/// grant's. Decided on the grants as the batch read them, the reserve would
+/// draw the paid token and leave the promotional one unspent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reserve_after_a_release_in_one_batch_draws_the_returned_tokens_first() {
+    #[derive(diesel::QueryableByName)]
+    struct Answer {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        outcome: String,
+        #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Jsonb>)]
+        object: Option<Value>,
+    }
+    let app = TestApp::spawn().await;
+    let account = app.create_account(0).await;
+    let mut grants = Vec::new();
+    for (external_ref, priority) in [("promo", 0), ("paid", 50)] {
+        let response = app
+            .post(
+                &format!("/v1/accounts/{account}/credits"),
+                ADMIN_KEY,
+                &json!({"amount": 1, "external_ref": external_ref, "priority": priority}),
+            )
+            .await;
+        assert_eq!(response.status(), StatusCode::CREATED);
+        let body: Value = response.json().await.expect("json");
+        grants.push(body["grant_id"].clone());
+    }
+    let first = app.reserve(account, ADMIN_KEY, Uuid::new_v4(), 1).await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let first: Value = first.json().await.expect("json");
+    assert_eq!(
+        first["draws"],
+        json!([{"grant_id": grants[0], "amount": 1}])
+    );
+    let release = json!({"op": "release", "account": account, "actor": "holder",
+                         "authorized": true, "reservation": first["reservation_id"]});
+    let batch = json!([release, reserve_op(account, 1, None)]);
+    let mut conn = app.conn();
+    let schema = token_billing::engine::install::SCHEMA;
+    conn.batch_execute(&format!("SET search_path TO {schema}, public"))
+        .expect("search path");
+    let answers = diesel::sql_query(
+        "SELECT outcome, object FROM engine_apply(ARRAY(\
+             SELECT jsonb_populate_record(NULL::engine_request, o) \
+             FROM jsonb_array_elements($1::jsonb) o)) ORDER BY op_position",
+    )
+    .bind::<diesel::sql_types::Text, _>(batch.to_string())
+    .load::<Answer>(&mut conn)
+    .expect("engine_apply");
+    let outcomes: Vec<&str> = answers.iter().map(|a| a.outcome.as_str()).collect();
+    assert_eq!(outcomes, ["released", "created"]);
+    let second = answers[1].object.clone().expect("the reservation");
+    assert_eq!(
+        second["draws"],
+        json!([{"grant_id": grants[0], "amount": 1}]),
+        "the returned promotional token is drawn first: {second}"
+    );
+    app.assert_invariants(account);
 }
