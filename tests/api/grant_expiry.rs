@@ -477,6 +477,45 @@ async fn the_reaper_lapses_grants_notices_them_once_and_the_report_balances() {
     assert_books_clean(&app);
 }
 
+/// The notice step by itself (`engine_notice_expiring_grants`): a grant
+/// that has lapsed but whose lapse is not written yet gets no
+/// grant.expiring, only the grant that will lapse does. (In a reaper pass
+/// the lapses are written first, so the pass alone cannot tell.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lapsed_grant_whose_lapse_is_not_written_gets_no_expiring_notice() {
+    #[derive(QueryableByName)]
+    struct Noticed {
+        #[diesel(sql_type = diesel::sql_types::Integer)]
+        noticed: i32,
+    }
+    let app = TestApp::spawn().await;
+    let account = app.create_account(0).await;
+    let in_an_hour = rfc3339(Utc::now() + chrono::Duration::hours(1));
+    let soon = granted(
+        &app,
+        account,
+        json!({"amount": 6, "external_ref": "soon",
+                                            "expires_at": in_an_hour}),
+    )
+    .await;
+    let gone = granted(
+        &app,
+        account,
+        json!({"amount": 4, "external_ref": "gone",
+                                            "expires_at": in_an_hour}),
+    )
+    .await;
+    age(&app, gone);
+    let noticed = diesel::sql_query("SELECT engine_notice_expiring_grants(72, 100) AS noticed")
+        .get_result::<Noticed>(&mut app.conn())
+        .expect("notice step")
+        .noticed;
+    assert_eq!(noticed, 1, "only the grant still to lapse");
+    let notices = events(&app, account, "grant.expiring");
+    let named: Vec<Value> = notices.iter().map(|n| n["grant_id"].clone()).collect();
+    assert_eq!(named, [json!(soon)], "{notices:#?}");
+}
+
 /// 40 kiosks reserve and settle on one account while two of its three
 /// grants lapse under them (real time, not `age`), with the reaper running
 /// beside them. No token is drawn from a lapsed grant, every grant's books
