@@ -115,6 +115,54 @@ async fn a_reserve_that_waited_sees_the_budget_spent_meanwhile() {
     assert_eq!(app.account(account).await["reserved"], 10);
 }
 
+/// A new account holding two grants of `tokens` tokens each: a
+/// promotional one (priority 0, drawn first) and a paid one (priority 50).
+/// The account and the two grants' ids.
+async fn promo_and_paid(app: &TestApp, tokens: [i64; 2]) -> (Uuid, [Value; 2]) {
+    let account = app.create_account(0).await;
+    let mut grants = [Value::Null, Value::Null];
+    for (i, (external_ref, priority)) in [("promo", 0), ("paid", 50)].into_iter().enumerate() {
+        let response = app
+            .post(
+                &format!("/v1/accounts/{account}/credits"),
+                ADMIN_KEY,
+                &json!({"amount": tokens[i], "external_ref": external_ref, "priority": priority}),
+            )
+            .await;
+        assert_eq!(response.status(), StatusCode::CREATED);
+        let body: Value = response.json().await.expect("json");
+        grants[i] = body["grant_id"].clone();
+    }
+    (account, grants)
+}
+
+/// `batch` (the engine's requests, as JSON) through `engine_apply` in one
+/// transaction: each operation's outcome and object, in order.
+fn applied(app: &TestApp, batch: &Value) -> Vec<(String, Value)> {
+    #[derive(diesel::QueryableByName)]
+    struct Answer {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        outcome: String,
+        #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Jsonb>)]
+        object: Option<Value>,
+    }
+    let mut conn = app.conn();
+    let schema = token_billing::engine::install::SCHEMA;
+    conn.batch_execute(&format!("SET search_path TO {schema}, public"))
+        .expect("search path");
+    diesel::sql_query(
+        "SELECT outcome, object FROM engine_apply(ARRAY(\
+             SELECT jsonb_populate_record(NULL::engine_request, o) \
+             FROM jsonb_array_elements($1::jsonb) o)) ORDER BY op_position",
+    )
+    .bind::<diesel::sql_types::Text, _>(batch.to_string())
+    .load::<Answer>(&mut conn)
+    .expect("engine_apply")
+    .into_iter()
+    .map(|answer| (answer.outcome, answer.object.unwrap_or(Value::Null)))
+    .collect()
+}
+
 /// A batch that gives tokens back and then spends on the same account
 /// draws in draw order from the grants as the give-back left them: the
 /// release returns the promotional grant's token (drawn first), and the
@@ -123,28 +171,8 @@ async fn a_reserve_that_waited_sees_the_budget_spent_meanwhile() {
 /// draw the paid token and leave the promotional one unspent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reserve_after_a_release_in_one_batch_draws_the_returned_tokens_first() {
-    #[derive(diesel::QueryableByName)]
-    struct Answer {
-        #[diesel(sql_type = diesel::sql_types::Text)]
-        outcome: String,
-        #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Jsonb>)]
-        object: Option<Value>,
-    }
     let app = TestApp::spawn().await;
-    let account = app.create_account(0).await;
-    let mut grants = Vec::new();
-    for (external_ref, priority) in [("promo", 0), ("paid", 50)] {
-        let response = app
-            .post(
-                &format!("/v1/accounts/{account}/credits"),
-                ADMIN_KEY,
-                &json!({"amount": 1, "external_ref": external_ref, "priority": priority}),
-            )
-            .await;
-        assert_eq!(response.status(), StatusCode::CREATED);
-        let body: Value = response.json().await.expect("json");
-        grants.push(body["grant_id"].clone());
-    }
+    let (account, grants) = promo_and_paid(&app, [1, 1]).await;
     let first = app.reserve(account, ADMIN_KEY, Uuid::new_v4(), 1).await;
     assert_eq!(first.status(), StatusCode::CREATED);
     let first: Value = first.json().await.expect("json");
@@ -154,26 +182,46 @@ async fn a_reserve_after_a_release_in_one_batch_draws_the_returned_tokens_first(
     );
     let release = json!({"op": "release", "account": account, "actor": "holder",
                          "authorized": true, "reservation": first["reservation_id"]});
-    let batch = json!([release, reserve_op(account, 1, None)]);
-    let mut conn = app.conn();
-    let schema = token_billing::engine::install::SCHEMA;
-    conn.batch_execute(&format!("SET search_path TO {schema}, public"))
-        .expect("search path");
-    let answers = diesel::sql_query(
-        "SELECT outcome, object FROM engine_apply(ARRAY(\
-             SELECT jsonb_populate_record(NULL::engine_request, o) \
-             FROM jsonb_array_elements($1::jsonb) o)) ORDER BY op_position",
-    )
-    .bind::<diesel::sql_types::Text, _>(batch.to_string())
-    .load::<Answer>(&mut conn)
-    .expect("engine_apply");
-    let outcomes: Vec<&str> = answers.iter().map(|a| a.outcome.as_str()).collect();
+    let answers = applied(&app, &json!([release, reserve_op(account, 1, None)]));
+    let outcomes: Vec<&str> = answers
+        .iter()
+        .map(|(outcome, _)| outcome.as_str())
+        .collect();
     assert_eq!(outcomes, ["released", "created"]);
-    let second = answers[1].object.clone().expect("the reservation");
     assert_eq!(
-        second["draws"],
+        answers[1].1["draws"],
         json!([{"grant_id": grants[0], "amount": 1}]),
-        "the returned promotional token is drawn first: {second}"
+        "the returned promotional token is drawn first: {}",
+        answers[1].1
+    );
+    app.assert_invariants(account);
+}
+
+/// Reserves on one account in one batch take consecutive tokens in draw
+/// order: the first takes the promotional grant's only token, the second
+/// the paid grant's first, and so on. (Two of them deciding on the same
+/// tokens would draw the promotional grant twice, and the batch's write
+/// would fail: the service would then retry its operations one at a time,
+/// hiding it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserves_on_one_account_in_one_batch_take_consecutive_tokens() {
+    let app = TestApp::spawn().await;
+    let (account, grants) = promo_and_paid(&app, [1, 5]).await;
+    let batch: Vec<Value> = [1, 2, 1]
+        .map(|amount| reserve_op(account, amount, None))
+        .into();
+    let answers = applied(&app, &Value::Array(batch));
+    let draws: Vec<(&str, Value)> = answers
+        .iter()
+        .map(|(outcome, object)| (outcome.as_str(), object["draws"].clone()))
+        .collect();
+    assert_eq!(
+        draws,
+        [
+            ("created", json!([{"grant_id": grants[0], "amount": 1}])),
+            ("created", json!([{"grant_id": grants[1], "amount": 2}])),
+            ("created", json!([{"grant_id": grants[1], "amount": 1}])),
+        ]
     );
     app.assert_invariants(account);
 }

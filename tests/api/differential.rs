@@ -7,8 +7,10 @@
 //! extends, expiries; suspensions, limit and threshold changes; jobs
 //! through the engine's claim, heartbeat, retry and fenced finish (stale
 //! tokens included), lapsed leases, attempts running out, finished jobs
-//! with a held reservation; reaper passes; and bursts of concurrent
-//! requests across accounts (cross-account batches) and on one account —
+//! with a held reservation; reaper passes; bursts of concurrent requests
+//! across accounts (cross-account batches) and on one account; and mixed
+//! engine batches (reserves, commits and releases of any accounts in one
+//! transaction, each seeing the ones before it) —
 //! go to the real service and to the plain model (`model.rs`). Every
 //! answer (status and code; a worker's fenced outcome; a claim's attempts
 //! and flags), every account's balances after every step, and at the end
@@ -181,6 +183,20 @@ enum Step {
     Burst(Vec<(usize, i64)>),
     /// Several reserves on one account, all at once.
     Crowd(usize, Vec<i64>),
+    /// One engine batch of several operations, in order, as the coalescer
+    /// sends concurrent requests: each must be answered, and leave the
+    /// books, as if it ran alone after the ones before it.
+    Mixed(Vec<(Mixed, Key)>),
+}
+
+/// An operation of a `Mixed` batch. Settlements name the n-th reservation
+/// (of the model's, made before the batch) through its own account.
+#[derive(Clone, Copy, Debug)]
+enum Mixed {
+    Reserve(usize, i64),
+    /// Commit all, or at most this many tokens.
+    Commit(usize, Option<i64>),
+    Release(usize),
 }
 
 /// Which grants an `ExpireGrant` step picks from (when none of them is
@@ -250,8 +266,21 @@ fn step() -> impl Strategy<Value = Step> {
         2 => Just(Step::Reaper),
         2 => prop::collection::btree_map(account.clone(), 1..3i64, 2..=ACCOUNTS)
             .prop_map(|m| Step::Burst(m.into_iter().collect())),
-        2 => (account, prop::collection::vec(1..4i64, 2..=4))
+        2 => (account.clone(), prop::collection::vec(1..4i64, 2..=4))
             .prop_map(|(a, amounts)| Step::Crowd(a, amounts)),
+        3 => prop::collection::vec((mixed(account), prop_oneof![2 => Just(Key::Admin),
+                                                                1 => Just(Key::OwnKiosk)]),
+                                   2..=5)
+            .prop_map(Step::Mixed),
+    ]
+}
+
+fn mixed(account: std::ops::Range<usize>) -> impl Strategy<Value = Mixed> {
+    prop_oneof![
+        3 => (account, 1..4i64).prop_map(|(a, n)| Mixed::Reserve(a, n)),
+        2 => (0..40usize, prop::option::weighted(0.3, 1..4i64))
+            .prop_map(|(n, m)| Mixed::Commit(n, m)),
+        2 => (0..40usize).prop_map(Mixed::Release),
     ]
 }
 
@@ -909,6 +938,10 @@ async fn run_step(real: &mut Real, model: &mut Model, step: &Step, conn: &mut Pg
             }
             return;
         }
+        Step::Mixed(ops) => {
+            run_mixed(real, model, &ops, conn);
+            return;
+        }
         Step::Crowd(account, amounts) => {
             let mut requests = Vec::new();
             for amount in &amounts {
@@ -1009,6 +1042,101 @@ fn entry_reservations(conn: &mut PgConnection, account: Uuid) -> Vec<Option<Uuid
 }
 
 /// Reserves `(account, request, amount)` with the admin key, all at once.
+/// A `Mixed` batch: one call of the engine (`engine::apply`, one
+/// transaction), each operation as the API's route builds it for the key
+/// presented; then the model takes them one after another, in order, and
+/// every answer must be the model's. (The balances after the batch, and at
+/// the end every reservation's draws and every ledger entry, are compared
+/// as after any step.)
+fn run_mixed(real: &mut Real, model: &mut Model, ops: &[(Mixed, Key)], conn: &mut PgConnection) {
+    use actix_web::ResponseError;
+    use token_billing::domain::api_keys::Credentials;
+    use token_billing::engine::types::{AccountId, RequestId, ReservationId, Tokens};
+    use token_billing::engine::{Authority, CommitAmount, Op, Operation, Outcome};
+    let ttl = real.app.state.config.reservation_ttl_seconds;
+    let mut operations = Vec::new();
+    let mut planned = Vec::new();
+    for &(op, key) in ops {
+        let (account, built) = match op {
+            Mixed::Reserve(account, amount) => {
+                real.next_request += 1;
+                let n = real.next_request;
+                let op = Op::Reserve {
+                    request_id: RequestId(request_uuid(n)),
+                    amount: Tokens::parse(amount).expect("tokens"),
+                    ttl_seconds: None,
+                    effective_ttl_seconds: ttl,
+                };
+                (account, (op, Some(n)))
+            }
+            Mixed::Commit(n, _) | Mixed::Release(n) => {
+                if model.reservations.is_empty() {
+                    continue;
+                }
+                let index = n % model.reservations.len();
+                let reservation = ReservationId(real.reservations[index]);
+                let op = match op {
+                    Mixed::Commit(_, amount) => Op::Commit {
+                        reservation,
+                        amount: amount.map_or(CommitAmount::All, |amount| {
+                            CommitAmount::Exactly(Tokens::parse(amount).expect("tokens"))
+                        }),
+                    },
+                    _ => Op::Release { reservation },
+                };
+                (model.reservations[index].account, (op, Some(index as u64)))
+            }
+        };
+        let (secret, caller) = real.key(key, account);
+        // The bootstrap key is the service's own (the route compares it
+        // with ADMIN_API_KEY); a kiosk's is the engine's to verify.
+        let credentials = match key {
+            Key::Admin => Credentials::Bootstrap,
+            _ => Credentials::parse(&secret).expect("a key the API accepts"),
+        };
+        operations.push(Operation {
+            account: AccountId(real.accounts[account]),
+            authority: Authority::from(credentials),
+            op: built.0,
+        });
+        planned.push((op, account, caller, built.1.expect("numbered")));
+    }
+    let answers = token_billing::engine::apply(conn, &operations).expect("a mixed batch");
+    assert_eq!(answers.len(), planned.len());
+    for ((operation, answer), &(op, account, caller, n)) in
+        operations.iter().zip(&answers).zip(&planned)
+    {
+        let actual = match answer.error(operation) {
+            Some(error) => Reply {
+                status: error.status_code().as_u16(),
+                code: Some(error.code()),
+            },
+            None if answer.outcome == Outcome::Created => Reply {
+                status: 201,
+                code: None,
+            },
+            None => Reply {
+                status: 200,
+                code: None,
+            },
+        };
+        let expected = match op {
+            Mixed::Reserve(_, amount) => {
+                let (expected, index) = model.reserve(caller, account, n, amount, None);
+                if expected.status == 201 {
+                    real.requests[account].push((n, amount, None));
+                }
+                let id = answer.object.as_ref().map(|object| &object["id"]);
+                remember(&mut real.reservations, index, id.and_then(uuid_of));
+                expected
+            }
+            Mixed::Commit(_, amount) => model.resolve(caller, account, n as usize, Some(amount)),
+            Mixed::Release(_) => model.resolve(caller, account, n as usize, None),
+        };
+        assert_eq!(actual, expected, "{op:?} in the batch {ops:?}");
+    }
+}
+
 async fn concurrently(real: &Real, requests: &[(usize, u64, i64)]) -> Vec<(Reply, Value)> {
     let app = &real.app;
     let futures = requests.iter().map(|&(account, n, amount)| {
