@@ -9,9 +9,9 @@
 //! tokens included), lapsed leases, attempts running out, finished jobs
 //! with a held reservation; reaper passes; bursts of concurrent requests
 //! across accounts (cross-account batches) and on one account; and mixed
-//! engine batches (reserves, commits and releases of any accounts in one
-//! transaction, each seeing the ones before it) —
-//! go to the real service and to the plain model (`model.rs`). Every
+//! engine batches (reserves, commits, releases and credits of any
+//! accounts in one transaction, each seeing the ones before it) — go to
+//! the real service and to the plain model (`model.rs`). Every
 //! answer (status and code; a worker's fenced outcome; a claim's attempts
 //! and flags), every account's balances after every step, and at the end
 //! every reservation (with its draws), job (status, error code, attempts),
@@ -197,6 +197,10 @@ enum Mixed {
     /// Commit all, or at most this many tokens.
     Commit(usize, Option<i64>),
     Release(usize),
+    /// A credit (fresh reference) of this many tokens, at one of
+    /// PRIORITIES or the default: it writes at once, after the batch's
+    /// pending writes.
+    Credit(usize, i64, Option<u8>),
 }
 
 /// Which grants an `ExpireGrant` step picks from (when none of them is
@@ -277,10 +281,11 @@ fn step() -> impl Strategy<Value = Step> {
 
 fn mixed(account: std::ops::Range<usize>) -> impl Strategy<Value = Mixed> {
     prop_oneof![
-        3 => (account, 1..4i64).prop_map(|(a, n)| Mixed::Reserve(a, n)),
+        3 => (account.clone(), 1..4i64).prop_map(|(a, n)| Mixed::Reserve(a, n)),
         2 => (0..40usize, prop::option::weighted(0.3, 1..4i64))
             .prop_map(|(n, m)| Mixed::Commit(n, m)),
         2 => (0..40usize).prop_map(Mixed::Release),
+        1 => (account, 1..4i64, priority()).prop_map(|(a, n, p)| Mixed::Credit(a, n, p)),
     ]
 }
 
@@ -1050,24 +1055,28 @@ fn entry_reservations(conn: &mut PgConnection, account: Uuid) -> Vec<Option<Uuid
 /// as after any step.)
 fn run_mixed(real: &mut Real, model: &mut Model, ops: &[(Mixed, Key)], conn: &mut PgConnection) {
     use actix_web::ResponseError;
-    use token_billing::domain::api_keys::Credentials;
-    use token_billing::engine::types::{AccountId, RequestId, ReservationId, Tokens};
+    use token_billing::domain::api_keys::{Credentials, BOOTSTRAP_ACTOR};
+    use token_billing::engine::types::{
+        AccountId, ExternalRef, Priority, RequestId, ReservationId, Tokens,
+    };
     use token_billing::engine::{Authority, CommitAmount, Op, Operation, Outcome};
     let ttl = real.app.state.config.reservation_ttl_seconds;
+    // Each operation sent, with what the model is asked: the operation,
+    // its account, the caller, and the request's number (a reserve), the
+    // reservation's index (a settlement) or the reference (a credit).
     let mut operations = Vec::new();
-    let mut planned = Vec::new();
-    for &(op, key) in ops {
-        let (account, built) = match op {
+    let mut planned: Vec<(Mixed, usize, Caller, u64, String)> = Vec::new();
+    for &(mixed, key) in ops {
+        let (account, op, n, reference) = match mixed {
             Mixed::Reserve(account, amount) => {
                 real.next_request += 1;
-                let n = real.next_request;
                 let op = Op::Reserve {
-                    request_id: RequestId(request_uuid(n)),
+                    request_id: RequestId(request_uuid(real.next_request)),
                     amount: Tokens::parse(amount).expect("tokens"),
                     ttl_seconds: None,
                     effective_ttl_seconds: ttl,
                 };
-                (account, (op, Some(n)))
+                (account, op, real.next_request, String::new())
             }
             Mixed::Commit(n, _) | Mixed::Release(n) => {
                 if model.reservations.is_empty() {
@@ -1075,7 +1084,7 @@ fn run_mixed(real: &mut Real, model: &mut Model, ops: &[(Mixed, Key)], conn: &mu
                 }
                 let index = n % model.reservations.len();
                 let reservation = ReservationId(real.reservations[index]);
-                let op = match op {
+                let op = match mixed {
                     Mixed::Commit(_, amount) => Op::Commit {
                         reservation,
                         amount: amount.map_or(CommitAmount::All, |amount| {
@@ -1084,27 +1093,53 @@ fn run_mixed(real: &mut Real, model: &mut Model, ops: &[(Mixed, Key)], conn: &mu
                     },
                     _ => Op::Release { reservation },
                 };
-                (model.reservations[index].account, (op, Some(index as u64)))
+                let account = model.reservations[index].account;
+                (account, op, index as u64, String::new())
+            }
+            Mixed::Credit(account, amount, priority) => {
+                let reference = Uuid::new_v4().to_string();
+                let op = Op::Credit {
+                    amount: Tokens::parse(amount).expect("tokens"),
+                    external_ref: ExternalRef::try_from(reference.clone()).expect("a reference"),
+                    note: None,
+                    priority: priority.map_or_else(Priority::default, |p| {
+                        Priority::try_from(PRIORITIES[usize::from(p)]).expect("a priority")
+                    }),
+                    expires_at: None,
+                    price: None,
+                };
+                (account, op, 0, reference)
             }
         };
         let (secret, caller) = real.key(key, account);
-        // The bootstrap key is the service's own (the route compares it
-        // with ADMIN_API_KEY); a kiosk's is the engine's to verify.
-        let credentials = match key {
-            Key::Admin => Credentials::Bootstrap,
-            _ => Credentials::parse(&secret).expect("a key the API accepts"),
+        // As the routes build them: a credit is an admin's request, and
+        // the bootstrap key is the service's own (the route compares it
+        // with ADMIN_API_KEY); a kiosk's key is the engine's to verify.
+        let authority = match (mixed, key) {
+            (Mixed::Credit(..), _) => Authority::Request {
+                actor: BOOTSTRAP_ACTOR.to_owned(),
+                request_id: None,
+                key: None,
+            },
+            (_, Key::Admin) => Authority::from(Credentials::Bootstrap),
+            _ => Authority::from(Credentials::parse(&secret).expect("a key the API accepts")),
         };
         operations.push(Operation {
             account: AccountId(real.accounts[account]),
-            authority: Authority::from(credentials),
-            op: built.0,
+            authority,
+            op,
         });
-        planned.push((op, account, caller, built.1.expect("numbered")));
+        let caller = if matches!(mixed, Mixed::Credit(..)) {
+            Caller::Admin
+        } else {
+            caller
+        };
+        planned.push((mixed, account, caller, n, reference));
     }
     let answers = token_billing::engine::apply(conn, &operations).expect("a mixed batch");
     assert_eq!(answers.len(), planned.len());
-    for ((operation, answer), &(op, account, caller, n)) in
-        operations.iter().zip(&answers).zip(&planned)
+    for ((operation, answer), (mixed, account, caller, n, reference)) in
+        operations.iter().zip(&answers).zip(planned)
     {
         let actual = match answer.error(operation) {
             Some(error) => Reply {
@@ -1120,20 +1155,31 @@ fn run_mixed(real: &mut Real, model: &mut Model, ops: &[(Mixed, Key)], conn: &mu
                 code: None,
             },
         };
-        let expected = match op {
+        let object = answer.object.clone().unwrap_or(Value::Null);
+        let expected = match mixed {
             Mixed::Reserve(_, amount) => {
                 let (expected, index) = model.reserve(caller, account, n, amount, None);
                 if expected.status == 201 {
                     real.requests[account].push((n, amount, None));
                 }
-                let id = answer.object.as_ref().map(|object| &object["id"]);
-                remember(&mut real.reservations, index, id.and_then(uuid_of));
+                remember(&mut real.reservations, index, uuid_of(&object["id"]));
                 expected
             }
             Mixed::Commit(_, amount) => model.resolve(caller, account, n as usize, Some(amount)),
             Mixed::Release(_) => model.resolve(caller, account, n as usize, None),
+            Mixed::Credit(_, amount, priority) => {
+                let priority = priority.map(|p| PRIORITIES[usize::from(p)]);
+                real.credit_refs.push(reference.clone());
+                let expected =
+                    model.credit(account, amount, None, priority, Expiry::Never, &reference);
+                if expected.status == 201 && actual.status == 201 {
+                    real.grants
+                        .push(uuid_of(&object["credit"]["grant_id"]).expect("a credit's grant_id"));
+                }
+                expected
+            }
         };
-        assert_eq!(actual, expected, "{op:?} in the batch {ops:?}");
+        assert_eq!(actual, expected, "{mixed:?} in the batch {ops:?}");
     }
 }
 
