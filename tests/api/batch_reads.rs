@@ -225,3 +225,69 @@ async fn reserves_on_one_account_in_one_batch_take_consecutive_tokens() {
     );
     app.assert_invariants(account);
 }
+
+/// A batch whose reserve finds a grant due to lapse writes what the batch
+/// did before it first: the commit's entry comes before the lapse's.
+/// (Lapsed before the batch's pending writes, the grant's lapse would come
+/// first in the ledger, and the reserve would be judged on the account
+/// without the commit. A release would not tell: tokens given back flush
+/// the pending writes before a reserve anyway.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lapse_met_mid_batch_is_written_after_what_the_batch_did_before_it() {
+    let app = TestApp::spawn().await;
+    let account = app.create_account(0).await;
+    let credit = |body: Value| {
+        let app = &app;
+        async move {
+            let response = app
+                .post(&format!("/v1/accounts/{account}/credits"), ADMIN_KEY, &body)
+                .await;
+            assert_eq!(response.status(), StatusCode::CREATED);
+            let body: Value = response.json().await.expect("json");
+            body["grant_id"].clone()
+        }
+    };
+    let paid = credit(json!({"amount": 2, "external_ref": "paid", "priority": 50})).await;
+    let held = app.reserve(account, ADMIN_KEY, Uuid::new_v4(), 1).await;
+    assert_eq!(held.status(), StatusCode::CREATED);
+    let held: Value = held.json().await.expect("json");
+    let in_an_hour = (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
+    let promo = credit(json!({"amount": 1, "external_ref": "promo", "priority": 0,
+                              "expires_at": in_an_hour}))
+    .await;
+    // The promotional grant lapses now; nothing has written its lapse.
+    app.conn()
+        .batch_execute(&format!(
+            "UPDATE credit_grants SET expires_at = clock_timestamp() WHERE id = '{}'",
+            promo.as_str().expect("grant id")
+        ))
+        .expect("aged");
+    let commit = json!({"op": "commit_all", "account": account, "actor": "holder",
+                        "authorized": true, "reservation": held["reservation_id"]});
+    let answers = applied(&app, &json!([commit, reserve_op(account, 1, None)]));
+    let outcomes: Vec<&str> = answers
+        .iter()
+        .map(|(outcome, _)| outcome.as_str())
+        .collect();
+    assert_eq!(outcomes, ["committed", "created"]);
+    assert_eq!(
+        answers[1].1["draws"],
+        json!([{"grant_id": paid, "amount": 1}])
+    );
+    let kinds: Vec<String> = crate::helpers::ledger_of(&mut app.conn(), account)
+        .into_iter()
+        .map(|(kind, ..)| kind)
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "credit",
+            "reserve",
+            "credit",
+            "commit",
+            "grant_expire",
+            "reserve"
+        ]
+    );
+    app.assert_invariants(account);
+}
