@@ -5,6 +5,11 @@
 //! for an account sees what the transaction it waited for wrote. A read in
 //! the statement that waited would see the database as it was before the
 //! wait: a key's budget already spent, a grant already drawn.
+//!
+//! Within a batch, each operation decides on what the ones before it did
+//! (`engine_apply`): reserves take consecutive tokens, tokens given back
+//! are drawn again in draw order, and a lapse met mid-batch is written
+//! after the batch's pending writes.
 
 use std::sync::Arc;
 
