@@ -69,20 +69,7 @@ async fn reserve_behind(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reserve_that_waited_draws_from_the_grants_as_they_were_left() {
     let app = Arc::new(TestApp::spawn().await);
-    let account = app.create_account(0).await;
-    let mut grants = Vec::new();
-    for (external_ref, priority) in [("promo", 0), ("paid", 50)] {
-        let response = app
-            .post(
-                &format!("/v1/accounts/{account}/credits"),
-                ADMIN_KEY,
-                &json!({"amount": 5, "external_ref": external_ref, "priority": priority}),
-            )
-            .await;
-        assert_eq!(response.status(), StatusCode::CREATED);
-        let body: Value = response.json().await.expect("json");
-        grants.push(body["grant_id"].clone());
-    }
+    let (account, grants) = promo_and_paid(&app, [5, 5]).await;
     let key = app.kiosk_key(account).await;
     let holder = applied_in_an_open_transaction(&app, &reserve_op(account, 5, None));
     let (status, body) = reserve_behind(&app, holder, account, key).await;
@@ -120,25 +107,35 @@ async fn a_reserve_that_waited_sees_the_budget_spent_meanwhile() {
     assert_eq!(app.account(account).await["reserved"], 10);
 }
 
+/// The grant a credit of `body` to `account` made.
+async fn granted(app: &TestApp, account: Uuid, body: Value) -> Value {
+    let response = app
+        .post(&format!("/v1/accounts/{account}/credits"), ADMIN_KEY, &body)
+        .await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let body: Value = response.json().await.expect("json");
+    body["grant_id"].clone()
+}
+
 /// A new account holding two grants of `tokens` tokens each: a
 /// promotional one (priority 0, drawn first) and a paid one (priority 50).
 /// The account and the two grants' ids.
 async fn promo_and_paid(app: &TestApp, tokens: [i64; 2]) -> (Uuid, [Value; 2]) {
     let account = app.create_account(0).await;
-    let mut grants = [Value::Null, Value::Null];
-    for (i, (external_ref, priority)) in [("promo", 0), ("paid", 50)].into_iter().enumerate() {
-        let response = app
-            .post(
-                &format!("/v1/accounts/{account}/credits"),
-                ADMIN_KEY,
-                &json!({"amount": tokens[i], "external_ref": external_ref, "priority": priority}),
-            )
-            .await;
-        assert_eq!(response.status(), StatusCode::CREATED);
-        let body: Value = response.json().await.expect("json");
-        grants[i] = body["grant_id"].clone();
-    }
+    let promo = json!({"amount": tokens[0], "external_ref": "promo", "priority": 0});
+    let paid = json!({"amount": tokens[1], "external_ref": "paid", "priority": 50});
+    let grants = [
+        granted(app, account, promo).await,
+        granted(app, account, paid).await,
+    ];
     (account, grants)
+}
+
+/// A settlement (`op`: commit_all, release …) of `reservation` on
+/// `account` as the engine's request, the service's own.
+fn settle_op(op: &str, account: Uuid, reservation: &Value) -> Value {
+    json!({"op": op, "account": account, "actor": "holder", "authorized": true,
+           "reservation": reservation})
 }
 
 /// `batch` (the engine's requests, as JSON) through `engine_apply` in one
@@ -168,6 +165,14 @@ fn applied(app: &TestApp, batch: &Value) -> Vec<(String, Value)> {
     .collect()
 }
 
+/// The outcomes of `applied`'s answers.
+fn outcomes(answers: &[(String, Value)]) -> Vec<&str> {
+    answers
+        .iter()
+        .map(|(outcome, _)| outcome.as_str())
+        .collect()
+}
+
 /// A batch that gives tokens back and then spends on the same account
 /// draws in draw order from the grants as the give-back left them: the
 /// release returns the promotional grant's token (drawn first), and the
@@ -185,14 +190,9 @@ async fn a_reserve_after_a_release_in_one_batch_draws_the_returned_tokens_first(
         first["draws"],
         json!([{"grant_id": grants[0], "amount": 1}])
     );
-    let release = json!({"op": "release", "account": account, "actor": "holder",
-                         "authorized": true, "reservation": first["reservation_id"]});
+    let release = settle_op("release", account, &first["reservation_id"]);
     let answers = applied(&app, &json!([release, reserve_op(account, 1, None)]));
-    let outcomes: Vec<&str> = answers
-        .iter()
-        .map(|(outcome, _)| outcome.as_str())
-        .collect();
-    assert_eq!(outcomes, ["released", "created"]);
+    assert_eq!(outcomes(&answers), ["released", "created"]);
     assert_eq!(
         answers[1].1["draws"],
         json!([{"grant_id": grants[0], "amount": 1}]),
@@ -241,25 +241,15 @@ async fn reserves_on_one_account_in_one_batch_take_consecutive_tokens() {
 async fn a_lapse_met_mid_batch_is_written_after_what_the_batch_did_before_it() {
     let app = TestApp::spawn().await;
     let account = app.create_account(0).await;
-    let credit = |body: Value| {
-        let app = &app;
-        async move {
-            let response = app
-                .post(&format!("/v1/accounts/{account}/credits"), ADMIN_KEY, &body)
-                .await;
-            assert_eq!(response.status(), StatusCode::CREATED);
-            let body: Value = response.json().await.expect("json");
-            body["grant_id"].clone()
-        }
-    };
-    let paid = credit(json!({"amount": 2, "external_ref": "paid", "priority": 50})).await;
+    let paid = json!({"amount": 2, "external_ref": "paid", "priority": 50});
+    let paid = granted(&app, account, paid).await;
     let held = app.reserve(account, ADMIN_KEY, Uuid::new_v4(), 1).await;
     assert_eq!(held.status(), StatusCode::CREATED);
     let held: Value = held.json().await.expect("json");
     let in_an_hour = (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
-    let promo = credit(json!({"amount": 1, "external_ref": "promo", "priority": 0,
-                              "expires_at": in_an_hour}))
-    .await;
+    let promo = json!({"amount": 1, "external_ref": "promo", "priority": 0,
+                       "expires_at": in_an_hour});
+    let promo = granted(&app, account, promo).await;
     // The promotional grant lapses now; nothing has written its lapse.
     app.conn()
         .batch_execute(&format!(
@@ -267,14 +257,9 @@ async fn a_lapse_met_mid_batch_is_written_after_what_the_batch_did_before_it() {
             promo.as_str().expect("grant id")
         ))
         .expect("aged");
-    let commit = json!({"op": "commit_all", "account": account, "actor": "holder",
-                        "authorized": true, "reservation": held["reservation_id"]});
+    let commit = settle_op("commit_all", account, &held["reservation_id"]);
     let answers = applied(&app, &json!([commit, reserve_op(account, 1, None)]));
-    let outcomes: Vec<&str> = answers
-        .iter()
-        .map(|(outcome, _)| outcome.as_str())
-        .collect();
-    assert_eq!(outcomes, ["committed", "created"]);
+    assert_eq!(outcomes(&answers), ["committed", "created"]);
     assert_eq!(
         answers[1].1["draws"],
         json!([{"grant_id": paid, "amount": 1}])
