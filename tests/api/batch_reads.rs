@@ -8,8 +8,8 @@
 //!
 //! Within a batch, each operation decides on what the ones before it did
 //! (`engine_apply`): reserves take consecutive tokens, tokens given back
-//! are drawn again in draw order, and a lapse met mid-batch is written
-//! after the batch's pending writes.
+//! are drawn again in draw order, and a credit or a lapse met mid-batch is
+//! written after the batch's pending writes and seen by what follows.
 
 use std::sync::Arc;
 
@@ -278,6 +278,42 @@ async fn a_lapse_met_mid_batch_is_written_after_what_the_batch_did_before_it() {
             "grant_expire",
             "reserve"
         ]
+    );
+    app.assert_invariants(account);
+}
+
+/// A credit in the middle of a batch writes after what the batch did
+/// before it, and what comes after it sees it: the first reserve takes the
+/// promotional token, the credit is booked after that reserve, the second
+/// reserve takes the paid token and the third the credited one (without
+/// the credit, the account would have none left).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credit_mid_batch_comes_after_the_reserves_before_it_and_is_drawn_by_those_after() {
+    let app = TestApp::spawn().await;
+    let (account, [promo, paid]) = promo_and_paid(&app, [1, 1]).await;
+    let credit = json!({"op": "credit", "account": account, "actor": "holder",
+                        "authorized": true, "new_id": Uuid::new_v4(), "amount": 1,
+                        "external_ref": "top-up", "priority": 50});
+    let reserve = || reserve_op(account, 1, None);
+    let answers = applied(&app, &json!([reserve(), credit, reserve(), reserve()]));
+    assert_eq!(
+        outcomes(&answers),
+        ["created", "created", "created", "created"]
+    );
+    let credited = answers[1].1["credit"]["grant_id"].clone();
+    assert!(credited.is_string(), "{}", answers[1].1);
+    let draws: Vec<Value> = [0, 2, 3].map(|i| answers[i].1["draws"].clone()).into();
+    assert_eq!(
+        draws,
+        [promo, paid, credited].map(|grant| json!([{"grant_id": grant, "amount": 1}]))
+    );
+    let kinds: Vec<String> = crate::helpers::ledger_of(&mut app.conn(), account)
+        .into_iter()
+        .map(|(kind, ..)| kind)
+        .collect();
+    assert_eq!(
+        kinds,
+        ["credit", "credit", "reserve", "credit", "reserve", "reserve"]
     );
     app.assert_invariants(account);
 }
