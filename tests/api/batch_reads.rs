@@ -165,6 +165,14 @@ fn applied(app: &TestApp, batch: &Value) -> Vec<(String, Value)> {
     .collect()
 }
 
+/// The kinds of `account`'s ledger entries, in order.
+fn ledger_kinds(app: &TestApp, account: Uuid) -> Vec<String> {
+    crate::helpers::ledger_of(&mut app.conn(), account)
+        .into_iter()
+        .map(|(kind, ..)| kind)
+        .collect()
+}
+
 /// The outcomes of `applied`'s answers.
 fn outcomes(answers: &[(String, Value)]) -> Vec<&str> {
     answers
@@ -264,10 +272,7 @@ async fn a_lapse_met_mid_batch_is_written_after_what_the_batch_did_before_it() {
         answers[1].1["draws"],
         json!([{"grant_id": paid, "amount": 1}])
     );
-    let kinds: Vec<String> = crate::helpers::ledger_of(&mut app.conn(), account)
-        .into_iter()
-        .map(|(kind, ..)| kind)
-        .collect();
+    let kinds = ledger_kinds(&app, account);
     assert_eq!(
         kinds,
         [
@@ -307,10 +312,7 @@ async fn a_credit_mid_batch_comes_after_the_reserves_before_it_and_is_drawn_by_t
         draws,
         [promo, paid, credited].map(|grant| json!([{"grant_id": grant, "amount": 1}]))
     );
-    let kinds: Vec<String> = crate::helpers::ledger_of(&mut app.conn(), account)
-        .into_iter()
-        .map(|(kind, ..)| kind)
-        .collect();
+    let kinds = ledger_kinds(&app, account);
     assert_eq!(
         kinds,
         ["credit", "credit", "reserve", "credit", "reserve", "reserve"]
