@@ -1,47 +1,30 @@
--- The engine's typed contract: the rows its functions take and keep.
---
--- A movement is what engine_record (the one write path) applies to an
--- account and writes to the ledger; a request is one operation of a batch
--- (engine_apply, the one entry point). Every field of a movement is set; a
--- field that may be empty says so below. Callers never pass "missing
--- means all".
---
--- Plans. The functions a request or a job's worker calls run with
--- `SET plan_cache_mode = force_generic_plan`: each statement is planned once
--- per connection (and again after its tables' statistics change), not on
--- every call. Left to choose, PostgreSQL planned the batch statements anew
--- on every call, and planning cost three times their execution (measured
--- with pg_stat_statements; BENCHMARKS.md). A generic plan does not know the
--- batch's keys, so every look-up by a primary key is written as `= ANY
--- (ARRAY(...))` of the batch's keys, which is found by index whatever the
--- plan; a look-up by a two-column key (an account's request_id) is a
--- LATERAL subquery with LIMIT 1, one index probe per item (`= ANY` of the
--- second column alone walks the whole index). Nor does a statement join
--- two of the batch's own sets (CTEs) on their keys: with no idea of their
--- sizes the planner joins them by nested loop, quadratic in the batch. The
--- reaper's and the claimer's scans (a LIMIT over a status) keep the default:
--- they run a few times a minute, and their plans depend on the limit.
+-- The engine's types. A field that may be NULL says so; callers never pass "missing means all".
 
+-- Plans: functions that a request or a job's worker calls run with `SET plan_cache_mode =
+-- force_generic_plan` (planning at every call cost three times the execution). A generic plan
+-- does not know the batch's keys, so a look-up by primary key is `= ANY (ARRAY(...))`; by a
+-- two-column key (an account's request_id), a LATERAL subquery with LIMIT 1 (`= ANY` of the
+-- second column walks the whole index). No statement joins two of the batch's CTEs on their
+-- keys (nested loop, quadratic in the batch). The reaper's and claimer's LIMIT scans keep the
+-- default mode: their plans depend on the limit.
+
+-- One movement of one account's tokens: engine_record applies it and writes its ledger entry.
 CREATE TYPE engine_movement AS (
     account      uuid,
-    kind         text,        -- credit, adjustment, reserve, commit, release, expire,
-                              -- grant_expire
+    kind         text,        -- credit, adjustment, reserve, commit, release, expire, grant_expire
     amount       bigint,      -- signed only for an adjustment
     active_delta integer,     -- +1 on a reserve, -1 on the last entry of a settlement
-    reservation  uuid,        -- may be NULL (credit, adjustment, a grant's lapse); a
-                              -- grant_expire with one takes the reservation's rest
+    reservation  uuid,        -- may be NULL; a grant_expire with one takes its rest
     job          uuid,        -- may be NULL
     external_ref text,        -- may be NULL
     reason       text,        -- may be NULL
     actor        text,
     at           timestamptz,
-    grant_id     uuid,        -- the grant whose tokens move; NULL when none does (a
-                              -- credit or positive adjustment names the grant it made)
+    grant_id     uuid,        -- the grant moved, or made (credit, positive adjustment); may be NULL
     api_key      uuid         -- the key whose request moves them; NULL: the service's own
 );
 
--- What a movement does to an account's balances (engine_deltas) and to
--- the grant it names (engine_grant_deltas).
+-- A movement's deltas to an account (engine_deltas) and to its grant (engine_grant_deltas).
 CREATE TYPE engine_balances AS (
     available     bigint,
     reserved      bigint,
@@ -59,14 +42,9 @@ CREATE TYPE engine_grant_balances AS (
     expired   bigint
 );
 
--- One operation as the service sends it: engine_apply's batch is an array
--- of these (element i is operation i; engine_op_incomplete lists the
--- fields each kind of operation sets, the others NULL). It crosses as one
--- array parameter, bound by src/engine/mod.rs (`EngineRequest`) by position:
--- its `EngineRequestFields` lists these fields' types in this order (a
--- test checks that every field arrives under its name). Every function
--- that decides an operation takes it whole: its fields are written here
--- once.
+-- One operation of engine_apply's batch (an array of these); engine_op_incomplete lists the
+-- fields each op sets, the others are NULL. Deciding functions take it whole. src/engine/mod.rs
+-- binds it by position: `EngineRequestFields` lists the types in this order (a test checks).
 CREATE TYPE engine_request AS (
     op              text,
     account         uuid,
@@ -98,13 +76,10 @@ CREATE TYPE engine_request AS (
     currency        text
 );
 
--- A batch's own picture of the rows its operations decide on and write:
--- an account as the batch leaves it, a reservation and a job as they are
--- to be written (engine_apply keeps them; engine_record writes them). The
--- engine's own types, not the tables' row types: a table's row type in a
--- function's signature would stop every migration that alters the table
--- while a build's engine schema is installed. engine_reservation has every
--- column of reservations, in its order (the API shows it whole).
+-- engine_account, engine_reservation, engine_job: a batch's own picture of the rows it decides
+-- on (engine_apply keeps them, engine_record writes them). Not the tables' row types: one in a
+-- signature would block every migration altering the table while an engine schema is
+-- installed. engine_reservation has every column of reservations, in order (the API shows it).
 CREATE TYPE engine_account AS (
     id                      uuid,
     status                  text,
@@ -118,10 +93,8 @@ CREATE TYPE engine_account AS (
     max_active_reservations integer
 );
 
--- A presented key that is valid (engine_valid_key), as a batch's
--- operations are decided against it: who it is, where it may spend, when
--- it was last used, and its budget (NULL: none) with the count of the
--- period starting at budget_period_start.
+-- A valid presented key (engine_valid_key), as a batch decides against it. budget_tokens NULL:
+-- no budget; budget_spent counts the period starting at budget_period_start.
 CREATE TYPE engine_key AS (
     key_id              uuid,
     scope               text,
@@ -134,10 +107,8 @@ CREATE TYPE engine_key AS (
     budget_period_start timestamptz
 );
 
--- One interval of an account's drawable tokens in draw order
--- (engine_grant_pools): [lo, hi) held by the grant `grant_id` (NULL: no
--- grant). A batch reads its spending accounts' intervals once
--- (engine_lock_accounts) and draws from them (engine_draws).
+-- [lo, hi) of an account's drawable tokens in draw order, held by grant_id (NULL: no grant):
+-- engine_grant_pools builds them, engine_lock_accounts reads them, engine_draws draws from them.
 CREATE TYPE engine_pool AS (
     account_id uuid,
     grant_id   uuid,
@@ -173,11 +144,9 @@ CREATE TYPE engine_job AS (
     reservation_id uuid
 );
 
--- A change of a kiosk key's budget count (api_keys.budget_spent), written
--- by engine_record with the movements: `tokens` > 0, a reserve made
--- against the budget in the period starting at `period_start` (its
--- reservation then carries the key and the period); < 0, what a settled
--- reservation `reservation` gives back to the period it counted in.
+-- A change of a kiosk key's budget count (api_keys.budget_spent), written by engine_record.
+-- tokens > 0: a reserve against the budget in the period starting at period_start (its
+-- reservation then carries the key and period); < 0: what settled `reservation` gives back.
 CREATE TYPE engine_budget_move AS (
     key_id       uuid,
     period_start timestamptz,

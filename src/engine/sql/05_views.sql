@@ -1,17 +1,10 @@
--- The one representation of each resource that both the API and the events
--- show: a ledger entry, a reservation, a credit, an adjustment (a grant's is
--- engine_grant_json in 25_grants.sql, a job's engine_job_view in
--- 30_spend.sql). The API reads its resources through these functions, and
--- the events carry what they return, so an `entry` in an event is the
--- entry the ledger API lists, field for field.
---
--- Each takes the row as JSON (to_jsonb of the row), like engine_grant_json:
--- a table's row type in a signature would tie the table to every installed
--- engine schema.
+-- The one JSON shape of each resource, shared by the API and the events (an event's `entry` is
+-- the ledger API's entry, field for field). A grant's is engine_grant_json (25_grants.sql), a
+-- job's engine_job_view (30_spend.sql). Those below take to_jsonb(row), not a row type
+-- (00_types.sql says why).
 
--- Every time the API and the events show: RFC 3339 in UTC, `Z`, always six
--- fractional digits (PostgreSQL keeps microseconds). The Rust side writes
--- the same (`token_billing::time::micros`).
+-- Every time the API and the events show: RFC 3339 in UTC, six fractional digits, `Z`. The Rust
+-- side writes the same (`token_billing::time::micros`).
 CREATE FUNCTION engine_time(p_at timestamptz) RETURNS text
 LANGUAGE sql STABLE AS $$
     SELECT to_char(p_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
@@ -34,8 +27,7 @@ LANGUAGE sql STABLE AS $$
         'external_ref', p_entry->'external_ref', 'reason', p_entry->'reason',
         'actor', p_entry->'actor', 'created_at', engine_time_of(p_entry->'created_at'),
         'grant_id', p_entry->'grant_id', 'api_key_id', p_entry->'api_key_id',
-        -- A top-up's credit names its rule through its grant (the ledger
-        -- row itself never changes: the rule is the grant's).
+        -- A top-up's credit names its rule through its grant: ledger rows never change.
         'topup_rule_id', CASE WHEN p_entry->>'kind' = 'credit' THEN
             (SELECT to_jsonb(g.topup_rule_id) FROM credit_grants g
              WHERE g.id = (p_entry->>'grant_id')::uuid) END)
@@ -55,12 +47,9 @@ LANGUAGE sql STABLE AS $$
         'draws', COALESCE(p_reservation->'draws', '[]'))
 $$;
 
--- A credit or an adjustment as the API answers it ({"credit": …} or
--- {"adjustment": …}): the booking with the balances of its (last) ledger
--- entry and its grant (a removal has none); a credit says its note and the
--- top-up rule that made it, an adjustment its reason. The object of
--- engine_external's outcome (a replay's included), and of credit.created
--- and adjustment.created.
+-- A credit or an adjustment as the API answers it ({"credit": …} or {"adjustment": …}): the
+-- booking, its (last) ledger entry's balances and its grant (a removal has none). The object of
+-- engine_external's outcome (replays too), credit.created and adjustment.created.
 CREATE FUNCTION engine_external_json(p_kind text, p_row jsonb, p_entry jsonb, p_grant jsonb)
 RETURNS jsonb
 LANGUAGE sql STABLE AS $$

@@ -1,16 +1,9 @@
--- The arithmetic of every movement, and the one place ledger entries and
--- the events of a movement are written.
+-- The arithmetic of every movement, and the one place its ledger entries and events are written.
 
--- The time of this transaction's movements: one stamp per transaction,
--- not per statement (issue 35). The first call in a transaction takes
--- clock_timestamp() and keeps it (a transaction-local setting); every
--- later call in the same transaction answers the same instant, so every
--- entry, event and settlement a transaction writes carries one time, and
--- no instant falls between two entries of one transaction. Writers call it
--- after taking their accounts' row locks, so an account's entries still
--- carry times in the order they were written.
--- (PL/pgSQL: an SQL function that cannot be inlined is planned again at
--- every call, and every operation asks.)
+-- The one time of all this transaction's entries, events and settlements: the first call keeps
+-- clock_timestamp() in the transaction-local setting token_billing.at. Writers call it after
+-- taking their accounts' row locks, so an account's entries carry times in write order.
+-- PL/pgSQL, not SQL: an SQL function that cannot be inlined is planned at every call.
 CREATE FUNCTION engine_now() RETURNS timestamptz
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -23,12 +16,9 @@ BEGIN
 END;
 $$;
 
--- What a movement of `kind` and `amount` does to each balance. A
--- grant_expire takes tokens out of the account for good (grant_expired):
--- from `available` when a grant lapses holding them, from `reserved` when
--- they are the rest of a reservation (`p_reservation` set) going back to a
--- grant that has lapsed.
---
+-- What a movement does to an account's balances (a: p_amount; none/set: p_reservation NULL or
+-- not). A grant_expire takes tokens out for good: from available when a grant lapses holding
+-- them, from reserved when a reservation's rest goes back to a lapsed grant.
 --   kind          available  reserved  used  credited  adjusted  grant_expired
 --   credit        +a                          +a
 --   adjustment    +a                                    +a
@@ -37,12 +27,7 @@ $$;
 --   release       +a         -a
 --   expire        +a         -a
 --   grant_expire  -a (none)  -a (set)                             +a
---
--- (a: `p_amount`; (none)/(set): `p_reservation` NULL or set.) One value,
--- for the write path's loop over a batch's movements (engine_record) and
--- the batch's own picture of an account (engine_moved); inlined where a
--- statement calls it. An unknown kind moves nothing (and the ledger's row
--- rules refuse its entry).
+-- Used by engine_record and engine_moved. An unknown kind moves nothing (row rules refuse it).
 CREATE FUNCTION engine_deltas(p_kind text, p_amount bigint, p_reservation uuid)
 RETURNS engine_balances
 LANGUAGE sql IMMUTABLE AS $$
@@ -60,28 +45,11 @@ LANGUAGE sql IMMUTABLE AS $$
                CASE WHEN p_kind = 'grant_expire' THEN p_amount ELSE 0 END)::engine_balances
 $$;
 
--- What a movement of `kind` and `amount` does to the grant it names
--- (engine_movement.grant_id). A credit or a positive adjustment moves
--- nothing: its grant is made holding its tokens. A negative adjustment
--- takes remaining tokens for good (debited). A grant_expire takes them for
--- good too (expired): from remaining when the grant lapses, from reserved
--- when a reservation's rest goes back to it after it lapsed.
---
---   kind          remaining      reserved   consumed  debited        expired
---   credit
---   adjustment    min(a, 0)                           -min(a, 0)
---   reserve       -a             +a
---   commit                       -a         +a
---   release       +a             -a
---   expire        +a             -a
---   grant_expire  -a (none)      -a (set)                            +a
---
--- (From the account's, `p_account` = engine_deltas of the movement: a
--- grant's reserved, consumed and expired move as the account's reserved,
--- used and grant_expired; its remaining as available, but for a credit
--- and an adjustment. One value; an unknown kind moves nothing. It takes
--- the account's deltas rather than computing them again: inlined, each
--- call of engine_deltas is its whole expression.)
+-- What a movement does to the grant it names (engine_movement.grant_id), given the account's
+-- deltas p_account (passed in: inlined, each engine_deltas call is its whole expression). The
+-- grant's reserved, consumed, expired move as the account's reserved, used, grant_expired; its
+-- remaining as available, except: a credit or positive adjustment moves nothing (its grant is
+-- made holding its tokens); a negative one takes -a from remaining for good (debited).
 CREATE FUNCTION engine_grant_deltas(p_kind text, p_amount bigint, p_account engine_balances)
 RETURNS engine_grant_balances
 LANGUAGE sql IMMUTABLE AS $$
@@ -93,19 +61,16 @@ LANGUAGE sql IMMUTABLE AS $$
                p_account.grant_expired)::engine_grant_balances
 $$;
 
--- The low-balance rule: an account is low when a threshold is set (> 0)
--- and its available tokens are below it.
+-- The low-balance rule: an account is low when a threshold is set (> 0) and available is below it.
 CREATE FUNCTION engine_is_low(p_available bigint, p_threshold bigint) RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$
     SELECT p_threshold > 0 AND p_available < p_threshold
 $$;
 
--- A transaction's tallies for its callers' metrics (transaction-local
--- settings `token_billing.<name>`): what was added up so far, adding to
--- it, and taking it (read and back to 0; the callers count it once the
--- transaction commits). The tallies: grant_expired (tokens that left by a
--- grant's lapse: token_billing_tokens_total{movement="grant_expired"}) and
--- topup_credited (tokens top-up rules credited: movement="credited").
+-- A transaction's tallies for the callers' metrics, in transaction-local settings
+-- token_billing.<name>; engine_tally_take reads and resets one (counted once the transaction
+-- commits). grant_expired: tokens gone with a grant's lapse (token_billing_tokens_total
+-- {movement="grant_expired"}); topup_credited: tokens top-up rules credited (movement="credited").
 CREATE FUNCTION engine_tally(p_name text) RETURNS bigint
 LANGUAGE sql STABLE AS $$
     SELECT COALESCE(NULLIF(current_setting('token_billing.' || p_name, true), ''), '0')::bigint
@@ -130,30 +95,21 @@ BEGIN
 END;
 $$;
 
--- A threshold top-up rule fires only against consumption: the tokens it
--- added (granted, or requested and not expired) that nothing has used
--- since, accounts.topup_unconsumed, must be 0 before it fires again
--- (engine_topup_due). This is that count after `p_less` tokens stop
--- counting (used by commits, credited by something else than the rule,
--- or the tokens of a request that expired unanswered; NULL: all, as a new
--- or re-armed rule does) and the rule adds `p_more`. Never below 0. A
--- release, an expiry or a lapse uses nothing, so it never lowers the
--- count: tokens that came back, or lapsed, never make the rule fire
--- again. So the tokens a rule adds in any period are at most the tokens
--- used (or credited otherwise) in it, plus one firing.
+-- accounts.topup_unconsumed: the tokens a threshold top-up rule added (granted, or requested and
+-- not expired) that nothing used since; the rule fires again only at 0 (engine_topup_due). This
+-- is the count after p_less tokens stop counting (used by commits, credited otherwise, or of a
+-- request that expired unanswered; NULL: all, for a new or re-armed rule) and the rule adds
+-- p_more; never below 0. Releases, expiries and lapses use nothing and never lower it, so a
+-- rule adds in any period at most the tokens used (or credited otherwise) in it, plus one firing.
 CREATE FUNCTION engine_topup_unconsumed(p_before bigint, p_less bigint, p_more bigint)
 RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$
     SELECT GREATEST(p_before - COALESCE(p_less, p_before), 0) + p_more
 $$;
 
--- Whether an account's top-up state must change (80_topups.sql): its
--- threshold rule is armed, `available` went below the line and nothing
--- the rule added is unused (`p_unconsumed` 0, engine_topup_unconsumed): it
--- fires; or it is not armed and `available` is back at or above the line:
--- it re-arms. `p_line` is accounts.topup_threshold (0: no live threshold
--- rule, never due). engine_record calls engine_topup_evaluate for every
--- account its movements make this true.
+-- Whether an account's threshold top-up rule must fire (armed, below the line, p_unconsumed 0)
+-- or re-arm (not armed, at or above it). p_line: accounts.topup_threshold (0: no live rule).
+-- engine_record calls engine_topup_evaluate (80_topups.sql) for each account made due.
 CREATE FUNCTION engine_topup_due(p_available bigint, p_line bigint, p_armed boolean,
     p_unconsumed bigint)
 RETURNS boolean
@@ -179,46 +135,28 @@ LANGUAGE sql IMMUTABLE AS $$
         p_account.used, p_account.credited, p_account.adjusted, p_account.low_balance_threshold)
 $$;
 
--- The one place an event is written one at a time (the movements' writer,
--- engine_record, inserts its rows into the same table in the same shape).
+-- Writes one event (engine_record inserts its events in bulk, in the same shape).
 CREATE FUNCTION engine_emit_event(p_type text, p_account uuid, p_data jsonb, p_at timestamptz)
 RETURNS void
 LANGUAGE sql AS $$
     INSERT INTO events (type, account_id, data, created_at) VALUES (p_type, p_account, p_data, p_at)
 $$;
 
--- The one write path: every movement of every operation, whatever the
--- batch or the caller, is written here. Applies movements (of any
--- accounts) in array order: each account's balances move by the
--- sum of its movements (one UPDATE per account), each movement becomes a
--- ledger entry carrying the balances after it (running sums in array
--- order), and the movement's events are written next to it:
--- credit.created, adjustment.created (once per movement, with its last
--- entry when it spans several grants), grant.expired (once per
--- grant_expire entry: the grant and the tokens it took),
--- reservation.expired (once per expired reservation, with its last return
--- entry: `expire`, or `grant_expire` when it went to a lapsed grant), and
--- the
--- crossings — account.balance_low / account.balance_recovered when the
--- low-balance state (engine_is_low) changes from the one last reported
--- (accounts.balance_low), account.balance_depleted when available reaches
--- 0. Before them, the operations' own rows: the reservations made
--- (`p_made`) and changed (`p_changed`: state, committed_amount,
--- resolved_at, expires_at) and the jobs made (`p_jobs`), as the deciding
--- functions built them (engine_apply). Then each account whose threshold
--- top-up rule the movements made due fires or re-arms it
--- (engine_topup_due, engine_topup_evaluate). The caller holds the
--- accounts' row locks. Returns the number of entries written (the
--- account's latest entries are this call's, under its lock).
---
--- One plain statement per table that has rows to write: the reservations
--- made, those changed, the accounts (one row each), the grants, the
--- entries, then the events — only when one of the batch's accounts can
--- have one (a threshold set, a credit, adjustment or expiry, a balance
--- reaching 0). The arithmetic (each account's and grant's totals, each
--- entry's balances after it) is a loop in this function's variables: a
--- statement starts every plan node it names, rows or none, and one
--- statement of running sums cost more (docs/decisions/0001-one-engine.md).
+-- The one write path: every movement of every operation is written here. The caller holds the
+-- accounts' row locks. It writes, in order:
+-- 1. the operations' own rows as engine_apply built them: jobs made (p_jobs), reservations made
+--    (p_made) and changed (p_changed: state, committed_amount, resolved_at, expires_at), and
+--    the keys' budget counts (p_budgets);
+-- 2. the movements, in array order: each account and grant moves by the sum of its movements
+--    (one UPDATE per table), and each movement becomes a ledger entry with the balances after it;
+-- 3. the events: credit.created and adjustment.created (once per movement), grant.expired (per
+--    grant_expire entry), reservation.expired (with its last return entry), account.balance_low
+--    / account.balance_recovered when engine_is_low differs from the state last reported
+--    (accounts.balance_low), account.balance_depleted when available reaches 0;
+-- 4. engine_topup_evaluate for each account whose threshold rule is now due (engine_topup_due).
+-- Returns the number of entries written. The arithmetic is a loop over variables, then one
+-- plain statement per table with rows: a statement starts every plan node it names, rows or
+-- none, and one statement of running sums cost more (docs/decisions/0001-one-engine.md).
 CREATE FUNCTION engine_record(p_moves engine_movement[], p_made engine_reservation[] DEFAULT '{}',
     p_changed engine_reservation[] DEFAULT '{}', p_jobs engine_job[] DEFAULT '{}',
     p_budgets engine_budget_move[] DEFAULT '{}')
@@ -232,8 +170,7 @@ DECLARE
     topped uuid;
     before accounts[];
     ids uuid[];
-    -- Per account (as `ids`): balances as the movements leave them, and
-    -- what they add.
+    -- Per account (as `ids`): balances as the movements leave them, and what they add.
     av bigint[]; rs bigint[]; us bigint[]; cr bigint[]; ad bigint[]; ge bigint[];
     moved bigint[]; active integer[]; watch boolean[];
     -- Per movement: the balances after it.
@@ -251,7 +188,6 @@ DECLARE
     b accounts;
     notice text;
 BEGIN
-    -- The operations' own rows first, each table only when it has some.
     IF cardinality(p_jobs) > 0 THEN
         INSERT INTO generation_jobs (id, account_id, request_id, request_hash, kind, params, cost,
             reservation_id)
@@ -275,14 +211,10 @@ BEGIN
         FROM unnest(p_changed) c
         WHERE r.id = c.id AND r.id = ANY (ARRAY(SELECT x.id FROM unnest(p_changed) x));
     END IF;
-    -- The keys' budget counts (only a key with a budget has any), one
-    -- statement per table: the reservations made against a budget carry
-    -- the key and the period they count in; each key's count takes the
-    -- batch's reserves in their period (a count of an earlier period
-    -- starts again from 0), and what its settled reservations give back
-    -- only while the key still counts their period. A count reaching
-    -- budget_low_percent of the budget sends key.budget_low, the budget
-    -- key.budget_exhausted, each once a period.
+    -- Each key's budget_spent takes the batch's reserves in their period (one of an earlier period
+    -- restarts from 0), and what its settled reservations give back while the key still counts
+    -- their period. Reaching budget_low_percent of the budget sends key.budget_low, reaching the
+    -- budget key.budget_exhausted, each once a period.
     IF cardinality(p_budgets) > 0 THEN
         FOR spender IN
             UPDATE api_keys x
@@ -302,7 +234,7 @@ BEGIN
             WHERE x.id = d.key_id
             RETURNING x.*
         LOOP
-            -- Each notice once a period, in order (a batch may cross both).
+            -- Low before exhausted: a batch may cross both.
             FOREACH notice IN ARRAY ARRAY['low', 'exhausted'] LOOP
                 CONTINUE WHEN spender.budget_notified IS NOT DISTINCT FROM 'exhausted'
                     OR (notice = 'low' AND (spender.budget_notified IS NOT DISTINCT FROM 'low'
@@ -327,12 +259,6 @@ BEGIN
     IF cardinality(p_moves) = 0 THEN
         RETURN 0; -- (an extension: the reservation's row alone)
     END IF;
-    -- The accounts as they are (the caller holds their row locks), and
-    -- each one's balances as the movements leave it, in array order: each
-    -- movement's entry carries the balances after it. The grants' totals
-    -- likewise: arithmetic alone, in this function's variables (a
-    -- statement starts every plan node it names; an assignment starts no
-    -- plan), then one plain statement per table.
     SELECT array_agg(a.id), array_agg(a), array_agg(a.available), array_agg(a.reserved),
            array_agg(a.used)
     INTO ids, before, av, rs, us
@@ -354,7 +280,7 @@ BEGIN
         active[j] := active[j] + m.active_delta;
         moved[j] := moved[j] + 1;
         av_after[i] := av[j]; rs_after[i] := rs[j]; us_after[i] := us[j];
-        -- An account with an event to test (engine_record's events below).
+        -- Events are tested only for watched accounts: these, and those with a threshold.
         IF m.kind IN ('credit', 'adjustment', 'expire', 'grant_expire') OR av[j] = 0 THEN
             watch[j] := true;
         END IF;
@@ -398,13 +324,11 @@ BEGIN
             consumed = g.consumed + g_con[array_position(gids, g.id)],
             debited = g.debited + g_deb[array_position(gids, g.id)],
             expired = g.expired + g_exp[array_position(gids, g.id)],
-            -- Changes (and costs index writes) only when the grant empties
-            -- or fills again: every other grant update is HOT.
+            -- Changes only when the grant empties or refills, so other updates stay HOT.
             drawable = g.remaining + g_rem[array_position(gids, g.id)] > 0
         WHERE g.id = ANY (gids);
     END IF;
-    -- Entries get their ids in array order: an account's k-th entry (by
-    -- id) is its k-th movement.
+    -- Ids in array order: an account's k-th entry (by id) is its k-th movement.
     INSERT INTO ledger_entries (account_id, kind, amount, available_after, reserved_after,
         used_after, reservation_id, job_id, external_ref, reason, actor, created_at, grant_id,
         api_key_id)
@@ -418,8 +342,7 @@ BEGIN
         IF watch[j] OR b.low_balance_threshold > 0 THEN
             watched := watched || b;
         END IF;
-        -- Accounts whose threshold top-up rule must fire or re-arm. (Two
-        -- tests: the rule's is compiled only where a rule is set.)
+        -- Two IFs: engine_topup_due's test is compiled only where a rule is set.
         IF b.topup_threshold > 0 THEN
             IF engine_topup_due(av[j], b.topup_threshold, b.topup_armed,
                                 engine_topup_unconsumed(b.topup_unconsumed, us[j] - b.used, 0)) THEN
@@ -427,20 +350,13 @@ BEGIN
             END IF;
         END IF;
     END LOOP;
-
-    -- Tokens that left by a grant's lapse, added up for the caller's
-    -- metrics (the tally grant_expired) for the rest of the transaction.
     IF lapsed IS NOT NULL THEN
         PERFORM engine_tally_add('grant_expired', lapsed);
     END IF;
-
     IF watched IS NOT NULL THEN
         WITH marked AS (
-            -- Each entry of a watched account with the account as it was
-            -- before the batch (b). The low-balance state before a
-            -- movement is the one last reported (accounts.balance_low) for
-            -- the account's first movement, and follows from the balance
-            -- before it for the others.
+            -- Each entry of a watched account, with the account as before the batch (b);
+            -- low_before at its first entry is the state last reported (balance_low).
             SELECT e AS entry, e.id, e.account_id, e.kind, e.available_after, e.created_at,
                    d.available AS d_available, b.low_balance_threshold AS threshold,
                    b.credited + (sum(d.credited) OVER w)::bigint AS credited_after,
@@ -449,15 +365,10 @@ BEGIN
                    CASE WHEN row_number() OVER w = 1 THEN b.balance_low
                         ELSE engine_is_low(e.available_after - d.available, b.low_balance_threshold)
                    END AS low_before,
-                   -- A movement spanning several grants writes one entry
-                   -- per grant (all in this call); its event (credit,
-                   -- adjustment, expiry) comes once, with its last entry.
+                   -- One entry per grant a movement spans: its event comes with the last.
                    e.id = max(e.id) OVER (PARTITION BY e.account_id, e.kind, e.reservation_id,
                                                        e.external_ref) AS closes,
-                   -- A reservation's expiry: its reservation.expired comes
-                   -- with its last return, whether that went back
-                   -- (`expire`) or expired with a lapsed grant
-                   -- (`grant_expire`).
+                   -- The expired reservation's last return (expire or grant_expire).
                    (e.kind IN ('expire', 'grant_expire') AND e.reservation_id IS NOT NULL
                     AND e.id = max(e.id) FILTER (WHERE e.kind IN ('expire', 'grant_expire'))
                                         OVER (PARTITION BY e.account_id, e.reservation_id)
@@ -496,7 +407,6 @@ BEGIN
                    m.created_at
             FROM notable m WHERE m.kind IN ('credit', 'adjustment') AND m.closes
             UNION ALL
-            -- Every grant_expire entry: the grant, and the tokens it took.
             SELECT m.id, 2, 'grant.expired', m.account_id,
                    m.account_json || jsonb_build_object('grant_id', (m.entry).grant_id,
                        'amount', (m.entry).amount,
@@ -522,24 +432,18 @@ BEGIN
         ) ev
         ORDER BY ev.id, ev.step;
     END IF;
-
-    -- A threshold rule fires (or re-arms) after the movement that crossed
-    -- its line, in its transaction: its top-up's entries and events come
-    -- after this movement's.
+    -- Last, so a top-up's entries and events follow those of the movement that crossed its line.
     IF topups IS NOT NULL THEN
         FOREACH topped IN ARRAY topups LOOP
             PERFORM engine_topup_evaluate(topped, engine_now());
         END LOOP;
     END IF;
-
     RETURN cardinality(p_moves);
 END;
 $$;
 
--- After a change of the account's threshold (no movement): the
--- low-balance state is brought up to date, with its event (no entry: none
--- moved it) when it changed and a threshold is set. Switching the
--- threshold off (0) forgets the state without an event.
+-- After a change of the account's threshold (no movement): brings accounts.balance_low up to
+-- date, with its event (no entry) if it changed and a threshold is set; 0 forgets it silently.
 CREATE FUNCTION engine_low_balance(p_account accounts)
 RETURNS void
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$

@@ -1,10 +1,8 @@
--- Key rules: which presented keys are valid, and who may spend where.
+-- API keys: which presented keys are valid, who may spend where, and key budgets.
 
--- The rule of a valid key, written once: the presented key `p_id` is
--- valid when it is known, the SHA-256 of the presented secret (`p_hash`)
--- matches, and it is neither revoked nor expired. At most one row: the key.
--- Inlined where it is called (one probe of the primary key): by
--- engine_verify_keys below and engine_lock_accounts (70_apply.sql).
+-- The valid-key rule, written once: key `p_id` is known, `p_hash` (the SHA-256 of the presented
+-- secret) matches, and it is neither revoked nor expired. At most one row. Inlined where called
+-- (one primary-key probe): engine_verify_keys and engine_lock_accounts (70_apply.sql).
 CREATE FUNCTION engine_valid_key(p_id uuid, p_hash bytea) RETURNS SETOF engine_key
 LANGUAGE sql STABLE AS $$
     SELECT k.id, k.scope, k.account_id, k.last_used_at, k.budget_tokens, k.budget_period,
@@ -13,19 +11,14 @@ LANGUAGE sql STABLE AS $$
       AND (k.expires_at IS NULL OR k.expires_at > now())
 $$;
 
--- A valid key's last_used_at is written again when it is this old: at most
--- one write a minute per key.
+-- A valid key's last_used_at is written again only when this stale: one write a minute per key.
 CREATE FUNCTION engine_key_use_stale(p_last_used_at timestamptz) RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT p_last_used_at IS NULL OR p_last_used_at < now() - interval '1 minute'
 $$;
 
--- The presented keys (`p_ids[i]` with the SHA-256 of its secret
--- `p_hashes[i]`) that are valid: known, the secret's hash matching, not
--- revoked, not expired. One row per valid key, with its position `n`. A
--- valid key's last_used_at is brought up to date when it is more than a
--- minute old: at most one write a minute per key, and a key row another
--- transaction holds is skipped, never waited for.
+-- The valid keys among those presented (`p_ids[i]`, its secret's SHA-256 `p_hashes[i]`): one
+-- row each, with its position `n`. Stale last uses are written (engine_touch_keys).
 CREATE FUNCTION engine_verify_keys(p_ids uuid[], p_hashes bytea[])
 RETURNS TABLE (n integer, key_id uuid, scope text, account_id uuid)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
@@ -34,7 +27,6 @@ DECLARE
     valid record;
     stale uuid[] := '{}';
 BEGIN
-    -- One probe of the primary key per presented key (the rule is inlined).
     FOR valid IN
         SELECT p.n::integer AS n, k.key_id, k.scope, k.account_id, k.last_used_at
         FROM unnest(p_ids, p_hashes) WITH ORDINALITY AS p (id, hash, n)
@@ -53,10 +45,9 @@ BEGIN
 END;
 $$;
 
--- Who may spend on `p_account` with a valid key of `p_scope` (bound to
--- `p_key_account` for a kiosk key): ok for an admin key and for the
--- account's own kiosk key; not_found for another account's kiosk key
--- (another account's ids are 404, not 403); forbidden for finance.
+-- Who may spend on `p_account` with a valid key of `p_scope` (`p_key_account`: a kiosk key's
+-- account): ok for admin and for the account's own kiosk key; not_found for another account's
+-- kiosk key (another account's ids are 404, not 403); forbidden for finance.
 CREATE FUNCTION engine_spend_authority(p_scope text, p_key_account uuid, p_account uuid)
 RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
@@ -68,13 +59,9 @@ LANGUAGE sql IMMUTABLE AS $$
     END
 $$;
 
--- A spending operation's key refusal, written once: NULL when the
--- service authorised the operation (`p_authorized`) or the presented key
--- is valid (`p_key`, engine_valid_key's row; NULL: not valid) and may spend
--- on `p_account` (engine_spend_authority); else unauthorized (no valid
--- key), not_found (another account's kiosk key) or forbidden. engine_apply
--- asks it of each operation, against the keys its batch presented, found
--- once for the batch (engine_lock_accounts).
+-- A spending operation's key refusal, written once: NULL when the service authorised it
+-- (`p_authorized`) or the key `p_key` (engine_valid_key's row; NULL: not valid) may spend on
+-- `p_account`; else unauthorized, not_found or forbidden. engine_apply asks it first.
 CREATE FUNCTION engine_key_refusal(p_authorized boolean, p_key engine_key, p_account uuid)
 RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
@@ -84,12 +71,9 @@ LANGUAGE sql IMMUTABLE AS $$
            END
 $$;
 
--- A verified key's last use, written once a minute at most
--- (engine_key_use_stale): the keys `p_keys` whose last use is stale have
--- it written; a key row another transaction holds is skipped, never
--- waited for. PL/pgSQL, not SQL: its callers PERFORM it, and a SQL
--- function called so is planned again at every call; PL/pgSQL keeps the
--- statement's plan for the session.
+-- Writes last_used_at of the keys `p_keys` whose last use is stale (engine_key_use_stale); a key
+-- row another transaction holds is skipped, never waited for. PL/pgSQL, not SQL: callers PERFORM
+-- it, and a SQL function called so is planned again at every call.
 CREATE FUNCTION engine_touch_keys(p_keys uuid[]) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -101,10 +85,9 @@ BEGIN
 END;
 $$;
 
--- Key budgets, written once. The period of a budget holding the instant
--- `p_at`: a day, a week (from Monday) or a month in the time zone `p_tz`
--- (a name PostgreSQL knows), from its start (included) to its end
--- (excluded); `total` starts at -infinity and never ends (NULL).
+-- Key budget periods, written once: the period holding `p_at` is a day, a week (from Monday) or
+-- a month in the time zone `p_tz` (a name PostgreSQL knows), start included, end excluded;
+-- `total` starts at -infinity and never ends (NULL).
 CREATE FUNCTION engine_key_period_start(p_period text, p_tz text, p_at timestamptz)
 RETURNS timestamptz
 LANGUAGE sql STABLE AS $$
@@ -120,11 +103,9 @@ LANGUAGE sql STABLE AS $$
                      AT TIME ZONE p_tz END
 $$;
 
--- The tokens of a key's budget (`p_budget` per `p_period` in `p_tz`) still
--- free at `p_at`, when `p_spent` counts the period starting at
--- `p_spent_start` (another period's count is 0 for this one); NULL when
--- the key has no budget. A spend of more is refused: key_budget_exhausted
--- (engine_spend_refusal).
+-- The tokens of a key's budget (`p_budget` per `p_period` in `p_tz`) free at `p_at`, when
+-- `p_spent` counts the period starting at `p_spent_start` (an older period counts 0); NULL: no
+-- budget. A spend of more is refused key_budget_exhausted (engine_spend_refusal).
 CREATE FUNCTION engine_key_budget_left(p_budget bigint, p_period text, p_tz text,
     p_spent bigint, p_spent_start timestamptz, p_at timestamptz) RETURNS bigint
 LANGUAGE sql STABLE AS $$
@@ -132,10 +113,8 @@ LANGUAGE sql STABLE AS $$
                            THEN p_spent ELSE 0 END
 $$;
 
--- A key's budget as the API and the key.budget_* events show it at `p_at`
--- (NULL: no budget): the limit, its period and time zone, the tokens its
--- reservations hold or used in the current period (`spent`), what is
--- left, and when the period resets (NULL: total, never).
+-- A key's budget as the API and the key.budget_* events show it at `p_at` (NULL: no budget).
+-- `spent`: what its reservations hold or used this period; `resets_at` NULL: total, never.
 CREATE FUNCTION engine_key_budget_json(p_budget bigint, p_period text, p_tz text,
     p_low_percent smallint, p_spent bigint, p_spent_start timestamptz, p_at timestamptz)
 RETURNS jsonb

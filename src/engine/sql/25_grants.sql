@@ -1,19 +1,14 @@
--- Credit grants: their draw order, their view, and their lapse.
+-- Credit grants: lapse, draw order, view, rollover, expiry notices, a priced grant's value.
 
--- Whether a grant expiring at `p_expires_at` has lapsed at `p_at`, written
--- once: its expiry has come (NULL: it never expires, never lapsed). Every
--- other place asks this function (inlined where it is called, so a scan
--- by expiry still uses its index).
+-- A grant has lapsed at `p_at` once its expiry has come (NULL: never), written once. Inlined
+-- where called, so a scan by expiry keeps its index.
 CREATE FUNCTION engine_grant_lapsed(p_expires_at timestamptz, p_at timestamptz) RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$
     SELECT p_expires_at IS NOT NULL AND p_expires_at <= p_at
 $$;
 
--- A grant's status at `p_at`: expired once its expiry has passed (whether
--- or not its lapse is written yet), else active while it holds tokens
--- (remaining or reserved), else depleted. (No engine function takes a
--- credit_grants row: a row type in a signature would tie the table to
--- every installed engine schema.)
+-- A grant's status at `p_at`: expired once lapsed (its lapse written or not), else active while
+-- it holds tokens (remaining or reserved), else depleted.
 CREATE FUNCTION engine_grant_status(p_expires_at timestamptz, p_remaining bigint,
     p_reserved bigint, p_at timestamptz) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
@@ -22,8 +17,7 @@ LANGUAGE sql IMMUTABLE AS $$
                 ELSE 'depleted' END
 $$;
 
--- A grant (its row as JSON: to_jsonb of a credit_grants row) as the API
--- and the events show it (the other resources' are in 05_views.sql).
+-- A grant as the API and events show it, from to_jsonb of its row (not a row type: 00_types.sql).
 CREATE FUNCTION engine_grant_json(p_grant jsonb) RETURNS jsonb
 LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object('grant_id', p_grant->'id', 'account_id', p_grant->'account_id',
@@ -41,19 +35,17 @@ LANGUAGE sql STABLE AS $$
         'rolled_over_from', p_grant->'rolled_over_from')
 $$;
 
--- When a grant's lapse is due at `p_at`, written once: its expiry has
--- passed, its lapse is not written yet, and it holds drawable tokens (a
--- lapsed grant that holds none leaves nothing; the reaper marks it).
--- Callers write `g.drawable` beside it as well: the look-up by account then
--- uses credit_grants_drawable_idx, whose predicate that is.
+-- A grant's lapse is due at `p_at`, written once: lapsed, not yet written, and holding drawable
+-- tokens (one that holds none moves nothing; the reaper marks it). Callers also write
+-- `g.drawable` beside it, so the look-up uses credit_grants_drawable_idx (its predicate).
 CREATE FUNCTION engine_grant_lapse_due(p_drawable boolean, p_expired_at timestamptz,
     p_expires_at timestamptz, p_at timestamptz) RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$
     SELECT p_drawable AND p_expired_at IS NULL AND engine_grant_lapsed(p_expires_at, p_at)
 $$;
 
--- The grants of `p_account` due to lapse at `p_at` (at most one row: a
--- spend on the account lapses them first, engine_lapse_grants).
+-- A grant of `p_account` due to lapse at `p_at` (at most one row: a spend on the account lapses
+-- them all first, engine_lapse_grants).
 CREATE FUNCTION engine_lapsing_grants(p_account uuid, p_at timestamptz)
 RETURNS TABLE (grant_id uuid)
 LANGUAGE sql STABLE AS $$
@@ -63,17 +55,12 @@ LANGUAGE sql STABLE AS $$
     LIMIT 1
 $$;
 
--- The draw order, written once: the account's grants that hold tokens
--- (drawable: remaining > 0) ordered by priority (0 first), then the soonest expiry
--- (grants that never expire last), then creation order, each as the
--- interval [lo, hi) of the account's drawable tokens it covers. After them
--- lies one interval of no grant (grant_id NULL): only an account whose
--- grants do not hold its available tokens (a broken invariant, which the
--- checks report) reaches it, and its tokens still move. A spend
--- (engine_spend) or a removal (engine_external) drawing the account's
--- tokens [from, to) takes the overlap with each interval. One account per
--- call, so that the planner inlines it (a call whose argument is a
--- sub-select is not inlined, and would be planned on every call).
+-- The draw order, written once: the account's drawable grants (remaining > 0) by priority (0
+-- first), then soonest expiry (never-expiring last), then creation, each as the interval
+-- [lo, hi) of the account's drawable tokens it covers. After them, one interval of no grant
+-- (grant_id NULL): reached only when the grants do not hold the available tokens (a broken
+-- invariant the checks report), so the tokens still move. One account per call, so the planner
+-- inlines it (a call whose argument is a sub-select is not inlined: planned at every call).
 CREATE FUNCTION engine_grant_pools(p_account uuid) RETURNS SETOF engine_pool
 LANGUAGE sql STABLE AS $$
     SELECT p_account, p.grant_id, p.hi - p.remaining, p.hi
@@ -87,12 +74,9 @@ LANGUAGE sql STABLE AS $$
     WHERE g.account_id = p_account AND g.drawable
 $$;
 
--- The draws of a spend taking the account `p_account`'s drawable tokens
--- [p_from, p_to) in draw order, from its intervals `p_pools`
--- (engine_grant_pools, in their order; intervals of other accounts are
--- passed over): one row per grant it draws from (grant_id NULL: tokens no
--- grant holds), in draw order, with the start of its interval (`lo`) and
--- the tokens it takes.
+-- The draws taking `p_account`'s drawable tokens [p_from, p_to): the overlap with each interval
+-- of `p_pools` (engine_grant_pools, in order; other accounts' skipped), in draw order, with
+-- where the draw starts (`lo`) and the tokens it takes (grant_id NULL: no grant).
 CREATE FUNCTION engine_draws(p_pools engine_pool[], p_account uuid, p_from bigint, p_to bigint)
 RETURNS TABLE (grant_id uuid, lo bigint, amount bigint)
 LANGUAGE sql IMMUTABLE AS $$
@@ -102,32 +86,18 @@ LANGUAGE sql IMMUTABLE AS $$
     WHERE p.account_id = p_account AND p.lo < p_to AND p.hi > p_from
 $$;
 
--- The lapse, written once: every grant of `p_accounts` that still holds
--- drawable tokens, whose expiry has passed at `p_at` and whose lapse is not
--- written yet is marked lapsed (expired_at), and what it holds leaves the
--- account as a grant_expire entry naming it (engine_record; reason
--- grant_expired, which writes the grant.expired event). A lapsed grant
--- that holds no drawable token moves nothing: the reaper marks it
--- (engine_expire_grants). Tokens held reservations drew from it
--- stay reserved: when their reservation settles, the rest that goes back
--- to it expires at once (engine_settle). Called by every spending decision
--- on its accounts before it draws (engine_spend, a removal in
--- engine_external), so a lapsed grant is never drawn, and by the reaper
--- (engine_expire_grants) for the others. The caller holds the accounts'
--- row locks. Returns the grants lapsed and the tokens that left.
---
--- Rollover (docs/topups.md): a lapsed grant of a top-up rule with
--- `rollover` (rollover_max_tokens set; the rule as it is at the lapse,
--- deleted or disabled included) that is not itself a carried grant
--- carries engine_rollover_carry of what it held into a new grant, in this
--- transaction: a credit (engine_external: credited and the ledger show it;
--- unlike other credits, it is not use against a threshold rule) of the
--- grant's priority and rule (external_ref `rollover:<its own id>`: no
--- one can book it first), lapsing `rollover_expires_after_seconds` after
--- `p_at` (NULL: never), unpriced (the lapsed grant's price is
--- recognised as its lapse's breakage), naming it (rolled_over_from: one
--- per grant, a unique index); then `grant.rolled_over`. A lapse is
--- written once (expired_at, under the account's lock), so is its carry.
+-- The lapse, written once: each grant of `p_accounts` due at `p_at` (engine_grant_lapse_due) is
+-- marked (expired_at); what it holds leaves the account as a grant_expire entry naming it
+-- (reason grant_expired: grant.expired). What reservations drew from it stays reserved until
+-- they settle (engine_settle). Called before a spend draws (by engine_apply when engine_spend
+-- reports `lapsing`; by a removal in engine_external), so a lapsed grant is never drawn, and by
+-- the reaper. The caller holds the accounts' row locks. Returns grants lapsed, tokens that left.
+-- Rollover (docs/topups.md): a lapsed grant of a rule with rollover_max_tokens set, not itself
+-- carried, carries engine_rollover_carry of what it held into a new unpriced credit
+-- (engine_external) of its priority and rule; then grant.rolled_over. Unlike other credits it is
+-- not use against a threshold rule; its external_ref, `rollover:<the credit's own id>`, no one
+-- can book first. One carry per grant: the lapse is written once under the account's lock, and
+-- rolled_over_from is unique.
 CREATE FUNCTION engine_lapse_grants(p_accounts uuid[], p_at timestamptz,
     OUT grants integer, OUT tokens bigint)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
@@ -182,18 +152,15 @@ BEGIN
 END;
 $$;
 
--- What a rollover carries of the `p_unused` tokens a lapsing grant held:
--- at most the rule's `p_max` (rollover.max_tokens).
+-- A rollover carries at most the rule's `p_max` (rollover.max_tokens) of `p_unused` tokens.
 CREATE FUNCTION engine_rollover_carry(p_unused bigint, p_max bigint) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$
     SELECT LEAST(p_unused, p_max)
 $$;
 
--- The reaper's lapse: the accounts of up to `p_limit` grants due to lapse
--- (soonest first) are locked in id order and their lapsed grants written
--- (engine_lapse_grants); the lapsed grants that hold no drawable token are
--- marked lapsed (expired_at) without a movement. Returns the grants lapsed
--- and the tokens that left.
+-- The reaper's lapse: locks, in id order, the accounts of up to `p_limit` grants due (soonest
+-- first), lapses them (engine_lapse_grants), and marks lapsed (expired_at), with no movement,
+-- those holding no drawable token. Returns the grants lapsed and the tokens that left.
 CREATE FUNCTION engine_expire_grants(p_limit integer, OUT grants integer, OUT tokens bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -220,10 +187,9 @@ BEGIN
 END;
 $$;
 
--- The grant.expiring notices: up to `p_limit` grants that lapse within
--- `p_notice_hours` (and have not yet), not noticed before, still holding
--- tokens, each get one grant.expiring event (the grant and its account's
--- balances) and are marked noticed. Returns how many.
+-- The grant.expiring notices: up to `p_limit` grants lapsing within `p_notice_hours` (not lapsed
+-- yet), not noticed before and still holding tokens, each get one event and are marked noticed
+-- (expiring_notified_at). Returns how many.
 CREATE FUNCTION engine_notice_expiring_grants(p_notice_hours integer, p_limit integer)
 RETURNS integer
 LANGUAGE sql AS $$
@@ -252,20 +218,16 @@ LANGUAGE sql AS $$
     SELECT count(*)::integer FROM written
 $$;
 
--- A priced grant's money (docs/finance.md, "Money"): the value of the first
--- `p_gone` of its `p_tokens` tokens, bought for `p_paid` minor units, is
--- floor(p_paid × p_gone / p_tokens) — a cumulative floor, so the tokens
--- that leave it for good (used, lapsed, removed), valued in ledger order as
--- differences of this, add up to exactly `p_paid` once all have left: the
--- last token takes the remainder. The revenue report (src/domain/revenue.rs)
--- values every such entry and every deferred balance with it, at read time.
+-- A priced grant's money (docs/finance.md, "Money"), written once: the value of the first
+-- `p_gone` of its `p_tokens` tokens, bought for `p_paid` minor units. A cumulative floor, so the
+-- tokens leaving it for good (used, lapsed, removed), valued in ledger order as differences of
+-- this, add up to exactly `p_paid`. The revenue report (src/domain/revenue.rs) values with it.
 CREATE FUNCTION engine_grant_value(p_paid bigint, p_gone bigint, p_tokens bigint) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$
     SELECT div(p_paid::numeric * p_gone, p_tokens)::bigint
 $$;
 
--- The value of `p_gone` tokens leaving a priced grant after `p_before` had
--- left it (engine_grant_value's difference).
+-- The value of `p_gone` tokens leaving a priced grant after `p_before` had left it.
 CREATE FUNCTION engine_grant_value_of(p_paid bigint, p_before bigint, p_gone bigint,
     p_tokens bigint) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$

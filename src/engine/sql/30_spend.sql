@@ -1,10 +1,8 @@
--- Who may spend: reservations, and generation jobs with their reservation.
+-- Spends: a reserve or a job creation, their refusals, and a job's view.
 
--- A job as the API and the job events show it (the one representation,
--- like those of 05_views.sql): what GET …/jobs/{request_id} answers and
--- job.succeeded / job.failed carry, with its reservation's state, expiry
--- and draws. The worker's lease (owner, token, expiry), the request's hash
--- and the provider's bookkeeping are the service's own, never shown.
+-- A job as the API and the job events show it (GET …/jobs/{request_id}, job.succeeded,
+-- job.failed), with its reservation's state, expiry and draws. The worker's lease, the request's
+-- hash and the provider's bookkeeping are never shown.
 CREATE FUNCTION engine_job_view(p_job generation_jobs, p_state text, p_expires_at timestamptz,
     p_draws jsonb)
 RETURNS jsonb
@@ -27,14 +25,10 @@ LANGUAGE sql STABLE AS $$
     FROM reservations r WHERE r.id = p_job.reservation_id
 $$;
 
--- A spend's refusals, written once: what refuses `p_amount` tokens to an
--- account in status `p_status` holding `p_available` tokens and
--- `p_active` held reservations of at most `p_max_active` (0: no limit),
--- spent with a key whose budget has `p_budget_left` tokens free (NULL: no
--- budget; engine_key_budget_left), in this order: account_suspended,
--- key_budget_exhausted, insufficient_tokens, too_many_active_reservations;
--- NULL when none does. (The key's refusal, which engine_apply asks first,
--- is engine_key_refusal.)
+-- A spend's refusals, written once, in this order: account_suspended, key_budget_exhausted,
+-- insufficient_tokens, too_many_active_reservations; NULL: none. For `p_amount` tokens, an
+-- account in `p_status` with `p_available` tokens and `p_active` held reservations of at most
+-- `p_max_active` (0: no limit), and a key budget with `p_budget_left` free (NULL: no budget).
 CREATE FUNCTION engine_spend_refusal(p_status text, p_available bigint, p_amount bigint,
     p_active integer, p_max_active integer, p_budget_left bigint DEFAULT NULL) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
@@ -46,41 +40,22 @@ LANGUAGE sql IMMUTABLE AS $$
            END
 $$;
 
--- One spend (`o`: a reserve or a job creation, engine_request), decided
--- against the account as the batch has left it so far (`a`; its id NULL
--- when there is none) at `p_at` (the batch's stamp), with the presented
--- key `p_key` (valid, and allowed to spend here: engine_apply asked
--- engine_key_refusal first; NULL when the service authorised it), and
--- `p_key_pending` the tokens the batch's earlier reserves, not written
--- yet, took from that key's budget. The caller (engine_apply) holds the
--- account's row lock and writes nothing of this batch's operations before
--- their one write (engine_record), so the grants are as they were when
--- the batch read them (engine_lock_accounts: `p_pools`, the drawable
--- tokens in draw order; `p_lapsing`, whether a grant is due to lapse): a
--- reserve takes the account's drawable tokens [p_from, p_from + amount)
--- (engine_draws), p_from being what the batch's earlier reserves on the
--- account took. In this order:
---   not_found {what: account}   the account does not exist;
---   (lapsing)                   a grant of the account is due to lapse:
---                               no outcome; the caller writes the lapse
---                               (engine_lapse_grants) and asks again;
---   replayed / idempotency_key_reused
---                               the request_id was seen before: a
---                               reservation (reserve: same amount and
---                               requested TTL = replayed) or a job
---                               (create_job: same request hash = replayed);
---   account_suspended, key_budget_exhausted {remaining, resets_at,
---   budget_tokens, budget_period}, insufficient_tokens {available,
---   reserved}, too_many_active_reservations {limit}
---                               engine_spend_refusal;
---   created                     the reservation (and job) as they are to
---                               be written (`made`, `job`), and the
---                               movements: one reserve entry per grant
---                               drawn, the first counting the reservation;
---                               with a key that has a budget, `budget`: the
---                               reserve's count in its period.
--- The object is the reservation (reserve) or the job as engine_job_view
--- shows it (create_job): the earlier one of a replay.
+-- One spend (`o`: a reserve or a job creation), against the account as the batch has left it
+-- (`a`; id NULL: none), its entries stamped `p_at` (the batch's stamp). `p_key`: the presented
+-- key, already passed by engine_key_refusal (NULL: the service authorised it); `p_key_pending`:
+-- what the batch's unwritten reserves took from its budget. The caller (engine_apply) holds the
+-- account's row lock and writes nothing before the batch's one write (engine_record), so the
+-- grants are as engine_lock_accounts read them (`p_pools`; `p_lapsing`: one is due to lapse).
+-- A reserve takes the drawable tokens [p_from, p_from + amount), p_from being what the batch's
+-- earlier reserves on the account took. Outcomes, in this order:
+--   not_found: no such account;
+--   `lapsing` (no outcome): a grant is due to lapse; the caller lapses it and asks again;
+--   replayed / idempotency_key_reused: the request_id was seen; replayed for a reservation of
+--     the same amount and requested TTL, or a job of the same request hash;
+--   engine_spend_refusal's refusals;
+--   created: `made` (and `job`) to write, `moves` (one reserve entry per grant drawn, the first
+--     counting the reservation) and, with a budgeted key, `budget` (its count in the period).
+-- The object is the reservation or the job (engine_job_view); a replay's is the earlier one.
 CREATE FUNCTION engine_spend(o engine_request, a engine_account, p_from bigint, p_at timestamptz,
     p_key engine_key, p_key_pending bigint, p_pools engine_pool[], p_lapsing boolean,
     OUT outcome text, OUT detail jsonb, OUT object jsonb, OUT lapsing boolean,
@@ -94,17 +69,14 @@ DECLARE
     budget_left bigint;
 BEGIN
     lapsing := false;
-    -- An earlier use of the request_id (one probe of the (account_id,
-    -- request_id) index) and the draws, in one statement.
+    -- An earlier use of the request_id and the draws, in one statement.
     SELECT (SELECT to_jsonb(x) FROM reservations x
             WHERE o.op = 'reserve' AND x.account_id = o.account AND x.request_id = o.request
               AND x.job_id IS NULL LIMIT 1) AS earlier,
            (SELECT j FROM generation_jobs j
             WHERE o.op = 'create_job' AND j.account_id = o.account AND j.request_id = o.request
             LIMIT 1) AS earlier_job,
-           -- The draws once, as the reservation's `draws` and as its
-           -- movements. (In engine_draws' order, the draw order: an
-           -- aggregate's own ORDER BY sorts again.)
+           -- (In engine_draws' order, the draw order: an aggregate's own ORDER BY sorts again.)
            jsonb_agg(jsonb_build_object('grant_id', d.grant_id, 'amount', d.amount)) AS draws,
            array_agg(ROW(o.account, 'reserve', d.amount,
                          CASE WHEN d.lo = p_from THEN 1 ELSE 0 END, o.new_id,

@@ -1,9 +1,7 @@
--- One external_ref, one booking, written once: the booking (credit or
--- adjustment, on any account) that holds `p_external_ref`, its own kind
--- `p_kind` first (a reference booked as both before the namespace was one,
--- which the migration external_ref_namespace reports, replays as its own
--- kind); no row when it is free. engine_external takes the reference's
--- own lock before it asks, and books it with ON CONFLICT DO NOTHING.
+-- The booking (credit or adjustment, on any account) that holds `p_external_ref`, of kind `p_kind`
+-- first (a reference booked as both before the namespace was one, which the migration
+-- external_ref_namespace reports, replays as its own kind); no row when it is free. Ask under
+-- the reference's lock (engine_external).
 CREATE FUNCTION engine_external_booking(p_external_ref text, p_kind text)
 RETURNS TABLE (kind text, id uuid, account_id uuid, amount bigint, said text, booking jsonb)
 LANGUAGE sql STABLE AS $$
@@ -18,57 +16,33 @@ LANGUAGE sql STABLE AS $$
     LIMIT 1
 $$;
 
--- Tokens from outside: credits (top-ups) and signed adjustments, one rule
--- for both. Each is idempotent on its external_ref, which names one
--- booking across all accounts and across credits and adjustments: one
--- namespace (a credit and an adjustment never share a reference). For
--- `p_kind` credit or adjustment, in this order:
---   not_found {what: account}      no such account;
---   replayed / idempotency_key_reused {existing: {kind, id, account_id,
---                                  entry_id}}
---                                  the external_ref was used before: the same
---                                  kind, account, amount and note (credit) or
---                                  reason (adjustment) is a replay, anything
---                                  else (the other kind, another account's
---                                  included) a reuse, which names the
---                                  booking that holds the reference (its
---                                  kind, id, account and last ledger entry);
---                                  (a credit's or a positive adjustment's
---                                  priority, expiry and price are part of
---                                  its body);
---   expiry_passed {expires_at}     the grant it would make has lapsed
---                                  already (`p_expires_at` not in the
---                                  future);
+-- Tokens from outside: a credit (top-up) or a signed adjustment, by `p_kind`, idempotent on its
+-- external_ref, one namespace across all accounts and both kinds. Outcomes, in this order:
+--   not_found {what: account}   no such account;
+--   replayed                    the reference was booked before with the same kind, account,
+--                               amount, note (credit) or reason (adjustment), and the same grant
+--                               priority, expiry and price;
+--   idempotency_key_reused {existing: {kind, id, account_id, entry_id}}
+--                               booked before with anything else (the other kind or another
+--                               account included): names that booking and its last entry;
+--   expiry_passed {expires_at}  `p_expires_at` is not in the future;
 --   insufficient_tokens {available, reserved}
---                                  an adjustment would drive available
---                                  below zero;
---   created                        the credit or adjustment row, its ledger
---                                  entries (engine_record) and its audit
---                                  event (credit.created /
---                                  adjustment.created; `p_request_id` is
---                                  the HTTP request's id). A credit or a
---                                  positive adjustment makes a grant of
---                                  `p_priority` lapsing at `p_expires_at`
---                                  (NULL: never; its id is the credit's or
---                                  adjustment's), named by its entry. A
---                                  negative adjustment draws from the
---                                  account's grants in draw order (as a
---                                  reservation does, after the grants
---                                  lapsed by now left) and writes one
---                                  entry per grant drawn.
--- The object is {credit|adjustment} as the API shows it
--- (engine_external_json), with the balances of its last entry (the
--- account's after the whole movement; a replay answers with the same one)
--- and the grant made (none for a negative adjustment).
--- `p_priority` is set exactly for a credit and a positive adjustment;
--- `p_expires_at` and the grant's price (`p_amount_paid` in minor units of
--- `p_currency`, both or neither; NULL: unpriced) may be set only for one. `p_topup_rule` names the rule of
--- a top-up the engine makes itself (80_topups.sql; NULL for the API's
--- credits): its grant carries it (and so its entry, engine_entry_json). A
--- credit whose external_ref is the id of one of the account's top-up
--- requests answers that request (engine_topup_answer) and names its rule
--- the same way. `p_rolled_over_from` names the lapsed grant a rollover's
--- credit carries (engine_lapse_grants; NULL otherwise).
+--                               an adjustment would drive available below zero;
+--   created                     the row, its ledger entries (engine_record) and audit event
+--                               (credit.created / adjustment.created; `p_request_id` is the HTTP
+--                               request's id). A positive amount makes a grant (same id, named by
+--                               its entry) of `p_priority`, lapsing at `p_expires_at` (NULL:
+--                               never). A negative one is a spending decision: grants lapsed by
+--                               now leave first, then it draws from the grants in draw order, as
+--                               a reservation does, one entry per grant.
+-- The object is the booking as the API shows it (engine_external_json), with the balances of its
+-- last entry (the account's after the movement; a replay answers the same) and the grant made.
+-- `p_priority` is set exactly for a positive amount; `p_expires_at` and the price (`p_amount_paid`
+-- in minor units of `p_currency`, both or neither; NULL: unpriced) only for one. `p_topup_rule`:
+-- the rule of a top-up the engine makes itself (NULL for the API's credits); the grant, and so
+-- its entry (engine_entry_json), carries it, or else the rule of the top-up request the credit
+-- answers (engine_topup_answer). `p_rolled_over_from`: the lapsed grant a rollover's credit
+-- carries (engine_lapse_grants).
 CREATE FUNCTION engine_external(
     p_kind text, p_account uuid, p_id uuid, p_amount bigint, p_external_ref text, p_note text,
     p_reason text, p_actor text, p_request_id text, p_priority integer, p_expires_at timestamptz,
@@ -100,22 +74,15 @@ BEGIN
     END IF;
     at := engine_now();
     IF p_amount < 0 THEN
-        -- A removal is a spending decision: grants lapsed by now leave
-        -- first (engine_lapse_grants), and it sees the balance without them.
         IF (engine_lapse_grants(ARRAY[p_account], at)).tokens > 0 THEN
             SELECT * INTO account FROM accounts WHERE id = p_account;
         END IF;
     END IF;
-    -- One namespace: the reference's own lock (transaction-scoped, on a
-    -- hash of it), so two requests naming the same external_ref — a credit
-    -- and an adjustment, on any accounts — are decided one after the
-    -- other, and the second sees the first's booking. Taken after the
-    -- account's row lock, as every caller does; two requests holding
-    -- different references never wait on each other (a hash collision
-    -- only makes them wait).
+    -- The reference's own lock (transaction-scoped, on its hash), after the account's row lock
+    -- as every caller does: requests naming one external_ref, of either kind and on any
+    -- accounts, are decided in turn; different references never wait (save a hash collision).
     PERFORM pg_advisory_xact_lock(hashtextextended('token_billing.external_ref:' || p_external_ref, 0));
     FOR attempt IN 1 .. 2 LOOP
-        -- The booking of this reference, of either kind.
         SELECT * INTO earlier FROM engine_external_booking(p_external_ref, p_kind);
         IF FOUND THEN
             SELECT * INTO made_grant FROM credit_grants g WHERE g.id = earlier.id;
@@ -134,8 +101,6 @@ BEGIN
                 object := engine_external_json(p_kind, earlier.booking, to_jsonb(entry),
                     CASE WHEN made_grant.id IS NOT NULL THEN to_jsonb(made_grant) END);
             ELSE
-                -- Another kind, account or body: refused, naming the
-                -- booking that holds the reference (its last entry).
                 outcome := 'idempotency_key_reused';
                 detail := jsonb_build_object('existing', jsonb_build_object(
                     'kind', earlier.kind, 'id', earlier.id, 'account_id', earlier.account_id,
@@ -143,8 +108,7 @@ BEGIN
             END IF;
             RETURN;
         END IF;
-        -- After the replay check: a retry of a credit that landed is its
-        -- replay, even once its expiry has passed.
+        -- After the replay check: a retry of a credit that landed replays even past its expiry.
         IF engine_grant_lapsed(p_expires_at, at) THEN
             outcome := 'expiry_passed';
             detail := jsonb_build_object('expires_at', p_expires_at);
@@ -156,9 +120,7 @@ BEGIN
             detail := jsonb_build_object('available', account.available, 'reserved', account.reserved);
             RETURN;
         END IF;
-        -- Another account's transaction may take the same external_ref
-        -- meanwhile (our lock covers only this account): then it is read
-        -- back and compared, as above.
+        -- A booking made meanwhile all the same (ON CONFLICT) is read back on the second pass.
         IF p_kind = 'credit' THEN
             INSERT INTO credits (id, account_id, amount, external_ref, note, actor)
             VALUES (p_id, p_account, p_amount, p_external_ref, p_note, p_actor)
@@ -176,17 +138,13 @@ BEGIN
         RAISE EXCEPTION 'engine_external: external_ref % neither found nor inserted', p_external_ref;
     END IF;
     IF p_kind = 'credit' AND rule IS NULL THEN
-        -- Before the entry is recorded: a request answered no longer
-        -- counts toward the account's top-up line, which engine_record
-        -- then judges.
+        -- Before the entry is recorded, so engine_record judges the line without the request.
         rule := engine_topup_answer(p_account, p_external_ref, p_id, at);
     END IF;
     IF p_kind = 'credit' AND p_rolled_over_from IS NULL
        AND NOT EXISTS (SELECT 1 FROM topup_rules r WHERE r.id = rule AND r.trigger = 'threshold') THEN
-        -- A credit that is not the threshold rule's own (the API's, or a
-        -- schedule's) was paid for elsewhere: its tokens count as used
-        -- against what the threshold rule added (engine_topup_consumption).
-        -- A rollover's is not: it carries tokens that were already there.
+        -- A credit not the threshold rule's own (the API's, a schedule's) was paid for elsewhere:
+        -- it counts as used against what the rule added. A rollover's carries tokens already there.
         PERFORM engine_topup_consumption(p_account, p_amount, 0);
     END IF;
     IF p_amount > 0 THEN
@@ -200,20 +158,17 @@ BEGIN
             p_external_ref, CASE p_kind WHEN 'adjustment' THEN p_reason END, p_actor, at,
             p_id, p_api_key)::engine_movement]);
     ELSE
-        -- A removal draws the account's tokens [0, -amount) in draw order
-        -- (engine_draws, as a reservation does): one entry per grant.
         written := engine_record(ARRAY(
             SELECT ROW(p_account, p_kind, -d.amount, 0, NULL, NULL, p_external_ref, p_reason,
                        p_actor, at, d.grant_id, p_api_key)::engine_movement
-            -- (The intervals as a column, not as engine_draws' argument: a
-            -- call whose argument holds a sub-select is not inlined.)
+            -- The intervals as a column, not as engine_draws' argument: a call whose argument
+            -- holds a sub-select is not inlined.
             FROM (SELECT ARRAY(SELECT g::engine_pool FROM engine_grant_pools(p_account) g)
                       AS pools) p
             CROSS JOIN LATERAL engine_draws(p.pools, p_account, 0, -p_amount) d
             ORDER BY d.lo));
     END IF;
-    -- Its last entry (a removal writes one per grant it draws from): the
-    -- account's latest, under its row lock.
+    -- Its last entry (a removal writes one per grant): the account's latest, under its lock.
     SELECT * INTO entry FROM ledger_entries WHERE account_id = p_account ORDER BY id DESC LIMIT 1;
     INSERT INTO audit_events (actor, action, target, before, after, request_id)
     VALUES (p_actor, p_kind || '.created', 'account:' || p_account, NULL,

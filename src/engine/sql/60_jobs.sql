@@ -1,11 +1,8 @@
--- Job rules: how a job finishes, keeps its lease, and fails when its
--- tokens are gone. Every function here locks the job's account row before
--- its reservation or its job row, like every other path.
+-- Job rules: claim, heartbeat, finish, reaper. Lock order as everywhere: the job's account row, its
+-- reservation, its job row; only the claim and a lease-only heartbeat lock no account.
 
--- job.succeeded / job.failed for jobs that have just reached that status,
--- in the transaction that finished them, at their finished_at. (PL/pgSQL:
--- its statement's plan is kept for the session, where an SQL function's
--- is made again at every call, and every finish calls it.)
+-- job.succeeded / job.failed events for the jobs `p_jobs` just finished, in their transaction, at
+-- their finished_at. (PL/pgSQL: its plan is kept for the session; every finish calls it.)
 CREATE FUNCTION engine_job_finished_events(p_jobs uuid[]) RETURNS void
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
@@ -19,12 +16,10 @@ BEGIN
 END;
 $$;
 
--- The one rule for a job whose reservation is no longer held: it can never
--- be charged, so it fails (reservation_expired; its tokens are already
--- back), and its lease token moves on, which fences off a worker that may
--- still hold it. Only unfinished jobs change; their finished_at is the
--- transaction's stamp (engine_now: the time of the movement that took
--- their tokens back). Returns the jobs failed.
+-- The one rule for a job whose reservation is no longer held: it can never be charged, so if still
+-- unfinished it fails (reservation_expired; its tokens are already back) at engine_now, the time of
+-- the movement that took them back, and its lease token moves on, fencing off a worker that may
+-- still hold it. The caller holds the jobs' account locks. Returns the jobs failed.
 CREATE FUNCTION engine_fail_unreserved_jobs(p_jobs uuid[]) RETURNS SETOF uuid
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
@@ -50,10 +45,7 @@ BEGIN
 END;
 $$;
 
--- The accounts of the jobs `p_jobs`, row-locked in id order: every path
--- that settles or finishes a list of jobs takes them first, as a batch
--- does, so no two paths wait on each other crosswise. (`= ANY (ARRAY(…))`:
--- found by the primary key whatever the plan, 00_types.sql.)
+-- Locks the accounts of `p_jobs` in id order: the first step of any path settling or ending jobs.
 CREATE FUNCTION engine_lock_job_accounts(p_jobs uuid[]) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -63,18 +55,15 @@ BEGIN
 END;
 $$;
 
--- The max-attempts rule: a job that has been claimed `p_attempts` times has
--- no attempt left when that reaches `p_max`.
+-- The max-attempts rule: a job claimed `p_attempts` times has none left once that reaches `p_max`.
 CREATE FUNCTION engine_attempts_exhausted(p_attempts integer, p_max integer) RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$
     SELECT p_attempts >= p_max
 $$;
 
--- A settlement the service makes itself (authorised): `p_action` of the
--- reservation `p_reservation` of `p_account` by the job `p_job` (NULL: the
--- reaper's expiry of an API reservation), as one engine_request for
--- engine_apply; `p_ttl` whole seconds (an extension; a fraction of a second
--- is rounded up: a hold is never shortened).
+-- A settlement the service makes itself (authorized), as one engine_request for engine_apply:
+-- `p_action` of reservation `p_reservation` of `p_account` by job `p_job` (NULL: the reaper's
+-- expiry of an API reservation). `p_ttl`: an extension's seconds, rounded up (never shortened).
 CREATE FUNCTION engine_settlement(p_action text, p_account uuid, p_reservation uuid,
     p_amount bigint, p_ttl double precision, p_job uuid, p_reason text, p_actor text)
 RETURNS engine_request
@@ -84,17 +73,12 @@ LANGUAGE sql IMMUTABLE AS $$
                p_reason, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::engine_request
 $$;
 
--- A fenced job finish. Which claim may finish it:
---   p_lease_token       the worker holding that lease (job running);
---   p_exhausted_max     the reaper: running, lease expired, attempts
---                       exhausted (engine_attempts_exhausted), never
---                       submitted to the provider.
--- Exactly one of the two is set. Success commits the cost; failure
--- releases it (`p_reason`). A job whose reservation is no longer held
--- (expired meanwhile, or expired on this access) cannot succeed without a
--- charge: it fails (engine_fail_unreserved_jobs). The job's finished_at is
--- its ledger entries' time. Outcomes: done, lease_lost, reservation_lost;
--- `resolved` and `reservation` say what happened to the tokens.
+-- A fenced job finish by exactly one of: `p_lease_token`, the worker holding that lease (job
+-- running); `p_exhausted_max`, the reaper (running, lease expired, attempts exhausted, never
+-- submitted to the provider). Success commits the cost; failure releases it (`p_reason`); a job
+-- whose reservation is no longer held (expired meanwhile or on this access) cannot succeed without
+-- a charge, so it fails (engine_fail_unreserved_jobs). finished_at is its ledger entries' time.
+-- Outcomes: done, lease_lost, reservation_lost; `resolved`: the reservation left `held`.
 CREATE FUNCTION engine_finish_job(
     p_job uuid, p_lease_token bigint, p_exhausted_max integer, p_status text, p_result jsonb,
     p_error jsonb, p_reason text, p_actor text,
@@ -128,7 +112,6 @@ BEGIN
         outcome := 'lease_lost';
         RETURN;
     END IF;
-    -- (`resolved`: the settlement moved the reservation out of `held`.)
     SELECT r.outcome, r.object,
            r.outcome IN ('committed', 'released', 'expired')
            OR COALESCE((r.detail->>'resolved')::boolean, false) AS resolved
@@ -144,8 +127,7 @@ BEGIN
         outcome := 'reservation_lost';
         SELECT * INTO job FROM generation_jobs WHERE id = p_job;
     ELSE
-        -- The job's final status, the lease let go; the reaper moves the
-        -- token on, fencing off a worker that may still hold the job.
+        -- The lease let go; the reaper's finish moves the token on, fencing off its old worker.
         UPDATE generation_jobs
         SET status = p_status, result = CASE WHEN p_status = 'succeeded' THEN p_result END,
             error = p_error, finished_at = engine_now(), updated_at = now(),
@@ -159,29 +141,17 @@ BEGIN
 END;
 $$;
 
--- The heartbeat of all of a replica's in-flight jobs at once: `p_jobs`
--- with the lease token each worker holds (`p_tokens`, same order). Each
--- job still running under its token has its lease extended by
--- `p_lease_seconds`, and its reservation by `p_reservation_seconds` once
--- the reservation's expiry comes within `p_extend_within` seconds (neither
--- is ever shortened). `p_extend_within` NULL (a replica's heartbeat as the
--- worker sends it): within half of `p_reservation_seconds`, or two leases
--- when that is longer, so a reservation always outlives the lease by more
--- than a heartbeat's interval (half a lease). Most ticks extend no
--- reservation (a reservation outlives several leases): those jobs' leases
--- move by one conditional UPDATE, fenced by its own condition (the token,
--- `running`), with no lock taken before it and no other row touched — a
--- heartbeat writes one row version per job. Without account locks, it
--- takes the job rows in id order (the worker sends them sorted; the
--- look-up by `= ANY` walks the primary key in order), as a batch that
--- finishes jobs does after its accounts, so neither waits on the other
--- crosswise. The jobs whose
--- reservation is due (or no longer held) are settled as a batch is: their
--- accounts locked in id order, then the jobs, then one engine_settle
--- extending their reservations; a job whose reservation is no longer held
--- (expired meanwhile, or past its expiry on this access) fails
--- (engine_fail_unreserved_jobs). One row per distinct job and token: done,
--- lease_lost (that token no longer holds the job), reservation_lost.
+-- The heartbeat of a replica's in-flight jobs `p_jobs`, with the lease token each worker holds
+-- (`p_tokens`, same order). A job still running under its token gets its lease extended by
+-- `p_lease_seconds`, and its reservation by `p_reservation_seconds` once that expires within
+-- `p_extend_within` seconds (neither ever shortened; the NULL default makes a reservation outlive
+-- the lease by more than a heartbeat's interval, half a lease). One row per distinct job and token:
+-- done, lease_lost (that token no longer holds the job), reservation_lost.
+-- Most ticks extend no reservation: one UPDATE, fenced by its own condition, moves the leases with
+-- no lock before it, taking the job rows in id order (sent sorted; `= ANY` walks the primary key in
+-- order) as a finishing batch does after its accounts, so neither waits on the other crosswise.
+-- Jobs whose reservation is due or lost go as a batch: accounts locked in id order, the jobs, one
+-- engine_apply; a job whose reservation is lost fails (engine_fail_unreserved_jobs).
 CREATE FUNCTION engine_heartbeat_jobs(
     p_jobs uuid[], p_tokens bigint[], p_lease_seconds integer,
     p_reservation_seconds double precision, p_extend_within double precision DEFAULT NULL
@@ -202,9 +172,8 @@ BEGIN
     END IF;
     p_extend_within := COALESCE(p_extend_within,
                                 GREATEST(p_reservation_seconds / 2, 2.0 * p_lease_seconds));
-    -- Read without locks: a job's reservation is settled only by the
-    -- holder of its lease (this worker) or, past its expiry, by the
-    -- reaper, so one far from its expiry stays held until the lease moves.
+    -- Read without locks: a job's reservation is settled only by its lease holder (this worker) or,
+    -- past its expiry, by the reaper, so one far from its expiry stays held until the lease moves.
     due := ARRAY(
         SELECT j.id FROM generation_jobs j
         JOIN reservations r ON r.id = j.reservation_id
@@ -222,8 +191,7 @@ BEGIN
             FOR UPDATE OF j);
     END IF;
     IF cardinality(fenced) > 0 THEN
-        -- (An extension capped at its grants' expiry is an extension: the
-        -- job keeps its reservation until then, and its lease moves on.)
+        -- extended_capped (capped at its grants' expiry) is an extension too: the lease moves on.
         SELECT COALESCE(array_agg(f.id) FILTER (WHERE s.outcome IN ('extended', 'extended_capped')),
                         '{}'),
                array_agg(f.id) FILTER (WHERE s.outcome NOT IN ('extended', 'extended_capped'))
@@ -237,8 +205,6 @@ BEGIN
             PERFORM engine_fail_unreserved_jobs(lost);
         END IF;
     END IF;
-    -- The leases: of the jobs just extended, and of every other job still
-    -- running under its token (the UPDATE's condition is the fence).
     WITH moved AS (
         UPDATE generation_jobs j
         SET lease_expires_at = GREATEST(j.lease_expires_at,
@@ -262,12 +228,10 @@ BEGIN
 END;
 $$;
 
--- The worker's heartbeat of one job (engine_heartbeat_jobs) and its retry:
--- `p_requeue_after` NULL is the heartbeat; otherwise, once the heartbeat
--- has extended the reservation by `p_reservation_seconds`, the job goes
--- back to the queue for that many seconds, with `p_error` recorded. A job
--- whose reservation is no longer held fails instead: it is never queued
--- again. Outcomes: done, lease_lost, reservation_lost.
+-- The worker's heartbeat of one job (engine_heartbeat_jobs), and its retry: with `p_requeue_after`
+-- set, once the reservation is extended by `p_reservation_seconds` the job goes back to the queue
+-- for `p_requeue_after` seconds, `p_error` recorded. A job whose reservation is no longer held
+-- fails instead, never queued again. Outcomes: done, lease_lost, reservation_lost.
 CREATE FUNCTION engine_job_heartbeat(
     p_job uuid, p_lease_token bigint, p_lease_seconds integer, p_reservation_seconds double precision,
     p_requeue_after double precision, p_error jsonb,
@@ -290,9 +254,8 @@ BEGIN
 END;
 $$;
 
--- The reaper's fix-up of a finished job whose reservation is still held:
--- succeeded → commit its cost, failed → release, reason `fixup`. Outcome:
--- committed, released, not_finished, or what engine_settle decided.
+-- The reaper's fix-up of a finished job whose reservation is still held: succeeded → commit its
+-- cost, failed → release, reason `fixup`. Outcome: not_finished, or engine_settle's outcome.
 CREATE FUNCTION engine_fixup(p_job uuid, OUT outcome text, OUT amount bigint)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
@@ -320,9 +283,8 @@ BEGIN
 END;
 $$;
 
--- The reaper's fix-up of jobs still queued or running whose reservation is
--- no longer held (engine_fail_unreserved_jobs), up to `p_limit`, accounts
--- locked in id order first. Returns how many failed.
+-- The reaper's fix-up of up to `p_limit` queued or running jobs whose reservation is no longer held
+-- (engine_fail_unreserved_jobs), accounts locked in id order first. Returns how many failed.
 CREATE FUNCTION engine_fail_orphaned_jobs(p_limit integer) RETURNS integer
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -342,11 +304,9 @@ BEGIN
 END;
 $$;
 
--- The reaper's expiry: up to `p_limit` held reservations past their expiry
--- → expired (ledger `expire`, reason `expired`), and their unfinished jobs
--- fail (engine_fail_unreserved_jobs). Accounts locked in id order, then
--- one engine_settle for all of them. One row per reservation this call
--- expired.
+-- The reaper's expiry: up to `p_limit` held reservations past their expiry → expired (ledger
+-- `expire`, reason `expired`) by one engine_apply, and their unfinished jobs fail
+-- (engine_fail_unreserved_jobs). One row per reservation this call expired.
 CREATE FUNCTION engine_expire_due(p_limit integer)
 RETURNS TABLE (reservation_id uuid, amount bigint, job_failed boolean)
 LANGUAGE plpgsql AS $$
@@ -362,7 +322,6 @@ BEGIN
     IF cardinality(due) = 0 THEN
         RETURN;
     END IF;
-    -- One batch through the one path (its accounts locked in id order).
     expired := ARRAY(
         SELECT s.object
         FROM engine_apply(ARRAY(SELECT engine_settlement('expire', d.account_id, d.id, NULL, NULL,
@@ -379,18 +338,13 @@ BEGIN
 END;
 $$;
 
--- A worker's claim of up to `p_limit` due jobs: queued jobs whose backoff
--- has passed, and running jobs whose lease expired (their worker died).
--- The candidates are found without locks, then the jobs themselves are
--- locked (SKIP LOCKED: a job another transaction holds is left to it) and
--- checked again. Each claim moves the fencing token on, counts an attempt
--- and leases the job to `p_owner` for `p_lease_seconds`. For each job:
--- whether its reservation is held for longer than the lease (then no
--- heartbeat is needed before the first provider call), and what the
--- max-attempts rule (engine_attempts_exhausted with `p_max_attempts`)
--- says: `over_limit`, the job had no attempt left before this claim (only
--- a result the provider already holds may still finish it);
--- `last_attempt`, no retry follows this one.
+-- A worker's claim of up to `p_limit` due jobs: queued ones whose backoff has passed, running ones
+-- whose lease expired (their worker died). Found without locks, then locked (SKIP LOCKED: a job
+-- another transaction holds is left to it) and checked again. A claim moves the fencing token on,
+-- counts an attempt and leases the job to `p_owner` for `p_lease_seconds`. Per job:
+-- `reservation_outlasts_lease` (no heartbeat needed before the first provider call); `over_limit`,
+-- no attempt was left before this claim (only a result the provider already holds may still finish
+-- it); `last_attempt`, no retry follows this one.
 CREATE FUNCTION engine_claim_jobs(p_owner text, p_lease_seconds integer, p_max_attempts integer,
     p_limit integer)
 RETURNS TABLE (job generation_jobs, reservation_outlasts_lease boolean, over_limit boolean,
@@ -411,10 +365,8 @@ BEGIN
     IF cardinality(candidates) = 0 THEN
         RETURN;
     END IF;
-    -- No account lock: a claim changes only job rows, and SKIP LOCKED
-    -- never waits, so it cannot close a cycle with the transactions that
-    -- hold an account and then a job (it used to wait behind every create
-    -- and finish on a busy account for a lock it did not need).
+    -- No account lock: a claim changes only job rows, and SKIP LOCKED never waits, so it cannot
+    -- close a cycle with the transactions that hold an account and then a job.
     RETURN QUERY
     WITH claimable AS (
         SELECT j.id FROM generation_jobs j
@@ -444,12 +396,9 @@ BEGIN
 END;
 $$;
 
--- The reaper's requeue: up to `p_limit` running jobs whose lease expired
--- go back to the queue (the fencing token moves on, so their old worker is
--- shut out) when they have attempts left (engine_attempts_exhausted with
--- `p_max_attempts`) or the provider may hold their result; the others are
--- for engine_fail_exhausted_jobs. Accounts locked in id order first.
--- Returns how many were requeued.
+-- The reaper's requeue of up to `p_limit` running jobs whose lease expired, with attempts left or a
+-- result the provider may hold (else: engine_fail_exhausted_jobs); the fencing token moves on.
+-- Accounts locked in id order first. Returns how many were requeued.
 CREATE FUNCTION engine_requeue_expired_leases(p_limit integer, p_max_attempts integer)
 RETURNS integer
 LANGUAGE plpgsql AS $$
@@ -480,12 +429,9 @@ BEGIN
 END;
 $$;
 
--- The reaper's end of a job whose workers kept losing their lease: up to
--- `p_limit` running jobs, lease expired, attempts exhausted, never
--- submitted to the provider, fail `attempts_exhausted` and their tokens go
--- back (engine_finish_job with the reaper's fence), in one transaction.
--- Returns the finished
--- jobs with their resolved reservation (for the metrics).
+-- The reaper's end of up to `p_limit` running jobs, lease expired, attempts exhausted, never
+-- submitted to the provider: they fail `attempts_exhausted`, tokens back (engine_finish_job, the
+-- reaper's fence). Returns them with their resolved reservation (for the metrics).
 CREATE FUNCTION engine_fail_exhausted_jobs(p_limit integer, p_max_attempts integer)
 RETURNS TABLE (job_id uuid, reservation reservations, resolved boolean)
 LANGUAGE plpgsql AS $$
@@ -501,7 +447,7 @@ BEGIN
           AND engine_attempts_exhausted(j.attempts, p_max_attempts)
           AND j.provider_job_id IS NULL
         ORDER BY j.id LIMIT p_limit);
-    -- All their accounts first: one transaction finishes them all.
+    -- All their accounts first, in id order: one transaction finishes them all.
     PERFORM engine_lock_job_accounts(candidates);
     FOREACH candidate IN ARRAY candidates
     LOOP

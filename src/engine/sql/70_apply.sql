@@ -1,13 +1,15 @@
--- The one entry point: every money operation of the API, the workers and
--- the tests goes through engine_apply, alone or coalesced with concurrent
--- ones (a single request is a batch of one).
+-- engine_apply, the one entry point of every money operation, and its helpers.
 
--- Whether an operation lacks a field its kind needs, carries one it may
--- not, or names an unknown kind: the boundary's contract, written once
--- (each kind's branch lists what it needs; every other field is NULL).
--- engine_apply refuses a batch holding such an operation, and then nothing
--- at all is written. (A branch per kind: only the one used is compiled in
--- a transaction, tests/api/operation_fields.rs.)
+-- Whether operation `o` lacks a field its kind needs, carries one it may not, or names an unknown
+-- kind: the boundary's contract, written once (each branch lists what its kind needs; every other
+-- field is NULL). engine_apply then refuses the whole batch, writing nothing. (A branch per kind:
+-- only the one used is compiled in a transaction, tests/api/operation_fields.rs.)
+-- Every kind needs account, actor and `authorized`: true when the service vouches for the caller
+-- (the ADMIN_API_KEY admin, an admin request, a worker, the reaper); false when the operation
+-- carries the caller's key_id and key_hash (SHA-256 of its secret), verified by engine_apply.
+-- Credits, adjustments, expiries, job finishes and a job's settlements are always authorized. A
+-- settlement (commit … expire) may name the acting `job` (its worker or the reaper, never the API)
+-- and a ledger `reason`; http_request_id is the audit event's request id.
 CREATE FUNCTION engine_op_incomplete(o engine_request) RETURNS boolean
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
@@ -15,53 +17,35 @@ BEGIN
         OR ((o.expires_at IS NOT NULL OR o.amount_paid IS NOT NULL OR o.currency IS NOT NULL)
             AND NOT (o.op IN ('credit', 'adjust') AND o.amount > 0))
         OR (o.amount_paid IS NULL) <> (o.currency IS NULL)
-        -- Credits, adjustments and job finishes are the service's own
-        -- (authorised); a spending operation's key is verified here.
         OR (o.authorized = false AND (o.op IN ('credit', 'adjust', 'finish_job', 'expire')
                                       OR o.key_id IS NULL OR o.key_hash IS NULL
-                                      -- (a settlement by a job is the service's)
                                       OR (o.job IS NOT NULL AND o.op <> 'create_job'))))
        IS NOT FALSE THEN
         RETURN true;
     END IF;
-    -- Every kind: account, actor, authorized. A settlement (commit …
-    -- expire) may name the job acting (`job`: its worker or the reaper; the
-    -- API may not touch a job's reservation) and its ledger `reason`;
-    -- http_request_id is the audit event's request id.
     CASE o.op
-        WHEN 'reserve' THEN
-            -- new_id: the reservation; requested_ttl as the client sent it
-            -- (NULL: none).
+        WHEN 'reserve' THEN  -- new_id: the reservation; requested_ttl as sent (NULL: none)
             RETURN o.request IS NULL OR o.amount IS NULL OR o.ttl IS NULL OR o.new_id IS NULL;
-        WHEN 'create_job' THEN
-            -- amount: the job's cost.
+        WHEN 'create_job' THEN  -- amount: the job's cost
             RETURN o.request IS NULL OR o.amount IS NULL OR o.ttl IS NULL OR o.new_id IS NULL
                 OR o.job IS NULL OR o.hash IS NULL OR o.kind IS NULL OR o.params IS NULL;
-        WHEN 'commit' THEN
-            -- amount: exactly this many.
+        WHEN 'commit' THEN  -- amount: exactly this many
             RETURN o.reservation IS NULL OR o.amount IS NULL;
         WHEN 'commit_all' THEN
             RETURN o.reservation IS NULL OR o.amount IS NOT NULL;
-        WHEN 'release', 'expire' THEN
-            -- (expire: the reaper's, past the reservation's expiry)
+        WHEN 'release', 'expire' THEN  -- expire: the reaper's, past the expiry
             RETURN o.reservation IS NULL;
         WHEN 'extend' THEN
             RETURN o.reservation IS NULL OR o.ttl IS NULL;
         WHEN 'credit' THEN
-            -- priority: its grant's; note, expires_at (NULL: never) and the
-            -- grant's price (amount_paid and currency, both or neither) may
-            -- be NULL.
+            -- priority: its grant's; note, expires_at (NULL: never) and the price (amount_paid and
+            -- currency, both or neither) may be NULL.
             RETURN o.new_id IS NULL OR o.amount IS NULL OR o.external_ref IS NULL
                 OR o.priority IS NULL;
-        WHEN 'adjust' THEN
-            -- priority exactly when the amount is positive (its grant's);
-            -- expires_at and the price only then, and may be NULL.
+        WHEN 'adjust' THEN  -- priority: its grant's, exactly when amount > 0
             RETURN o.new_id IS NULL OR o.amount IS NULL OR o.external_ref IS NULL
                 OR o.reason IS NULL OR (o.priority IS NOT NULL) <> (o.amount > 0);
-        WHEN 'finish_job' THEN
-            -- account: the job's; lease_token: the worker's lease; result
-            -- when succeeded, error (may be NULL) when failed; reason: the
-            -- ledger reason of a release (may be NULL).
+        WHEN 'finish_job' THEN  -- account: the job's; error, reason (a release's): may be NULL
             RETURN o.job IS NULL OR o.lease_token IS NULL
                 OR NOT COALESCE(o.status = 'succeeded' AND o.result IS NOT NULL
                                 OR o.status = 'failed' AND o.result IS NULL, false);
@@ -71,18 +55,14 @@ BEGIN
 END;
 $$;
 
--- What a batch of operations `p_ops` decides on, read once for the
--- batch: the accounts `p_ids` that exist, locked (FOR NO KEY UPDATE) in id
--- order — two batches never wait on each other crosswise — and read as
--- they are once locked; the batch's stamp, taken after the locks
--- (engine_now); then, in a statement of its own (one that began before a
--- lock's wait would not see what the batch before it wrote): the key each
--- operation presents (in order: the valid key, engine_valid_key, or NULL
--- when it is not valid or the service authorised the operation), and for
--- each account a reserve or a job spends on, its drawable tokens in draw
--- order (engine_grant_pools) and whether a grant of it is due to lapse
--- (engine_lapsing_grants, `lapsing`: those accounts). A batch of one
--- kiosk's operations on one account reads its key and grants once.
+-- What a batch of operations `p_ops` decides on, read once for the batch: the accounts `p_ids` that
+-- exist, locked (FOR NO KEY UPDATE) in id order, so two batches never wait on each other crosswise,
+-- and read once locked; the batch's stamp (engine_now), taken after the locks; then, in a statement
+-- of its own (one begun before a lock's wait would not see what the batch before it wrote): if
+-- `p_keyed`, the key each operation presents, in order (the valid key, engine_valid_key, or NULL
+-- when not valid or the operation is authorized); if `p_spends`, for each account a reserve or a
+-- job creation spends on, its drawable tokens in draw order (engine_grant_pools) and whether a
+-- grant of it is due to lapse (engine_lapsing_grants; `lapsing` lists those accounts).
 CREATE FUNCTION engine_lock_accounts(p_ids uuid[], p_ops engine_request[], p_keyed boolean,
     p_spends boolean, OUT ids uuid[],
     OUT accounts engine_account[], OUT at timestamptz, OUT keys engine_key[],
@@ -97,9 +77,6 @@ BEGIN
     INTO ids, accounts
     FROM (SELECT * FROM public.accounts WHERE id = ANY (p_ids) ORDER BY id FOR NO KEY UPDATE) x;
     at := engine_now();
-    -- (Each read only when an operation needs it: most batches of
-    -- settlements present keys and spend nothing; the reaper's and the
-    -- workers' present none.)
     IF p_keyed THEN
         keys := ARRAY(SELECT (SELECT v::engine_key FROM engine_valid_key(p.key_id, p.key_hash) v
                               WHERE NOT p.authorized LIMIT 1)
@@ -117,9 +94,8 @@ BEGIN
 END;
 $$;
 
--- The account `a` after the movements `p_moves` (engine_deltas, the
--- arithmetic engine_record writes): the batch's own picture of an account
--- whose movements are not written yet.
+-- The account `a` after the movements `p_moves` (engine_deltas, the arithmetic engine_record
+-- writes): the batch's picture of an account whose movements are not written yet.
 CREATE FUNCTION engine_moved(a engine_account, p_moves engine_movement[]) RETURNS engine_account
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -140,51 +116,25 @@ BEGIN
 END;
 $$;
 
--- The one entry point: a batch of operations on any accounts, in one
--- transaction — the one path every operation takes, whoever sends it (the
--- API and the workers' finishes through the coalescer, src/engine/mod.rs,
--- with engine_tallies after it; the heartbeat, the fix-ups and the
--- reaper's expiries through engine_heartbeat_jobs, engine_finish_job,
--- engine_fixup and engine_expire_due).
---
--- The batch crosses as one array of engine_request (00_types.sql), one
--- element per operation, in order; `op` names the operation, and the
--- fields each needs are engine_op_incomplete's (a missing one fails the
--- whole batch, nothing written: never a default). `authorized` says who
--- vouches for the caller: true when the service has authorised it already
--- (the ADMIN_API_KEY bootstrap admin, an admin request, a worker, the
--- reaper); false when the operation carries the caller's key — key_id and
--- key_hash (SHA-256 of its secret), both set — verified here: the batch's
--- keys are read once, after its accounts' locks (engine_lock_accounts),
--- and each operation's refusal is engine_key_refusal's. Credits,
--- adjustments, expiries, job finishes and a job's settlements are always
--- the service's.
---
--- The batch's accounts are locked in id order first, then the jobs it
--- finishes, in id order (a replica's heartbeat takes job rows in id order
--- too, without account locks, so the two never wait on each other
--- crosswise); two batches never deadlock. The transaction's stamp is taken
--- after the accounts' locks (engine_now), and what the operations decide
--- on is read after it, once for the batch and again whenever the batch has
--- written (engine_lock_accounts). Then each operation, in array order, is
--- decided by the one function of its kind — engine_spend, engine_settle,
--- engine_external, engine_finish_job — each seeing what the ones before
--- it did: the batch keeps each account as its operations leave it
--- (engine_moved), and what they write goes to the one write path,
--- engine_record, once for the batch: every account's row once, every
--- table in one plain statement. An operation that must see the database
--- as the earlier ones left it — a credit, an adjustment or a job's finish
--- (they write at once), a reserve after tokens went back to its account's
--- grants (the draw order moved), the same request_id or reservation
--- again, a lapse to write — has the pending writes written first.
--- Returns one row per operation: its position (1-based), outcome, detail
--- and object (JSON).
---
--- Plans. Every statement this runs, itself or in the functions it calls,
--- is planned once per session (force_generic_plan) and reads a few rows by
--- key, so sequential scans are off while it runs: a generic plan made on a
--- new database's small tables would scan them whole long after they grew.
--- (A table with no index for a look-up is still scanned.)
+-- The one entry point: a batch of operations `p_ops` on any accounts, in one transaction. Callers:
+-- the coalescer (src/engine/mod.rs) for the API and the workers' finishes, with engine_tallies
+-- after it; engine_heartbeat_jobs, engine_finish_job, engine_fixup, engine_expire_due. Returns one
+-- row per operation: its position (1-based), outcome, detail and object (JSON).
+-- Locks and reads: engine_lock_accounts; then the jobs the batch finishes, locked in id order (as a
+-- heartbeat takes them). Each operation, in order, is decided by its kind's function (engine_spend,
+-- engine_settle, engine_external, engine_finish_job; a key's refusal: engine_key_refusal) on its
+-- account as the earlier operations left it (`accts`, engine_moved).
+-- Pending writes: what engine_spend and engine_settle decide (`moves`, `made`, `changed`, `jobs`,
+-- `budgets`) waits for one engine_record call (every account's row once, one statement per table).
+-- They are flushed first when an operation must see them: a credit, adjustment or job finish (these
+-- write at once); the same request_id or reservation again (`touched`); a reserve or job creation
+-- on an account a pending movement gave tokens back to (`returned`: the draw order moved); a
+-- grant's lapse. After any write engine_lock_accounts reads again (a top-up may have moved an
+-- account); a flush also restarts `spent` (engine_spend's p_from: where the next reserve draws in
+-- the pools read) and `returned`.
+-- Plans: every statement run here or in its callees is planned once per session
+-- (force_generic_plan) and reads a few rows by key, so enable_seqscan is off: a generic plan made
+-- on a new database's small tables would scan them whole long after they grew.
 CREATE FUNCTION engine_apply(p_ops engine_request[])
 RETURNS TABLE (op_position integer, outcome text, detail jsonb, object jsonb)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
@@ -219,17 +169,14 @@ DECLARE
     spends boolean := false;  -- whether one is a reserve or a job creation
     named uuid[] := '{}';     -- the accounts the operations name
     locked record;
-    -- (What engine_record wrote: assigned, not PERFORMed — a function call
-    -- assigned to a variable skips the executor's start-up.)
+    -- engine_record's count: assigned, not PERFORMed, which skips the executor's start-up.
     written integer;
 BEGIN
     IF batch = 0 THEN
         RETURN;
     END IF;
     FOR i IN 1 .. batch LOOP
-        -- (The operation in a variable first: the check's fifty reads of
-        -- `p_ops[i]` would each fetch it from the array again.)
-        o := p_ops[i];
+        o := p_ops[i];  -- in a variable: each read of p_ops[i] in the check would fetch it again
         IF engine_op_incomplete(o) IS NOT FALSE THEN
             RAISE EXCEPTION 'engine_apply: operation % (%) lacks a required field or names an unknown operation',
                 i, COALESCE(o.op, 'NULL')
@@ -265,8 +212,7 @@ BEGIN
         op_position := i; outcome := NULL; detail := NULL; object := NULL;
         mark := CASE WHEN o.op IN ('reserve', 'create_job') THEN o.op || ':' || o.request
                      ELSE o.reservation::text END;
-        -- The pending writes first, when this operation must see them.
-        -- (Two tests: the second is compiled only once writes are pending.)
+        -- Flush first if needed; the inner IF is compiled only once writes are pending.
         IF cardinality(moves) > 0 OR cardinality(changed) > 0 THEN
             IF o.op IN ('credit', 'adjust', 'finish_job') OR mark = ANY (touched)
                OR (o.op IN ('reserve', 'create_job') AND returned[j]) THEN
@@ -275,15 +221,13 @@ BEGIN
                 budgets := '{}';
                 spent := array_fill(0::bigint, ARRAY[cardinality(ids)]);
                 returned := array_fill(false, ARRAY[cardinality(ids)]);
-                -- (A top-up may have moved an account meanwhile.)
                 locked := engine_lock_accounts(ids, p_ops, keyed, spends);
                 accts := locked.accounts;
             END IF;
         END IF;
         IF o.op IN ('credit', 'adjust', 'finish_job') THEN
             IF o.op = 'finish_job' THEN
-                -- A job of another account than the one named is refused
-                -- unread (only the named account is locked).
+                -- Another account's job is refused unread (only the named account is locked).
                 IF NOT EXISTS (SELECT 1 FROM generation_jobs g
                                WHERE g.id = o.job AND g.account_id = o.account) THEN
                     outcome := 'not_found'; detail := '{"what": "job"}';
@@ -309,10 +253,8 @@ BEGIN
             RETURN NEXT;
             CONTINUE;
         END IF;
-        -- The key's refusal comes first; a valid key's stale use is
-        -- written whatever the outcome.
+        -- Refusal first; a valid key's stale use is written anyway, once (engine_touch_keys).
         presented := (locked.keys)[i];
-        -- (A key named twice is written once: engine_touch_keys.)
         IF presented.key_id IS NOT NULL AND engine_key_use_stale(presented.last_used_at) THEN
             stale := stale || presented.key_id;
         END IF;
@@ -326,8 +268,7 @@ BEGIN
         END IF;
         a := CASE WHEN j IS NOT NULL THEN accts[j] END;
         IF o.op IN ('reserve', 'create_job') THEN
-            -- What the batch's pending reserves took from this key's budget.
-            -- (A loop, not a statement: most batches have none.)
+            -- What pending reserves took from this key's budget (a loop: most batches have none).
             pending := 0;
             FOREACH bm IN ARRAY budgets LOOP
                 IF bm.key_id = o.key_id AND bm.tokens > 0 THEN
@@ -338,8 +279,7 @@ BEGIN
                 r := engine_spend(o, a, COALESCE(spent[j], 0), at, presented, pending,
                                   locked.pools, o.account = ANY (locked.lapsing));
                 EXIT WHEN NOT r.lapsing;
-                -- A grant lapses first: written (after the pending writes),
-                -- and the decision is taken again.
+                -- A grant lapses: write the pending writes, then the lapse, and decide again.
                 IF cardinality(moves) > 0 OR cardinality(changed) > 0 THEN
                     written := engine_record(moves, made, changed, jobs, budgets);
                     moves := '{}'; made := '{}'; changed := '{}'; jobs := '{}'; touched := '{}';
@@ -380,7 +320,7 @@ BEGIN
             moves := moves || op_moves;
             touched := touched || mark;
             IF last_op[j] > i AND cardinality(op_moves) > 0 THEN
-                -- Later operations of the batch on this account see it moved.
+                -- A later operation on this account (last_op) must see it moved.
                 accts[j] := engine_moved(a, op_moves);
                 returned[j] := returned[j] OR (accts[j]).available > a.available;
             END IF;
@@ -397,14 +337,13 @@ BEGIN
 END;
 $$;
 
--- The tallies the transaction left for the caller's metrics (engine_tally:
--- tokens of lapsed grants expired, tokens top-up rules credited), taken:
--- one row {grant_expired, topup_credited} when there is one, else none.
--- The service asks it in the statement that applies a batch, after it.
+-- The tallies the transaction left for the caller's metrics (engine_tally: tokens of lapsed grants
+-- expired, tokens top-up rules credited), taken: one row {grant_expired, topup_credited}, or none.
+-- The service asks for it after engine_apply, in the same statement.
 CREATE FUNCTION engine_tallies() RETURNS SETOF jsonb
 LANGUAGE plpgsql AS $$
 BEGIN
-    -- (engine_tally's test, inline: most batches leave no tally.)
+    -- engine_tally's test, inline: most batches leave no tally.
     IF COALESCE(current_setting('token_billing.grant_expired', true), '') NOT IN ('', '0')
        OR COALESCE(current_setting('token_billing.topup_credited', true), '') NOT IN ('', '0') THEN
         RETURN NEXT jsonb_build_object('grant_expired', engine_tally_take('grant_expired'),

@@ -1,30 +1,10 @@
--- Automatic top-ups (docs/topups.md): an account's rules credit it, or ask
--- the customer's billing to, when its balance falls below a threshold or
--- once per period.
---
--- A threshold rule's decision is taken here, in the transaction of the
--- movement that crossed its line, never by a webhook or a scheduler:
--- engine_record finds the accounts whose state must change
--- (engine_topup_due in 10_record.sql: the rule is armed and `available`
--- went below the line, or it is not armed and `available` is back at or
--- above it) and calls engine_topup_evaluate for each, under the account's
--- row lock. So twenty kiosks crossing together are decided one after the
--- other, and only the first finds the rule armed: one top-up.
---
--- The line lives on the account row, which every spend reads anyway:
--- accounts.topup_threshold is the rule's threshold less the tokens of its
--- open request (so "available plus what is requested" is what is compared
--- with the threshold), 0 when the account has no live threshold rule; and
--- accounts.topup_armed.
---
--- A schedule rule fires once per period (engine_topup_schedule, from the
--- reaper, with the service's clock): one firing row per rule and period
--- (a unique key), whichever replica or restart gets there first; after
--- downtime only the current period fires, once.
+-- Automatic top-ups (docs/topups.md): an account's rules credit it, or ask the customer's billing
+-- to, when its balance falls below a threshold or once per period. A threshold rule is decided in
+-- the crossing movement's own transaction under the account's row lock (engine_record calls
+-- engine_topup_evaluate), so concurrent crossings are decided in turn and fire once.
 
--- The period of a schedule rule that holds `p_at`: [start, end), local
--- midnights in `p_zone`. weekly: from the ISO day `p_anchor` (1 = Monday);
--- monthly: from day `p_anchor` (1 … 28) of the month.
+-- The period of a schedule rule that holds `p_at`: [start, end), local midnights in `p_zone`;
+-- weekly from ISO day `p_anchor` (1 = Monday), monthly from day `p_anchor` (1 … 28).
 CREATE FUNCTION engine_topup_period(p_period text, p_anchor integer, p_zone text,
     p_at timestamptz, OUT period_start timestamptz, OUT period_end timestamptz)
 LANGUAGE sql STABLE AS $$
@@ -48,8 +28,7 @@ LANGUAGE sql STABLE AS $$
     FROM s
 $$;
 
--- A duration as the API shows it (ISO 8601): whole days as PnD, else
--- whole hours PTnH, whole minutes PTnM, or seconds PTnS.
+-- A duration as the API shows it (ISO 8601), in its largest whole unit.
 CREATE FUNCTION engine_duration_text(p_seconds bigint) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN p_seconds IS NULL THEN NULL
@@ -59,9 +38,8 @@ LANGUAGE sql IMMUTABLE AS $$
                 ELSE 'PT' || p_seconds || 'S' END
 $$;
 
--- A firing as the API and the events show it (a request is a firing whose
--- outcome is `requested`: its firing_id is the external_ref the
--- customer's credit names).
+-- A firing as the API and the events show it. A request is a firing whose outcome is
+-- `requested`; its firing_id is the external_ref the customer's credit names.
 CREATE FUNCTION engine_topup_firing_json(p_firing jsonb) RETURNS jsonb
 LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object('firing_id', p_firing->'id', 'rule_id', p_firing->'rule_id',
@@ -75,21 +53,15 @@ LANGUAGE sql STABLE AS $$
         'resolved_at', engine_time_of(p_firing->'resolved_at'))
 $$;
 
--- What a rule is doing, as the API and the console show it:
---   disabled          it never fires;
---   scheduled         a schedule rule, firing once per period;
---   request_open      (threshold) its request waits for the customer;
---   armed             (threshold) it fires when `available` goes below
---                     its line (or at the next movement, when it already
---                     is below);
---   waiting_for_use   (threshold) below its line, but what it added is
---                     not used yet (unconsumed_tokens): it fires once
---                     that much is used (or credited otherwise);
---   cap_reached       (threshold) below its line, stopped by a cap until
---                     the balance is back at its line;
---   waiting_for_balance  (threshold) below its line after a firing that
---                     did not lift it: it re-arms when the balance is
---                     back at its line.
+-- What a rule is doing, as the API and the console show it: disabled (never fires), scheduled
+-- (a schedule rule, firing once per period), or for a threshold rule:
+--   request_open         its request waits for the customer;
+--   armed                fires at the next movement that leaves `available` below its line;
+--   waiting_for_use      below its line, but what it added is not used yet (unconsumed_tokens):
+--                        fires once that much is used (or credited otherwise);
+--   cap_reached          below its line, stopped by a cap until the balance is back at the line;
+--   waiting_for_balance  below its line after a firing that did not lift it: re-arms when the
+--                        balance is back at the line.
 CREATE FUNCTION engine_topup_status(p_rule jsonb, a accounts) RETURNS text
 LANGUAGE sql STABLE AS $$
     SELECT CASE
@@ -108,9 +80,7 @@ LANGUAGE sql STABLE AS $$
     END
 $$;
 
--- A rule as the API and the events show it, with whether a threshold
--- rule is armed, how many of its tokens are not used yet, what it is
--- doing (engine_topup_status) and its last firing.
+-- A rule as the API and the events show it, with its status and its last firing.
 CREATE FUNCTION engine_topup_rule_json(p_rule jsonb) RETURNS jsonb
 LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object('rule_id', p_rule->'id', 'account_id', p_rule->'account_id',
@@ -143,10 +113,7 @@ LANGUAGE sql STABLE AS $$
     FROM accounts a WHERE a.id = (p_rule->>'account_id')::uuid
 $$;
 
--- Arms (`p_armed` true) or disarms the account's threshold rule, written
--- once: every change of accounts.topup_armed is this function's. (When the
--- rule is due to change is engine_topup_due; what it then does,
--- engine_topup_evaluate.)
+-- Arms or disarms the account's threshold rule: the only writer of accounts.topup_armed.
 CREATE FUNCTION engine_topup_arm(p_account uuid, p_armed boolean) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -155,12 +122,9 @@ BEGIN
 END;
 $$;
 
--- Moves the count of the threshold rule's tokens that nothing has used
--- yet (accounts.topup_unconsumed, engine_topup_unconsumed): every change
--- outside engine_record's movements is this function's — a firing adds
--- its tokens, an expired request takes its own back, a credit that is not
--- the rule's own takes its amount, and a new or re-armed rule takes all
--- (`p_less` NULL).
+-- Moves accounts.topup_unconsumed (engine_topup_unconsumed), its only writer outside
+-- engine_record's movements: a firing adds its tokens, an expired request takes its own back, a
+-- credit not the rule's own takes its amount, a new or re-armed rule takes all (`p_less` NULL).
 CREATE FUNCTION engine_topup_consumption(p_account uuid, p_less bigint, p_more bigint)
 RETURNS void
 LANGUAGE plpgsql AS $$
@@ -179,10 +143,9 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT p_expires_at <= p_at
 $$;
 
--- The account's live threshold rule: not deleted, enabled (none, or one:
--- an account has at most one threshold rule that is not deleted). (Two
--- columns, not SETOF topup_rules: a function typed by a table's rows keeps
--- the table's migration from being reverted, tests/api/grants.rs.)
+-- The account's live (not deleted, enabled) threshold rule: none or one. Two columns, not SETOF
+-- topup_rules: a function typed by a table's rows keeps the table's migration from being
+-- reverted (tests/api/grants.rs).
 CREATE FUNCTION engine_topup_threshold_rule(p_account uuid)
 RETURNS TABLE (id uuid, threshold_tokens bigint)
 LANGUAGE sql STABLE AS $$
@@ -191,10 +154,10 @@ LANGUAGE sql STABLE AS $$
       AND r.enabled
 $$;
 
--- Brings the account's line up to date (its live threshold rule's
--- threshold less the tokens of the rule's open request; 0 without a live,
--- enabled threshold rule, which also disarms) and answers it. The caller
--- holds the account's row lock.
+-- Brings the account's line, accounts.topup_threshold, up to date and answers it: the live
+-- threshold rule's threshold less the tokens of its open request (so "available plus what is
+-- requested" is compared with the threshold); 0 without such a rule, which also disarms. On the
+-- account row because every spend reads it anyway. The caller holds the account's row lock.
 CREATE FUNCTION engine_topup_line(p_account uuid) RETURNS bigint
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
@@ -216,11 +179,9 @@ BEGIN
 END;
 $$;
 
--- The threshold rule's decision after a movement (engine_record) or a
--- change of the rule (engine_topup_rule_changed): at or above the line it
--- re-arms; below it, an armed rule whose tokens were all used
--- (engine_topup_due) disarms and fires. The caller holds the account's
--- row lock.
+-- The threshold rule's decision after a movement (engine_record) or a rule change
+-- (engine_topup_rule_changed): at or above the line it re-arms; below it, a due rule
+-- (engine_topup_due) disarms and fires. The caller holds the account's row lock.
 CREATE FUNCTION engine_topup_evaluate(p_account uuid, p_at timestamptz) RETURNS void
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
@@ -241,16 +202,14 @@ BEGIN
                         account.topup_unconsumed) THEN
         PERFORM engine_topup_arm(p_account, false);
         SELECT r.id INTO rule FROM engine_topup_threshold_rule(p_account) r;
-        -- A crossing while the rule's request is still open (it asked for
-        -- too little) is not spent on nothing: the rule stays armed, so
-        -- the movement after the answer — still below — asks again.
+        -- A crossing while the rule's request is still open (it asked for too little) keeps
+        -- the rule armed, so the next movement, still below, asks again.
         IF engine_topup_fire(rule, p_at, NULL, NULL) = 'skipped'
            AND EXISTS (SELECT 1 FROM topup_firings f WHERE f.rule_id = rule AND f.state = 'open') THEN
             PERFORM engine_topup_arm(p_account, true);
         ELSE
-            -- A request just opened counts toward the line from now on: at
-            -- or above the new line, the rule re-arms at once (never left
-            -- due for a later movement to skip past).
+            -- A request just opened lowers the line: at or above the new line, re-arm at once
+            -- (never left due for a later movement to skip past).
             line := engine_topup_line(p_account);
             IF line > 0 AND (SELECT a.available FROM accounts a WHERE a.id = p_account) >= line THEN
                 PERFORM engine_topup_arm(p_account, true);
@@ -260,26 +219,20 @@ BEGIN
 END;
 $$;
 
--- One firing of a rule, at `p_at` (the instant that decides its day and
--- month for the caps; a schedule rule's firing also names its period).
--- The amount: `tokens` (fixed), or what brings `available` up to
--- `target_tokens` (target; held reservations are not counted: they are
--- spent or come back). Then, in this order:
---   skipped       nothing to add, or a request of the rule is still open
---                 (no second one);
---   cap_reached   the amount would pass max_tokens_per_day or
---                 max_tokens_per_month (granted and requested tokens of the
---                 rule in that day or month, expired requests not
---                 counted): nothing is added, and `topup.cap_reached` is
---                 sent once per cap period (after that, skipped);
---   granted       (mode grant) a credit through engine_external, its grant
---                 naming the rule (priority and expiry from the rule),
---                 external_ref `topup:<firing_id>`; `topup.granted`;
---   requested     (mode request) an open request for the amount, expiring
---                 after request_ttl; `topup.requested`; the account's line
---                 counts it from now on.
--- A schedule's firing is recorded whatever the outcome (its period is
--- done). The caller holds the account's row lock.
+-- One firing of a rule at `p_at` (it decides the day and month for the caps; a schedule rule's
+-- firing also names its period). The amount: `tokens` (method fixed), or what brings `available`
+-- up to `target_tokens` (held reservations not counted: they are spent or come back).
+-- Answers the outcome, decided in this order:
+--   skipped      nothing to add, or a request of the rule is still open (no second one);
+--   cap_reached  the amount would pass max_tokens_per_day or max_tokens_per_month (the rule's
+--                granted and requested tokens in that day or month, expired requests not
+--                counted): nothing added; `topup.cap_reached` once per cap period (then skipped);
+--   granted      (mode grant) a credit through engine_external, external_ref `topup:<firing_id>`,
+--                its grant naming the rule, with the rule's priority and expiry; `topup.granted`;
+--   requested    (mode request) an open request expiring after request_ttl; `topup.requested`;
+--                the account's line counts it from now on.
+-- A schedule's firing is recorded whatever the outcome (its period is done). The caller holds
+-- the account's row lock.
 CREATE FUNCTION engine_topup_fire(p_rule uuid, p_at timestamptz, p_period_start timestamptz,
     p_period_end timestamptz) RETURNS text
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
@@ -365,9 +318,8 @@ BEGIN
             IF rule.trigger = 'threshold' THEN
                 PERFORM engine_topup_consumption(rule.account_id, 0, amount);
             END IF;
-            -- Added up for the callers' metrics (the tally topup_credited:
-            -- a batch's engine_tallies row, the reaper, a rule's change
-            -- count it in token_billing_tokens_total{movement="credited"}).
+            -- Callers (a batch's engine_tallies row, the reaper, a rule's change) count the
+            -- tally topup_credited in token_billing_tokens_total{movement="credited"}.
             PERFORM engine_tally_add('topup_credited', amount);
             PERFORM engine_emit_event('topup.granted', rule.account_id,
                 (SELECT engine_event_account(a) FROM accounts a WHERE a.id = rule.account_id)
@@ -404,11 +356,9 @@ BEGIN
 END;
 $$;
 
--- A credit's external_ref that names one of the account's top-up
--- requests answers it (engine_external, before the credit's entry is
--- recorded): an open request is fulfilled by this credit and stops
--- counting toward the line; an expired one stays expired. Either way the
--- credit is the rule's (its id is answered; NULL: no such request).
+-- Called by engine_external before a credit's entry is recorded: a credit whose external_ref
+-- names one of the account's top-up requests fulfils it if open (the line stops counting it; an
+-- expired one stays expired) and is the rule's either way. Answers the rule (NULL: no request).
 CREATE FUNCTION engine_topup_answer(p_account uuid, p_external_ref text, p_credit uuid,
     p_at timestamptz) RETURNS uuid
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
@@ -433,11 +383,9 @@ BEGIN
 END;
 $$;
 
--- After a rule was created, changed or deleted (the caller holds the
--- account's row lock): the line is brought up to date and judged.
--- `p_rearm` (a new rule, one enabled again, a new threshold) arms the rule
--- first, and counts nothing it added before as unused, so an account
--- already below the new line gets its top-up now.
+-- After a rule was created, changed or deleted (the caller holds the account's row lock): brings
+-- the line up to date and judges it. `p_rearm` (a new rule, one enabled again, a new threshold)
+-- arms the rule and counts nothing it added before as unused, so an account below tops up now.
 CREATE FUNCTION engine_topup_rule_changed(p_account uuid, p_rearm boolean) RETURNS void
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
@@ -449,11 +397,12 @@ BEGIN
 END;
 $$;
 
--- The schedule rules whose period at `p_now` has not fired yet fire for it
--- (at most `p_limit` rules; the reaper calls this until fewer come back).
--- Each rule fires in a subtransaction of its own: one that fails is logged
--- (a WARNING) and tried again an hour later, and never stops the others.
--- `p_now` is the service's clock. Answers how many rules were looked at.
+-- Fires each schedule rule whose period at `p_now` (the service's clock) has not fired yet, at
+-- most `p_limit`; the reaper calls it until fewer come back. Answers how many it looked at.
+-- One firing row per rule and period (a unique key), whichever replica or restart gets there
+-- first; after downtime only the current period fires. A rule that cannot fire (e.g. a time zone
+-- the server's tzdata no longer knows) is logged (WARNING) and tried again in an hour, in its own
+-- subtransaction: it never stops the others nor the reaper's later steps.
 CREATE FUNCTION engine_topup_schedule(p_now timestamptz, p_limit integer) RETURNS integer
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -485,9 +434,6 @@ BEGIN
             END IF;
             UPDATE topup_rules SET next_period_at = period.period_end WHERE id = rule.id;
         EXCEPTION WHEN OTHERS THEN
-            -- One rule that cannot fire (a time zone the server's tzdata
-            -- no longer knows) never stops the others, nor the reaper's
-            -- later steps: it is logged and looked at again in an hour.
             RAISE WARNING 'top-up rule % could not fire for its period: %', rule.id, SQLERRM;
             UPDATE topup_rules SET next_period_at = p_now + interval '1 hour' WHERE id = rule.id;
         END;
@@ -496,13 +442,10 @@ BEGIN
 END;
 $$;
 
--- Open requests past their expiry at `p_now` expire (at most `p_limit`):
--- the line and the rule's unused tokens (engine_topup_consumption) no
--- longer count them, and a live rule is armed again, so the next movement
--- below the line asks again, within the caps (an expired request never
--- ends the rule in silence). `topup.request_expired` says so: `next` is
--- `ask_again` (the rule is live) or `none` (deleted or disabled). Answers
--- how many expired.
+-- Expires the open requests past their expiry at `p_now` (at most `p_limit`; answers how many):
+-- the line and the rule's unused tokens no longer count them, and a live rule is re-armed, so
+-- the next movement below the line asks again, within the caps. `topup.request_expired` says
+-- `next`: `ask_again` (the rule is live) or `none` (deleted or disabled).
 CREATE FUNCTION engine_topup_expire_requests(p_now timestamptz, p_limit integer) RETURNS integer
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
