@@ -9,7 +9,7 @@
 -- probes, the draws (engine_draws) and the grants' arithmetic
 -- (engine_deltas, engine_grant_deltas), every entry's balances after it,
 -- the budget's count, the settlement's verdict (engine_settle_verdict), its
--- split (engine_split_draws: commit, then the rest back, a lapsed grant's
+-- split (bench_split_draws: commit, then the rest back, a lapsed grant's
 -- share expiring) and the top-up rule's consumption
 -- (engine_topup_unconsumed); the object as the engine answers it. A
 -- statement that writes nothing raises (the engine would name the refusal
@@ -24,6 +24,34 @@
 -- caller's search_path), by that script and by
 --   bench/http_floor.sh --engine one_statement=bench/one_statement_engine.sql
 -- Never installed anywhere else.
+-- A settlement's split as one set (the engine's engine_split_draws, before engine_settle
+-- split in a loop).
+-- How a settlement spending `p_committed` of its `p_held` tokens moves the grants the
+-- reservation drew from (`p_draws`, in draw order): the commit consumes the draws in draw order,
+-- the rest of each goes back to its grant. One row per entry, unordered; `n` is the entry order.
+-- A reservation without draws (none should exist; the invariant checks report grants that
+-- disagree with balances) settles as one draw of no grant, so its tokens still move.
+CREATE FUNCTION bench_split_draws(p_draws jsonb, p_held bigint, p_committed bigint)
+RETURNS TABLE (n bigint, part text, grant_id uuid, amount bigint)
+LANGUAGE sql IMMUTABLE AS $$
+    -- Draw k of c consumes clamp(committed - the draws before it, 0, its amount); its commit part
+    -- is entry k, its return part c + k (all commits first). (One window and a two-row VALUES per
+    -- draw: inlined into the callers' statements, whose plans are started at every call.)
+    SELECT CASE p.part WHEN 'commit' THEN d.k ELSE d.c + d.k END, p.part, d.grant_id, p.amount
+    FROM (SELECT x.k, GREATEST(jsonb_array_length(p_draws), 1) AS c,
+                 (x.draw->>'grant_id')::uuid AS grant_id, (x.draw->>'amount')::bigint AS amount,
+                 GREATEST(LEAST(p_committed - (sum((x.draw->>'amount')::bigint) OVER (ORDER BY x.k)
+                                               - (x.draw->>'amount')::bigint),
+                                (x.draw->>'amount')::bigint), 0)::bigint AS consumed
+          FROM jsonb_array_elements(
+                   CASE WHEN jsonb_array_length(p_draws) > 0 THEN p_draws
+                        ELSE jsonb_build_array(jsonb_build_object('grant_id', NULL, 'amount', p_held))
+                   END) WITH ORDINALITY AS x (draw, k)) d
+    CROSS JOIN LATERAL (VALUES ('commit', d.consumed), ('return', d.amount - d.consumed))
+        AS p (part, amount)
+    WHERE p.amount > 0
+$$;
+
 -- The key's refusal of `o` as the engine decides it (engine_valid_key,
 -- engine_key_refusal), with the valid key's fields.
 CREATE FUNCTION bench_key_refusal(o engine_request)
@@ -129,7 +157,7 @@ BEGIN
         parts AS MATERIALIZED (
             SELECT x.n, k.kind, x.amount, x.grant_id, engine_deltas(k.kind, x.amount, s.id) AS delta
             FROM settled s
-            CROSS JOIN LATERAL engine_split_draws(s.draws, s.amount, s.committed_amount) x
+            CROSS JOIN LATERAL bench_split_draws(s.draws, s.amount, s.committed_amount) x
             LEFT JOIN LATERAL (SELECT g.expires_at FROM credit_grants g
                                WHERE g.id = x.grant_id LIMIT 1) g ON true
             CROSS JOIN LATERAL (

@@ -1,32 +1,6 @@
 -- Settlements: when a reservation may leave `held` (commit, commit_all, release, expire) or be
 -- extended, and how its tokens go back to its grants.
 
--- How a settlement spending `p_committed` of its `p_held` tokens moves the grants the
--- reservation drew from (`p_draws`, in draw order): the commit consumes the draws in draw order,
--- the rest of each goes back to its grant. One row per entry, unordered; `n` is the entry order.
--- A reservation without draws (none should exist; the invariant checks report grants that
--- disagree with balances) settles as one draw of no grant, so its tokens still move.
-CREATE FUNCTION engine_split_draws(p_draws jsonb, p_held bigint, p_committed bigint)
-RETURNS TABLE (n bigint, part text, grant_id uuid, amount bigint)
-LANGUAGE sql IMMUTABLE AS $$
-    -- Draw k of c consumes clamp(committed - the draws before it, 0, its amount); its commit part
-    -- is entry k, its return part c + k (all commits first). (One window and a two-row VALUES per
-    -- draw: inlined into the callers' statements, whose plans are started at every call.)
-    SELECT CASE p.part WHEN 'commit' THEN d.k ELSE d.c + d.k END, p.part, d.grant_id, p.amount
-    FROM (SELECT x.k, GREATEST(jsonb_array_length(p_draws), 1) AS c,
-                 (x.draw->>'grant_id')::uuid AS grant_id, (x.draw->>'amount')::bigint AS amount,
-                 GREATEST(LEAST(p_committed - (sum((x.draw->>'amount')::bigint) OVER (ORDER BY x.k)
-                                               - (x.draw->>'amount')::bigint),
-                                (x.draw->>'amount')::bigint), 0)::bigint AS consumed
-          FROM jsonb_array_elements(
-                   CASE WHEN jsonb_array_length(p_draws) > 0 THEN p_draws
-                        ELSE jsonb_build_array(jsonb_build_object('grant_id', NULL, 'amount', p_held))
-                   END) WITH ORDINALITY AS x (draw, k)) d
-    CROSS JOIN LATERAL (VALUES ('commit', d.consumed), ('return', d.amount - d.consumed))
-        AS p (part, amount)
-    WHERE p.amount > 0
-$$;
-
 -- Grant expiry dominates extension, written once: a reservation expiring at `p_current` asks
 -- for `p_asked`; the earliest expiry of its grants is `p_cap` (NULL: none expires). Within the
 -- cap it gets what it asks; beyond, the cap, or `p_current` if later (the hold it had when its
@@ -97,8 +71,8 @@ $$;
 -- (engine_extension_expiry capped it). The object is the reservation as it is (refusal, replay)
 -- or as it becomes.
 -- A resolution spends what is committed (commit_all: all held) and gives the rest back: the
--- commit entries first (engine_split_draws), then the returns, so a replay of the entries
--- passes through both balances; the held count drops on the last entry. A return to a grant
+-- commit entries first (one per grant it consumes, in draw order), then the returns, so a replay
+-- of the entries passes through both balances; the held count drops on the last entry. A return to a grant
 -- lapsed by `p_at` expires at once (grant_expire, reason grant_expired): it leaves reserved and
 -- the account, never made available. An extension sets expires_at to now + ttl (a job's never
 -- earlier), capped by engine_extension_expiry.
@@ -112,6 +86,14 @@ DECLARE
     verdict text;
     asked timestamptz;
     cap timestamptz;
+    draws jsonb;
+    unspent bigint;
+    drawn bigint;
+    part bigint;
+    gid uuid;
+    lapsed boolean;
+    returns engine_movement[] := '{}';
+    last engine_movement;
 BEGIN
     -- (All NULL when there is none.)
     SELECT x.id, x.account_id, x.request_id, x.amount, x.requested_ttl_seconds, x.state,
@@ -167,22 +149,42 @@ BEGIN
                       changed.committed_amount - existing.amount)::engine_budget_move;
     END IF;
     object := to_jsonb(changed);
-    moves := ARRAY(
-        SELECT ROW(o.account,
-                   CASE WHEN x.part = 'commit' THEN 'commit'
-                        WHEN engine_grant_lapsed(g.expires_at, p_at) THEN 'grant_expire'
-                        WHEN verdict IN ('expire', 'expired_on_access') THEN 'expire'
-                        ELSE 'release' END,
-                   x.amount, CASE WHEN x.n = max(x.n) OVER () THEN -1 ELSE 0 END,
-                   o.reservation, existing.job_id, NULL,
-                   CASE WHEN x.part = 'return' AND engine_grant_lapsed(g.expires_at, p_at)
-                        THEN 'grant_expired'
-                        WHEN x.part = 'return' AND verdict = 'expired_on_access'
-                        THEN 'expired_on_access' ELSE o.reason END,
-                   o.actor, p_at, x.grant_id, p_key.key_id)::engine_movement
-        FROM engine_split_draws(existing.draws, existing.amount, changed.committed_amount) x
-        LEFT JOIN LATERAL (SELECT g.expires_at FROM credit_grants g
-                           WHERE g.id = x.grant_id LIMIT 1) g ON true
-        ORDER BY x.n);
+    -- Draw k consumes what is committed and not consumed by the draws before it; the rest of it
+    -- goes back to its grant. A reservation without draws (none should exist; the invariant
+    -- checks report grants that disagree with balances) settles as one draw of no grant. (A loop
+    -- of plain expressions, not a statement: a statement's plan is started for every settlement
+    -- of a batch, an expression is set up once a transaction.)
+    draws := CASE WHEN jsonb_array_length(existing.draws) > 0 THEN existing.draws
+                  ELSE jsonb_build_array(jsonb_build_object('grant_id', NULL,
+                                                            'amount', existing.amount)) END;
+    unspent := changed.committed_amount;
+    moves := '{}';
+    FOR k IN 0 .. jsonb_array_length(draws) - 1 LOOP
+        gid := (draws->k->>'grant_id')::uuid;
+        drawn := (draws->k->>'amount')::bigint;
+        part := GREATEST(LEAST(unspent, drawn), 0);
+        unspent := unspent - part;
+        IF part > 0 THEN
+            moves := moves || ROW(o.account, 'commit', part, 0, o.reservation, existing.job_id,
+                NULL, o.reason, o.actor, p_at, gid, p_key.key_id)::engine_movement;
+        END IF;
+        IF drawn > part THEN
+            lapsed := engine_grant_lapsed((SELECT g.expires_at FROM credit_grants g
+                                           WHERE g.id = gid), p_at);
+            returns := returns || ROW(o.account,
+                CASE WHEN lapsed THEN 'grant_expire'
+                     WHEN verdict IN ('expire', 'expired_on_access') THEN 'expire'
+                     ELSE 'release' END,
+                drawn - part, 0, o.reservation, existing.job_id, NULL,
+                CASE WHEN lapsed THEN 'grant_expired'
+                     WHEN verdict = 'expired_on_access' THEN 'expired_on_access'
+                     ELSE o.reason END,
+                o.actor, p_at, gid, p_key.key_id)::engine_movement;
+        END IF;
+    END LOOP;
+    moves := moves || returns;
+    last := moves[cardinality(moves)];
+    last.active_delta := -1;
+    moves[cardinality(moves)] := last;
 END;
 $$;
