@@ -239,6 +239,36 @@ async fn reserves_on_one_account_in_one_batch_take_consecutive_tokens() {
     app.assert_invariants(account);
 }
 
+/// Reserves on two accounts in one batch each draw from their own
+/// account's grants only: the batch reads the grants of every account it
+/// spends on together, and each spend takes from its own account's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserves_on_two_accounts_in_one_batch_draw_each_from_its_own_grants() {
+    let app = TestApp::spawn().await;
+    let (first, second) = (app.create_account(0).await, app.create_account(0).await);
+    let grants = [
+        granted(&app, first, json!({"amount": 3, "external_ref": "a"})).await,
+        granted(&app, second, json!({"amount": 3, "external_ref": "b"})).await,
+    ];
+    let batch = [(second, 2), (first, 2), (second, 1)]
+        .map(|(account, amount)| reserve_op(account, amount, None));
+    let answers = applied(&app, &json!(batch));
+    let draws: Vec<(&str, Value)> = answers
+        .iter()
+        .map(|(outcome, object)| (outcome.as_str(), object["draws"].clone()))
+        .collect();
+    assert_eq!(
+        draws,
+        [
+            ("created", json!([{"grant_id": grants[1], "amount": 2}])),
+            ("created", json!([{"grant_id": grants[0], "amount": 2}])),
+            ("created", json!([{"grant_id": grants[1], "amount": 1}])),
+        ]
+    );
+    app.assert_invariants(first);
+    app.assert_invariants(second);
+}
+
 /// A batch whose reserve finds a grant due to lapse writes what the batch
 /// did before it first: the commit's entry comes before the lapse's.
 /// (Lapsed before the batch's pending writes, the grant's lapse would come

@@ -108,7 +108,7 @@ CREATE TYPE engine_key AS (
 );
 
 -- [lo, hi) of an account's drawable tokens in draw order, held by grant_id (NULL: no grant):
--- engine_grant_pools builds them, engine_lock_accounts reads them, engine_draws draws from them.
+-- engine_grant_pools builds them, engine_lock_accounts reads them, engine_draw draws from one.
 CREATE TYPE engine_pool AS (
     account_id uuid,
     grant_id   uuid,

@@ -74,16 +74,23 @@ LANGUAGE sql STABLE AS $$
     WHERE g.account_id = p_account AND g.drawable
 $$;
 
--- The draws taking `p_account`'s drawable tokens [p_from, p_to): the overlap with each interval
--- of `p_pools` (engine_grant_pools, in order; other accounts' skipped), in draw order, with
--- where the draw starts (`lo`) and the tokens it takes (grant_id NULL: no grant).
+-- The tokens a draw of the drawable tokens [p_from, p_to) takes from the pool `p` (an interval
+-- of engine_grant_pools): their overlap, 0 when none. Written once: engine_spend draws a pool at
+-- a time, engine_draws a set of them.
+CREATE FUNCTION engine_draw(p engine_pool, p_from bigint, p_to bigint) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT GREATEST(LEAST(p_to, p.hi) - GREATEST(p_from, p.lo), 0)
+$$;
+
+-- The draws taking `p_account`'s drawable tokens [p_from, p_to) from `p_pools` (engine_grant_pools,
+-- in order; other accounts' skipped), in draw order, with where each starts (`lo`) and the tokens
+-- it takes (engine_draw; grant_id NULL: no grant).
 CREATE FUNCTION engine_draws(p_pools engine_pool[], p_account uuid, p_from bigint, p_to bigint)
 RETURNS TABLE (grant_id uuid, lo bigint, amount bigint)
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT p.grant_id, GREATEST(p_from, p.lo),
-           (LEAST(p_to, p.hi) - GREATEST(p_from, p.lo))::bigint
+    SELECT p.grant_id, GREATEST(p_from, p.lo), engine_draw(p, p_from, p_to)
     FROM unnest(p_pools) p
-    WHERE p.account_id = p_account AND p.lo < p_to AND p.hi > p_from
+    WHERE p.account_id = p_account AND engine_draw(p, p_from, p_to) > 0
 $$;
 
 -- The lapse, written once: each grant of `p_accounts` due at `p_at` (engine_grant_lapse_due) is
