@@ -181,6 +181,14 @@ fn outcomes(answers: &[(String, Value)]) -> Vec<&str> {
         .collect()
 }
 
+/// Each of `applied`'s answers as its outcome and its object's draws.
+fn draws(answers: &[(String, Value)]) -> Vec<(&str, Value)> {
+    answers
+        .iter()
+        .map(|(outcome, object)| (outcome.as_str(), object["draws"].clone()))
+        .collect()
+}
+
 /// A batch that gives tokens back and then spends on the same account
 /// draws in draw order from the grants as the give-back left them: the
 /// release returns the promotional grant's token (drawn first), and the
@@ -224,12 +232,8 @@ async fn reserves_on_one_account_in_one_batch_take_consecutive_tokens() {
         .map(|amount| reserve_op(account, amount, None))
         .into();
     let answers = applied(&app, &Value::Array(batch));
-    let draws: Vec<(&str, Value)> = answers
-        .iter()
-        .map(|(outcome, object)| (outcome.as_str(), object["draws"].clone()))
-        .collect();
     assert_eq!(
-        draws,
+        draws(&answers),
         [
             ("created", json!([{"grant_id": grants[0], "amount": 1}])),
             ("created", json!([{"grant_id": grants[1], "amount": 2}])),
@@ -253,12 +257,8 @@ async fn reserves_on_two_accounts_in_one_batch_draw_each_from_its_own_grants() {
     let batch = [(second, 2), (first, 2), (second, 1)]
         .map(|(account, amount)| reserve_op(account, amount, None));
     let answers = applied(&app, &json!(batch));
-    let draws: Vec<(&str, Value)> = answers
-        .iter()
-        .map(|(outcome, object)| (outcome.as_str(), object["draws"].clone()))
-        .collect();
     assert_eq!(
-        draws,
+        draws(&answers),
         [
             ("created", json!([{"grant_id": grants[1], "amount": 2}])),
             ("created", json!([{"grant_id": grants[0], "amount": 2}])),
