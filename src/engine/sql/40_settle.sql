@@ -183,8 +183,10 @@ BEGIN
         END IF;
     END LOOP;
     moves := moves || returns;
-    last := moves[cardinality(moves)];
-    last.active_delta := -1;
-    moves[cardinality(moves)] := last;
+    IF cardinality(moves) > 0 THEN
+        last := moves[cardinality(moves)];
+        last.active_delta := -1;
+        moves[cardinality(moves)] := last;
+    END IF;
 END;
 $$;
