@@ -269,6 +269,56 @@ async fn reserves_on_two_accounts_in_one_batch_draw_each_from_its_own_grants() {
     app.assert_invariants(second);
 }
 
+/// Settlements of two reservations on one grant in one batch each move the
+/// grant: the batch's one write adds up what every movement does to a grant
+/// (`engine_grant_moved`), so the grant ends with both commits consumed and
+/// the released rest back in remaining. (Kept from one movement only, the
+/// grant's books would not add up and the batch's write would fail; the
+/// service would then retry its operations one at a time, hiding it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settlements_on_one_grant_in_one_batch_each_move_it() {
+    let app = TestApp::spawn().await;
+    let account = app.create_account(0).await;
+    let grant = granted(&app, account, json!({"amount": 10, "external_ref": "one"})).await;
+    let made = applied(
+        &app,
+        &json!([2, 3].map(|amount| reserve_op(account, amount, None))),
+    );
+    assert_eq!(outcomes(&made), ["created", "created"]);
+    let answers = applied(
+        &app,
+        &json!([
+            settle_op("commit_all", account, &made[0].1["id"]),
+            settle_op("commit_all", account, &made[1].1["id"]),
+        ]),
+    );
+    assert_eq!(outcomes(&answers), ["committed", "committed"]);
+    #[derive(diesel::QueryableByName, Debug, PartialEq)]
+    struct Grant {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        remaining: i64,
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        reserved: i64,
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        consumed: i64,
+    }
+    let grant: Grant = diesel::sql_query(
+        "SELECT remaining, reserved, consumed FROM credit_grants WHERE id = $1::uuid",
+    )
+    .bind::<diesel::sql_types::Text, _>(grant.as_str().expect("grant id"))
+    .get_result(&mut app.conn())
+    .expect("the grant");
+    assert_eq!(
+        grant,
+        Grant {
+            remaining: 5,
+            reserved: 0,
+            consumed: 5
+        }
+    );
+    app.assert_invariants(account);
+}
+
 /// A batch whose reserve finds a grant due to lapse writes what the batch
 /// did before it first: the commit's entry comes before the lapse's.
 /// (Lapsed before the batch's pending writes, the grant's lapse would come

@@ -90,7 +90,12 @@ CREATE TYPE engine_account AS (
     adjusted                bigint,
     grant_expired           bigint,
     active_reservations     integer,
-    max_active_reservations integer
+    max_active_reservations integer,
+    low_balance_threshold   bigint,
+    balance_low             boolean,
+    topup_threshold         bigint,
+    topup_armed             boolean,
+    topup_unconsumed        bigint
 );
 
 -- A valid presented key (engine_valid_key), as a batch decides against it. budget_tokens NULL:

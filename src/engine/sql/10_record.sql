@@ -61,6 +61,26 @@ LANGUAGE sql IMMUTABLE AS $$
                p_account.grant_expired)::engine_grant_balances
 $$;
 
+-- The account `a` after a movement of deltas `d` (engine_deltas) that changes its held count by
+-- `p_active`: engine_record's and engine_moved's arithmetic, written once.
+CREATE FUNCTION engine_account_moved(a engine_account, d engine_balances, p_active integer)
+RETURNS engine_account
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT ROW(a.id, a.status, a.available + d.available, a.reserved + d.reserved,
+               a.used + d.used, a.credited + d.credited, a.adjusted + d.adjusted,
+               a.grant_expired + d.grant_expired, a.active_reservations + p_active,
+               a.max_active_reservations, a.low_balance_threshold, a.balance_low,
+               a.topup_threshold, a.topup_armed, a.topup_unconsumed)::engine_account
+$$;
+
+-- A grant's deltas `a` and then `b` (engine_grant_deltas), as one.
+CREATE FUNCTION engine_grant_moved(a engine_grant_balances, b engine_grant_balances)
+RETURNS engine_grant_balances
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT ROW(a.remaining + b.remaining, a.reserved + b.reserved, a.consumed + b.consumed,
+               a.debited + b.debited, a.expired + b.expired)::engine_grant_balances
+$$;
+
 -- The low-balance rule: an account is low when a threshold is set (> 0) and available is below it.
 CREATE FUNCTION engine_is_low(p_available bigint, p_threshold bigint) RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$
@@ -159,33 +179,34 @@ $$;
 -- none, and one statement of running sums cost more (docs/decisions/0001-one-engine.md).
 CREATE FUNCTION engine_record(p_moves engine_movement[], p_made engine_reservation[] DEFAULT '{}',
     p_changed engine_reservation[] DEFAULT '{}', p_jobs engine_job[] DEFAULT '{}',
-    p_budgets engine_budget_move[] DEFAULT '{}')
+    p_budgets engine_budget_move[] DEFAULT '{}', p_before engine_account[] DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    watched accounts[];
+    watched engine_account[];
     lapsed bigint;
     topups uuid[];
     topped uuid;
-    before accounts[];
+    -- (Arrays start NULL and grow by assignment: an initial value is an expression to set up.)
     ids uuid[];
-    -- Per account (as `ids`): balances as the movements leave them, and what they add.
-    av bigint[]; rs bigint[]; us bigint[]; cr bigint[]; ad bigint[]; ge bigint[];
-    moved bigint[]; active integer[]; watch boolean[];
+    -- Per account (as `ids`): the account as the movements leave it, their number, and whether
+    -- one may write an event (NULL: none).
+    acct engine_account[];
+    moved integer[];
+    watch boolean[];
     -- Per movement: the balances after it.
-    av_after bigint[] := '{}'; rs_after bigint[] := '{}'; us_after bigint[] := '{}';
+    after engine_balances[];
     -- Per grant (as `gids`): what the movements add.
-    gids uuid[] := '{}';
-    g_rem bigint[] := '{}'; g_res bigint[] := '{}'; g_con bigint[] := '{}';
-    g_deb bigint[] := '{}'; g_exp bigint[] := '{}';
+    gids uuid[];
+    gmove engine_grant_balances[];
     m engine_movement;
     d engine_balances;
     g engine_grant_balances;
     j integer;
     k integer;
     spender api_keys;
-    b accounts;
+    b engine_account;
     notice text;
 BEGIN
     IF cardinality(p_jobs) > 0 THEN
@@ -256,76 +277,74 @@ BEGIN
             END LOOP;
         END LOOP;
     END IF;
-    IF cardinality(p_moves) = 0 THEN
+    IF COALESCE(cardinality(p_moves), 0) = 0 THEN
         RETURN 0; -- (an extension: the reservation's row alone)
     END IF;
-    SELECT array_agg(a.id), array_agg(a), array_agg(a.available), array_agg(a.reserved),
-           array_agg(a.used)
-    INTO ids, before, av, rs, us
-    FROM accounts a WHERE a.id = ANY (ARRAY(SELECT m.account FROM unnest(p_moves) m));
-    cr := array_fill(0::bigint, ARRAY[cardinality(ids)]);
-    ad := cr; ge := cr; moved := cr;
-    active := array_fill(0, ARRAY[cardinality(ids)]);
-    watch := array_fill(false, ARRAY[cardinality(ids)]);
+    IF p_before IS NULL THEN
+        SELECT array_agg(ROW(a.id, a.status, a.available, a.reserved, a.used, a.credited,
+                             a.adjusted, a.grant_expired, a.active_reservations,
+                             a.max_active_reservations, a.low_balance_threshold, a.balance_low,
+                             a.topup_threshold, a.topup_armed, a.topup_unconsumed)::engine_account)
+        INTO p_before
+        FROM accounts a WHERE a.id = ANY (ARRAY(SELECT m.account FROM unnest(p_moves) m));
+    END IF;
+    FOREACH b IN ARRAY p_before LOOP
+        ids := ids || b.id;
+    END LOOP;
+    acct := p_before;
     FOR i IN 1 .. cardinality(p_moves) LOOP
         m := p_moves[i];
         j := array_position(ids, m.account);
         d := engine_deltas(m.kind, m.amount, m.reservation);
-        av[j] := av[j] + d.available;
-        rs[j] := rs[j] + d.reserved;
-        us[j] := us[j] + d.used;
-        cr[j] := cr[j] + d.credited;
-        ad[j] := ad[j] + d.adjusted;
-        ge[j] := ge[j] + d.grant_expired;
-        active[j] := active[j] + m.active_delta;
-        moved[j] := moved[j] + 1;
-        av_after[i] := av[j]; rs_after[i] := rs[j]; us_after[i] := us[j];
+        acct[j] := engine_account_moved(acct[j], d, m.active_delta);
+        moved[j] := COALESCE(moved[j], 0) + 1;
+        after[i] := ROW((acct[j]).available, (acct[j]).reserved, (acct[j]).used, NULL, NULL,
+                        NULL)::engine_balances;
         -- Events are tested only for watched accounts: these, and those with a threshold.
-        IF m.kind IN ('credit', 'adjustment', 'expire', 'grant_expire') OR av[j] = 0 THEN
+        IF m.kind IN ('credit', 'adjustment', 'expire', 'grant_expire') OR (acct[j]).available = 0
+        THEN
             watch[j] := true;
-        END IF;
-        IF m.kind = 'grant_expire' THEN
-            lapsed := COALESCE(lapsed, 0) + m.amount;
+            IF m.kind = 'grant_expire' THEN
+                lapsed := COALESCE(lapsed, 0) + m.amount;
+            END IF;
         END IF;
         IF m.grant_id IS NOT NULL THEN
+            g := engine_grant_deltas(m.kind, m.amount, d);
             k := array_position(gids, m.grant_id);
             IF k IS NULL THEN
                 gids := gids || m.grant_id;
-                k := cardinality(gids);
-                g_rem[k] := 0; g_res[k] := 0; g_con[k] := 0; g_deb[k] := 0; g_exp[k] := 0;
+                gmove := gmove || g;
+            ELSE
+                gmove[k] := engine_grant_moved(gmove[k], g);
             END IF;
-            g := engine_grant_deltas(m.kind, m.amount, d);
-            g_rem[k] := g_rem[k] + g.remaining;
-            g_res[k] := g_res[k] + g.reserved;
-            g_con[k] := g_con[k] + g.consumed;
-            g_deb[k] := g_deb[k] + g.debited;
-            g_exp[k] := g_exp[k] + g.expired;
         END IF;
     END LOOP;
+    -- (The accounts as read under their locks, so each column is set to what acct holds.)
     UPDATE accounts a
-    SET available = av[array_position(ids, a.id)],
-        reserved = rs[array_position(ids, a.id)],
-        used = us[array_position(ids, a.id)],
-        credited = a.credited + cr[array_position(ids, a.id)],
-        adjusted = a.adjusted + ad[array_position(ids, a.id)],
-        grant_expired = a.grant_expired + ge[array_position(ids, a.id)],
-        active_reservations = a.active_reservations + active[array_position(ids, a.id)],
+    SET available = (acct[array_position(ids, a.id)]).available,
+        reserved = (acct[array_position(ids, a.id)]).reserved,
+        used = (acct[array_position(ids, a.id)]).used,
+        credited = (acct[array_position(ids, a.id)]).credited,
+        adjusted = (acct[array_position(ids, a.id)]).adjusted,
+        grant_expired = (acct[array_position(ids, a.id)]).grant_expired,
+        active_reservations = (acct[array_position(ids, a.id)]).active_reservations,
         topup_unconsumed = engine_topup_unconsumed(a.topup_unconsumed,
-                                                   us[array_position(ids, a.id)] - a.used, 0),
+            (acct[array_position(ids, a.id)]).used - a.used, 0),
         version = a.version + moved[array_position(ids, a.id)],
-        balance_low = engine_is_low(av[array_position(ids, a.id)], a.low_balance_threshold),
+        balance_low = engine_is_low((acct[array_position(ids, a.id)]).available,
+                                    a.low_balance_threshold),
         updated_at = now()
-    WHERE a.id = ANY (ids);
+    WHERE a.id = ANY (ids) AND moved[array_position(ids, a.id)] > 0;
     IF cardinality(gids) > 0 THEN
         -- The grants' CHECKs guard that none is overdrawn.
         UPDATE credit_grants g
-        SET remaining = g.remaining + g_rem[array_position(gids, g.id)],
-            reserved = g.reserved + g_res[array_position(gids, g.id)],
-            consumed = g.consumed + g_con[array_position(gids, g.id)],
-            debited = g.debited + g_deb[array_position(gids, g.id)],
-            expired = g.expired + g_exp[array_position(gids, g.id)],
+        SET remaining = g.remaining + (gmove[array_position(gids, g.id)]).remaining,
+            reserved = g.reserved + (gmove[array_position(gids, g.id)]).reserved,
+            consumed = g.consumed + (gmove[array_position(gids, g.id)]).consumed,
+            debited = g.debited + (gmove[array_position(gids, g.id)]).debited,
+            expired = g.expired + (gmove[array_position(gids, g.id)]).expired,
             -- Changes only when the grant empties or refills, so other updates stay HOT.
-            drawable = g.remaining + g_rem[array_position(gids, g.id)] > 0
+            drawable = g.remaining + (gmove[array_position(gids, g.id)]).remaining > 0
         WHERE g.id = ANY (gids);
     END IF;
     -- Ids in array order: an account's k-th entry (by id) is its k-th movement.
@@ -334,18 +353,20 @@ BEGIN
         api_key_id)
     SELECT e.account, e.kind, e.amount, e.av, e.rs, e.us, e.reservation, e.job, e.external_ref,
            e.reason, e.actor, e.at, e.grant_id, e.api_key
-    FROM unnest(p_moves, av_after, rs_after, us_after)
+    FROM unnest(p_moves, after)
          AS e (account, kind, amount, active_delta, reservation, job, external_ref, reason,
-               actor, at, grant_id, api_key, av, rs, us);
+               actor, at, grant_id, api_key, av, rs, us, cr, ad, ge);
     FOR j IN 1 .. cardinality(ids) LOOP
-        b := before[j];
+        CONTINUE WHEN moved[j] IS NULL;
+        b := p_before[j];
         IF watch[j] OR b.low_balance_threshold > 0 THEN
             watched := watched || b;
         END IF;
         -- Two IFs: engine_topup_due's test is compiled only where a rule is set.
         IF b.topup_threshold > 0 THEN
-            IF engine_topup_due(av[j], b.topup_threshold, b.topup_armed,
-                                engine_topup_unconsumed(b.topup_unconsumed, us[j] - b.used, 0)) THEN
+            IF engine_topup_due((acct[j]).available, b.topup_threshold, b.topup_armed,
+                                engine_topup_unconsumed(b.topup_unconsumed,
+                                                        (acct[j]).used - b.used, 0)) THEN
                 topups := topups || ids[j];
             END IF;
         END IF;

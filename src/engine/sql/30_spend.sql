@@ -73,7 +73,6 @@ DECLARE
     upto bigint := p_from + o.amount;
     took bigint;
 BEGIN
-    lapsing := false;
     IF a.id IS NULL THEN
         outcome := 'not_found'; detail := '{"what": "account"}';
         RETURN;
@@ -142,6 +141,7 @@ BEGIN
             CASE WHEN pool.lo <= p_from THEN 1 ELSE 0 END, o.new_id,
             CASE WHEN o.op = 'create_job' THEN o.job END, NULL, NULL, o.actor, p_at, pool.grant_id,
             p_key.key_id)::engine_movement;
+        EXIT WHEN pool.hi >= upto;  -- (the later pools start at or after it)
     END LOOP;
     -- (One assignment, not one per field: each is compiled once a transaction.)
     made := ROW(o.new_id, o.account, o.request, o.amount, o.requested_ttl, 'held', 0,

@@ -92,8 +92,7 @@ DECLARE
     part bigint;
     gid uuid;
     lapsed boolean;
-    returns engine_movement[] := '{}';
-    last engine_movement;
+    returns engine_movement[];
 BEGIN
     -- (All NULL when there is none.)
     SELECT x.id, x.account_id, x.request_id, x.amount, x.requested_ttl_seconds, x.state,
@@ -102,36 +101,35 @@ BEGIN
     INTO existing
     FROM reservations x WHERE x.id = o.reservation FOR UPDATE;
     verdict := engine_settle_verdict(o.op, o.account, o.amount, o.job, existing, now());
-    CASE verdict
-        WHEN 'not_found' THEN
-            outcome := 'not_found'; detail := '{"what": "reservation"}';
-            RETURN;
-        WHEN 'owned_by_job', 'not_due' THEN
-            outcome := verdict; object := to_jsonb(existing);
-            RETURN;
-        WHEN 'replayed', 'not_held', 'amount_exceeds_held' THEN
-            outcome := verdict; object := to_jsonb(existing);
-            detail := CASE verdict WHEN 'amount_exceeds_held'
-                          THEN jsonb_build_object('held', existing.amount, 'amount', o.amount)
-                          ELSE jsonb_build_object('state', existing.state) END;
-            RETURN;
-        WHEN 'extend' THEN
-            -- The cap: the earliest expiry of the grants it drew from (NULL: none expires).
-            asked := CASE WHEN o.job IS NULL THEN now() + make_interval(secs => o.ttl)
-                          ELSE GREATEST(existing.expires_at, now() + make_interval(secs => o.ttl)) END;
-            SELECT min(g.expires_at) INTO cap
-            FROM jsonb_array_elements(existing.draws) x
-            CROSS JOIN LATERAL (SELECT g.expires_at FROM credit_grants g
-                                WHERE g.id = (x->>'grant_id')::uuid LIMIT 1) g
-            WHERE (x->>'amount')::bigint > 0;
-            changed := existing;
-            changed.expires_at := engine_extension_expiry(asked, cap, existing.expires_at);
-            outcome := CASE WHEN changed.expires_at < asked THEN 'extended_capped' ELSE 'extended' END;
-            object := to_jsonb(changed);
-            RETURN;
+    -- (IFs, not a CASE statement: each of its WHENs is an expression to set up.)
+    IF verdict IN ('not_found', 'owned_by_job', 'not_due', 'replayed', 'not_held',
+                   'amount_exceeds_held') THEN
+        outcome := verdict;
+        IF verdict = 'not_found' THEN
+            detail := '{"what": "reservation"}';
         ELSE
-            NULL;
-    END CASE;
+            object := to_jsonb(existing);
+            detail := CASE WHEN verdict = 'amount_exceeds_held'
+                               THEN jsonb_build_object('held', existing.amount, 'amount', o.amount)
+                           WHEN verdict IN ('replayed', 'not_held')
+                               THEN jsonb_build_object('state', existing.state) END;
+        END IF;
+        RETURN;
+    ELSIF verdict = 'extend' THEN
+        -- The cap: the earliest expiry of the grants it drew from (NULL: none expires).
+        asked := CASE WHEN o.job IS NULL THEN now() + make_interval(secs => o.ttl)
+                      ELSE GREATEST(existing.expires_at, now() + make_interval(secs => o.ttl)) END;
+        SELECT min(g.expires_at) INTO cap
+        FROM jsonb_array_elements(existing.draws) x
+        CROSS JOIN LATERAL (SELECT g.expires_at FROM credit_grants g
+                            WHERE g.id = (x->>'grant_id')::uuid LIMIT 1) g
+        WHERE (x->>'amount')::bigint > 0;
+        changed := existing;
+        changed.expires_at := engine_extension_expiry(asked, cap, existing.expires_at);
+        outcome := CASE WHEN changed.expires_at < asked THEN 'extended_capped' ELSE 'extended' END;
+        object := to_jsonb(changed);
+        RETURN;
+    END IF;
     -- A resolution (expired_on_access included).
     changed := existing;
     changed.state := CASE verdict WHEN 'commit' THEN 'committed' WHEN 'commit_all' THEN 'committed'
@@ -158,7 +156,6 @@ BEGIN
                   ELSE jsonb_build_array(jsonb_build_object('grant_id', NULL,
                                                             'amount', existing.amount)) END;
     unspent := changed.committed_amount;
-    moves := '{}';
     FOR k IN 0 .. jsonb_array_length(draws) - 1 LOOP
         gid := (draws->k->>'grant_id')::uuid;
         drawn := (draws->k->>'amount')::bigint;
@@ -184,9 +181,7 @@ BEGIN
     END LOOP;
     moves := moves || returns;
     IF cardinality(moves) > 0 THEN
-        last := moves[cardinality(moves)];
-        last.active_delta := -1;
-        moves[cardinality(moves)] := last;
+        moves[cardinality(moves)].active_delta := -1;
     END IF;
 END;
 $$;

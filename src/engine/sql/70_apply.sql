@@ -26,13 +26,13 @@ BEGIN
     CASE o.op
         WHEN 'reserve' THEN  -- new_id: the reservation; requested_ttl as sent (NULL: none)
             RETURN o.request IS NULL OR o.amount IS NULL OR o.ttl IS NULL OR o.new_id IS NULL;
+        WHEN 'commit_all' THEN  -- (the WHENs are tried in order: the commonest first)
+            RETURN o.reservation IS NULL OR o.amount IS NOT NULL;
+        WHEN 'commit' THEN  -- amount: exactly this many
+            RETURN o.reservation IS NULL OR o.amount IS NULL;
         WHEN 'create_job' THEN  -- amount: the job's cost
             RETURN o.request IS NULL OR o.amount IS NULL OR o.ttl IS NULL OR o.new_id IS NULL
                 OR o.job IS NULL OR o.hash IS NULL OR o.kind IS NULL OR o.params IS NULL;
-        WHEN 'commit' THEN  -- amount: exactly this many
-            RETURN o.reservation IS NULL OR o.amount IS NULL;
-        WHEN 'commit_all' THEN
-            RETURN o.reservation IS NULL OR o.amount IS NOT NULL;
         WHEN 'release', 'expire' THEN  -- expire: the reaper's, past the expiry
             RETURN o.reservation IS NULL;
         WHEN 'extend' THEN
@@ -73,7 +73,9 @@ BEGIN
     SELECT COALESCE(array_agg(x.id), '{}'),
            COALESCE(array_agg(ROW(x.id, x.status, x.available, x.reserved, x.used, x.credited,
                                   x.adjusted, x.grant_expired, x.active_reservations,
-                                  x.max_active_reservations)::engine_account), '{}')
+                                  x.max_active_reservations, x.low_balance_threshold,
+                                  x.balance_low, x.topup_threshold, x.topup_armed,
+                                  x.topup_unconsumed)::engine_account), '{}')
     INTO ids, accounts
     FROM (SELECT * FROM public.accounts WHERE id = ANY (p_ids) ORDER BY id FOR NO KEY UPDATE) x;
     at := engine_now();
@@ -104,16 +106,18 @@ DECLARE
 BEGIN
     FOREACH m IN ARRAY p_moves LOOP
         d := engine_deltas(m.kind, m.amount, m.reservation);
-        a.available := a.available + d.available;
-        a.reserved := a.reserved + d.reserved;
-        a.used := a.used + d.used;
-        a.credited := a.credited + d.credited;
-        a.adjusted := a.adjusted + d.adjusted;
-        a.grant_expired := a.grant_expired + d.grant_expired;
-        a.active_reservations := a.active_reservations + m.active_delta;
+        a := engine_account_moved(a, d, m.active_delta);
     END LOOP;
     RETURN a;
 END;
+$$;
+
+-- What marks operation `o` as pending in a batch: its request (a reserve, a job creation) or its
+-- reservation (a settlement); a second operation of the same mark waits for the first's write.
+CREATE FUNCTION engine_op_mark(o engine_request) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN o.op IN ('reserve', 'create_job') THEN o.op || ':' || o.request
+                ELSE o.reservation::text END
 $$;
 
 -- The one entry point: a batch of operations `p_ops` on any accounts, in one transaction. Callers:
@@ -145,29 +149,29 @@ DECLARE
     ids uuid[];               -- the batch's accounts that exist, in id order
     accts engine_account[];   -- each as the batch has left it so far
     presented engine_key;
-    last_op integer[];        -- each one's last operation in the batch
+    -- (Arrays and flags start NULL, none and false: an initial value is an expression to set up.)
+    last_op integer[];        -- each one's last operation in the batch (a batch of one: none)
     spent bigint[];           -- tokens the pending reserves drew from each
     returned boolean[];       -- whether a pending movement gave tokens back to it
-    touched text[] := '{}';   -- the request_ids and reservations pending
-    moves engine_movement[] := '{}';
-    made engine_reservation[] := '{}';
-    changed engine_reservation[] := '{}';
-    jobs engine_job[] := '{}';
+    touched text[];           -- the request_ids and reservations pending (engine_op_mark)
+    moves engine_movement[];
+    made engine_reservation[];
+    changed engine_reservation[];
+    jobs engine_job[];
     budgets engine_budget_move[] := '{}';  -- the keys' budget counts pending
     bm engine_budget_move;
     pending bigint;
-    stale uuid[] := '{}';
+    stale uuid[];
     op_moves engine_movement[];
     op_changed boolean;
     at timestamptz;
     a engine_account;
     j integer;
     r record;
-    mark text;
-    finishes boolean := false;
-    keyed boolean := false;   -- whether an operation presents a key
-    spends boolean := false;  -- whether one is a reserve or a job creation
-    named uuid[] := '{}';     -- the accounts the operations name
+    finishes boolean;
+    keyed boolean;            -- whether an operation presents a key
+    spends boolean;           -- whether one is a reserve or a job creation
+    named uuid[];             -- the accounts the operations name
     locked record;
     -- engine_record's count: assigned, not PERFORMed, which skips the executor's start-up.
     written integer;
@@ -197,30 +201,27 @@ BEGIN
           AND g.account_id = ANY (ids)
         ORDER BY g.id FOR UPDATE;
     END IF;
-    spent := array_fill(0::bigint, ARRAY[cardinality(ids)]);
-    returned := array_fill(false, ARRAY[cardinality(ids)]);
-    last_op := array_fill(0, ARRAY[cardinality(ids)]);
-    FOR i IN 1 .. batch LOOP
-        j := array_position(ids, p_ops[i].account);
-        IF j IS NOT NULL THEN
-            last_op[j] := i;
-        END IF;
-    END LOOP;
+    IF batch > 1 THEN
+        FOR i IN 1 .. batch LOOP
+            j := array_position(ids, p_ops[i].account);
+            IF j IS NOT NULL THEN
+                last_op[j] := i;
+            END IF;
+        END LOOP;
+    END IF;
     FOR i IN 1 .. batch LOOP
         o := p_ops[i];
         j := array_position(ids, o.account);
-        op_position := i; outcome := NULL; detail := NULL; object := NULL;
-        mark := CASE WHEN o.op IN ('reserve', 'create_job') THEN o.op || ':' || o.request
-                     ELSE o.reservation::text END;
+        op_position := i;  -- (each branch sets outcome, detail and object)
         -- Flush first if needed; the inner IF is compiled only once writes are pending.
         IF cardinality(moves) > 0 OR cardinality(changed) > 0 THEN
-            IF o.op IN ('credit', 'adjust', 'finish_job') OR mark = ANY (touched)
+            IF o.op IN ('credit', 'adjust', 'finish_job') OR engine_op_mark(o) = ANY (touched)
                OR (o.op IN ('reserve', 'create_job') AND returned[j]) THEN
-                written := engine_record(moves, made, changed, jobs, budgets);
+                written := engine_record(moves, made, changed, jobs, budgets, locked.accounts);
                 moves := '{}'; made := '{}'; changed := '{}'; jobs := '{}'; touched := '{}';
                 budgets := '{}';
-                spent := array_fill(0::bigint, ARRAY[cardinality(ids)]);
-                returned := array_fill(false, ARRAY[cardinality(ids)]);
+                spent := '{}';
+                returned := '{}';
                 locked := engine_lock_accounts(ids, p_ops, keyed, spends);
                 accts := locked.accounts;
             END IF;
@@ -230,11 +231,11 @@ BEGIN
                 -- Another account's job is refused unread (only the named account is locked).
                 IF NOT EXISTS (SELECT 1 FROM generation_jobs g
                                WHERE g.id = o.job AND g.account_id = o.account) THEN
-                    outcome := 'not_found'; detail := '{"what": "job"}';
+                    outcome := 'not_found'; detail := '{"what": "job"}'; object := NULL;
                 ELSE
                     SELECT * INTO r FROM engine_finish_job(o.job, o.lease_token, NULL, o.status,
                         o.result, o.error, o.reason, o.actor);
-                    outcome := r.outcome;
+                    outcome := r.outcome; detail := NULL;
                     object := jsonb_build_object('job', to_jsonb(r.job) - 'request_hash',
                         'reservation', to_jsonb(r.reservation), 'resolved', r.resolved);
                 END IF;
@@ -260,13 +261,12 @@ BEGIN
         END IF;
         outcome := engine_key_refusal(o.authorized, presented, o.account);
         IF outcome IS NOT NULL THEN
-            IF outcome = 'not_found' THEN
-                detail := '{"what": "account"}';
-            END IF;
+            detail := CASE outcome WHEN 'not_found' THEN '{"what": "account"}'::jsonb END;
+            object := NULL;
             RETURN NEXT;
             CONTINUE;
         END IF;
-        a := CASE WHEN j IS NOT NULL THEN accts[j] END;
+        a := accts[j];
         IF o.op IN ('reserve', 'create_job') THEN
             -- What pending reserves took from this key's budget (a loop: most batches have none).
             pending := 0;
@@ -278,24 +278,23 @@ BEGIN
             LOOP
                 r := engine_spend(o, a, COALESCE(spent[j], 0), at, presented, pending,
                                   locked.pools, o.account = ANY (locked.lapsing));
-                EXIT WHEN NOT r.lapsing;
+                EXIT WHEN r.lapsing IS NOT TRUE;
                 -- A grant lapses: write the pending writes, then the lapse, and decide again.
                 IF cardinality(moves) > 0 OR cardinality(changed) > 0 THEN
-                    written := engine_record(moves, made, changed, jobs, budgets);
+                    written := engine_record(moves, made, changed, jobs, budgets, locked.accounts);
                     moves := '{}'; made := '{}'; changed := '{}'; jobs := '{}'; touched := '{}';
                     budgets := '{}'; pending := 0;
-                    spent := array_fill(0::bigint, ARRAY[cardinality(ids)]);
-                    returned := array_fill(false, ARRAY[cardinality(ids)]);
+                    spent := '{}';
+                    returned := '{}';
                 END IF;
                 PERFORM engine_lapse_grants(ARRAY[o.account], at);
                 locked := engine_lock_accounts(ids, p_ops, keyed, spends);
                 accts := locked.accounts;
                 a := accts[j];
             END LOOP;
-            op_moves := '{}';
+            op_moves := r.moves;  -- (NULL unless created)
             op_changed := false;
             IF r.outcome = 'created' THEN
-                op_moves := r.moves;
                 made := made || r.made;
                 IF (r.budget).key_id IS NOT NULL THEN
                     budgets := budgets || r.budget;
@@ -303,11 +302,11 @@ BEGIN
                 IF o.op = 'create_job' THEN
                     jobs := jobs || r.job;
                 END IF;
-                spent[j] := spent[j] + o.amount;
+                spent[j] := COALESCE(spent[j], 0) + o.amount;
             END IF;
         ELSE
             r := engine_settle(o, at, presented);
-            op_moves := COALESCE(r.moves, '{}');
+            op_moves := r.moves;
             op_changed := (r.changed).id IS NOT NULL;
             IF op_changed THEN
                 changed := changed || r.changed;
@@ -318,18 +317,20 @@ BEGIN
         END IF;
         IF cardinality(op_moves) > 0 OR op_changed THEN
             moves := moves || op_moves;
-            touched := touched || mark;
-            IF last_op[j] > i AND cardinality(op_moves) > 0 THEN
-                -- A later operation on this account (last_op) must see it moved.
-                accts[j] := engine_moved(a, op_moves);
-                returned[j] := returned[j] OR (accts[j]).available > a.available;
+            IF i < batch THEN
+                touched := touched || engine_op_mark(o);
+                IF last_op[j] > i AND cardinality(op_moves) > 0 THEN
+                    -- A later operation on this account (last_op) must see it moved.
+                    accts[j] := engine_moved(a, op_moves);
+                    returned[j] := returned[j] IS TRUE OR (accts[j]).available > a.available;
+                END IF;
             END IF;
         END IF;
         outcome := r.outcome; detail := r.detail; object := r.object;
         RETURN NEXT;
     END LOOP;
     IF cardinality(moves) > 0 OR cardinality(changed) > 0 THEN
-        written := engine_record(moves, made, changed, jobs, budgets);
+        written := engine_record(moves, made, changed, jobs, budgets, locked.accounts);
     END IF;
     IF cardinality(stale) > 0 THEN
         PERFORM engine_touch_keys(stale);
