@@ -163,7 +163,9 @@ LANGUAGE sql AS $$
 $$;
 
 -- The one write path: every movement of every operation is written here. The caller holds the
--- accounts' row locks. It writes, in order:
+-- accounts' row locks; `p_before`: the accounts as it read them under those locks, when nothing
+-- wrote them since (engine_apply's engine_lock_accounts; every account moved must be in it),
+-- or NULL: read here. It writes, in order:
 -- 1. the operations' own rows as engine_apply built them: jobs made (p_jobs), reservations made
 --    (p_made) and changed (p_changed: state, committed_amount, resolved_at, expires_at), and
 --    the keys' budget counts (p_budgets);
